@@ -1,0 +1,1 @@
+"""Demo applications built on txactors."""

@@ -1,0 +1,29 @@
+"""txactors: transactional messages on NATS JetStream, built from asyncio actors."""
+
+from txactors.errors import (
+    ActorDeadError,
+    ActorError,
+    AskTimeout,
+    CommandError,
+    DataDirNotWritable,
+    MailboxFull,
+    NatsServerError,
+    NatsServerNotFound,
+    PortInUse,
+    ServerExitedEarly,
+    TxActorsError,
+)
+
+__all__ = [
+    "ActorDeadError",
+    "ActorError",
+    "AskTimeout",
+    "CommandError",
+    "DataDirNotWritable",
+    "MailboxFull",
+    "NatsServerError",
+    "NatsServerNotFound",
+    "PortInUse",
+    "ServerExitedEarly",
+    "TxActorsError",
+]

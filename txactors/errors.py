@@ -1,0 +1,71 @@
+"""Every exception txactors raises, under one root.
+
+    TxActorsError
+    ├── ActorError
+    │   ├── ActorDeadError        the actor is stopped (or stopped while your ask waited)
+    │   ├── MailboxFull           tell_nowait found the bounded mailbox full
+    │   └── AskTimeout            no reply in time (also a builtin TimeoutError)
+    ├── CommandError              the actor replied with a protocol Error (code + message)
+    └── NatsServerError           the embedded nats-server could not be run
+        ├── NatsServerNotFound    no nats-server binary
+        ├── PortInUse             the port is taken
+        ├── DataDirNotWritable    the JetStream store directory cannot be written
+        └── ServerExitedEarly     the process died before it was ready (log tail attached)
+
+Callers catch the precise class they can act on; `TxActorsError` catches them all.
+"""
+
+from __future__ import annotations
+
+
+class TxActorsError(Exception):
+    """Root of every txactors exception."""
+
+
+class ActorError(TxActorsError):
+    """Something went wrong delivering a message to an actor."""
+
+
+class ActorDeadError(ActorError):
+    """The actor is not running: it was stopped, or stopped before answering."""
+
+
+class MailboxFull(ActorError):
+    """A non-waiting send found the bounded mailbox full; retry later or use `tell`."""
+
+
+class AskTimeout(ActorError, TimeoutError):
+    """No reply arrived within the ask timeout. Also a `TimeoutError`, so generic handlers work."""
+
+
+class CommandError(TxActorsError):
+    """The actor answered with an `Error` reply; `code` is one of protocol.ErrorCode."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class NatsServerError(TxActorsError):
+    """The embedded nats-server could not be started or stopped."""
+
+
+class NatsServerNotFound(NatsServerError):
+    """No nats-server binary was found."""
+
+
+class PortInUse(NatsServerError):
+    """The requested port is already taken by another process."""
+
+
+class DataDirNotWritable(NatsServerError):
+    """The JetStream data directory cannot be created or written."""
+
+
+class ServerExitedEarly(NatsServerError):
+    """nats-server exited before it accepted connections."""
+
+    def __init__(self, message: str, log_tail: str) -> None:
+        super().__init__(f"{message}\n--- last lines of the nats-server log ---\n{log_tail}")
+        self.log_tail = log_tail
