@@ -42,6 +42,6 @@ def configure_logging(level: str | None = None, *, json: bool | None = None) -> 
 
 
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
-    """A logger that carries the module name as `logger`."""
-    logger: structlog.typing.FilteringBoundLogger = structlog.get_logger(logger=name)
+    """A logger that carries the module name as `module`."""
+    logger: structlog.typing.FilteringBoundLogger = structlog.get_logger(module=name)
     return logger

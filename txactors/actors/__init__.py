@@ -1,0 +1,18 @@
+"""The actor runtime: bounded mailboxes, supervision, local and remote refs."""
+
+from txactors.actors.actor import Actor
+from txactors.actors.cell import Escalated
+from txactors.actors.ref import DEFAULT_ASK_TIMEOUT, ActorRef, LocalActorRef
+from txactors.actors.supervision import Directive, Supervisor
+from txactors.actors.system import ActorSystem
+
+__all__ = [
+    "DEFAULT_ASK_TIMEOUT",
+    "Actor",
+    "ActorRef",
+    "ActorSystem",
+    "Directive",
+    "Escalated",
+    "LocalActorRef",
+    "Supervisor",
+]

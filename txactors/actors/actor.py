@@ -1,0 +1,32 @@
+"""The base class users subclass: state plus a `receive` method, with lifecycle hooks."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from txactors.actors.ref import LocalActorRef
+
+
+class Actor:
+    """One instance handles one message at a time, so its state needs no locks.
+
+    `receive` returns the reply to an `ask` (ignored for a `tell`). Raising hands the error
+    to the supervisor; an `ask` waiting on that message gets the exception. Returning a
+    `protocol.Error` answers with an error code without counting as a failure.
+    """
+
+    #: Set by the system before `on_start`: lets the actor tell itself or hand out its ref.
+    ref: LocalActorRef
+
+    async def on_start(self) -> None:
+        """Runs before the first message (and after every restart, on the fresh instance)."""
+
+    async def on_stop(self) -> None:
+        """Runs when the instance is retired: on stop, shutdown, and before a restart."""
+
+    async def on_failure(self, error: Exception) -> None:
+        """Sees the error that made `receive` (or `on_start`) fail, before the directive."""
+
+    async def receive(self, message: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement receive()")

@@ -1,0 +1,232 @@
+"""The running side of one actor: mailbox, message loop, supervision, teardown.
+
+Split like pykka's loop into setup (instance + `on_start`), running (one message at a
+time) and teardown (`on_stop`, then every envelope still queued fails with
+`ActorDeadError`, so no asker is left hanging).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import anyio
+import structlog
+from anyio.abc import TaskStatus
+
+from txactors.actors.actor import Actor
+from txactors.actors.envelope import Envelope
+from txactors.actors.ref import LocalActorRef
+from txactors.actors.supervision import Directive, RestartBudget, Supervisor
+from txactors.errors import ActorDeadError, MailboxFull
+from txactors.logs import get_logger
+
+if TYPE_CHECKING:
+    from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+log = get_logger(__name__)
+
+
+class _Stop:
+    """Mailbox sentinel that wakes an idle actor so it notices a stop request."""
+
+
+_STOP = Envelope(_Stop())
+
+
+class _Next(enum.Enum):
+    RESTART = "restart"
+    STOP = "stop"
+
+
+class Escalated(Exception):
+    """An actor's failure escalated to its system (Directive.ESCALATE)."""
+
+
+class ActorCell:
+    def __init__(
+        self,
+        factory: Callable[[], Actor],
+        name: str,
+        mailbox_size: int,
+        supervisor: Supervisor,
+    ) -> None:
+        if mailbox_size < 1:
+            raise ValueError("mailbox_size must be at least 1: mailboxes are bounded")
+        self.name = name
+        self.factory = factory
+        self.supervisor = supervisor
+        send: MemoryObjectSendStream[Envelope]
+        receive: MemoryObjectReceiveStream[Envelope]
+        send, receive = anyio.create_memory_object_stream[Envelope](mailbox_size)
+        self._send = send
+        self._receive = receive
+        self._stopping = False
+        self._current: Envelope | None = None
+        self._instance: Actor | None = None
+        self.stopped = anyio.Event()
+        self.failure: BaseException | None = None
+        self.ref = LocalActorRef(self)
+        self._budget = RestartBudget(supervisor)
+
+    # -- the sending side (used by refs) ------------------------------------------------------
+
+    def _dead(self) -> ActorDeadError:
+        return ActorDeadError(f"actor {self.name!r} is stopped")
+
+    async def deliver(self, envelope: Envelope) -> None:
+        if self._stopping:
+            raise self._dead()
+        try:
+            await self._send.send(envelope)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            raise self._dead() from None
+
+    def deliver_nowait(self, envelope: Envelope) -> None:
+        if self._stopping:
+            raise self._dead()
+        try:
+            self._send.send_nowait(envelope)
+        except anyio.WouldBlock:
+            size = self._send.statistics().max_buffer_size
+            raise MailboxFull(
+                f"mailbox of {self.name!r} is full ({size:g} messages); "
+                "use tell() to wait for room, or raise mailbox_size"
+            ) from None
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            raise self._dead() from None
+
+    def request_stop(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        try:
+            self._send.send_nowait(_STOP)
+        except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass  # busy actors check the flag after each message; dead ones need nothing
+
+    # -- the running side ---------------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """The actor's task; reports ready once the first instance has started.
+
+        A first start that fails for good raises `ActorDeadError` to the spawner, not to the
+        system; after that only an escalated failure leaves this task with an error.
+        """
+        structlog.contextvars.bind_contextvars(actor=self.name)
+        try:
+            instance = await self._start_instance()
+            if instance is None:
+                raise ActorDeadError(f"actor {self.name!r} failed to start") from self.failure
+            task_status.started()
+            while await self._serve(instance) is _Next.RESTART:
+                instance = await self._start_instance()
+                if instance is None:
+                    break
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._teardown()
+
+    async def _start_instance(self) -> Actor | None:
+        """A fresh, started instance; None once the supervisor gives up or a stop came."""
+        while not self._stopping:
+            instance = self.factory()
+            instance.ref = self.ref
+            self._instance = instance
+            try:
+                await instance.on_start()
+                return instance
+            except Exception as error:
+                log.error("actor_start_failed", error=repr(error))
+                await self._supervise(instance, error, resumable=False)
+                if self.failure is not None:
+                    return None
+        return None
+
+    async def _serve(self, instance: Actor) -> _Next:
+        while not self._stopping:
+            envelope = await self._receive.receive()
+            if envelope is _STOP:
+                break
+            self._current = envelope  # stays set if we are cancelled mid-message
+            try:
+                result = await instance.receive(envelope.message)
+            except Exception as error:
+                self._current = None
+                if envelope.reply is not None:
+                    await envelope.reply.fail(error)
+                log.warning("actor_message_failed", error=repr(error), exc_info=error)
+                directive = await self._supervise(instance, error, resumable=True)
+                if directive is not Directive.RESUME:
+                    restart = directive is Directive.RESTART and self.failure is None
+                    return _Next.RESTART if restart else _Next.STOP
+            else:
+                self._current = None
+                if envelope.reply is not None:
+                    await envelope.reply.resolve(result)
+        return _Next.STOP
+
+    async def _supervise(self, instance: Actor, error: Exception, *, resumable: bool) -> Directive:
+        """Apply the supervisor's directive; sets `failure` when the actor must end.
+
+        An instance whose `on_start` failed never started, so RESUME means RESTART for it.
+        """
+        try:
+            await instance.on_failure(error)
+        except Exception as hook_error:
+            log.error("actor_on_failure_raised", error=repr(hook_error))
+        directive = self.supervisor.decide(error)
+        if directive is Directive.RESUME:
+            if resumable:
+                return directive
+            directive = Directive.RESTART
+        await self._retire()
+        if directive is Directive.RESTART:
+            delay = self._budget.next_delay(anyio.current_time())
+            if delay is None:
+                log.error(
+                    "actor_restart_limit_reached",
+                    max_restarts=self.supervisor.max_restarts,
+                    within=self.supervisor.within,
+                    error=repr(error),
+                )
+                self.failure = error
+            else:
+                log.info("actor_restarting", delay=delay)
+                await anyio.sleep(delay)
+        elif directive is Directive.STOP:
+            self.failure = error
+        else:
+            self.failure = Escalated(f"actor {self.name!r} escalated {error!r}")
+            self.failure.__cause__ = error
+            raise self.failure
+        return directive
+
+    async def _retire(self) -> None:
+        """Run the current instance's `on_stop` once; later calls find nothing to retire."""
+        instance, self._instance = self._instance, None
+        if instance is None:
+            return
+        try:
+            await instance.on_stop()
+        except Exception as error:
+            log.error("actor_on_stop_raised", error=repr(error))
+
+    async def _teardown(self) -> None:
+        self._stopping = True
+        await self._retire()
+        dead = self._dead()
+        if self._current is not None and self._current.reply is not None:
+            await self._current.reply.fail(dead)  # cancelled mid-message (forced shutdown)
+        while True:
+            try:
+                envelope = self._receive.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream):
+                break
+            if envelope.reply is not None:
+                await envelope.reply.fail(dead)
+        self._receive.close()  # senders still waiting for room get ActorDeadError
+        self._send.close()
+        self.stopped.set()
+        log.debug("actor_stopped", failure=repr(self.failure) if self.failure else None)

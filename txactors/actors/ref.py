@@ -1,0 +1,77 @@
+"""Handles to actors. Callers hold refs, never actor instances.
+
+`ActorRef` is the location-transparent surface (`tell`, `ask`) shared by a local ref, which
+puts an envelope in the mailbox, and a remote ref (txactors.actors.remote), which sends the
+encoded Struct on the actor's NATS subject.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import anyio
+
+from txactors.actors.envelope import Envelope, LocalReply
+from txactors.errors import AskTimeout
+
+if TYPE_CHECKING:
+    from txactors.actors.cell import ActorCell
+
+DEFAULT_ASK_TIMEOUT = 5.0
+
+
+@runtime_checkable
+class ActorRef(Protocol):
+    name: str
+
+    async def tell(self, message: Any) -> None:
+        """Send without waiting for an answer (may wait for mailbox room)."""
+        ...
+
+    async def ask(self, message: Any, timeout: float = DEFAULT_ASK_TIMEOUT) -> Any:
+        """Send and wait for the answer; `AskTimeout` after `timeout` seconds."""
+        ...
+
+
+class LocalActorRef:
+    __slots__ = ("_cell", "name")
+
+    def __init__(self, cell: ActorCell) -> None:
+        self._cell = cell
+        self.name = cell.name
+
+    def __repr__(self) -> str:
+        return f"<LocalActorRef {self.name}>"
+
+    @property
+    def is_alive(self) -> bool:
+        return not self._cell.stopped.is_set()
+
+    async def tell(self, message: Any) -> None:
+        """Enqueue; waits while the mailbox is full (that wait is the backpressure)."""
+        await self._cell.deliver(Envelope(message))
+
+    def tell_nowait(self, message: Any) -> None:
+        """Enqueue or raise `MailboxFull` at once; for callers that must never block."""
+        self._cell.deliver_nowait(Envelope(message))
+
+    async def ask(self, message: Any, timeout: float = DEFAULT_ASK_TIMEOUT) -> Any:
+        reply = LocalReply()
+        try:
+            with anyio.fail_after(timeout):
+                await self._cell.deliver(Envelope(message, reply))
+                return await reply.wait()
+        except TimeoutError as exc:
+            if isinstance(exc, AskTimeout):
+                raise
+            raise AskTimeout(f"{self.name} did not answer within {timeout}s") from None
+
+    async def stop(self) -> None:
+        """Stop after the message in hand; queued asks fail with `ActorDeadError`."""
+        self._cell.request_stop()
+        await self._cell.stopped.wait()
+
+    async def wait_stopped(self) -> BaseException | None:
+        """Wait until the actor has stopped; returns the error that stopped it, if any."""
+        await self._cell.stopped.wait()
+        return self._cell.failure

@@ -1,0 +1,122 @@
+"""The wire protocol: how Structs cross process boundaries on NATS.
+
+Every command and reply is a tagged msgspec Struct (the tag field is `type`, its value the
+class name). A payload is msgpack by default; a client that cannot speak msgpack sends JSON
+and says so with the `Content-Type: application/json` header, and gets JSON back. Decoders
+are built once per message union, so bad input fails at the boundary with msgspec's
+path-bearing message and becomes an `Error` reply with a stable code; it never reaches an
+actor. docs/protocol.md describes the same rules for other-language clients.
+
+Schema evolution follows msgspec's rules: new fields get defaults, a field never changes type.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Any, Final, Generic, TypeVar
+
+import msgspec
+
+T = TypeVar("T")
+
+CONTENT_TYPE_HEADER: Final = "Content-Type"
+
+
+class Encoding(enum.StrEnum):
+    """Payload encodings, named by the value of the `Content-Type` header."""
+
+    MSGPACK = "application/msgpack"
+    JSON = "application/json"
+
+
+class ErrorCode(enum.StrEnum):
+    """Stable error codes; clients branch on these, never on the message text."""
+
+    BAD_REQUEST = "bad_request"  # malformed bytes, wrong field types, missing fields
+    UNKNOWN_COMMAND = "unknown_command"  # a well-formed payload whose `type` nobody serves
+    NOT_FOUND = "not_found"  # the thing named (e.g. a transaction) does not exist
+    FORBIDDEN = "forbidden"  # the caller may not do this (e.g. wrong commit token)
+    CONFLICT = "conflict"  # contradicts an earlier, final decision
+    TIMEOUT = "timeout"  # the work did not finish in time
+    INTERNAL = "internal"  # the server failed; the request may be retried
+
+
+class Message(msgspec.Struct, tag_field="type", tag=True):
+    """Base of every protocol Struct: gives it the `type` tag."""
+
+
+class Error(Message):
+    """The reply to any request that could not be carried out."""
+
+    code: str
+    message: str
+
+
+_msgpack_encoder: Final = msgspec.msgpack.Encoder()
+_json_encoder: Final = msgspec.json.Encoder()
+
+
+def encode(message: Any, encoding: Encoding = Encoding.MSGPACK) -> bytes:
+    """Encode a Struct (or any msgspec-encodable value) for the wire."""
+    if encoding is Encoding.JSON:
+        return _json_encoder.encode(message)
+    return _msgpack_encoder.encode(message)
+
+
+def encoding_of(headers: Mapping[str, str] | None) -> Encoding | Error:
+    """The encoding a request asked for; an unknown content type is a `bad_request`."""
+    value = (headers or {}).get(CONTENT_TYPE_HEADER)
+    if value is None:
+        return Encoding.MSGPACK
+    try:
+        return Encoding(value.split(";", 1)[0].strip().lower())
+    except ValueError:
+        return Error(
+            ErrorCode.BAD_REQUEST,
+            f"unsupported {CONTENT_TYPE_HEADER} {value!r}; use "
+            f"{Encoding.MSGPACK.value} (default) or {Encoding.JSON.value}",
+        )
+
+
+def headers_for(encoding: Encoding) -> dict[str, str] | None:
+    """Headers announcing `encoding`; msgpack is the default and needs none."""
+    return None if encoding is Encoding.MSGPACK else {CONTENT_TYPE_HEADER: encoding.value}
+
+
+def _tags_of(message_type: Any) -> frozenset[str]:
+    info = msgspec.inspect.type_info(message_type)
+    members = info.types if isinstance(info, msgspec.inspect.UnionType) else (info,)
+    return frozenset(
+        str(member.tag) for member in members if isinstance(member, msgspec.inspect.StructType)
+    )
+
+
+class Codec(Generic[T]):
+    """Typed decoding of one message union, in both encodings, built once."""
+
+    def __init__(self, message_type: Any) -> None:
+        self.message_type = message_type
+        self.tags = _tags_of(message_type)
+        self._decoders: dict[Encoding, msgspec.msgpack.Decoder[T] | msgspec.json.Decoder[T]] = {
+            Encoding.MSGPACK: msgspec.msgpack.Decoder(message_type),
+            Encoding.JSON: msgspec.json.Decoder(message_type),
+        }
+
+    def decode(self, data: bytes, encoding: Encoding = Encoding.MSGPACK) -> T | Error:
+        """The decoded message, or the `Error` to answer with."""
+        try:
+            return self._decoders[encoding].decode(data)
+        except msgspec.ValidationError as exc:
+            return self._classify(data, encoding, exc)
+        except msgspec.DecodeError as exc:
+            return Error(ErrorCode.BAD_REQUEST, f"malformed {encoding.name.lower()} payload: {exc}")
+
+    def _classify(self, data: bytes, encoding: Encoding, exc: msgspec.ValidationError) -> Error:
+        # Only on the error path: decode untyped to tell an unknown tag from bad fields.
+        raw = (msgspec.json.decode if encoding is Encoding.JSON else msgspec.msgpack.decode)(data)
+        tag = raw.get("type") if isinstance(raw, dict) else None
+        if isinstance(tag, str) and tag not in self.tags:
+            known = ", ".join(sorted(self.tags))
+            return Error(ErrorCode.UNKNOWN_COMMAND, f"unknown command {tag!r}; expected {known}")
+        return Error(ErrorCode.BAD_REQUEST, str(exc))
