@@ -7,6 +7,7 @@ time) and teardown (`on_stop`, then every envelope still queued fails with
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -101,10 +102,9 @@ class ActorCell:
         if self._stopping:
             return
         self._stopping = True
-        try:
+        # Busy actors check the flag after each message; dead ones need nothing.
+        with contextlib.suppress(anyio.WouldBlock, anyio.BrokenResourceError):
             self._send.send_nowait(_STOP)
-        except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass  # busy actors check the flag after each message; dead ones need nothing
 
     # -- the running side ---------------------------------------------------------------------
 
