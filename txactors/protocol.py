@@ -114,7 +114,10 @@ class Codec(Generic[T]):
 
     def _classify(self, data: bytes, encoding: Encoding, exc: msgspec.ValidationError) -> Error:
         # Only on the error path: decode untyped to tell an unknown tag from bad fields.
-        raw = (msgspec.json.decode if encoding is Encoding.JSON else msgspec.msgpack.decode)(data)
+        try:
+            raw = (msgspec.json if encoding is Encoding.JSON else msgspec.msgpack).decode(data)
+        except msgspec.DecodeError as decode_error:
+            return Error(ErrorCode.BAD_REQUEST, f"{exc} ({decode_error})")
         tag = raw.get("type") if isinstance(raw, dict) else None
         if isinstance(tag, str) and tag not in self.tags:
             known = ", ".join(sorted(self.tags))

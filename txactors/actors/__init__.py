@@ -3,6 +3,7 @@
 from txactors.actors.actor import Actor
 from txactors.actors.cell import Escalated
 from txactors.actors.ref import DEFAULT_ASK_TIMEOUT, ActorRef, LocalActorRef
+from txactors.actors.remote import RemoteActorRef, serve
 from txactors.actors.supervision import Directive, Supervisor
 from txactors.actors.system import ActorSystem
 
@@ -14,5 +15,7 @@ __all__ = [
     "Directive",
     "Escalated",
     "LocalActorRef",
+    "RemoteActorRef",
     "Supervisor",
+    "serve",
 ]

@@ -55,6 +55,10 @@ class LocalActorRef:
         """Enqueue or raise `MailboxFull` at once; for callers that must never block."""
         self._cell.deliver_nowait(Envelope(message))
 
+    async def post(self, envelope: Envelope) -> None:
+        """Enqueue an envelope whose answer goes to its own reply sink (remote serving)."""
+        await self._cell.deliver(envelope)
+
     async def ask(self, message: Any, timeout: float = DEFAULT_ASK_TIMEOUT) -> Any:
         reply = LocalReply()
         try:

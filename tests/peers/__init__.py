@@ -1,0 +1,1 @@
+"""Programs that tests run as separate OS processes (real peers, not mocks)."""

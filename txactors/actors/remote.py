@@ -1,0 +1,154 @@
+"""Actors across processes: serve a local actor on a NATS subject, reach it with a ref.
+
+The serving side decodes at the boundary (bad input is answered with an `Error` and never
+reaches the actor) and only enqueues; the actor's own loop publishes each reply when it is
+done. Nothing waits per request in the subscription callback, so requests pipeline through
+the mailbox and a full mailbox slows the subscription down (backpressure) instead of
+dropping work.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import nats.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from txactors.actors.envelope import Envelope, unwrap
+from txactors.actors.ref import DEFAULT_ASK_TIMEOUT, LocalActorRef
+from txactors.errors import ActorDeadError, AskTimeout, CommandError
+from txactors.logs import get_logger
+from txactors.protocol import Codec, Encoding, Error, ErrorCode, encode, encoding_of, headers_for
+
+log = get_logger(__name__)
+
+
+class NatsReply:
+    """Publishes an actor's answer to the requester's reply subject."""
+
+    __slots__ = ("_encoding", "_nc", "_subject")
+
+    def __init__(self, nc: Client, subject: str, encoding: Encoding) -> None:
+        self._nc = nc
+        self._subject = subject
+        self._encoding = encoding
+
+    async def resolve(self, value: Any) -> None:
+        try:
+            payload = encode(value, self._encoding)
+        except (TypeError, ValueError) as error:  # msgspec.EncodeError is a ValueError
+            log.error("reply_not_encodable", reply_type=type(value).__name__, error=str(error))
+            payload = encode(
+                Error(ErrorCode.INTERNAL, f"the reply could not be encoded: {error}"),
+                self._encoding,
+            )
+        await self._publish(payload)
+
+    async def fail(self, error: BaseException) -> None:
+        await self._publish(encode(error_reply(error), self._encoding))
+
+    async def _publish(self, payload: bytes) -> None:
+        try:
+            await self._nc.publish(self._subject, payload, headers=headers_for(self._encoding))
+        except Exception as error:  # the requester is gone or the connection closed
+            log.warning("reply_not_sent", subject=self._subject, error=repr(error))
+
+
+def error_reply(error: BaseException) -> Error:
+    """The wire form of a failure; internals are named, not dumped."""
+    if isinstance(error, CommandError):
+        return Error(error.code, error.message)
+    if isinstance(error, ActorDeadError):
+        return Error(ErrorCode.INTERNAL, str(error))
+    return Error(ErrorCode.INTERNAL, f"{type(error).__name__}: {error}")
+
+
+async def serve(
+    nc: Client,
+    ref: LocalActorRef,
+    subject: str,
+    message_type: Any,
+    *,
+    queue: str = "",
+) -> Subscription:
+    """Serve `ref` on `subject`, accepting the Structs of `message_type` (a union).
+
+    With `queue`, several processes serve the same subject and NATS spreads requests
+    across them. Unsubscribe (or drain) the returned subscription to stop serving.
+    """
+    codec: Codec[Any] = Codec(message_type)
+
+    async def answer(msg: Msg, error: Error, encoding: Encoding) -> None:
+        if msg.reply:
+            await NatsReply(nc, msg.reply, encoding).resolve(error)
+
+    async def on_request(msg: Msg) -> None:
+        try:
+            await dispatch(msg)
+        except Exception as error:  # a bug here must not kill the subscription
+            log.exception("request_dispatch_failed", subject=subject)
+            await answer(msg, error_reply(error), Encoding.MSGPACK)
+
+    async def dispatch(msg: Msg) -> None:
+        encoding = encoding_of(msg.headers)
+        if isinstance(encoding, Error):
+            await answer(msg, encoding, Encoding.MSGPACK)
+            return
+        message = codec.decode(msg.data, encoding)
+        if isinstance(message, Error):
+            log.info("request_rejected", subject=subject, code=message.code, reason=message.message)
+            await answer(msg, message, encoding)
+            return
+        sink = NatsReply(nc, msg.reply, encoding) if msg.reply else None
+        try:
+            await ref.post(Envelope(message, sink))
+        except ActorDeadError as error:
+            await answer(msg, error_reply(error), encoding)
+
+    return await nc.subscribe(subject, queue=queue, cb=on_request)
+
+
+class RemoteActorRef:
+    """An `ActorRef` for an actor served on `subject`, possibly in another process.
+
+    `reply_type` is the Struct (or union) the actor answers with; replies are decoded
+    against it, and an `Error` reply raises `CommandError` as a local ask would.
+    """
+
+    def __init__(
+        self,
+        nc: Client,
+        subject: str,
+        reply_type: Any,
+        *,
+        encoding: Encoding = Encoding.MSGPACK,
+    ) -> None:
+        self.name = subject
+        self._nc = nc
+        self._subject = subject
+        self._encoding = encoding
+        self._headers = headers_for(encoding)
+        self._replies: Codec[Any] = Codec(reply_type | Error)
+
+    def __repr__(self) -> str:
+        return f"<RemoteActorRef {self._subject}>"
+
+    async def tell(self, message: Any) -> None:
+        await self._nc.publish(
+            self._subject, encode(message, self._encoding), headers=self._headers
+        )
+
+    async def ask(self, message: Any, timeout: float = DEFAULT_ASK_TIMEOUT) -> Any:
+        payload = encode(message, self._encoding)
+        try:
+            msg = await self._nc.request(self._subject, payload, timeout, headers=self._headers)
+        except nats.errors.NoRespondersError:
+            raise ActorDeadError(f"no actor is serving {self._subject!r}") from None
+        except nats.errors.TimeoutError:
+            raise AskTimeout(f"{self._subject} did not answer within {timeout}s") from None
+        encoding = encoding_of(msg.headers)
+        if isinstance(encoding, Error):
+            raise CommandError(encoding.code, f"unreadable reply: {encoding.message}")
+        return unwrap(self._replies.decode(msg.data, encoding))
