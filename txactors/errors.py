@@ -6,6 +6,8 @@
     │   ├── MailboxFull           tell_nowait found the bounded mailbox full
     │   └── AskTimeout            no reply in time (also a builtin TimeoutError)
     ├── CommandError              the actor replied with a protocol Error (code + message)
+    ├── ConfigError               a setting is missing, inconsistent or names a missing file
+    ├── NatsConnectError          the configured NATS server could not be reached
     └── NatsServerError           the embedded nats-server could not be run
         ├── NatsServerNotFound    no nats-server binary
         ├── PortInUse             the port is taken
@@ -45,6 +47,17 @@ class CommandError(TxActorsError):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+
+
+class ConfigError(TxActorsError, ValueError):
+    """A setting is invalid; the message names the setting (and its variable) to fix.
+
+    Also a `ValueError`, so generic validation handlers work.
+    """
+
+
+class NatsConnectError(TxActorsError):
+    """The configured NATS server (NATS_URL or config) could not be reached or refused us."""
 
 
 class NatsServerError(TxActorsError):
