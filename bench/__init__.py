@@ -1,0 +1,1 @@
+"""Benchmarks: each measures txactors against raw nats-py/JetStream in the same run."""

@@ -1,0 +1,28 @@
+"""`python -m bench [name ...]` (or `just bench`): run the named benchmarks, default all."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from bench import actors
+
+BENCHMARKS = {"actors": actors.main}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("names", nargs="*", help=f"any of {', '.join(BENCHMARKS)} (default: all)")
+    parser.add_argument("--quick", action="store_true", help="fewer iterations (smoke run)")
+    args = parser.parse_args()
+    unknown = set(args.names) - set(BENCHMARKS)
+    if unknown:
+        parser.error(
+            f"unknown benchmark {', '.join(sorted(unknown))}; choose from {list(BENCHMARKS)}"
+        )
+    for name in args.names or BENCHMARKS:
+        asyncio.run(BENCHMARKS[name](quick=args.quick))
+
+
+if __name__ == "__main__":
+    main()
