@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from txactors.actors import Actor, ActorSystem, Directive, Escalated, Supervisor
@@ -250,3 +251,33 @@ def test_supervisor_rejects_nonsense_settings() -> None:
         Supervisor(max_restarts=-1)
     with pytest.raises(ValueError):
         Supervisor(backoff_initial=2, backoff_max=1)
+
+
+async def test_a_busy_actor_yields_so_other_tasks_make_progress() -> None:
+    gate, entered = anyio.Event(), anyio.Event()
+    handled: list[int] = []
+    ticks: list[int] = []
+
+    class Busy(Actor):
+        async def receive(self, message: Any) -> Any:
+            if message == "wait":
+                entered.set()
+                await gate.wait()
+            else:
+                handled.append(message)  # never awaits: only the runtime can yield here
+
+    async def ticker() -> None:
+        while len(handled) < 1000:
+            ticks.append(len(handled))
+            await anyio.lowlevel.checkpoint()
+
+    async with ActorSystem() as system:
+        ref = await system.spawn(Busy, mailbox_size=2000)
+        await ref.tell("wait")
+        await entered.wait()
+        for i in range(1000):
+            ref.tell_nowait(i)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            gate.set()
+    assert any(0 < seen < 1000 for seen in ticks), "the ticker ran while the mailbox drained"

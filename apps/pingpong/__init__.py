@@ -1,0 +1,1 @@
+"""Two actors talking over NATS: the smallest complete txactors program."""
