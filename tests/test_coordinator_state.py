@@ -69,7 +69,9 @@ class Harness:
         group: str = "g",
         producer: str = "p1",
         immunity: float | None = None,
+        append_refused: bool = False,
     ) -> list[Action]:
+        """Append halves to the HALF log (unless refused: the actor asked first), tell the table."""
         halves = tuple(
             Half(
                 index=first_index + i,
@@ -80,11 +82,18 @@ class Harness:
             )
             for i, topic in enumerate(topics)
         )
-        stored = HalvesStored(txid=txid, token=token, group=group, producer=producer, halves=halves)
+        stored = HalvesStored(
+            txid=txid,
+            token=token,
+            group=group,
+            producer=producer,
+            halves=halves,
+            begins=first_index == 0,
+        )
         actions = self.table.handle(
             msgspec.structs.replace(stored, request_id=self.request_id()), self.now
         )
-        if not any(isinstance(a, Refuse) for a in actions):
+        if append_refused or not any(isinstance(a, Refuse) for a in actions):
             for half in halves:  # one TXN_HALF message per half
                 self.half_log.append(msgspec.structs.replace(stored, halves=(half,)))
         return actions
@@ -98,6 +107,12 @@ class Harness:
 
     def tick(self, seconds: float = 0.0) -> list[Action]:
         self.now += seconds
+        return self.table.tick(self.now)
+
+    def tick_at_next_deadline(self) -> list[Action]:
+        deadline = self.table.next_deadline()
+        assert deadline is not None, "nothing scheduled"
+        self.now = max(self.now, deadline)
         return self.table.tick(self.now)
 
     def persist(self, action: PersistOp) -> list[Action]:
@@ -127,6 +142,13 @@ def of(kind: type[Action], actions: Sequence[Action]) -> list[Action]:
 def only(actions: Sequence[Action]) -> Action:
     assert len(actions) == 1, actions
     return actions[0]
+
+
+def the_write(actions: Sequence[Action]) -> PersistOp:
+    """The one action, which must be a `PersistOp`."""
+    action = only(actions)
+    assert isinstance(action, PersistOp)
+    return action
 
 
 @pytest.fixture
@@ -189,7 +211,9 @@ def test_prepare_refusals(h: Harness) -> None:
     h.end("t1", Decision.ROLLBACK)
     [late] = h.prepare("t1", first_index=1)
     assert isinstance(late, Refuse) and late.code is ErrorCode.CONFLICT
-    assert h.table.refuse_prepare("t2", "tok", "g") is None
+    assert h.table.refuse_prepare("t2", "tok", "g", begins=True) is None
+    [unknown] = h.prepare("t2", first_index=1)
+    assert isinstance(unknown, Refuse) and unknown.code is ErrorCode.NOT_FOUND
     view = h.table.show("t1")
     assert view is not None and view.half_seqs == (1,)
 
@@ -380,8 +404,7 @@ def test_an_unanswered_check_times_out_and_a_late_answer_is_ignored(h: Harness) 
     late = CheckAnswered(txid="t1", check_id=check.check_id, resolution=Decision.COMMIT)
     assert h.feed(late) == [] and h.table.counters.unexpected_check_answers == 1
     # The instance did not answer: the next check asks the group.
-    assert h.table.next_deadline() is not None
-    nxt = only(h.tick(h.table.next_deadline() - h.now))  # type: ignore[operator]
+    nxt = only(h.tick_at_next_deadline())
     assert isinstance(nxt, SendCheck) and nxt.target is CheckTarget.GROUP
 
 
@@ -390,9 +413,7 @@ def test_fifteen_inconclusive_checks_then_discard(h: Harness) -> None:
     sent: list[SendCheck] = []
     discards: list[Discard] = []
     while h.table.outcome("t1") is not TxnState.DISCARDED:
-        deadline = h.table.next_deadline()
-        assert deadline is not None
-        for action in h.complete(h.tick(deadline - h.now)):
+        for action in h.complete(h.tick_at_next_deadline()):
             assert isinstance(action, SendCheck)
             sent.append(action)
             answer = CheckAnswered(txid="t1", check_id=action.check_id, resolution=Decision.UNKNOWN)
@@ -429,9 +450,7 @@ def test_undecided_past_half_retention_is_discarded() -> None:
     h = Harness(config)
     h.prepare("t1")
     while h.table.outcome("t1") in (TxnState.PREPARED, TxnState.CHECKING):
-        deadline = h.table.next_deadline()
-        assert deadline is not None
-        for action in h.complete(h.tick(deadline - h.now)):
+        for action in h.complete(h.tick_at_next_deadline()):
             if isinstance(action, SendCheck):
                 answer = CheckAnswered(
                     txid="t1", check_id=action.check_id, resolution=Decision.UNKNOWN
@@ -448,9 +467,7 @@ def test_undecided_past_half_retention_is_discarded() -> None:
 
 def discard(h: Harness, txid: str) -> None:
     while h.table.outcome(txid) is not TxnState.DISCARDED:
-        deadline = h.table.next_deadline()
-        assert deadline is not None
-        for action in h.complete(h.tick(deadline - h.now)):
+        for action in h.complete(h.tick_at_next_deadline()):
             if isinstance(action, SendCheck):
                 answer = CheckAnswered(
                     txid=txid, check_id=action.check_id, resolution=Decision.UNKNOWN
@@ -548,7 +565,7 @@ def test_recovery_rebuilds_exact_state_and_republishes_commits_without_done() ->
     h.prepare("rolled-back")
     h.complete(h.end("rolled-back", Decision.ROLLBACK))
     h.prepare("no-done", ["orders", "audit"])
-    h.persist(only(h.end("no-done", Decision.COMMIT)))  # crash before publishes are acked
+    h.persist(the_write(h.end("no-done", Decision.COMMIT)))  # crash before publishes are acked
     h.prepare("checked")
     h.prepare("discarded")
     h.prepare("resumed")
@@ -591,7 +608,7 @@ def test_recovered_checks_resume(h: Harness) -> None:
 def test_commit_record_lists_exactly_the_halves_to_publish() -> None:
     h = Harness()
     h.prepare("t1", ["a"])
-    h.persist(only(h.end("t1", Decision.COMMIT)))
+    h.persist(the_write(h.end("t1", Decision.COMMIT)))
     # A half that landed after the decision (the actor broke its contract): not published.
     stray = Half(index=5, topic="b", seq=99, born=h.now)
     h.half_log.append(
@@ -599,6 +616,18 @@ def test_commit_record_lists_exactly_the_halves_to_publish() -> None:
     )
     _, actions = recover(h)
     assert [a.half_seq for a in actions if isinstance(a, Publish)] == [1]
+
+
+def test_a_late_half_of_a_transaction_finished_before_the_checkpoint_stays_dead() -> None:
+    h = Harness()
+    h.prepare("old")
+    h.complete(h.end("old", Decision.ROLLBACK))
+    h.prepare("open")
+    h.prepare("old", first_index=1, append_refused=True)  # an actor that did not ask first
+    assert h.half_log[-1].halves[0].seq == 3
+    point = h.table.checkpoint()
+    fresh, actions = recover(h, half_from=point.half_seq, op_from=point.op_seq)
+    assert actions == [] and [v.txid for v in fresh.table.transactions()] == ["open"]
 
 
 def test_replayed_records_of_finished_transactions_are_skipped(h: Harness) -> None:
@@ -699,7 +728,7 @@ def test_memory_and_tick_cost_do_not_grow_with_resolved_history() -> None:
     for i in range(100_000):
         h.prepare(f"done{i}")
         if i % 2:
-            h.persist(only(h.end(f"done{i}", Decision.ROLLBACK)))
+            h.persist(the_write(h.end(f"done{i}", Decision.ROLLBACK)))
         else:
             h.complete(h.end(f"done{i}", Decision.COMMIT))
         if i % 10_000 == 0:

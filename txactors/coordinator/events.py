@@ -17,8 +17,11 @@ from txactors.coordinator.records import Decision, Half, OpRecord
 class HalvesStored(msgspec.Struct, frozen=True, kw_only=True):
     """Halves of one transaction were appended to TXN_HALF (a prepare, or recovery replay).
 
-    The first one creates the transaction; later ones (same txid and token) add halves.
-    `request_id` is None during recovery, when nobody waits for a reply.
+    A prepare with `begins` creates the transaction (or, retried, adds nothing new); later
+    ones (same txid and token, `begins=False`) add halves. The flag is stored with each
+    half, so that recovery cannot mistake a late half of a finished transaction, whose
+    beginning lies before the checkpoint, for a new one. `request_id` is None during
+    recovery, when nobody waits for a reply.
     """
 
     txid: str
@@ -27,6 +30,7 @@ class HalvesStored(msgspec.Struct, frozen=True, kw_only=True):
     producer: str
     """The producer instance that prepared it: the first target of its check-backs."""
     halves: tuple[Half, ...]
+    begins: bool = True
     request_id: str | None = None
 
 

@@ -182,7 +182,8 @@ class TransactionTable:
         self._deadlines = Deadlines()
         self._ops_in_flight: dict[int, tuple[OpRecord, ...]] = {}
         self._op_ids = itertools.count(1)
-        self._check_ids = itertools.count(1)
+        # Random start: an answer to a check sent before a restart cannot match a new one.
+        self._check_ids = itertools.count(self._rng.getrandbits(48))
         self._half_tail = 0
         self._op_tail = 0
         self._replay_op_from: int | None = None
@@ -235,13 +236,17 @@ class TransactionTable:
 
     # ------------------------------------------------------------------ reads
 
-    def refuse_prepare(self, txid: str, token: str, group: str) -> tuple[ErrorCode, str] | None:
+    def refuse_prepare(
+        self, txid: str, token: str, group: str, *, begins: bool
+    ) -> tuple[ErrorCode, str] | None:
         """Why halves for `txid` would be refused (None: admissible). Call before appending."""
         txn = self._open.get(txid)
         if txn is None:
             finished = self._recent.get(txid)
             if finished is not None:
                 return ErrorCode.CONFLICT, f"transaction {txid} is already {finished.state}"
+            if not begins:
+                return ErrorCode.NOT_FOUND, f"no open transaction {txid} to add messages to"
             return None
         if token != txn.token:
             return ErrorCode.FORBIDDEN, f"wrong token for transaction {txid}"
@@ -347,7 +352,7 @@ class TransactionTable:
     def _on_halves_stored(self, event: HalvesStored) -> None:
         if not event.halves:
             raise CoordinatorStateError(f"HalvesStored for {event.txid} without halves")
-        refusal = self.refuse_prepare(event.txid, event.token, event.group)
+        refusal = self.refuse_prepare(event.txid, event.token, event.group, begins=event.begins)
         if refusal is not None:
             self._refuse(event.request_id, event.txid, *refusal)
             return

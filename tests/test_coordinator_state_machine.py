@@ -1,0 +1,312 @@
+"""Hypothesis drives the coordinator's state machine through random histories.
+
+The test plays a misbehaving world around it: requests with wrong tokens, check answers in
+any order and late, writes and publishes acknowledged in any order or never (a crash), the
+clock jumping, operators meddling, and restarts that rebuild the table from the streams at
+its checkpoint. After every step the DESIGN §3 invariants must hold.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import msgspec
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from txactors.coordinator import (
+    Acknowledge,
+    Action,
+    CheckAnswered,
+    CheckFailed,
+    CheckFailure,
+    CoordinatorConfig,
+    Decision,
+    Discard,
+    End,
+    Event,
+    ForceCommit,
+    ForceRollback,
+    Half,
+    HalvesStored,
+    OpKind,
+    OpPersisted,
+    OpReplayed,
+    PersistOp,
+    Publish,
+    Published,
+    Refuse,
+    Resume,
+    SendCheck,
+    TransactionTable,
+    TxnState,
+)
+
+CONFIG = CoordinatorConfig(
+    transaction_timeout=1.0,
+    max_immunity=5.0,
+    check_interval=2.0,
+    check_interval_max=8.0,
+    check_max=2,
+    check_answer_timeout=1.0,
+    half_retention=300.0,
+)
+FINAL = {TxnState.COMMITTED, TxnState.ROLLED_BACK}
+TOKEN = "tok"
+
+
+class CoordinatorMachine(RuleBasedStateMachine):
+    @initialize(seed=st.integers(0, 2**32 - 1))
+    def start(self, seed: int) -> None:
+        self.seeds = itertools.count(seed)
+        self.table = TransactionTable(CONFIG, rng=random.Random(next(self.seeds)))
+        self.now = 1_000.0
+        self.txids: list[str] = []
+        self.ids = itertools.count()
+        # The streams: what survives a restart.
+        self.half_log: list[HalvesStored] = []
+        self.op_log: list[OpReplayed] = []
+        # Work the "actor" has not carried out yet (lost on a restart).
+        self.pending_ops: list[PersistOp] = []
+        self.pending_publishes: list[Publish] = []
+        self.checks: dict[int, tuple[SendCheck, float]] = {}  # unreported, with send time
+        self.reported_checks: list[SendCheck] = []
+        # What the streams say, for the invariants.
+        self.decision: dict[str, OpKind] = {}  # last persisted commit/rollback/discard/resume
+        self.done: set[str] = set()
+        self.final: dict[str, TxnState] = {}
+
+    # ------------------------------------------------------------ plumbing
+
+    def feed(self, event: Event) -> list[Action]:
+        return self.take(self.table.handle(event, self.now))
+
+    def take(self, actions: list[Action]) -> list[Action]:
+        """Check every action against the invariants, then queue the work it asks for."""
+        for action in actions:
+            match action:
+                case PersistOp():
+                    self.pending_ops.append(action)
+                case Publish():
+                    # Only after a persisted commit; never for rolled back or discarded.
+                    assert self.decision.get(action.txid) is OpKind.COMMIT, action
+                    self.pending_publishes.append(action)
+                case SendCheck():
+                    self.on_send_check(action)
+                case Acknowledge(state=TxnState.COMMITTED):
+                    event("commit acknowledged")
+                    assert action.txid in self.done, "commit acknowledged before `done`"
+                case Acknowledge(state=TxnState.ROLLED_BACK):
+                    assert self.decision.get(action.txid) is OpKind.ROLLBACK
+                case Discard():
+                    event("discarded")
+                    assert self.decision.get(action.txid) is OpKind.DISCARD
+                    assert action.check_times <= CONFIG.check_max
+        return actions
+
+    def on_send_check(self, check: SendCheck) -> None:
+        assert self.decision.get(check.txid) not in (OpKind.COMMIT, OpKind.ROLLBACK)
+        assert self.table.outcome(check.txid) is TxnState.CHECKING
+        assert check.check_times < CONFIG.check_max
+        for earlier, sent_at in self.checks.values():
+            if earlier.txid == check.txid:  # unreported: only if the table gave up on it
+                assert self.now >= sent_at + earlier.timeout, "two checks in flight"
+        self.checks[check.check_id] = (check, self.now)
+
+    def pick(self, index: int) -> str:
+        return self.txids[index % len(self.txids)]
+
+    # ------------------------------------------------------------ producers
+
+    @rule(topics=st.integers(1, 3), immunity=st.sampled_from([None, 0.5, 3.0, 60.0]))
+    def prepare(self, topics: int, immunity: float | None) -> None:
+        txid = f"t{next(self.ids)}"
+        self.txids.append(txid)
+        self.store(txid, topics, immunity, first_index=0, begins=True)
+
+    @precondition(lambda self: self.txids)
+    @rule(index=st.integers(0, 99), topics=st.integers(1, 2))
+    def prepare_more(self, index: int, topics: int) -> None:
+        txid = self.pick(index)
+        admissible = self.table.refuse_prepare(txid, TOKEN, "g", begins=False) is None
+        reply = self.store(txid, topics, None, first_index=10 * len(self.half_log), begins=False)
+        assert isinstance(reply, Acknowledge) == admissible
+
+    def store(
+        self, txid: str, topics: int, immunity: float | None, *, first_index: int, begins: bool
+    ) -> Action:
+        halves = tuple(
+            Half(
+                index=first_index + i,
+                topic=f"topic{i}",
+                seq=len(self.half_log) + i + 1,
+                born=self.now,
+                immunity=immunity,
+            )
+            for i in range(topics)
+        )
+        stored = HalvesStored(
+            txid=txid, token=TOKEN, group="g", producer="p", halves=halves, begins=begins
+        )
+        # The actor appends first, then tells the table (which may refuse what it stored).
+        self.half_log.extend(msgspec.structs.replace(stored, halves=(h,)) for h in halves)
+        [reply] = self.feed(msgspec.structs.replace(stored, request_id="prep"))
+        assert begins <= isinstance(reply, Acknowledge)
+        return reply
+
+    @precondition(lambda self: self.txids)
+    @rule(
+        index=st.integers(0, 99),
+        decision=st.sampled_from(Decision),
+        right_token=st.booleans(),
+    )
+    def end(self, index: int, decision: Decision, right_token: bool) -> None:
+        txid = self.pick(index)
+        before = self.table.show(txid)
+        token = TOKEN if right_token else "forged"
+        actions = self.feed(End(txid=txid, token=token, decision=decision, request_id="end"))
+        if not right_token and self.table.outcome(txid) is not None:
+            assert [type(a) for a in actions] == [Refuse]
+            assert self.table.show(txid) == before
+
+    # ------------------------------------------------------------ the actor's I/O
+
+    @precondition(lambda self: self.pending_ops)
+    @rule()
+    def persist(self) -> None:
+        op = self.pending_ops.pop(0)  # TXN_OP appends in order
+        seq = len(self.op_log) + 1
+        self.op_log.append(OpReplayed(seq=seq, records=op.records))
+        for record in op.records:
+            if record.kind is OpKind.DONE:
+                self.done.add(record.txid)
+            elif record.kind is not OpKind.CHECKED:
+                self.decision[record.txid] = record.kind
+        self.feed(OpPersisted(op_id=op.op_id, seq=seq))
+
+    @precondition(lambda self: self.pending_publishes)
+    @rule(index=st.integers(0, 99), twice=st.booleans())
+    def publish_acked(self, index: int, twice: bool) -> None:
+        publish = self.pending_publishes.pop(index % len(self.pending_publishes))
+        self.feed(Published(txid=publish.txid, index=publish.index))
+        if twice:
+            self.feed(Published(txid=publish.txid, index=publish.index))
+
+    @precondition(lambda self: self.pending_ops or self.pending_publishes)
+    @rule()
+    def catch_up(self) -> None:
+        """A healthy actor: every write and publish completes, in order."""
+        while self.pending_ops or self.pending_publishes:
+            if self.pending_publishes:
+                self.publish_acked(0, twice=False)
+            else:
+                self.persist()
+
+    @precondition(lambda self: self.checks)
+    @rule(index=st.integers(0, 99), resolution=st.sampled_from(Decision))
+    def check_answered(self, index: int, resolution: Decision) -> None:
+        check = self.report(index)
+        self.feed(CheckAnswered(txid=check.txid, check_id=check.check_id, resolution=resolution))
+
+    @precondition(lambda self: self.checks)
+    @rule(index=st.integers(0, 99), reason=st.sampled_from(CheckFailure))
+    def check_failed(self, index: int, reason: CheckFailure) -> None:
+        check = self.report(index)
+        self.feed(CheckFailed(txid=check.txid, check_id=check.check_id, reason=reason))
+
+    def report(self, index: int) -> SendCheck:
+        check_id = list(self.checks)[index % len(self.checks)]
+        check, _ = self.checks.pop(check_id)
+        self.reported_checks.append(check)
+        return check
+
+    @precondition(lambda self: self.reported_checks)
+    @rule(index=st.integers(0, 99), resolution=st.sampled_from(Decision))
+    def stale_check_answer(self, index: int, resolution: Decision) -> None:
+        check = self.reported_checks[index % len(self.reported_checks)]
+        unexpected = self.table.counters.unexpected_check_answers
+        before = self.table.transactions()
+        assert (
+            self.feed(
+                CheckAnswered(txid=check.txid, check_id=check.check_id, resolution=resolution)
+            )
+            == []
+        )
+        assert self.table.counters.unexpected_check_answers == unexpected + 1
+        assert self.table.transactions() == before
+
+    @rule(seconds=st.floats(0.0, 10.0, allow_nan=False))
+    def tick(self, seconds: float) -> None:
+        self.now += seconds
+        self.take(self.table.tick(self.now))
+
+    @precondition(lambda self: self.table.next_deadline() is not None)
+    @rule()
+    def tick_at_next_deadline(self) -> None:
+        deadline = self.table.next_deadline()
+        assert deadline is not None
+        self.now = max(self.now, deadline)
+        self.take(self.table.tick(self.now))
+
+    @rule()
+    def restart(self) -> None:
+        """Crash (unfinished writes, publishes and checks are lost) and recover."""
+        point = self.table.checkpoint()
+        self.table = TransactionTable(CONFIG, rng=random.Random(next(self.seeds)))
+        self.pending_ops.clear()
+        self.pending_publishes.clear()
+        self.reported_checks.extend(check for check, _ in self.checks.values())
+        self.checks.clear()
+        self.table.begin_recovery(half_from=point.half_seq, op_from=point.op_seq)
+        for stored in self.half_log:
+            if stored.halves[0].seq >= point.half_seq:
+                assert self.table.handle(stored, self.now) == []
+        for replayed in self.op_log:
+            if replayed.seq >= point.op_seq:
+                assert self.table.handle(replayed, self.now) == []
+        actions = self.take(self.table.finish_recovery(self.now))
+        if any(isinstance(a, Publish) for a in actions):
+            event("republished after a restart")
+
+    # ------------------------------------------------------------ operators
+
+    @precondition(lambda self: self.txids)
+    @rule(index=st.integers(0, 99), command=st.sampled_from([Resume, ForceCommit, ForceRollback]))
+    def operator(self, index: int, command: type[Resume | ForceCommit | ForceRollback]) -> None:
+        self.feed(command(txid=self.pick(index), request_id="op"))
+
+    # ------------------------------------------------------------ invariants
+
+    @invariant()
+    def final_states_absorb(self) -> None:
+        for txid in self.txids:
+            state = self.table.outcome(txid)
+            if txid in self.final:
+                # A restart may forget a finished transaction, never reopen or flip it.
+                assert state in (self.final[txid], None), (txid, self.final[txid], state)
+            elif state in FINAL:
+                event(f"{state}")
+                self.final[txid] = state
+
+    @invariant()
+    def check_counts_stay_within_the_maximum(self) -> None:
+        for view in self.table.transactions():
+            assert view.check_times <= CONFIG.check_max
+
+    @invariant()
+    def committed_means_done_persisted(self) -> None:
+        for txid, state in self.final.items():
+            expected = OpKind.COMMIT if state is TxnState.COMMITTED else OpKind.ROLLBACK
+            assert self.decision[txid] is expected
+            assert (txid in self.done) == (state is TxnState.COMMITTED)
+
+
+TestCoordinatorMachine = CoordinatorMachine.TestCase
+TestCoordinatorMachine.settings = settings(
+    max_examples=100,
+    stateful_step_count=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
