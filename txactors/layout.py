@@ -1,0 +1,136 @@
+"""Where things live on NATS: stream names, subjects, KV buckets and header names.
+
+DESIGN §4 in code. Every subject, stream name and header used by more than one role is
+defined here and nowhere else, so a producer, the coordinator, a consumer and a client in
+another language (docs/protocol.md) agree by construction.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from typing import Final
+
+# -- streams and buckets --------------------------------------------------------------------
+
+HALF_STREAM: Final = "TXN_HALF"
+OP_STREAM: Final = "TXN_OP"
+DISCARD_STREAM: Final = "TXN_DISCARD"
+CHECKPOINT_BUCKET: Final = "TXN_CHECKPOINT"
+LEASE_BUCKET: Final = "TXN_LEASE"
+
+
+def half_subject(partition: int) -> str:
+    return f"txn.half.{partition}"
+
+
+def op_subject(partition: int) -> str:
+    return f"txn.op.{partition}"
+
+
+def discard_subject(group: str) -> str:
+    return f"txn.discard.{group}"
+
+
+# -- commands (core NATS request/reply) -----------------------------------------------------
+
+
+def prepare_subject(partition: int) -> str:
+    return f"txn.coord.{partition}.prepare"
+
+
+def end_subject(partition: int) -> str:
+    return f"txn.coord.{partition}.end"
+
+
+def admin_subject(partition: int) -> str:
+    return f"txn.coord.{partition}.admin"
+
+
+def check_group_subject(group: str) -> str:
+    """Check-backs for any live member of `group` (served as a queue group)."""
+    return f"txn.check.{group}"
+
+
+def check_instance_subject(group: str, instance: str) -> str:
+    """Check-backs for the one producer instance that prepared the transaction."""
+    return f"txn.check.{group}.{instance}"
+
+
+# -- committed topics -----------------------------------------------------------------------
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+NO_TAG: Final = "_"
+"""Subject token for a message without a tag (NATS tokens cannot be empty)."""
+
+
+def validate_name(kind: str, name: str) -> str:
+    """Topic, group and instance names become subject tokens and stream names: keep them
+    to letters, digits, `_` and `-` (no dots, spaces or wildcards)."""
+    if not _NAME.match(name):
+        raise ValueError(
+            f"{kind} {name!r} may contain only letters, digits, '_' and '-' "
+            "(it becomes a NATS subject token and part of a stream name)"
+        )
+    return name
+
+
+def topic_stream(topic: str) -> str:
+    return f"TOPIC_{topic}"
+
+
+def topic_subject(topic: str, tag: str | None = None) -> str:
+    """Committed messages of `topic` are published on `topic.<topic>.<tag>`."""
+    return f"topic.{topic}.{tag or NO_TAG}"
+
+
+def topic_filter(topic: str) -> str:
+    return f"topic.{topic}.>"
+
+
+def dlq_stream(group: str) -> str:
+    return f"DLQ_{group}"
+
+
+def dlq_subject(group: str, topic: str) -> str:
+    return f"dlq.{group}.{topic}"
+
+
+# -- headers --------------------------------------------------------------------------------
+
+MSG_ID_HEADER: Final = "Nats-Msg-Id"
+"""JetStream de-duplication: `<txid>:<index>` on every committed message."""
+EXPECTED_LAST_SUBJECT_SEQ_HEADER: Final = "Nats-Expected-Last-Subject-Sequence"
+"""Fences OP appends: a coordinator that lost its partition cannot write behind the new one."""
+
+TXID_HEADER: Final = "Txn-Id"
+GROUP_HEADER: Final = "Txn-Group"
+PRODUCER_HEADER: Final = "Txn-Producer"
+TOPIC_HEADER: Final = "Txn-Topic"
+INDEX_HEADER: Final = "Txn-Index"
+TAG_HEADER: Final = "Txn-Tag"
+KEYS_HEADER: Final = "Txn-Keys"
+"""Message keys, comma separated (keys may not contain commas)."""
+BORN_HEADER: Final = "Txn-Born"
+"""Seconds since the epoch when the coordinator stored the half."""
+IMMUNITY_HEADER: Final = "Txn-Check-Immunity"
+TOKEN_HEADER: Final = "Txn-Token"
+BEGINS_HEADER: Final = "Txn-Begins"
+COMMITTED_AT_HEADER: Final = "Txn-Committed-At"
+CHECK_TIMES_HEADER: Final = "Txn-Check-Times"
+DISCARD_REASON_HEADER: Final = "Txn-Discard-Reason"
+ERROR_HEADER: Final = "Txn-Error"
+"""On a dead-lettered message: the last error the consumer's handler raised."""
+DELIVERIES_HEADER: Final = "Txn-Deliveries"
+
+RESERVED_HEADER_PREFIXES: Final = ("Nats-", "Txn-")
+"""User properties travel as headers and may not use these prefixes."""
+
+
+def message_id(txid: str, index: int) -> str:
+    return f"{txid}:{index}"
+
+
+def partition_of(txid: str, partitions: int) -> int:
+    """hash(txid) mod P, with a hash that every language computes alike (CRC-32)."""
+    return zlib.crc32(txid.encode()) % partitions
