@@ -124,8 +124,11 @@ class TxnView(msgspec.Struct, frozen=True, kw_only=True):
 
 @dataclasses.dataclass(slots=True)
 class Counters:
-    """Monotonic counts for metrics. `unexpected_check_answers` must stay 0 in a healthy run
-    unless answers arrive after their check timed out."""
+    """Monotonic counts for metrics (recovery replay is not counted).
+
+    `unexpected_check_answers` counts answers to checks that were no longer in flight (timed
+    out here, or the transaction was decided meanwhile); it stays 0 in a healthy run.
+    """
 
     halves_stored: int = 0
     commits: int = 0
@@ -223,6 +226,8 @@ class TransactionTable:
         if self._replay_op_from is None:
             raise CoordinatorStateError("finish_recovery without begin_recovery")
         self._replay_op_from = None
+        # Metrics count what this process did; re-reading the streams did nothing new.
+        self.counters = Counters(replay_skipped=self.counters.replay_skipped)
         for txn in self._open.values():
             if txn.state is S.PUBLISHING:
                 self._publish_all(txn)
