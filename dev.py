@@ -23,7 +23,7 @@ EXTRAS = "dev,postgres"
 
 
 def ensure_env(extras: str = EXTRAS) -> None:
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036 (dev.py must explain itself on old Pythons)
         sys.exit(f"txactors needs Python 3.11 or newer; this is {sys.version.split()[0]}.")
     if not PYTHON.exists():
         print(f"creating virtual environment in {VENV}", flush=True)

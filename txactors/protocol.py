@@ -123,3 +123,146 @@ class Codec(Generic[T]):
             known = ", ".join(sorted(self.tags))
             return Error(ErrorCode.UNKNOWN_COMMAND, f"unknown command {tag!r}; expected {known}")
         return Error(ErrorCode.BAD_REQUEST, str(exc))
+
+
+# -- transactions: producer → coordinator (txn.coord.<partition>.prepare / .end) ---------------
+
+
+class Decision(enum.StrEnum):
+    """How a producer ends a transaction, or answers a check-back about it."""
+
+    COMMIT = "commit"
+    ROLLBACK = "rollback"
+    UNKNOWN = "unknown"
+
+
+class OutgoingMessage(msgspec.Struct, kw_only=True):
+    """One message of a transaction, as the producer hands it to the coordinator."""
+
+    topic: str
+    body: bytes
+    keys: list[str] = []
+    tag: str | None = None
+    properties: dict[str, str] = {}
+    """Delivered as headers; names may not start with `Nats-` or `Txn-`."""
+    check_immunity: float | None = None
+    """Seconds to leave the transaction alone before a check-back (clamped to [timeout, 1 h])."""
+
+
+class Prepare(Message, kw_only=True):
+    """Store half messages. The first prepare of a transaction has no token; the coordinator
+    answers with one, and later prepares of the same transaction (more messages) carry it."""
+
+    txid: str
+    group: str
+    producer: str
+    """The producer instance id: its check-backs go to `txn.check.<group>.<producer>` first."""
+    messages: list[OutgoingMessage]
+    token: str | None = None
+
+
+class Prepared(Message, kw_only=True):
+    """Receipt for a prepare: the halves are durable in TXN_HALF at `seqs`."""
+
+    txid: str
+    token: str
+    """Proof of ownership (128 random bits, hex): required by every later command."""
+    seqs: list[int]
+
+
+class EndTransaction(Message, kw_only=True):
+    txid: str
+    token: str
+    decision: Decision
+
+
+class Ended(Message, kw_only=True):
+    """The end was applied: `state` is where the transaction now is (e.g. `committed`)."""
+
+    txid: str
+    state: str
+
+
+# -- transactions: coordinator → producer group (txn.check.<group>[.<producer>]) -------------
+
+
+class CheckedMessage(msgspec.Struct, kw_only=True):
+    """What a checker sees of one half message, to decide what became of its transaction."""
+
+    index: int
+    topic: str
+    body: bytes
+    keys: list[str] = []
+    tag: str | None = None
+    properties: dict[str, str] = {}
+
+
+class CheckTransaction(Message, kw_only=True):
+    txid: str
+    group: str
+    check_id: int
+    check_times: int
+    """Inconclusive checks before this one."""
+    messages: list[CheckedMessage]
+
+
+class CheckResult(Message, kw_only=True):
+    txid: str
+    check_id: int
+    resolution: Decision
+
+
+# -- transactions: operators (txn.coord.<partition>.admin) ---------------------------------
+
+
+class ListTransactions(Message, kw_only=True):
+    """Open (prepared, checking, deciding) and discarded transactions; `states` filters."""
+
+    states: list[str] = []
+
+
+class ShowTransaction(Message, kw_only=True):
+    txid: str
+
+
+class ResumeTransaction(Message, kw_only=True):
+    """Back to PREPARED with a fresh check count (a discarded or pending transaction)."""
+
+    txid: str
+
+
+class CommitTransaction(Message, kw_only=True):
+    """Operator: commit without the token (after checking the producer's database)."""
+
+    txid: str
+
+
+class RollbackTransaction(Message, kw_only=True):
+    """Operator: roll back without the token."""
+
+    txid: str
+
+
+class TransactionInfo(Message, kw_only=True):
+    txid: str
+    state: str
+    group: str
+    producer: str
+    topics: list[str]
+    half_seqs: list[int]
+    born: float
+    """Seconds since the epoch when the first half was stored."""
+    check_times: int
+    last_check: str | None = None
+    next_check_at: float | None = None
+    discard_reason: str | None = None
+
+
+class TransactionList(Message, kw_only=True):
+    transactions: list[TransactionInfo]
+
+
+CoordinatorCommand = Prepare | EndTransaction
+AdminCommand = (
+    ListTransactions | ShowTransaction | ResumeTransaction | CommitTransaction | RollbackTransaction
+)

@@ -12,13 +12,9 @@ import enum
 
 import msgspec
 
+from txactors.protocol import Decision
 
-class Decision(enum.StrEnum):
-    """What a producer (its `end`, or its answer to a check-back) says about a transaction."""
-
-    COMMIT = "commit"
-    ROLLBACK = "rollback"
-    UNKNOWN = "unknown"
+__all__ = ["Decision", "DiscardReason", "Half", "OpKind", "OpRecord"]
 
 
 class OpKind(enum.StrEnum):
