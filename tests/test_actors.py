@@ -281,3 +281,69 @@ async def test_a_busy_actor_yields_so_other_tasks_make_progress() -> None:
             tg.start_soon(ticker)
             gate.set()
     assert any(0 < seen < 1000 for seen in ticks), "the ticker ran while the mailbox drained"
+
+
+class Fetcher(Actor):
+    """Starts slow work in a background task and keeps serving meanwhile (pipe-to-self)."""
+
+    def __init__(self, release: anyio.Event, journal: list[str]) -> None:
+        self.release = release
+        self.journal = journal
+        self.results: list[str] = []
+
+    async def on_start(self) -> None:
+        self.journal.append("start")
+
+    async def receive(self, message: Any) -> Any:
+        match message:
+            case ("fetch", key):
+                self.start_task(self.fetch, key)
+            case ("fetched", value):
+                self.results.append(value)
+            case "explode":
+                self.start_task(self.explode)
+            case "results":
+                return list(self.results)
+        return None
+
+    async def fetch(self, key: str) -> None:
+        await self.release.wait()
+        await self.ref.tell(("fetched", key.upper()))
+
+    async def explode(self) -> None:
+        raise OSError("disk on fire")
+
+
+async def test_background_tasks_report_back_without_blocking_the_actor() -> None:
+    release = anyio.Event()
+    async with ActorSystem() as system:
+        ref = await system.spawn(lambda: Fetcher(release, []))
+        await ref.tell(("fetch", "a"))
+        await ref.tell(("fetch", "b"))
+        assert await ref.ask("results") == [], "the actor answers while its tasks wait"
+        release.set()
+        with anyio.fail_after(2):
+            while len(await ref.ask("results")) < 2:
+                await anyio.sleep(0.01)
+        assert sorted(await ref.ask("results")) == ["A", "B"]
+
+
+async def test_a_failed_background_task_fails_the_actor_and_its_tasks_end_with_it() -> None:
+    release, journal = anyio.Event(), []
+    failures: list[Exception] = []
+
+    class Watched(Fetcher):
+        async def on_failure(self, error: Exception) -> None:
+            failures.append(error)
+
+    async with ActorSystem() as system:
+        ref = await system.spawn(lambda: Watched(release, journal))
+        await ref.tell(("fetch", "never"))  # pending when the instance is replaced
+        await ref.tell("explode")
+        with anyio.fail_after(2):
+            while journal.count("start") < 2:
+                await anyio.sleep(0.01)
+        assert [type(f) for f in failures] == [OSError]
+        release.set()
+        await anyio.sleep(0.05)
+        assert await ref.ask("results") == [], "the old instance's task was cancelled"

@@ -1,9 +1,9 @@
 """The actor runtime: bounded mailboxes, supervision, local and remote refs."""
 
 from txactors.actors.actor import Actor
-from txactors.actors.cell import Escalated
+from txactors.actors.cell import Escalated, TaskFailed
 from txactors.actors.ref import DEFAULT_ASK_TIMEOUT, ActorRef, LocalActorRef
-from txactors.actors.remote import RemoteActorRef, serve
+from txactors.actors.remote import RemoteActorRef, Request, serve
 from txactors.actors.supervision import Directive, Supervisor
 from txactors.actors.system import ActorSystem
 
@@ -16,6 +16,8 @@ __all__ = [
     "Escalated",
     "LocalActorRef",
     "RemoteActorRef",
+    "Request",
     "Supervisor",
+    "TaskFailed",
     "serve",
 ]

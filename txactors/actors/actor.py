@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from txactors.actors.ref import LocalActorRef
+
+
+class TaskRunner(Protocol):
+    def start(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None: ...
 
 
 class Actor:
@@ -18,6 +23,16 @@ class Actor:
 
     #: Set by the system before `on_start`: lets the actor tell itself or hand out its ref.
     ref: LocalActorRef
+    _task_runner: TaskRunner
+
+    def start_task(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Run `await fn(*args)` beside the message loop, so slow I/O does not block it.
+
+        The task reports back by telling `self.ref` a message (pipe-to-self); it is
+        cancelled when this instance stops or restarts, and if it raises, the actor fails
+        with that error as if a message had failed (the supervisor decides).
+        """
+        self._task_runner.start(fn, *args)
 
     async def on_start(self) -> None:
         """Runs before the first message (and after every restart, on the fresh instance)."""

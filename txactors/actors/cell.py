@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import enum
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import structlog
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 
 from txactors.actors.actor import Actor
 from txactors.actors.envelope import Envelope
@@ -44,6 +44,39 @@ class _Next(enum.Enum):
     STOP = "stop"
 
 
+class TaskFailed:
+    """Mailbox message: a task the actor started with `start_task` raised `error`."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+class _TaskRunner:
+    """Runs an instance's background tasks; a failure comes back through the mailbox so the
+    supervisor handles it like a failed message (Akka's pipe-to-self, in a task group)."""
+
+    __slots__ = ("_cell", "_tasks")
+
+    def __init__(self, cell: ActorCell, tasks: TaskGroup) -> None:
+        self._cell = cell
+        self._tasks = tasks
+
+    def start(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        self._tasks.start_soon(self._guarded, fn, args)
+
+    async def _guarded(self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> None:
+        try:
+            await fn(*args)
+        except Exception as error:
+            log.warning(
+                "actor_task_failed", task=getattr(fn, "__name__", repr(fn)), error=repr(error)
+            )
+            with contextlib.suppress(ActorDeadError):
+                await self._cell.deliver(Envelope(TaskFailed(error)))
+
+
 class Escalated(Exception):
     """An actor's failure escalated to its system (Directive.ESCALATE)."""
 
@@ -70,6 +103,7 @@ class ActorCell:
         self._current: Envelope | None = None
         self._instance: Actor | None = None
         self._batch = 0
+        self._ready = False
         self.stopped = anyio.Event()
         self.failure: BaseException | None = None
         self.ref = LocalActorRef(self)
@@ -122,38 +156,41 @@ class ActorCell:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """The actor's task; reports ready once the first instance has started.
 
-        A first start that fails for good raises `ActorDeadError` to the spawner, not to the
-        system; after that only an escalated failure leaves this task with an error.
+        Each instance lives inside its own task group, which holds the tasks it started
+        with `Actor.start_task`: they end with the instance (on restart or stop). A first
+        start that fails for good raises `ActorDeadError` to the spawner, not to the system;
+        after that only an escalated failure leaves this task with an error.
         """
         structlog.contextvars.bind_contextvars(actor=self.name)
         try:
-            instance = await self._start_instance()
-            if instance is None:
-                raise ActorDeadError(f"actor {self.name!r} failed to start") from self.failure
-            task_status.started()
-            while await self._serve(instance) is _Next.RESTART:
-                instance = await self._start_instance()
-                if instance is None:
+            while not self._stopping:
+                instance = self.factory()
+                instance.ref = self.ref
+                self._instance = instance
+                async with anyio.create_task_group() as tasks:
+                    instance._task_runner = _TaskRunner(self, tasks)
+                    outcome = await self._live(instance, task_status)
+                    tasks.cancel_scope.cancel()
+                if outcome is _Next.STOP:
                     break
+            if not self._ready:
+                raise ActorDeadError(f"actor {self.name!r} failed to start") from self.failure
         finally:
             with anyio.CancelScope(shield=True):
                 await self._teardown()
 
-    async def _start_instance(self) -> Actor | None:
-        """A fresh, started instance; None once the supervisor gives up or a stop came."""
-        while not self._stopping:
-            instance = self.factory()
-            instance.ref = self.ref
-            self._instance = instance
-            try:
-                await instance.on_start()
-                return instance
-            except Exception as error:
-                log.error("actor_start_failed", error=repr(error))
-                await self._supervise(instance, error, resumable=False)
-                if self.failure is not None:
-                    return None
-        return None
+    async def _live(self, instance: Actor, task_status: TaskStatus[None]) -> _Next:
+        """Start one instance, then serve it until it must restart or stop."""
+        try:
+            await instance.on_start()
+        except Exception as error:
+            log.error("actor_start_failed", error=repr(error))
+            await self._supervise(instance, error, resumable=False)
+            return _Next.RESTART if self.failure is None else _Next.STOP
+        if not self._ready:
+            self._ready = True
+            task_status.started()
+        return await self._serve(instance)
 
     async def _serve(self, instance: Actor) -> _Next:
         while not self._stopping:
@@ -162,6 +199,8 @@ class ActorCell:
                 break
             self._current = envelope  # stays set if we are cancelled mid-message
             try:
+                if isinstance(envelope.message, TaskFailed):
+                    raise envelope.message.error  # a failed background task fails its actor
                 result = await instance.receive(envelope.message)
             except Exception as error:
                 self._current = None

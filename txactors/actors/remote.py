@@ -56,6 +56,24 @@ class NatsReply:
             log.warning("reply_not_sent", subject=self._subject, error=repr(error))
 
 
+class Request:
+    """A served request handed to an actor that answers later (`serve(..., reply_later=True)`).
+
+    An actor that must wait for I/O before answering (the coordinator waits for its stream
+    writes) keeps the request and calls `answer` when it knows; `reply` is None for a tell.
+    """
+
+    __slots__ = ("message", "reply")
+
+    def __init__(self, message: Any, reply: NatsReply | None) -> None:
+        self.message = message
+        self.reply = reply
+
+    async def answer(self, value: Any) -> None:
+        if self.reply is not None:
+            await self.reply.resolve(value)
+
+
 def error_reply(error: BaseException) -> Error:
     """The wire form of a failure; internals are named, not dumped."""
     if isinstance(error, CommandError):
@@ -72,11 +90,14 @@ async def serve(
     message_type: Any,
     *,
     queue: str = "",
+    reply_later: bool = False,
 ) -> Subscription:
     """Serve `ref` on `subject`, accepting the Structs of `message_type` (a union).
 
     With `queue`, several processes serve the same subject and NATS spreads requests
-    across them. Unsubscribe (or drain) the returned subscription to stop serving.
+    across them. With `reply_later`, the actor receives each message wrapped in a `Request`
+    and answers through it whenever it is ready; otherwise its return value is the answer.
+    Unsubscribe (or drain) the returned subscription to stop serving.
     """
     codec: Codec[Any] = Codec(message_type)
 
@@ -102,8 +123,9 @@ async def serve(
             await answer(msg, message, encoding)
             return
         sink = NatsReply(nc, msg.reply, encoding) if msg.reply else None
+        envelope = Envelope(Request(message, sink)) if reply_later else Envelope(message, sink)
         try:
-            await ref.post(Envelope(message, sink))
+            await ref.post(envelope)
         except ActorDeadError as error:
             await answer(msg, error_reply(error), encoding)
 
