@@ -24,6 +24,18 @@ def half_subject(partition: int) -> str:
     return f"txn.half.{partition}"
 
 
+def half_subject_filter() -> str:
+    return "txn.half.*"
+
+
+def op_subject_filter() -> str:
+    return "txn.op.*"
+
+
+def discard_subject_filter() -> str:
+    return "txn.discard.*"
+
+
 def op_subject(partition: int) -> str:
     return f"txn.op.{partition}"
 
@@ -94,6 +106,10 @@ def dlq_stream(group: str) -> str:
 
 def dlq_subject(group: str, topic: str) -> str:
     return f"dlq.{group}.{topic}"
+
+
+def dlq_filter(group: str) -> str:
+    return f"dlq.{group}.>"
 
 
 # -- headers --------------------------------------------------------------------------------

@@ -1,0 +1,630 @@
+"""The coordinator actor of one partition: a thin loop around `TransactionTable`.
+
+Requests (prepare, end, admin) and the completions of its own writes arrive as messages;
+each is turned into events for the table, and the table's actions are carried out against
+JetStream. Writes run beside the loop (`start_task` and the writers), never inside it, so
+many transactions are in flight at once while the table sees one fact at a time.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import msgspec
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import PubAck
+from nats.js.kv import KeyValue
+
+from txactors import layout
+from txactors.actors import Actor, RemoteActorRef, Request
+from txactors.coordinator.actions import (
+    Acknowledge,
+    Action,
+    CheckTarget,
+    Discard,
+    PersistOp,
+    Publish,
+    Refuse,
+    SendCheck,
+)
+from txactors.coordinator.config import CoordinatorConfig
+from txactors.coordinator.events import (
+    CheckAnswered,
+    CheckFailed,
+    CheckFailure,
+    End,
+    ForceCommit,
+    ForceRollback,
+    HalvesStored,
+    OpPersisted,
+    Published,
+    Resume,
+)
+from txactors.coordinator.lifecycle import FINAL, TxnState
+from txactors.coordinator.recovery import last_op_seq, recover
+from txactors.coordinator.state import TransactionTable, TxnView
+from txactors.coordinator.streams import (
+    StoredHalf,
+    checked_message,
+    half_headers,
+    load_checkpoint,
+    read_half,
+    read_raw_half,
+    save_checkpoint,
+)
+from txactors.coordinator.writers import Append, OpLog, PipelinedWriter
+from txactors.errors import ActorDeadError, AskTimeout, CommandError
+from txactors.faults import FaultPoint, crash_if_armed
+from txactors.logs import get_logger
+from txactors.protocol import (
+    CheckResult,
+    CheckTransaction,
+    CommitTransaction,
+    Decision,
+    Ended,
+    EndTransaction,
+    Error,
+    ErrorCode,
+    ListTransactions,
+    OutgoingMessage,
+    Prepare,
+    Prepared,
+    ResumeTransaction,
+    RollbackTransaction,
+    ShowTransaction,
+    TransactionInfo,
+    TransactionList,
+)
+from txactors.topics import ensure_topic_stream
+
+log = get_logger(__name__)
+
+HEADER_ALLOWANCE = 1024
+"""Bytes kept free for our headers when checking a half against the server's max payload."""
+
+
+class CoordinatorOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """How the coordinator process runs (the transaction rules are in CoordinatorConfig)."""
+
+    partitions: int = 1
+    tick_interval: float = 0.1
+    """How often due deadlines are looked at: the resolution of every check-back timer."""
+    checkpoint_interval: float = 5.0
+    replicas: int = 1
+    """Replicas of the coordinator's streams (3 on a production cluster)."""
+    topic_duplicate_window: float = 600.0
+    """How long a topic stream drops a re-published `Nats-Msg-Id`: must cover recovery."""
+    max_messages_per_prepare: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.partitions < 1:
+            raise ValueError("partitions must be >= 1")
+        if self.tick_interval <= 0 or self.checkpoint_interval <= 0:
+            raise ValueError("tick_interval and checkpoint_interval must be > 0")
+
+
+class DiscardedTransaction(msgspec.Struct, frozen=True, kw_only=True):
+    """What `on_discard` hooks receive."""
+
+    txid: str
+    group: str
+    producer: str
+    reason: str
+    check_times: int
+    messages: list[OutgoingMessage]
+
+
+OnDiscard = Callable[[DiscardedTransaction], Awaitable[None]]
+Clock = Callable[[], float]
+
+
+# -- messages the actor sends itself ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _HalvesAppended:
+    request_id: str
+    txid: str
+    token: str
+    group: str
+    producer: str
+    begins: bool
+    stored: tuple[StoredHalf, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _OpsAppended:
+    op_ids: list[int]
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class _TopicPublished:
+    txid: str
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class _CheckReturned:
+    txid: str
+    check_id: int
+    resolution: Decision | None
+    failure: CheckFailure | None
+
+
+class _Tick:
+    __slots__ = ()
+
+
+_TICK = _Tick()
+
+
+@dataclass(slots=True)
+class _Waiting:
+    """A request whose answer waits for the table (and so for a durable write)."""
+
+    request: Request
+    reply: Callable[[TxnState], Any]
+
+
+@dataclass(slots=True)
+class _Bodies:
+    """The messages of an open transaction, kept for publishing and check-backs."""
+
+    group: str
+    messages: dict[int, OutgoingMessage] = field(default_factory=dict)
+
+
+class PartitionCoordinator(Actor):
+    def __init__(
+        self,
+        *,
+        nc: Client,
+        js: JetStreamContext,
+        checkpoints: KeyValue,
+        partition: int,
+        config: CoordinatorConfig,
+        options: CoordinatorOptions,
+        clock: Clock = time.time,
+        on_discard: OnDiscard | None = None,
+    ) -> None:
+        self.nc = nc
+        self.js = js
+        self.checkpoints = checkpoints
+        self.partition = partition
+        self.options = options
+        self.clock = clock
+        self.on_discard = on_discard
+        self.table = TransactionTable(config)
+        self._bodies: dict[str, _Bodies] = {}
+        self._waiting: dict[str, _Waiting] = {}
+        self._request_ids = 0
+        self._next_index: dict[str, tuple[str, int]] = {}  # txid -> (token, next index)
+        self._topics: set[str] = set()
+        self._halves = PipelinedWriter(js)
+        self._published = PipelinedWriter(js)
+        self._oplog: OpLog | None = None
+        self._last_checkpoint = 0.0
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def on_start(self) -> None:
+        started = time.perf_counter()
+        checkpoint = await load_checkpoint(self.checkpoints, self.partition)
+        halves, ops = await recover(
+            self.js, self.table, self.partition, checkpoint, self._remember, self.clock()
+        )
+        fence = await last_op_seq(self.js, self.partition)
+        self._oplog = OpLog(self.js, self.partition, fence, self._ops_appended)
+        log.info(
+            "coordinator_recovered",
+            partition=self.partition,
+            halves_read=halves,
+            op_messages_read=ops,
+            open=len(self.table),
+            seconds=round(time.perf_counter() - started, 3),
+        )
+        for txid in [t for t in self._bodies if self.table.show(t) is None]:
+            del self._bodies[txid]
+        self.start_task(self._halves.run)
+        self.start_task(self._published.run)
+        self.start_task(self._oplog.run)
+        self.start_task(self._ticker)
+        await self._carry_out(self.table.finish_recovery(self.clock()))
+
+    def _remember(self, stored: StoredHalf) -> None:
+        bodies = self._bodies.setdefault(stored.txid, _Bodies(stored.group))
+        bodies.messages[stored.half.index] = stored.message
+
+    async def _ticker(self) -> None:
+        while True:
+            await anyio.sleep(self.options.tick_interval)
+            await self.ref.tell(_TICK)
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    async def receive(self, message: Any) -> Any:
+        match message:
+            case Request(message=Prepare() as prepare):
+                await self._prepare(message, prepare)
+            case Request(message=EndTransaction() as end):
+                request_id = self._wait(message, lambda state: Ended(txid=end.txid, state=state))
+                await self._handle(
+                    End(
+                        txid=end.txid, token=end.token, decision=end.decision, request_id=request_id
+                    )
+                )
+            case Request():
+                await self._admin(message)
+            case _HalvesAppended():
+                await self._halves_appended(message)
+            case _OpsAppended(op_ids=op_ids, seq=seq):
+                for op_id in op_ids:
+                    actions = self.table.handle(OpPersisted(op_id=op_id, seq=seq), self.clock())
+                    if any(isinstance(a, Publish) for a in actions):
+                        crash_if_armed(FaultPoint.AFTER_COMMIT_RECORD)
+                    await self._carry_out(actions)
+            case _TopicPublished(txid=txid, index=index):
+                bodies = self._bodies.get(txid)
+                if bodies is not None:
+                    bodies.messages.pop(index, None)
+                await self._handle(Published(txid=txid, index=index))
+            case _CheckReturned(txid=txid, check_id=check_id, resolution=resolution):
+                if resolution is not None:
+                    await self._handle(
+                        CheckAnswered(txid=txid, check_id=check_id, resolution=resolution)
+                    )
+                else:
+                    reason = message.failure or CheckFailure.ERROR
+                    await self._handle(CheckFailed(txid=txid, check_id=check_id, reason=reason))
+            case _Tick():
+                await self._tick()
+            case _:
+                raise TypeError(f"coordinator got an unexpected {type(message).__name__}")
+
+    async def _handle(self, event: Any) -> None:
+        await self._carry_out(self.table.handle(event, self.clock()))
+
+    async def _tick(self) -> None:
+        now = self.clock()
+        await self._carry_out(self.table.tick(now))
+        if now - self._last_checkpoint >= self.options.checkpoint_interval:
+            self._last_checkpoint = now
+            self._forget_finished()
+            self.start_task(
+                save_checkpoint, self.checkpoints, self.partition, self.table.checkpoint()
+            )
+
+    def _forget_finished(self) -> None:
+        """Drop kept bodies of transactions that ended without a publish (rolled back,
+        answered by a check): O(kept), done at checkpoint time, not per message."""
+        for txid in [t for t in self._bodies if self.table.outcome(t) in (None, *FINAL)]:
+            del self._bodies[txid]
+
+    # -- prepare ----------------------------------------------------------------------------
+
+    async def _prepare(self, request: Request, prepare: Prepare) -> None:
+        problem = self._validate(prepare)
+        if problem is not None:
+            await request.answer(Error(ErrorCode.BAD_REQUEST, problem))
+            return
+        begins = prepare.token is None
+        in_flight = self._next_index.get(prepare.txid)
+        if in_flight is not None:
+            token, first_index = in_flight
+            if prepare.token != token:
+                message = f"transaction {prepare.txid} is being prepared; wrong or missing token"
+                await request.answer(Error(ErrorCode.FORBIDDEN, message))
+                return
+        else:
+            token = prepare.token or secrets.token_hex(16)
+            refusal = self.table.refuse_prepare(prepare.txid, token, prepare.group, begins=begins)
+            if refusal is not None:
+                await request.answer(Error(*refusal))
+                return
+            view = self.table.show(prepare.txid)
+            first_index = len(view.half_seqs) if view is not None else 0
+        for topic in {m.topic for m in prepare.messages} - self._topics:
+            await ensure_topic_stream(
+                self.js, topic, duplicate_window=self.options.topic_duplicate_window
+            )
+            self._topics.add(topic)
+        self._next_index[prepare.txid] = (token, first_index + len(prepare.messages))
+        born = self.clock()
+        appends = [
+            Append(
+                layout.half_subject(self.partition),
+                message.body,
+                half_headers(
+                    txid=prepare.txid,
+                    token=token,
+                    group=prepare.group,
+                    producer=prepare.producer,
+                    begins=begins,
+                    index=first_index + offset,
+                    born=born,
+                    message=message,
+                ),
+            )
+            for offset, message in enumerate(prepare.messages)
+        ]
+        request_id = self._new_request_id()
+        self._waiting[request_id] = _Waiting(request, lambda state: None)
+
+        async def report(acks: list[PubAck]) -> None:
+            stored = tuple(
+                read_raw_half_from(append, ack) for append, ack in zip(appends, acks, strict=True)
+            )
+            await self.ref.tell(
+                _HalvesAppended(
+                    request_id,
+                    prepare.txid,
+                    token,
+                    prepare.group,
+                    prepare.producer,
+                    begins,
+                    stored,
+                )
+            )
+
+        await self._halves.submit(appends, report)
+
+    def _validate(self, prepare: Prepare) -> str | None:
+        if not prepare.messages:
+            return "a prepare needs at least one message"
+        if len(prepare.messages) > self.options.max_messages_per_prepare:
+            return f"at most {self.options.max_messages_per_prepare} messages per prepare"
+        limit = self.nc.max_payload - HEADER_ALLOWANCE
+        try:
+            layout.validate_name("txid", prepare.txid)
+            layout.validate_name("group", prepare.group)
+            layout.validate_name("producer", prepare.producer)
+            for message in prepare.messages:
+                layout.validate_name("topic", message.topic)
+                if message.tag is not None:
+                    layout.validate_name("tag", message.tag)
+                if any("," in key for key in message.keys):
+                    return "message keys may not contain ','"
+                for name in message.properties:
+                    if name.startswith(layout.RESERVED_HEADER_PREFIXES) or not name.isprintable():
+                        return f"property {name!r} is reserved or not a valid header name"
+                size = len(message.body) + sum(map(len, message.properties.values()))
+                if size > limit:
+                    return f"message to {message.topic!r} is {size} bytes; the limit is {limit}"
+        except ValueError as error:
+            return str(error)
+        return None
+
+    async def _halves_appended(self, done: _HalvesAppended) -> None:
+        token_and_next = self._next_index.get(done.txid)
+        last_index = max(s.half.index for s in done.stored)
+        if token_and_next is not None and token_and_next[1] == last_index + 1:
+            del self._next_index[done.txid]  # no later prepare of this txid in flight
+        seqs = [s.half.seq for s in done.stored]
+        waiting = self._waiting[done.request_id]
+        waiting.reply = lambda state: Prepared(txid=done.txid, token=done.token, seqs=seqs)
+        bodies = self._bodies.setdefault(done.txid, _Bodies(done.group))
+        for stored in done.stored:
+            bodies.messages[stored.half.index] = stored.message
+        await self._handle(
+            HalvesStored(
+                txid=done.txid,
+                token=done.token,
+                group=done.group,
+                producer=done.producer,
+                halves=tuple(s.half for s in done.stored),
+                begins=done.begins,
+                request_id=done.request_id,
+            )
+        )
+
+    # -- admin ------------------------------------------------------------------------------
+
+    async def _admin(self, request: Request) -> None:
+        command = request.message
+        match command:
+            case ListTransactions(states=states):
+                try:
+                    wanted = {TxnState(s) for s in states} or None
+                except ValueError:
+                    known = ", ".join(s.value for s in TxnState)
+                    await request.answer(Error(ErrorCode.BAD_REQUEST, f"states are: {known}"))
+                    return
+                views = self.table.transactions(wanted)
+                await request.answer(TransactionList(transactions=[_info(v) for v in views]))
+            case ShowTransaction(txid=txid):
+                view = self.table.show(txid)
+                if view is None:
+                    state = self.table.outcome(txid)
+                    detail = f"it is {state}" if state else "not open here"
+                    await request.answer(Error(ErrorCode.NOT_FOUND, f"{txid}: {detail}"))
+                else:
+                    await request.answer(_info(view))
+            case ResumeTransaction(txid=txid):
+                request_id = self._wait(request, lambda state: Ended(txid=txid, state=state))
+                await self._handle(Resume(txid=txid, request_id=request_id))
+            case CommitTransaction(txid=txid):
+                request_id = self._wait(request, lambda state: Ended(txid=txid, state=state))
+                await self._handle(ForceCommit(txid=txid, request_id=request_id))
+            case RollbackTransaction(txid=txid):
+                request_id = self._wait(request, lambda state: Ended(txid=txid, state=state))
+                await self._handle(ForceRollback(txid=txid, request_id=request_id))
+            case _:
+                name = type(command).__name__
+                await request.answer(
+                    Error(ErrorCode.UNKNOWN_COMMAND, f"not an admin command: {name}")
+                )
+
+    # -- actions ----------------------------------------------------------------------------
+
+    async def _carry_out(self, actions: list[Action]) -> None:
+        for action in actions:
+            match action:
+                case PersistOp(op_id=op_id, records=records):
+                    assert self._oplog is not None
+                    self._oplog.append(op_id, records)
+                case Publish():
+                    await self._publish(action)
+                case SendCheck():
+                    self.start_task(self._check, action)
+                case Discard():
+                    self.start_task(self._discard, action)
+                case Acknowledge(request_id=request_id, state=state):
+                    waiting = self._waiting.pop(request_id)
+                    await waiting.request.answer(waiting.reply(state))
+                case Refuse(request_id=request_id, code=code, message=text):
+                    waiting = self._waiting.pop(request_id)
+                    await waiting.request.answer(Error(code, text))
+
+    async def _publish(self, action: Publish) -> None:
+        bodies = self._bodies.get(action.txid)
+        message = bodies.messages.get(action.index) if bodies is not None else None
+        if message is None or bodies is None:
+            self.start_task(self._publish_from_stream, action)
+            return
+        await self._published.submit(
+            [self._topic_append(action, bodies.group, message)],
+            lambda _: self.ref.tell(_TopicPublished(action.txid, action.index)),
+        )
+
+    async def _publish_from_stream(self, action: Publish) -> None:
+        """After a restart the body is only in TXN_HALF: read it back by sequence."""
+        stored = read_raw_half(await self.js.get_msg(layout.HALF_STREAM, action.half_seq))
+        await self._published.submit(
+            [self._topic_append(action, stored.group, stored.message)],
+            lambda _: self.ref.tell(_TopicPublished(action.txid, action.index)),
+        )
+
+    def _topic_append(self, action: Publish, group: str, message: OutgoingMessage) -> Append:
+        headers = dict(message.properties)
+        headers[layout.MSG_ID_HEADER] = action.msg_id
+        headers[layout.TXID_HEADER] = action.txid
+        headers[layout.GROUP_HEADER] = group
+        headers[layout.INDEX_HEADER] = str(action.index)
+        headers[layout.COMMITTED_AT_HEADER] = repr(self.clock())
+        if message.tag is not None:
+            headers[layout.TAG_HEADER] = message.tag
+        if message.keys:
+            headers[layout.KEYS_HEADER] = ",".join(message.keys)
+        return Append(layout.topic_subject(message.topic, message.tag), message.body, headers)
+
+    async def _check(self, action: SendCheck) -> None:
+        stored = [
+            read_raw_half(await self.js.get_msg(layout.HALF_STREAM, h.seq)) for h in action.halves
+        ]
+        command = CheckTransaction(
+            txid=action.txid,
+            group=action.group,
+            check_id=action.check_id,
+            check_times=action.check_times,
+            messages=[checked_message(s) for s in stored],
+        )
+        if action.target is CheckTarget.INSTANCE:
+            subject = layout.check_instance_subject(action.group, action.producer)
+        else:
+            subject = layout.check_group_subject(action.group)
+        resolution: Decision | None = None
+        failure: CheckFailure | None = None
+        try:
+            result = await RemoteActorRef(self.nc, subject, CheckResult).ask(
+                command, timeout=action.timeout
+            )
+            if result.txid != action.txid or result.check_id != action.check_id:
+                raise CommandError(ErrorCode.BAD_REQUEST, "answer for another check")
+            resolution = result.resolution
+        except ActorDeadError:
+            failure = CheckFailure.NO_RESPONDERS
+        except AskTimeout:
+            failure = CheckFailure.TIMEOUT
+        except CommandError as error:
+            log.warning("check_back_error", txid=action.txid, error=str(error))
+            failure = CheckFailure.ERROR
+        log.info(
+            "check_back",
+            txid=action.txid,
+            check_id=action.check_id,
+            target=action.target.value,
+            check_times=action.check_times,
+            resolution=resolution,
+            failure=failure,
+        )
+        await self.ref.tell(_CheckReturned(action.txid, action.check_id, resolution, failure))
+
+    async def _discard(self, action: Discard) -> None:
+        raws = [await self.js.get_msg(layout.HALF_STREAM, h.seq) for h in action.halves]
+        appends = []
+        for raw in raws:
+            headers = dict(raw.headers or {})
+            index = headers.get(layout.INDEX_HEADER, "0")
+            headers[layout.MSG_ID_HEADER] = f"{layout.message_id(action.txid, int(index))}:discard"
+            headers[layout.DISCARD_REASON_HEADER] = action.reason.value
+            headers[layout.CHECK_TIMES_HEADER] = str(action.check_times)
+            appends.append(Append(layout.discard_subject(action.group), raw.data or b"", headers))
+        finished = anyio.Event()
+
+        async def copied(_: list[PubAck]) -> None:
+            finished.set()
+
+        await self._published.submit(appends, copied)
+        await finished.wait()
+        log.warning(
+            "transaction_discarded",
+            txid=action.txid,
+            group=action.group,
+            producer=action.producer,
+            reason=action.reason.value,
+            check_times=action.check_times,
+            halves=len(raws),
+        )
+        if self.on_discard is not None:
+            await self.on_discard(
+                DiscardedTransaction(
+                    txid=action.txid,
+                    group=action.group,
+                    producer=action.producer,
+                    reason=action.reason.value,
+                    check_times=action.check_times,
+                    messages=[read_raw_half(raw).message for raw in raws],
+                )
+            )
+
+    async def _ops_appended(self, op_ids: list[int], seq: int) -> None:
+        await self.ref.tell(_OpsAppended(op_ids, seq))
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def _new_request_id(self) -> str:
+        self._request_ids += 1
+        return str(self._request_ids)
+
+    def _wait(self, request: Request, reply: Callable[[TxnState], Any]) -> str:
+        request_id = self._new_request_id()
+        self._waiting[request_id] = _Waiting(request, reply)
+        return request_id
+
+
+def read_raw_half_from(append: Append, ack: PubAck) -> StoredHalf:
+    """The half as stored, from what we appended and the sequence JetStream gave it."""
+    return read_half(ack.seq, append.headers, append.payload)
+
+
+def _info(view: TxnView) -> TransactionInfo:
+    return TransactionInfo(
+        txid=view.txid,
+        state=view.state.value,
+        group=view.group,
+        producer=view.producer,
+        topics=list(view.topics),
+        half_seqs=list(view.half_seqs),
+        born=view.born,
+        check_times=view.check_times,
+        last_check=view.last_check,
+        next_check_at=view.next_check_at,
+        discard_reason=view.discard_reason.value if view.discard_reason else None,
+    )

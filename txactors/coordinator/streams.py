@@ -1,0 +1,216 @@
+"""The coordinator's JetStream layout (DESIGN §4) and the encoding of what it stores there.
+
+TXN_HALF holds each half message as the producer sent it, with headers that let recovery
+rebuild the transaction without anything else; TXN_OP holds msgpack-encoded lists of
+`OpRecord`s (one stream message per group commit). Both are file-backed: a decision is
+durable when JetStream acknowledged it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Final
+
+import msgspec
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.api import DiscardPolicy, KeyValueConfig, RawStreamMsg, StorageType, StreamConfig
+from nats.js.kv import KeyValue
+
+from txactors import layout
+from txactors.coordinator.records import Half, OpRecord
+from txactors.coordinator.state import Checkpoint
+from txactors.protocol import CheckedMessage, OutgoingMessage
+
+DEDUPE_WINDOW: Final = 120.0
+"""Seconds JetStream remembers a `Nats-Msg-Id`: covers a retried append after a timeout."""
+
+_op_encoder: Final = msgspec.msgpack.Encoder()
+_op_decoder: Final = msgspec.msgpack.Decoder(list[OpRecord])
+_checkpoint_decoder: Final = msgspec.json.Decoder(Checkpoint)
+
+
+async def ensure_streams(
+    js: JetStreamContext, *, half_retention: float, replicas: int = 1
+) -> KeyValue:
+    """Create (or keep) TXN_HALF, TXN_OP, TXN_DISCARD and the checkpoint bucket."""
+    retention = half_retention * 2  # halves must outlive the retention decision about them
+    await _ensure(
+        js,
+        StreamConfig(
+            name=layout.HALF_STREAM,
+            subjects=[layout.half_subject_filter()],
+            max_age=retention,
+            duplicate_window=DEDUPE_WINDOW,
+            allow_direct=True,
+            storage=StorageType.FILE,
+            num_replicas=replicas,
+        ),
+    )
+    await _ensure(
+        js,
+        StreamConfig(
+            name=layout.OP_STREAM,
+            subjects=[layout.op_subject_filter()],
+            max_age=retention,
+            duplicate_window=DEDUPE_WINDOW,
+            storage=StorageType.FILE,
+            num_replicas=replicas,
+        ),
+    )
+    await _ensure(
+        js,
+        StreamConfig(
+            name=layout.DISCARD_STREAM,
+            subjects=[layout.discard_subject_filter()],
+            duplicate_window=DEDUPE_WINDOW,
+            discard=DiscardPolicy.OLD,
+            storage=StorageType.FILE,
+            num_replicas=replicas,
+        ),
+    )
+    try:
+        return await js.key_value(layout.CHECKPOINT_BUCKET)
+    except nats.js.errors.BucketNotFoundError:
+        return await js.create_key_value(
+            KeyValueConfig(
+                bucket=layout.CHECKPOINT_BUCKET,
+                history=1,
+                storage=StorageType.FILE,
+                replicas=replicas,
+            )
+        )
+
+
+async def _ensure(js: JetStreamContext, config: StreamConfig) -> None:
+    try:
+        await js.add_stream(config)
+    except nats.js.errors.BadRequestError:
+        # Exists with another config (an older version, or an operator's tuning): keep it,
+        # but make sure our subjects are in it.
+        info = await js.stream_info(config.name or "")
+        missing = set(config.subjects or ()) - set(info.config.subjects or ())
+        if missing:
+            info.config.subjects = [*(info.config.subjects or ()), *sorted(missing)]
+            await js.update_stream(info.config)
+
+
+# -- halves ---------------------------------------------------------------------------------
+
+
+class StoredHalf(msgspec.Struct, frozen=True, kw_only=True):
+    """A half message as read back from TXN_HALF: enough to publish, check or recover it."""
+
+    txid: str
+    token: str
+    group: str
+    producer: str
+    begins: bool
+    half: Half
+    message: OutgoingMessage
+
+
+def half_headers(
+    *,
+    txid: str,
+    token: str,
+    group: str,
+    producer: str,
+    begins: bool,
+    index: int,
+    born: float,
+    message: OutgoingMessage,
+) -> dict[str, str]:
+    headers = dict(message.properties)
+    headers.update(
+        {
+            layout.MSG_ID_HEADER: f"{layout.message_id(txid, index)}:half",
+            layout.TXID_HEADER: txid,
+            layout.TOKEN_HEADER: token,
+            layout.GROUP_HEADER: group,
+            layout.PRODUCER_HEADER: producer,
+            layout.BEGINS_HEADER: "1" if begins else "0",
+            layout.INDEX_HEADER: str(index),
+            layout.TOPIC_HEADER: message.topic,
+            layout.BORN_HEADER: repr(born),
+        }
+    )
+    if message.tag is not None:
+        headers[layout.TAG_HEADER] = message.tag
+    if message.keys:
+        headers[layout.KEYS_HEADER] = ",".join(message.keys)
+    if message.check_immunity is not None:
+        headers[layout.IMMUNITY_HEADER] = repr(message.check_immunity)
+    return headers
+
+
+def read_half(seq: int, headers: Mapping[str, str], body: bytes) -> StoredHalf:
+    immunity = headers.get(layout.IMMUNITY_HEADER)
+    keys = headers.get(layout.KEYS_HEADER)
+    message = OutgoingMessage(
+        topic=headers[layout.TOPIC_HEADER],
+        body=body,
+        keys=keys.split(",") if keys else [],
+        tag=headers.get(layout.TAG_HEADER),
+        properties=user_properties(headers),
+        check_immunity=float(immunity) if immunity is not None else None,
+    )
+    return StoredHalf(
+        txid=headers[layout.TXID_HEADER],
+        token=headers[layout.TOKEN_HEADER],
+        group=headers[layout.GROUP_HEADER],
+        producer=headers[layout.PRODUCER_HEADER],
+        begins=headers.get(layout.BEGINS_HEADER) == "1",
+        half=Half(
+            index=int(headers[layout.INDEX_HEADER]),
+            topic=message.topic,
+            seq=seq,
+            born=float(headers[layout.BORN_HEADER]),
+            immunity=message.check_immunity,
+        ),
+        message=message,
+    )
+
+
+def read_raw_half(raw: RawStreamMsg) -> StoredHalf:
+    return read_half(raw.seq or 0, raw.headers or {}, raw.data or b"")
+
+
+def user_properties(headers: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if not k.startswith(layout.RESERVED_HEADER_PREFIXES)}
+
+
+def checked_message(stored: StoredHalf) -> CheckedMessage:
+    message = stored.message
+    return CheckedMessage(
+        index=stored.half.index,
+        topic=message.topic,
+        body=message.body,
+        keys=message.keys,
+        tag=message.tag,
+        properties=message.properties,
+    )
+
+
+# -- op records and checkpoints -------------------------------------------------------------
+
+
+def encode_ops(records: list[OpRecord]) -> bytes:
+    return _op_encoder.encode(records)
+
+
+def decode_ops(data: bytes) -> list[OpRecord]:
+    return _op_decoder.decode(data)
+
+
+async def load_checkpoint(kv: KeyValue, partition: int) -> Checkpoint:
+    with contextlib.suppress(nats.js.errors.KeyNotFoundError):
+        entry = await kv.get(str(partition))
+        if entry.value:
+            return _checkpoint_decoder.decode(entry.value)
+    return Checkpoint(1, 1)
+
+
+async def save_checkpoint(kv: KeyValue, partition: int, checkpoint: Checkpoint) -> None:
+    await kv.put(str(partition), msgspec.json.encode(checkpoint))
