@@ -10,13 +10,17 @@ import asyncio
 import contextlib
 import signal
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from txactors.config import DATA_DIR_ENV
 from txactors.errors import NatsServerError
 from txactors.logs import configure_logging
+
+if TYPE_CHECKING:
+    from txactors.coordinator import CoordinatorConfig
+    from txactors.coordinator.partition import CoordinatorOptions
 
 app = typer.Typer(
     help="Transactional messages on NATS JetStream, built from asyncio actors.",
@@ -79,6 +83,56 @@ async def _run_server(*, port: int, data_dir: Path | None, host: str) -> int:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=0.5)
     return 0
+
+
+@app.command()
+def coordinator(
+    partitions: Annotated[int, typer.Option(help="Partitions (txid hash buckets).", min=1)] = 1,
+    transaction_timeout: Annotated[
+        float, typer.Option(help="Seconds before the first check-back.")
+    ] = 6.0,
+    check_interval: Annotated[
+        float, typer.Option(help="Seconds after the first inconclusive check.")
+    ] = 30.0,
+    check_max: Annotated[int, typer.Option(help="Inconclusive checks before discard.")] = 15,
+    check_answer_timeout: Annotated[
+        float, typer.Option(help="Seconds a producer has to answer a check-back.")
+    ] = 5.0,
+    tick_interval: Annotated[float, typer.Option(help="Timer resolution in seconds.")] = 0.1,
+) -> None:
+    """Run the transaction coordinator (and checker) on NATS_URL, or an embedded server.
+
+    Stops cleanly on Ctrl-C or SIGTERM; a crash at any point loses nothing (it recovers
+    from its streams on the next start).
+    """
+    from txactors.coordinator import CoordinatorConfig
+    from txactors.coordinator.partition import CoordinatorOptions
+
+    configure_logging()
+    config = CoordinatorConfig(
+        transaction_timeout=transaction_timeout,
+        check_interval=check_interval,
+        check_max=check_max,
+        check_answer_timeout=check_answer_timeout,
+    )
+    options = CoordinatorOptions(partitions=partitions, tick_interval=tick_interval)
+    asyncio.run(_run_coordinator(config, options))
+
+
+async def _run_coordinator(config: CoordinatorConfig, options: CoordinatorOptions) -> None:
+    from txactors.connection import nats_session
+    from txactors.coordinator.service import run_coordinator
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with (
+        nats_session() as session,
+        run_coordinator(session.nc, config=config, options=options),
+    ):
+        typer.echo(f"coordinator ready on {session.url}", err=True)
+        await stop.wait()
 
 
 if __name__ == "__main__":
