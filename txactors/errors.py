@@ -7,6 +7,10 @@
     │   └── AskTimeout            no reply in time (also a builtin TimeoutError)
     ├── CommandError              the actor replied with a protocol Error (code + message)
     ├── ConfigError               a setting is missing, inconsistent or names a missing file
+    ├── TransactionError          a transactional send went wrong (carries the txid)
+    │   ├── PrepareFailed         the halves were not stored; the local transaction did not run
+    │   ├── EndRefused            the coordinator refused the end (conflict, forbidden, …)
+    │   └── TransactionStateError this Transaction cannot do that now (ended, or a send failed)
     ├── NatsConnectError          the configured NATS server could not be reached
     └── NatsServerError           the embedded nats-server could not be run
         ├── NatsServerNotFound    no nats-server binary
@@ -54,6 +58,35 @@ class ConfigError(TxActorsError, ValueError):
 
     Also a `ValueError`, so generic validation handlers work.
     """
+
+
+class TransactionError(TxActorsError):
+    """A transactional send went wrong; `txid` names the transaction, `code` is the
+    coordinator's protocol.ErrorCode when it answered with one (None when it did not)."""
+
+    def __init__(self, message: str, *, txid: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.txid = txid
+        self.code = code
+
+
+class PrepareFailed(TransactionError):
+    """The coordinator did not confirm the half messages, so the local transaction was not run.
+
+    With `code` None the coordinator was unreachable or slow: halves may still have been
+    stored, and the check-back resolves them (this producer answers ROLLBACK for them).
+    """
+
+
+class EndRefused(TransactionError):
+    """The coordinator refused the end: the transaction was already decided the other way
+    (`conflict`), the token was wrong (`forbidden`) or it is unknown (`not_found`). The local
+    transaction has run; reconcile it with what the coordinator decided."""
+
+
+class TransactionStateError(TransactionError):
+    """The Transaction cannot do this now: it already ended (with another decision), or an
+    earlier send failed and only a rollback (or leaving it unknown) is still allowed."""
 
 
 class NatsConnectError(TxActorsError):

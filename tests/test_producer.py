@@ -1,0 +1,541 @@
+"""The producer against a real nats-server and a stand-in coordinator.
+
+This is a protocol test of the producer: the coordinator actor is built separately, so a
+minimal stand-in served with `serve()` records every command and answers as the protocol
+says (tokens, conflicts, states). End-to-end tests with the real coordinator (delivery,
+check-backs driven by its checker, crashes) live with the coordinator.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from txactors.actors import Actor, ActorSystem, RemoteActorRef, serve
+from txactors.errors import CommandError, EndRefused, PrepareFailed, TransactionStateError
+from txactors.layout import (
+    check_group_subject,
+    check_instance_subject,
+    end_subject,
+    partition_of,
+    prepare_subject,
+)
+from txactors.producer import CheckView, Transaction, TransactionProducer, TxMessage
+from txactors.protocol import (
+    CheckedMessage,
+    CheckResult,
+    CheckTransaction,
+    CoordinatorCommand,
+    Decision,
+    Ended,
+    EndTransaction,
+    Error,
+    ErrorCode,
+    Prepare,
+    Prepared,
+    encode,
+)
+
+
+class Transfer(msgspec.Struct):
+    account: str
+    amount: int
+
+
+# -- the stand-in coordinator ------------------------------------------------------------------
+
+STATE_AFTER = {
+    Decision.COMMIT: "committed",
+    Decision.ROLLBACK: "rolled_back",
+    Decision.UNKNOWN: "prepared",
+}
+
+
+@dataclass
+class Recorder:
+    """What the stand-in coordinators received, and knobs to make them refuse."""
+
+    refuse_prepare: Callable[[Prepare], Error | None] = lambda _: None
+    refuse_end: Error | None = None
+    prepares: list[tuple[int, Prepare]] = field(default_factory=list)
+    ends: list[EndTransaction] = field(default_factory=list)
+    tokens: dict[str, str] = field(default_factory=dict)
+    decided: dict[str, Decision] = field(default_factory=dict)
+    seqs: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+
+class StandInCoordinator(Actor):
+    def __init__(self, recorder: Recorder, partition: int) -> None:
+        self.recorder = recorder
+        self.partition = partition
+
+    async def receive(self, message: Prepare | EndTransaction) -> Prepared | Ended | Error:
+        r = self.recorder
+        if isinstance(message, Prepare):
+            r.prepares.append((self.partition, message))
+            if (refusal := r.refuse_prepare(message)) is not None:
+                return refusal
+            if r.tokens.get(message.txid) != message.token and message.token is not None:
+                return Error(ErrorCode.FORBIDDEN, "wrong token")
+            token = r.tokens.setdefault(message.txid, uuid.uuid4().hex)
+            seqs = [next(r.seqs) for _ in message.messages]
+            return Prepared(txid=message.txid, token=token, seqs=seqs)
+        r.ends.append(message)
+        if r.refuse_end is not None:
+            return r.refuse_end
+        if r.tokens.get(message.txid) != message.token:
+            return Error(ErrorCode.FORBIDDEN, "wrong token")
+        if message.decision is not Decision.UNKNOWN:
+            earlier = r.decided.setdefault(message.txid, message.decision)
+            if earlier is not message.decision:
+                return Error(ErrorCode.CONFLICT, f"already {earlier}")
+        return Ended(txid=message.txid, state=STATE_AFTER[message.decision])
+
+
+@asynccontextmanager
+async def coordinator(
+    nc: Client, *, partitions: int = 1, serve_end: bool = True, **knobs: Any
+) -> AsyncIterator[Recorder]:
+    recorder = Recorder(**knobs)
+    async with ActorSystem("stand-in") as system:
+        subscriptions = []
+        for p in range(partitions):
+            factory = functools.partial(StandInCoordinator, recorder, p)
+            ref = await system.spawn(factory, name=f"coordinator-{p}")
+            subjects = [prepare_subject(p)] + ([end_subject(p)] if serve_end else [])
+            for subject in subjects:
+                subscriptions.append(await serve(nc, ref, subject, CoordinatorCommand))
+        try:
+            yield recorder
+        finally:
+            for subscription in subscriptions:
+                await subscription.unsubscribe()
+
+
+# -- producers and checkers --------------------------------------------------------------------
+
+
+class RecordingChecker:
+    def __init__(self, answer: Any = Decision.COMMIT) -> None:
+        self.answer = answer
+        self.views: list[CheckView] = []
+
+    async def __call__(self, view: CheckView) -> Decision:
+        self.views.append(view)
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        result: Decision = self.answer
+        return result
+
+
+class LocalSpy:
+    def __init__(self) -> None:
+        self.calls: list[Any] = []
+
+    def __call__(self, msg: Any, arg: Any) -> Decision:
+        self.calls.append(msg)
+        return Decision.COMMIT
+
+
+def new_group() -> str:
+    return f"g-{uuid.uuid4().hex[:8]}"
+
+
+def producer(nc: Client, group: str | None = None, **kwargs: Any) -> TransactionProducer:
+    kwargs.setdefault("request_timeout", 1.0)
+    checker = kwargs.pop("checker", RecordingChecker())
+    return TransactionProducer(nc, group or new_group(), checker, **kwargs)
+
+
+def message(topic: str = "payments", **kwargs: Any) -> TxMessage:
+    return TxMessage(topic, kwargs.pop("body", b"hello"), **kwargs)
+
+
+def check_for(group: str, txid: str | None = None, check_id: int = 7) -> CheckTransaction:
+    body = msgspec.msgpack.encode(Transfer("A", 10))
+    return CheckTransaction(
+        txid=txid or uuid.uuid4().hex,
+        group=group,
+        check_id=check_id,
+        check_times=2,
+        messages=[
+            CheckedMessage(
+                index=0, topic="payments", body=body, keys=["k1"], tag="t", properties={"p": "v"}
+            )
+        ],
+    )
+
+
+async def ask_instance(nc: Client, p: TransactionProducer, check: CheckTransaction) -> Any:
+    subject = check_instance_subject(p.group, p.instance)
+    return await RemoteActorRef(nc, subject, CheckResult).ask(check, timeout=2)
+
+
+def events(logs: Sequence[Mapping[str, Any]], name: str) -> list[Mapping[str, Any]]:
+    return [entry for entry in logs if entry["event"] == name]
+
+
+# -- send_in_transaction -----------------------------------------------------------------------
+
+
+async def commit(msg: Any, arg: Any) -> Decision:
+    return Decision.COMMIT
+
+
+async def rollback(msg: Any, arg: Any) -> Decision:
+    return Decision.ROLLBACK
+
+
+async def unknown(msg: Any, arg: Any) -> Decision:
+    return Decision.UNKNOWN
+
+
+def explode(msg: Any, arg: Any) -> Decision:  # a plain function works too
+    raise RuntimeError("database is down")
+
+
+async def not_a_decision(msg: Any, arg: Any) -> Any:
+    return True
+
+
+@pytest.mark.parametrize(
+    ("local", "local_state"),
+    [
+        (commit, Decision.COMMIT),
+        (rollback, Decision.ROLLBACK),
+        (unknown, Decision.UNKNOWN),
+        (explode, Decision.UNKNOWN),
+        (not_a_decision, Decision.UNKNOWN),
+    ],
+)
+async def test_send_in_transaction_prepares_runs_the_local_transaction_and_ends_with_it(
+    nc: Client, local: Any, local_state: Decision
+) -> None:
+    seen: list[tuple[Any, Any]] = []
+
+    def local_transaction(msg: Any, arg: Any) -> Any:
+        seen.append((msg, arg))
+        return local(msg, arg)  # a coroutine or a plain result: both are accepted
+
+    sent = message(body=Transfer("A", 10), keys=["order-1"], tag="paid", properties={"x": "1"})
+    async with coordinator(nc) as coord, producer(nc) as p:
+        with structlog.testing.capture_logs() as logs:
+            result = await p.send_in_transaction(sent, local_transaction, arg="ctx")
+
+    assert seen == [(sent, "ctx")]
+    [(_, prepare)] = coord.prepares
+    assert (prepare.group, prepare.producer, prepare.token) == (p.group, p.instance, None)
+    [outgoing] = prepare.messages
+    assert msgspec.msgpack.decode(outgoing.body, type=Transfer) == Transfer("A", 10)
+    assert (outgoing.keys, outgoing.tag, outgoing.properties) == (["order-1"], "paid", {"x": "1"})
+    [end] = coord.ends
+    assert (end.txid, end.token, end.decision) == (
+        result.txid,
+        coord.tokens[result.txid],
+        local_state,
+    )
+    assert (result.local_state, result.state, result.seqs) == (
+        local_state,
+        STATE_AFTER[local_state],
+        (1,),
+    )
+    assert result.confirmed
+    if local is explode:
+        [failure] = events(logs, "local_transaction_failed")
+        assert failure["exc_info"] is True
+    if local is not_a_decision:
+        assert events(logs, "local_transaction_bad_result")
+
+
+async def test_a_refused_prepare_raises_and_the_local_transaction_does_not_run(
+    nc: Client,
+) -> None:
+    local = LocalSpy()
+    refuse = lambda _: Error(ErrorCode.BAD_REQUEST, "topic too long")  # noqa: E731
+    async with coordinator(nc, refuse_prepare=refuse) as coord, producer(nc) as p:
+        with pytest.raises(PrepareFailed, match="topic too long") as caught:
+            await p.send_in_transaction(message(), local)
+    assert caught.value.code == ErrorCode.BAD_REQUEST
+    assert local.calls == []
+    assert coord.ends == []
+
+
+async def test_an_unreachable_coordinator_fails_the_prepare_and_its_check_is_rolled_back(
+    nc: Client,
+) -> None:
+    local = LocalSpy()
+    checker = RecordingChecker(Decision.COMMIT)
+    async with producer(nc, checker=checker) as p:
+        with pytest.raises(PrepareFailed, match="did not confirm") as caught:
+            await p.send_in_transaction(message(), local)
+        assert caught.value.code is None
+        # Halves might have been stored after all: this instance knows the answer.
+        reply = await ask_instance(nc, p, check_for(p.group, caught.value.txid))
+    assert local.calls == []
+    assert reply.resolution is Decision.ROLLBACK
+    assert checker.views == []
+
+
+async def test_an_end_that_cannot_reach_the_coordinator_is_logged_and_left_to_the_check(
+    nc: Client,
+) -> None:
+    checker = RecordingChecker(Decision.ROLLBACK)
+    async with coordinator(nc, serve_end=False), producer(nc, checker=checker) as p:
+        with structlog.testing.capture_logs(
+            processors=[structlog.contextvars.merge_contextvars]
+        ) as logs:
+            result = await p.send_in_transaction(message(), commit)
+        reply = await ask_instance(nc, p, check_for(p.group, result.txid))
+
+    assert (result.local_state, result.state, result.confirmed) == (Decision.COMMIT, None, False)
+    [warning] = events(logs, "end_unconfirmed")
+    assert (warning["txid"], warning["decision"]) == (result.txid, Decision.COMMIT)
+    # The check-back gets the local decision, not the checker's guess.
+    assert reply == CheckResult(txid=result.txid, check_id=7, resolution=Decision.COMMIT)
+    assert checker.views == []
+
+
+async def test_a_refused_end_raises_end_refused(nc: Client) -> None:
+    conflict = Error(ErrorCode.CONFLICT, "already rolled back")
+    async with coordinator(nc, refuse_end=conflict), producer(nc) as p:
+        with pytest.raises(EndRefused, match="already rolled back") as caught:
+            await p.send_in_transaction(message(), commit)
+    assert caught.value.code == ErrorCode.CONFLICT
+
+
+async def test_transactions_go_to_the_partition_of_their_txid(nc: Client) -> None:
+    async with coordinator(nc, partitions=3) as coord, producer(nc, partitions=3) as p:
+        results = [await p.send_in_transaction(message(), commit) for _ in range(12)]
+    routed = {prepare.txid: partition for partition, prepare in coord.prepares}
+    assert routed == {r.txid: partition_of(r.txid, 3) for r in results}
+    assert all(r.state == "committed" for r in results)
+
+
+# -- begin() -----------------------------------------------------------------------------------
+
+
+async def test_one_transaction_sends_to_two_topics_and_commits_when_the_block_ends(
+    nc: Client,
+) -> None:
+    async with coordinator(nc) as coord, producer(nc) as p, p.begin() as txn:
+        assert await txn.send(message("orders")) == (1,)
+        assert await txn.send([message("points"), message("cart")]) == (2, 3)
+    [(_, first), (_, second)] = coord.prepares
+    assert first.txid == second.txid == txn.txid
+    assert (first.token, second.token) == (None, coord.tokens[txn.txid])
+    assert [m.topic for m in second.messages] == ["points", "cart"]
+    [end] = coord.ends
+    assert end.decision is Decision.COMMIT
+    assert txn.result is not None
+    assert (txn.result.state, txn.result.seqs) == ("committed", (1, 2, 3))
+
+
+async def test_an_exception_in_the_block_rolls_back_and_propagates(nc: Client) -> None:
+    async with coordinator(nc) as coord, producer(nc) as p:
+        with pytest.raises(ZeroDivisionError):
+            async with p.begin() as txn:
+                await txn.send(message())
+                1 / 0  # noqa: B018
+    assert [e.decision for e in coord.ends] == [Decision.ROLLBACK]
+
+
+async def test_leave_unknown_hands_the_transaction_to_the_check_back(nc: Client) -> None:
+    async with coordinator(nc) as coord, producer(nc) as p, p.begin() as txn:
+        await txn.send(message())
+        result = await txn.leave_unknown()
+    assert [e.decision for e in coord.ends] == [Decision.UNKNOWN]
+    assert (result.local_state, result.state) == (Decision.UNKNOWN, "prepared")
+
+
+async def test_a_second_end_with_another_decision_is_refused_before_sending(
+    nc: Client,
+) -> None:
+    async with coordinator(nc) as coord, producer(nc) as p, p.begin() as txn:
+        await txn.send(message())
+        first = await txn.commit()
+        with pytest.raises(TransactionStateError, match="already ended with commit"):
+            await txn.rollback()
+        assert await txn.commit() is first  # the same decision again: nothing sent
+        with pytest.raises(TransactionStateError, match="already ended"):
+            await txn.send(message())
+    assert len(coord.ends) == 1
+
+
+async def test_a_transaction_that_sent_nothing_makes_no_request(nc: Client) -> None:
+    async with coordinator(nc) as coord, producer(nc) as p, p.begin() as txn:
+        pass
+    assert (coord.prepares, coord.ends) == ([], [])
+    assert txn.result is not None
+    assert (txn.result.local_state, txn.result.confirmed) == (Decision.COMMIT, False)
+
+
+async def test_after_a_failed_send_only_a_rollback_is_possible(nc: Client) -> None:
+    refuse_second = lambda prepare: (  # noqa: E731
+        Error(ErrorCode.BAD_REQUEST, "too big") if prepare.token else None
+    )
+    async with coordinator(nc, refuse_prepare=refuse_second) as coord, producer(nc) as p:
+        with pytest.raises(PrepareFailed):
+            async with p.begin() as txn:
+                await txn.send(message())
+                await txn.send(message())
+        txn2: Transaction
+        async with p.begin() as txn2:
+            await txn2.send(message())
+            with pytest.raises(PrepareFailed):
+                await txn2.send(message())
+            with pytest.raises(TransactionStateError, match="only part"):
+                await txn2.commit()
+            await txn2.rollback()
+    assert [e.decision for e in coord.ends] == [Decision.ROLLBACK, Decision.ROLLBACK]
+
+
+async def test_a_cancelled_block_sends_no_end(nc: Client) -> None:
+    async with coordinator(nc) as coord, producer(nc) as p:
+        with anyio.CancelScope() as scope:
+            async with p.begin() as txn:
+                await txn.send(message())
+                scope.cancel()
+                await anyio.sleep(1)
+    assert coord.ends == []
+
+
+# -- check-backs -------------------------------------------------------------------------------
+
+
+async def test_a_check_on_the_instance_subject_is_answered_by_the_checker(nc: Client) -> None:
+    checker = RecordingChecker(Decision.ROLLBACK)
+    async with producer(nc, checker=checker) as p:
+        check = check_for(p.group)
+        reply = await ask_instance(nc, p, check)
+    assert reply == CheckResult(txid=check.txid, check_id=7, resolution=Decision.ROLLBACK)
+    [view] = checker.views
+    assert (view.txid, view.group, view.check_times) == (check.txid, p.group, 2)
+    [half] = view.messages
+    assert (half.index, half.topic, half.keys, half.tag) == (0, "payments", ("k1",), "t")
+    assert half.properties == {"p": "v"}
+    assert half.decode(Transfer) == Transfer("A", 10)
+
+
+async def test_a_group_check_is_answered_by_exactly_one_member(nc: Client) -> None:
+    group = new_group()
+    checkers = [RecordingChecker(Decision.COMMIT), RecordingChecker(Decision.COMMIT)]
+    replies: list[Msg] = []
+
+    async def collect(msg: Msg) -> None:
+        replies.append(msg)
+
+    async with producer(nc, group, checker=checkers[0]), producer(nc, group, checker=checkers[1]):
+        inbox = nc.new_inbox()
+        subscription = await nc.subscribe(inbox, cb=collect)
+        for _ in range(4):
+            await nc.publish(check_group_subject(group), encode(check_for(group)), reply=inbox)
+        with anyio.fail_after(2):
+            while len(replies) < 4:
+                await anyio.sleep(0.01)
+        await anyio.sleep(0.2)  # room for a duplicate answer to show up
+        await subscription.unsubscribe()
+    assert len(replies) == 4
+    assert len(checkers[0].views) + len(checkers[1].views) == 4
+    decoded = [msgspec.msgpack.decode(r.data, type=CheckResult) for r in replies]
+    assert {r.resolution for r in decoded} == {Decision.COMMIT}
+
+
+@pytest.mark.parametrize(
+    ("answer", "hint"),
+    [(RuntimeError("db down"), "RuntimeError: db down"), ("commit", "must return a Decision")],
+)
+async def test_a_failing_checker_is_answered_with_an_internal_error(
+    nc: Client, answer: Any, hint: str
+) -> None:
+    checker = RecordingChecker(answer)
+    async with producer(nc, checker=checker) as p:
+        with (
+            structlog.testing.capture_logs() as logs,
+            pytest.raises(CommandError, match=hint) as caught,
+        ):
+            await ask_instance(nc, p, check_for(p.group))
+        checker.answer = Decision.ROLLBACK
+        later = await ask_instance(nc, p, check_for(p.group))  # the responder keeps serving
+    assert caught.value.code == ErrorCode.INTERNAL
+    assert events(logs, "checker_failed") or events(logs, "checker_bad_result")
+    assert later.resolution is Decision.ROLLBACK
+
+
+async def test_a_slow_check_does_not_hold_up_checks_of_other_transactions(nc: Client) -> None:
+    release = anyio.Event()
+
+    async def checker(view: CheckView) -> Decision:
+        if view.txid == "slow":
+            await release.wait()
+        return Decision.COMMIT
+
+    async with (
+        producer(nc, checker=checker, checker_concurrency=2) as p,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(ask_instance, nc, p, check_for(p.group, "slow"))
+        await anyio.sleep(0.05)
+        with anyio.fail_after(1):
+            reply = await ask_instance(nc, p, check_for(p.group, "fast"))
+        release.set()
+    assert reply.txid == "fast"
+
+
+async def test_a_check_for_another_group_is_refused(nc: Client) -> None:
+    async with producer(nc) as p:
+        with pytest.raises(CommandError) as caught:
+            await ask_instance(nc, p, check_for("someone-else"))
+    assert caught.value.code == ErrorCode.BAD_REQUEST
+
+
+# -- TxMessage ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"topic": "a.b"}, "topic 'a.b' may contain only"),
+        ({"topic": "orders>"}, "may contain only"),
+        ({"tag": "x y"}, "tag 'x y' may contain only"),
+        ({"tag": "_"}, "reserved for messages without a tag"),
+        ({"properties": {"Nats-Msg-Id": "1"}}, "reserved prefix 'Nats-'"),
+        ({"properties": {"txn-id": "1"}}, "reserved prefix 'Txn-'"),
+        ({"properties": {"bad name": "1"}}, "header token"),
+        ({"properties": {"ok": "line\nbreak"}}, "without line breaks"),
+        ({"keys": ["a,b"]}, "without commas"),
+        ({"keys": "abc"}, "list of strings"),
+        ({"check_immunity": 0}, "positive number"),
+        ({"body": "text"}, "bytes or a msgspec.Struct"),
+    ],
+)
+def test_tx_message_refuses_what_cannot_travel(kwargs: dict[str, Any], error: str) -> None:
+    fields = {"topic": "orders", "body": b"x", **kwargs}
+    with pytest.raises((ValueError, TypeError), match=error):
+        TxMessage(**fields)
+
+
+def test_tx_message_converts_to_the_wire_form() -> None:
+    sent = TxMessage(
+        "orders", Transfer("B", 5), keys=["k"], tag="paid", properties={"a": "1"}, check_immunity=9
+    ).to_outgoing()
+    assert msgspec.msgpack.decode(sent.body, type=Transfer) == Transfer("B", 5)
+    assert (sent.topic, sent.keys, sent.tag, sent.properties, sent.check_immunity) == (
+        "orders",
+        ["k"],
+        "paid",
+        {"a": "1"},
+        9,
+    )
+    assert TxMessage("orders", bytearray(b"raw")).to_outgoing().body == b"raw"

@@ -1,0 +1,19 @@
+"""The producer role: transactional sends and the answers to check-backs."""
+
+from txactors.producer.checks import Checker, CheckView, MessageView
+from txactors.producer.message import TxMessage
+from txactors.producer.producer import LocalTransaction, TransactionProducer
+from txactors.producer.transaction import Transaction, TransactionResult
+from txactors.protocol import Decision
+
+__all__ = [
+    "CheckView",
+    "Checker",
+    "Decision",
+    "LocalTransaction",
+    "MessageView",
+    "Transaction",
+    "TransactionProducer",
+    "TransactionResult",
+    "TxMessage",
+]

@@ -1,0 +1,283 @@
+"""Answering the coordinator's check-backs with the user's `checker`.
+
+A check asks "what became of transaction X?" when its end never arrived (or said UNKNOWN).
+It comes on this instance's own subject first, and on the group's queue subject when the
+instance that prepared X is gone, so any live member of the group answers.
+
+Checks for different transactions must not queue behind one slow checker (a database
+under load, say), so a small pool of `CheckWorker` actors answers them. A check is handed
+only to an idle worker: the pool's free list is a bounded stream of worker refs, and while
+every worker is busy the subscription waits, which is the backpressure. Dealing checks out
+blindly (one queue-group member per worker) would park some behind a slow one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import anyio
+import msgspec
+import nats.errors
+import structlog
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from txactors.actors import Actor, ActorSystem, LocalActorRef
+from txactors.actors.envelope import Envelope
+from txactors.actors.remote import NatsReply
+from txactors.errors import ActorDeadError
+from txactors.layout import check_group_subject, check_instance_subject
+from txactors.logs import get_logger
+from txactors.producer.outcomes import UnconfirmedOutcomes
+from txactors.protocol import (
+    CheckResult,
+    CheckTransaction,
+    Codec,
+    Decision,
+    Encoding,
+    Error,
+    ErrorCode,
+    encoding_of,
+)
+
+T = TypeVar("T")
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class MessageView:
+    """One half message of the transaction being checked, as the producer sent it."""
+
+    index: int
+    topic: str
+    body: bytes
+    keys: tuple[str, ...]
+    tag: str | None
+    properties: Mapping[str, str]
+
+    def decode(self, type_: type[T]) -> T:
+        """The body as the msgspec Struct (or other type) it was sent as (msgpack)."""
+        return msgspec.msgpack.decode(self.body, type=type_)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckView:
+    """What the checker is asked about: enough to look the transaction up locally."""
+
+    txid: str
+    group: str
+    check_times: int
+    """Inconclusive checks before this one."""
+    messages: tuple[MessageView, ...]
+
+    @classmethod
+    def of(cls, check: CheckTransaction) -> CheckView:
+        return cls(
+            txid=check.txid,
+            group=check.group,
+            check_times=check.check_times,
+            messages=tuple(
+                MessageView(
+                    index=m.index,
+                    topic=m.topic,
+                    body=m.body,
+                    keys=tuple(m.keys),
+                    tag=m.tag,
+                    properties=m.properties,
+                )
+                for m in check.messages
+            ),
+        )
+
+
+Checker = Callable[[CheckView], Awaitable[Decision] | Decision]
+"""The user's answer to a check-back: COMMIT or ROLLBACK if the local transaction is known
+to have committed or not, UNKNOWN to be asked again later. Async or plain."""
+
+
+class CheckWorker(Actor):
+    """Answers one check at a time; several run side by side in a `CheckResponder`."""
+
+    def __init__(
+        self, checker: Checker, group: str, outcomes: UnconfirmedOutcomes, timeout: float
+    ) -> None:
+        self._checker = checker
+        self._group = group
+        self._outcomes = outcomes
+        self._timeout = timeout
+
+    async def receive(self, message: CheckTransaction) -> CheckResult | Error:
+        with structlog.contextvars.bound_contextvars(txid=message.txid, group=message.group):
+            if message.group != self._group:
+                return Error(
+                    ErrorCode.BAD_REQUEST,
+                    f"this producer answers for group {self._group!r}, not {message.group!r}",
+                )
+            remembered = self._outcomes.get(message.txid)
+            resolution = remembered or await self._ask_checker(CheckView.of(message))
+            if isinstance(resolution, Error):
+                return resolution
+            log.info(
+                "check_answered",
+                resolution=resolution,
+                check_id=message.check_id,
+                check_times=message.check_times,
+                source="unconfirmed end" if remembered else "checker",
+            )
+            return CheckResult(txid=message.txid, check_id=message.check_id, resolution=resolution)
+
+    async def _ask_checker(self, view: CheckView) -> Decision | Error:
+        outcome: object = None
+        with anyio.move_on_after(self._timeout) as scope:
+            try:
+                outcome = self._checker(view)
+                if inspect.isawaitable(outcome):
+                    outcome = await outcome
+            except Exception as error:
+                log.exception("checker_failed")
+                return Error(
+                    ErrorCode.INTERNAL, f"the checker raised {type(error).__name__}: {error}"
+                )
+        if scope.cancelled_caught:
+            log.error("checker_timed_out", timeout=self._timeout)
+            return Error(ErrorCode.TIMEOUT, f"the checker did not answer within {self._timeout}s")
+        if not isinstance(outcome, Decision):
+            log.error("checker_bad_result", result=repr(outcome))
+            return Error(
+                ErrorCode.INTERNAL,
+                f"the checker returned {outcome!r}; it must return a Decision",
+            )
+        return outcome
+
+
+class _ReturnToPool:
+    """A reply sink that answers the check, then puts the worker back on the free list."""
+
+    __slots__ = ("_free", "_reply", "_worker")
+
+    def __init__(
+        self, reply: NatsReply, free: MemoryObjectSendStream[LocalActorRef], worker: LocalActorRef
+    ) -> None:
+        self._reply = reply
+        self._free = free
+        self._worker = worker
+
+    async def resolve(self, value: Any) -> None:
+        try:
+            await self._reply.resolve(value)
+        finally:
+            self._release()
+
+    async def fail(self, error: BaseException) -> None:
+        try:
+            await self._reply.fail(error)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._free.send_nowait(self._worker)
+
+
+class CheckResponder:
+    """The check-back side of a producer: `concurrency` workers, served on the instance
+    subject (plain subscription) and the group subject (queue group named after the group)."""
+
+    def __init__(
+        self,
+        nc: Client,
+        *,
+        group: str,
+        instance: str,
+        worker: Callable[[], CheckWorker],
+        concurrency: int,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("checker_concurrency must be at least 1")
+        self._nc = nc
+        self._group = group
+        self._instance = instance
+        self._worker = worker
+        self._concurrency = concurrency
+        self._codec: Codec[CheckTransaction] = Codec(CheckTransaction)
+        self._system = ActorSystem(f"producer-{group}-{instance}")
+        self._free_send: MemoryObjectSendStream[LocalActorRef]
+        self._free: MemoryObjectReceiveStream[LocalActorRef]
+        self._free_send, self._free = anyio.create_memory_object_stream[LocalActorRef](concurrency)
+        self._subscriptions: list[Subscription] = []
+
+    async def __aenter__(self) -> Self:
+        await self._system.__aenter__()
+        try:
+            for index in range(self._concurrency):
+                ref = await self._system.spawn(
+                    self._worker, name=f"check-{self._group}-{index}", mailbox_size=1
+                )
+                self._free_send.send_nowait(ref)
+            self._subscriptions = [
+                await self._nc.subscribe(
+                    check_instance_subject(self._group, self._instance), cb=self._on_check
+                ),
+                await self._nc.subscribe(
+                    check_group_subject(self._group), queue=self._group, cb=self._on_check
+                ),
+            ]
+        except BaseException as error:
+            await self.__aexit__(type(error), error, error.__traceback__)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            for subscription in self._subscriptions:
+                with contextlib.suppress(nats.errors.Error):  # the connection may be closed
+                    await subscription.unsubscribe()
+            self._subscriptions = []
+            await self._system.__aexit__(exc_type, exc, tb)  # workers finish the check in hand
+        finally:
+            self._free_send.close()
+            self._free.close()
+
+    async def _on_check(self, msg: Msg) -> None:
+        try:
+            await self._dispatch(msg)
+        except Exception as error:  # a bug here must not end the subscription
+            log.exception("check_dispatch_failed", subject=msg.subject)
+            await self._answer(msg, Error(ErrorCode.INTERNAL, repr(error)), Encoding.MSGPACK)
+
+    async def _dispatch(self, msg: Msg) -> None:
+        encoding = encoding_of(msg.headers)
+        if isinstance(encoding, Error):
+            await self._answer(msg, encoding, Encoding.MSGPACK)
+            return
+        check = self._codec.decode(msg.data, encoding)
+        if isinstance(check, Error):
+            log.warning("check_rejected", code=check.code, reason=check.message)
+            await self._answer(msg, check, encoding)
+            return
+        if not msg.reply:
+            log.warning("check_without_reply_subject", txid=check.txid)
+            return
+        worker = await self._free.receive()  # waits while every worker is busy
+        reply = NatsReply(self._nc, msg.reply, encoding)
+        try:
+            await worker.post(Envelope(check, _ReturnToPool(reply, self._free_send, worker)))
+        except ActorDeadError as error:  # stopping: this worker does not go back
+            await reply.fail(error)
+
+    async def _answer(self, msg: Msg, error: Error, encoding: Encoding) -> None:
+        if msg.reply:
+            await NatsReply(self._nc, msg.reply, encoding).resolve(error)

@@ -1,0 +1,121 @@
+"""The producer's two requests to the coordinator, and what each failure means.
+
+The two requests fail differently, and the whole producer rests on that difference:
+- a failed *prepare* leaves nothing to undo: the caller gets `PrepareFailed` and its local
+  transaction must not run;
+- a failed *end* is normal operation in a distributed system: the local transaction has
+  already happened, the decision is kept in memory and the check-back settles the
+  transaction later. Only a refusal (`conflict`, `forbidden`, ...) is raised, because it
+  means the coordinator's outcome differs from the local one.
+"""
+
+from __future__ import annotations
+
+import nats.errors
+from nats.aio.client import Client
+
+from txactors.actors import RemoteActorRef
+from txactors.errors import ActorDeadError, AskTimeout, CommandError, EndRefused, PrepareFailed
+from txactors.layout import end_subject, partition_of, prepare_subject
+from txactors.logs import get_logger
+from txactors.producer.outcomes import UnconfirmedOutcomes
+from txactors.protocol import (
+    Decision,
+    Ended,
+    EndTransaction,
+    ErrorCode,
+    OutgoingMessage,
+    Prepare,
+    Prepared,
+)
+
+log = get_logger(__name__)
+
+#: Failures after which the coordinator may or may not have acted: nobody answered in time.
+UNREACHABLE = (AskTimeout, ActorDeadError, nats.errors.Error, OSError)
+
+#: Error codes that say the coordinator may not have applied the end; retrying (or the
+#: check-back) can still settle it. Every other code is a definite refusal.
+_RETRYABLE_CODES = frozenset({ErrorCode.INTERNAL, ErrorCode.TIMEOUT})
+
+
+class CoordinatorClient:
+    """Prepare and end requests for one producer instance, routed by partition."""
+
+    def __init__(
+        self,
+        nc: Client,
+        *,
+        group: str,
+        instance: str,
+        partitions: int,
+        request_timeout: float,
+        outcomes: UnconfirmedOutcomes,
+    ) -> None:
+        self.group = group
+        self.instance = instance
+        self.outcomes = outcomes
+        self._partitions = partitions
+        self._timeout = request_timeout
+        self._prepare = [
+            RemoteActorRef(nc, prepare_subject(p), Prepared) for p in range(partitions)
+        ]
+        self._end = [RemoteActorRef(nc, end_subject(p), Ended) for p in range(partitions)]
+
+    async def prepare(
+        self, txid: str, messages: list[OutgoingMessage], token: str | None
+    ) -> Prepared:
+        """Store halves; raises `PrepareFailed` unless the coordinator confirmed them."""
+        partition = partition_of(txid, self._partitions)
+        command = Prepare(
+            txid=txid, group=self.group, producer=self.instance, messages=messages, token=token
+        )
+        try:
+            reply: Prepared = await self._prepare[partition].ask(command, self._timeout)
+        except CommandError as error:
+            log.warning("prepare_refused", code=error.code, reason=error.message)
+            raise PrepareFailed(
+                f"the coordinator refused the prepare of {txid}: {error}",
+                txid=txid,
+                code=error.code,
+            ) from error
+        except UNREACHABLE as error:
+            log.warning("prepare_unreachable", partition=partition, error=repr(error))
+            raise PrepareFailed(
+                f"the coordinator of partition {partition} did not confirm the prepare of "
+                f"{txid} ({error!r}); is it running? Halves may have been stored: the "
+                "check-back will roll them back",
+                txid=txid,
+            ) from error
+        return reply
+
+    async def end(self, txid: str, token: str, decision: Decision) -> Ended | None:
+        """Send the end; None when it was not confirmed (the decision is then remembered
+        for the check-back). Raises `EndRefused` when the coordinator said no."""
+        partition = partition_of(txid, self._partitions)
+        command = EndTransaction(txid=txid, token=token, decision=decision)
+        try:
+            reply: Ended = await self._end[partition].ask(command, self._timeout)
+        except CommandError as error:
+            if error.code not in _RETRYABLE_CODES:
+                log.error("end_refused", decision=decision, code=error.code, reason=error.message)
+                raise EndRefused(
+                    f"the coordinator refused to {decision} {txid}: {error}",
+                    txid=txid,
+                    code=error.code,
+                ) from error
+            failure: Exception = error
+        except UNREACHABLE as error:
+            failure = error
+        else:
+            self.outcomes.forget(txid)
+            return reply
+        self.outcomes.remember(txid, decision)
+        log.warning(
+            "end_unconfirmed",
+            decision=decision,
+            partition=partition,
+            error=repr(failure),
+            hint="the coordinator's check-back will settle this transaction",
+        )
+        return None

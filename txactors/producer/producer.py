@@ -1,0 +1,166 @@
+"""`TransactionProducer`: the producer role of DESIGN §2, behind a small facade.
+
+Two halves with different needs. Sending (prepare, local transaction, end) runs in the
+caller's task and talks to the coordinator directly: funnelling it through one actor's
+mailbox would allow one transaction in flight per producer. Answering check-backs is done
+by actors (`CheckResponder`), which must be running for as long as the producer may owe
+the coordinator an answer, hence the `async with`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import secrets
+import socket
+from collections.abc import Awaitable, Callable, Sequence
+from types import TracebackType
+from typing import Any, Self
+
+import structlog
+from nats.aio.client import Client
+
+from txactors.errors import ActorDeadError, PrepareFailed
+from txactors.layout import validate_name
+from txactors.logs import get_logger
+from txactors.producer.checks import Checker, CheckResponder, CheckWorker
+from txactors.producer.client import CoordinatorClient
+from txactors.producer.message import TxMessage
+from txactors.producer.outcomes import UnconfirmedOutcomes
+from txactors.producer.transaction import Transaction, TransactionResult
+from txactors.protocol import Decision
+
+log = get_logger(__name__)
+
+LocalTransaction = Callable[[Any, Any], Awaitable[Decision] | Decision]
+"""`(message, arg) -> Decision`, async or plain; `message` is what was passed to
+`send_in_transaction` (one TxMessage or the list)."""
+
+DEFAULT_CHECKER_CONCURRENCY = 4
+DEFAULT_CHECK_TIMEOUT = 30.0
+
+
+def default_instance_id() -> str:
+    """host-pid-random: readable in logs, unique across restarts, a valid subject token."""
+    raw = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+    return re.sub(r"[^A-Za-z0-9_-]", "-", raw)
+
+
+class TransactionProducer:
+    """Sends transactional messages for `group` and answers the group's check-backs.
+
+    `checker` is called when the coordinator asks about a transaction whose end never
+    arrived or said UNKNOWN; it should look the transaction up in the local database and
+    answer COMMIT, ROLLBACK, or UNKNOWN (ask again later). Up to `checker_concurrency`
+    checks run at once, each for at most `check_timeout` seconds. `partitions` must match
+    the coordinators' partition count. A producer runs once: enter it a single time.
+
+        async with TransactionProducer(nc, "bank-a", checker) as producer:
+            result = await producer.send_in_transaction(message, debit, arg=transfer)
+    """
+
+    def __init__(
+        self,
+        nc: Client,
+        group: str,
+        checker: Checker,
+        *,
+        partitions: int = 1,
+        instance: str | None = None,
+        request_timeout: float = 5.0,
+        checker_concurrency: int = DEFAULT_CHECKER_CONCURRENCY,
+        check_timeout: float = DEFAULT_CHECK_TIMEOUT,
+    ) -> None:
+        self.group = validate_name("group", group)
+        self.instance = validate_name("instance", instance or default_instance_id())
+        if partitions < 1:
+            raise ValueError(f"partitions must be at least 1, not {partitions}")
+        if request_timeout <= 0 or check_timeout <= 0:
+            raise ValueError("request_timeout and check_timeout must be positive")
+        outcomes = UnconfirmedOutcomes()
+        self._client = CoordinatorClient(
+            nc,
+            group=self.group,
+            instance=self.instance,
+            partitions=partitions,
+            request_timeout=request_timeout,
+            outcomes=outcomes,
+        )
+        self._responder = CheckResponder(
+            nc,
+            group=self.group,
+            instance=self.instance,
+            worker=lambda: CheckWorker(checker, self.group, outcomes, check_timeout),
+            concurrency=checker_concurrency,
+        )
+        self._running = False
+
+    def __repr__(self) -> str:
+        return f"<TransactionProducer {self.group}/{self.instance}>"
+
+    async def __aenter__(self) -> Self:
+        await self._responder.__aenter__()
+        self._running = True
+        log.info("producer_started", group=self.group, instance=self.instance)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._running = False
+        await self._responder.__aexit__(exc_type, exc, tb)
+        log.info("producer_stopped", group=self.group, instance=self.instance)
+
+    def begin(self) -> Transaction:
+        """A new transaction: `async with producer.begin() as txn: await txn.send(...)`."""
+        if not self._running:
+            raise ActorDeadError(
+                f"{self!r} is not running (it could not answer check-backs); "
+                "use `async with TransactionProducer(...)`"
+            )
+        return Transaction(self._client)
+
+    async def send_in_transaction(
+        self,
+        message: TxMessage | Sequence[TxMessage],
+        local_transaction: LocalTransaction,
+        arg: Any = None,
+    ) -> TransactionResult:
+        """Prepare `message`, run `local_transaction(message, arg)`, end with its Decision.
+
+        An exception in the local transaction, or a result that is not a Decision, counts
+        as UNKNOWN (logged): the check-back decides. Raises `PrepareFailed`, without running
+        the local transaction, if the halves were not confirmed; `EndRefused` if the
+        coordinator refused the end. An end that does not reach the coordinator is logged
+        and gives an unconfirmed result.
+        """
+        txn = self.begin()
+        with structlog.contextvars.bound_contextvars(txid=txn.txid, group=self.group):
+            try:
+                await txn.send(message)
+            except PrepareFailed:
+                await txn.rollback()  # nothing to send; remembered for the check-back
+                raise
+            return await txn.end(await _run_local(local_transaction, message, arg))
+
+
+async def _run_local(local_transaction: LocalTransaction, message: Any, arg: Any) -> Decision:
+    try:
+        outcome: object = local_transaction(message, arg)
+        if inspect.isawaitable(outcome):
+            outcome = await outcome
+    except Exception:
+        log.exception("local_transaction_failed", hint="ending UNKNOWN; the check-back decides")
+        return Decision.UNKNOWN
+    if not isinstance(outcome, Decision):
+        log.error(
+            "local_transaction_bad_result",
+            result=repr(outcome),
+            hint="return a Decision; ending UNKNOWN, the check-back decides",
+        )
+        return Decision.UNKNOWN
+    return outcome

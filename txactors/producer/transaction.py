@@ -1,0 +1,209 @@
+"""`Transaction`: one transaction id, any number of sends, exactly one decision.
+
+The rules a caller can rely on, all checked locally before anything is sent:
+- the first send prepares without a token and keeps the coordinator's; later sends carry it;
+- a transaction is decided once: ending again with the same decision retries an end that
+  was not confirmed (or returns the result), a different decision is refused;
+- after a failed send the transaction can only roll back (or be left unknown): committing
+  part of what the caller meant to send would break all-or-nothing;
+- a transaction that sent nothing ends without a request.
+
+Used as `async with producer.begin() as txn:`, leaving the block normally commits and an
+exception rolls back. Do the local database work *inside* the block, so it commits before
+the messages do: the block's exit is the commit of the messages.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import uuid
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+
+import anyio
+import structlog
+
+from txactors.errors import PrepareFailed, TransactionStateError, TxActorsError
+from txactors.logs import get_logger
+from txactors.producer.client import CoordinatorClient
+from txactors.producer.message import TxMessage
+from txactors.protocol import Decision
+
+log = get_logger(__name__)
+
+
+def new_txid() -> str:
+    """128 random bits in hex: unique without coordination, and a valid subject token."""
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionResult:
+    """How a transaction ended, as far as this producer knows."""
+
+    txid: str
+    seqs: tuple[int, ...]
+    """TXN_HALF sequences of the half messages, in send order."""
+    local_state: Decision
+    """What the producer decided (the local transaction's result)."""
+    state: str | None
+    """The coordinator's state after the end (e.g. `committed`, `rolled_back`, `prepared`
+    after UNKNOWN); None when no end was confirmed: the end did not reach the coordinator
+    (the check-back settles it), or nothing was sent."""
+
+    @property
+    def confirmed(self) -> bool:
+        return self.state is not None
+
+
+class Transaction:
+    """Sends and ends one transaction; get one from `TransactionProducer.begin()`."""
+
+    def __init__(self, client: CoordinatorClient, txid: str | None = None) -> None:
+        self.txid = txid or new_txid()
+        self._client = client
+        self._lock = anyio.Lock()  # one request at a time: the first send fixes the token
+        self._token: str | None = None
+        self._seqs: list[int] = []
+        self._failed_send: PrepareFailed | None = None
+        self._decision: Decision | None = None
+        self._result: TransactionResult | None = None
+        self._context_tokens: Mapping[str, contextvars.Token[Any]] = {}
+
+    def __repr__(self) -> str:
+        return f"<Transaction {self.txid} {self._decision or 'open'}, {len(self._seqs)} sent>"
+
+    @property
+    def seqs(self) -> tuple[int, ...]:
+        return tuple(self._seqs)
+
+    @property
+    def result(self) -> TransactionResult | None:
+        """How it ended; None until an end completed."""
+        return self._result
+
+    async def send(self, message: TxMessage | Sequence[TxMessage]) -> tuple[int, ...]:
+        """Store one or more half messages (any topics); returns their TXN_HALF sequences.
+
+        Raises `PrepareFailed` if the coordinator did not confirm them; the transaction can
+        then only roll back.
+        """
+        messages = [message] if isinstance(message, TxMessage) else list(message)
+        if not messages:
+            raise ValueError("send() needs at least one TxMessage")
+        outgoing = [m.to_outgoing() for m in messages]
+        with self._bound():
+            async with self._lock:
+                if self._decision is not None:
+                    raise TransactionStateError(
+                        f"transaction {self.txid} already ended ({self._decision}); "
+                        "start a new one to send more",
+                        txid=self.txid,
+                    )
+                if self._failed_send is not None:
+                    raise TransactionStateError(
+                        f"an earlier send of transaction {self.txid} failed; roll it back",
+                        txid=self.txid,
+                    ) from self._failed_send
+                try:
+                    prepared = await self._client.prepare(self.txid, outgoing, self._token)
+                except PrepareFailed as error:
+                    self._failed_send = error
+                    raise
+                self._token = self._token or prepared.token
+                self._seqs.extend(prepared.seqs)
+                log.debug("transaction_prepared", seqs=prepared.seqs, topics=_topics(messages))
+                return tuple(prepared.seqs)
+
+    async def commit(self) -> TransactionResult:
+        return await self.end(Decision.COMMIT)
+
+    async def rollback(self) -> TransactionResult:
+        return await self.end(Decision.ROLLBACK)
+
+    async def leave_unknown(self) -> TransactionResult:
+        """End with UNKNOWN: the coordinator keeps the transaction and the check-back (the
+        group's checker) decides it later. Use it when the local outcome is not known yet."""
+        return await self.end(Decision.UNKNOWN)
+
+    async def end(self, decision: Decision) -> TransactionResult:
+        """End with `decision`. If the end does not reach the coordinator the result is
+        unconfirmed (logged, not raised); `EndRefused` if the coordinator said no."""
+        with self._bound():
+            async with self._lock:
+                if self._decision is not None and decision is not self._decision:
+                    raise TransactionStateError(
+                        f"transaction {self.txid} already ended with {self._decision}; "
+                        f"it cannot {decision} now",
+                        txid=self.txid,
+                    )
+                if self._failed_send is not None and decision is Decision.COMMIT:
+                    raise TransactionStateError(
+                        f"a send of transaction {self.txid} failed, so committing would "
+                        "deliver only part of it; roll it back",
+                        txid=self.txid,
+                    ) from self._failed_send
+                if self._result is not None and (self._result.confirmed or self._token is None):
+                    return self._result
+                self._decision = decision
+                self._result = await self._send_end(decision)
+                return self._result
+
+    async def _send_end(self, decision: Decision) -> TransactionResult:
+        if self._token is None:
+            if self._failed_send is not None:
+                # Halves may exist even though the prepare was not confirmed.
+                self._client.outcomes.remember(self.txid, decision)
+            state = None
+        else:
+            ended = await self._client.end(self.txid, self._token, decision)
+            state = ended.state if ended is not None else None
+        result = TransactionResult(self.txid, tuple(self._seqs), decision, state)
+        log.info(
+            "transaction_ended",
+            local_state=decision,
+            state=state,
+            confirmed=result.confirmed,
+            messages=len(self._seqs),
+        )
+        return result
+
+    async def __aenter__(self) -> Self:
+        self._context_tokens = structlog.contextvars.bind_contextvars(
+            txid=self.txid, group=self._client.group
+        )
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            if self._decision is not None:
+                return
+            if exc is None:
+                await self.commit()
+            elif isinstance(exc, Exception):
+                try:
+                    await self.rollback()
+                except TxActorsError as error:  # never hide the caller's exception
+                    log.error("rollback_failed", error=repr(error), cause=repr(exc))
+            else:
+                # Cancelled or interrupted: whether the local work committed is not known
+                # here, so nothing is sent and the check-back asks the checker.
+                self._decision = Decision.UNKNOWN
+                log.warning("transaction_interrupted", error=repr(exc), messages=len(self._seqs))
+        finally:
+            structlog.contextvars.reset_contextvars(**self._context_tokens)
+
+    def _bound(self) -> AbstractContextManager[None]:
+        return structlog.contextvars.bound_contextvars(txid=self.txid, group=self._client.group)
+
+
+def _topics(messages: list[TxMessage]) -> list[str]:
+    return sorted({m.topic for m in messages})
