@@ -64,3 +64,14 @@ async def make_nats_server(tmp_path: Path) -> AsyncIterator[MakeNatsServer]:
     yield make
     for server in servers:
         await server.stop()
+
+
+@pytest_asyncio.fixture
+async def private_nc(make_nats_server: MakeNatsServer) -> AsyncIterator[Client]:
+    """A client on a server of this test's own: for tests whose streams must start empty."""
+    server = await make_nats_server()
+    client = await nats.connect(server.url, name="txactors-test")
+    try:
+        yield client
+    finally:
+        await client.close()
