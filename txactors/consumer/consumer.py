@@ -1,0 +1,353 @@
+"""The consumer runtime: a durable JetStream pull consumer per (topic, group).
+
+Delivery is at least once. The handler returning acks the message; raising naks it with the
+retry policy's delay, so the server (not this process) holds the message until its next
+attempt and a restarted consumer keeps the schedule; after the last retry the message goes
+to the group's dead-letter stream and is acked. Every instance of a group shares one durable
+consumer, so a group's messages are spread over its live instances, as in RocketMQ's
+clustering mode.
+
+Why pull requests are issued by hand rather than with nats-py's `fetch`: `fetch(n)` returns
+only when n messages came or the wait expired, which would hold an early message back for
+the whole wait. Here each message is handed to a handler the moment it arrives, and at most
+`concurrency` messages are requested or in work at any time.
+
+Stopping is graceful: no new pull is issued, the open one runs out (at most `pull_expires`),
+in-flight handlers finish and their acks are flushed to the server. A handler still running
+after `stop_timeout` is cancelled and its message naked for immediate redelivery.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack, suppress
+from types import TracebackType
+from typing import Final, Self
+
+import anyio
+import anyio.abc
+import nats.errors
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from txactors.consumer.dlq import dead_letter, describe_error, ensure_dlq_stream
+from txactors.consumer.message import ConsumedMessage
+from txactors.consumer.retry import DEFAULT_MAX_RECONSUME, DEFAULT_RETRY_DELAYS, RetryPolicy
+from txactors.layout import topic_filter, topic_subject, validate_name
+from txactors.logs import get_logger
+from txactors.topics import ensure_topic_stream
+
+Handler = Callable[[ConsumedMessage], Awaitable[None]]
+
+RETRY_BACKLOG: Final = 1000
+"""A message waiting for a delayed retry still counts against JetStream's max_ack_pending;
+this much room on top of `concurrency` keeps a batch of failing messages from stalling the
+group until their retries come due."""
+PULL_GRACE: Final = 1.0
+"""Extra seconds to wait past a pull's expiry before deciding its end status was lost."""
+_STATUS: Final = "Status"
+_HEARTBEAT: Final = "100"
+_PULL_DONE: Final = frozenset({"404", "408"})  # no messages / the request expired
+_FLUSH_TIMEOUT: Final = 5
+
+log = get_logger(__name__)
+
+
+class Consumer:
+    """Runs `handler` on every message of `topic` for consumer group `group`.
+
+    Run it with `async with Consumer(...):`, or `await tg.start(consumer.run)` in your own
+    task group and `await consumer.stop()` later. `tags` narrows the subscription to messages
+    with one of those tags (all messages when empty); all instances of a group should
+    subscribe alike, since they share one durable consumer.
+    """
+
+    def __init__(
+        self,
+        nc: Client,
+        topic: str,
+        group: str,
+        handler: Handler,
+        *,
+        tags: Sequence[str] = (),
+        concurrency: int = 16,
+        max_reconsume: int = DEFAULT_MAX_RECONSUME,
+        retry_delays: Sequence[float] = DEFAULT_RETRY_DELAYS,
+        ack_wait: float = 30.0,
+        max_ack_pending: int | None = None,
+        pull_expires: float = 1.0,
+        stop_timeout: float = 30.0,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        if not ack_wait > 0 or not pull_expires > 0:
+            raise ValueError("ack_wait and pull_expires must be > 0 seconds")
+        self.topic = validate_name("topic", topic)
+        self.group = validate_name("group", group)
+        for tag in tags:
+            validate_name("tag", tag)
+        self._nc = nc
+        self._handler = handler
+        self._tags = tuple(tags)
+        self._concurrency = concurrency
+        self._policy = RetryPolicy(max_reconsume, tuple(retry_delays))
+        self._ack_wait = ack_wait
+        self._max_ack_pending = max_ack_pending or concurrency + RETRY_BACKLOG
+        self._pull_expires = pull_expires
+        self._stop_timeout = stop_timeout
+        self._stream = ""
+        self._log = log.bind(topic=topic, group=group)
+        self._stopping = False
+        self._running = False
+        self._done = anyio.Event()
+        self._wake = anyio.Event()  # a handler finished, or stop was asked
+        self._active = 0  # messages taken and not yet acked/naked
+        self._handling: dict[int, Msg] = {}  # messages whose handler runs: kept alive
+        self._next_key = 0
+        self._exit_stack: AsyncExitStack | None = None
+
+    @property
+    def durable_name(self) -> str:
+        """The JetStream consumer shared by the group (one per topic stream)."""
+        return self.group
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Declare the streams and the durable consumer, then consume until `stop()`."""
+        if self._running or self._done.is_set():
+            raise RuntimeError("a Consumer runs once; create a new one to consume again")
+        self._running = True
+        try:
+            await self._declare()
+            sub = await self._nc.subscribe(self._nc.new_inbox())
+            try:
+                task_status.started()
+                self._log.info("consumer_started", concurrency=self._concurrency)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._keep_alive)
+                    await self._pull_loop(sub, tg)
+                    await self._drain()
+                    tg.cancel_scope.cancel()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self._close(sub)
+        finally:
+            self._done.set()
+        self._log.info("consumer_stopped")
+
+    def request_stop(self) -> None:
+        """Ask the consumer to stop, without waiting (safe to call from a handler)."""
+        self._stopping = True
+        self._wake.set()
+
+    async def stop(self) -> None:
+        """Stop fetching, let in-flight handlers finish and ack, and wait until done."""
+        self.request_stop()
+        if self._running:
+            await self._done.wait()
+
+    async def __aenter__(self) -> Self:
+        async with AsyncExitStack() as stack:
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            await tg.start(self.run)
+            self._exit_stack = stack.pop_all()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        self.request_stop()
+        stack, self._exit_stack = self._exit_stack, None
+        assert stack is not None, "__aexit__ without __aenter__"
+        return await stack.__aexit__(exc_type, exc, tb)
+
+    # -- setup ------------------------------------------------------------------------------
+
+    async def _declare(self) -> None:
+        js = self._nc.jetstream()
+        self._stream = await ensure_topic_stream(js, self.topic)
+        await ensure_dlq_stream(js, self.group)
+        filters = [topic_subject(self.topic, tag) for tag in self._tags] or [
+            topic_filter(self.topic)
+        ]
+        config = ConsumerConfig(
+            name=self.durable_name,
+            durable_name=self.durable_name,
+            description=f"txactors group {self.group} on topic {self.topic}",
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=self._ack_wait,
+            max_ack_pending=self._max_ack_pending,
+        )
+        if len(filters) == 1:
+            config.filter_subject = filters[0]
+        else:
+            config.filter_subjects = filters
+        # Creates the durable, or updates it when this instance's settings differ.
+        await js.add_consumer(self._stream, config)
+
+    async def _close(self, sub: Subscription) -> None:
+        with suppress(nats.errors.Error, OSError, TimeoutError):
+            await sub.unsubscribe()
+        # Acks are fire-and-forget publishes: make sure they left before we say "stopped".
+        with suppress(nats.errors.Error, OSError, TimeoutError):
+            await self._nc.flush(_FLUSH_TIMEOUT)
+
+    # -- pulling ----------------------------------------------------------------------------
+
+    async def _pull_loop(self, sub: Subscription, tg: anyio.abc.TaskGroup) -> None:
+        next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{self._stream}.{self.durable_name}"
+        expires_ns = int(self._pull_expires * 1e9)
+        while not self._stopping:
+            capacity = self._concurrency - self._active
+            if capacity <= 0:
+                await self._wake.wait()
+                self._wake = anyio.Event()
+                continue
+            request = json.dumps({"batch": capacity, "expires": expires_ns}).encode()
+            try:
+                await self._nc.publish(next_subject, request, reply=sub.subject)
+                healthy = await self._receive(sub, capacity, tg)
+            except (nats.errors.Error, OSError) as exc:
+                self._log.warning("consumer_pull_failed", error=repr(exc))
+                healthy = False
+            if not healthy:
+                await self._recover()
+
+    async def _receive(self, sub: Subscription, batch: int, tg: anyio.abc.TaskGroup) -> bool:
+        """Hand each message of one pull request to a handler as it arrives; False when the
+        server answered with a status that needs the consumer re-declared."""
+        deadline = time.monotonic() + self._pull_expires + PULL_GRACE
+        remaining = batch
+        while remaining > 0:
+            timeout = deadline - time.monotonic()
+            if timeout <= 0:
+                return True  # the end status was lost (e.g. a reconnect): just pull again
+            try:
+                msg = await sub.next_msg(timeout=timeout)
+            except nats.errors.TimeoutError:
+                return True
+            status = (msg.headers or {}).get(_STATUS)
+            if status is None and msg.reply:
+                remaining -= 1
+                self._dispatch(msg, tg)
+            elif status in _PULL_DONE:
+                return True
+            elif status != _HEARTBEAT:
+                # 409: consumer deleted, leadership change, limits… Say so and re-declare.
+                self._log.warning(
+                    "consumer_pull_refused",
+                    status=status,
+                    description=(msg.headers or {}).get("Description"),
+                )
+                return False
+        return True
+
+    async def _recover(self) -> None:
+        await anyio.sleep(min(self._pull_expires, 1.0))
+        if self._stopping:
+            return
+        try:
+            await self._declare()
+        except (nats.errors.Error, OSError, TimeoutError) as exc:
+            self._log.warning("consumer_declare_failed", error=repr(exc))
+
+    def _dispatch(self, msg: Msg, tg: anyio.abc.TaskGroup) -> None:
+        self._active += 1
+        key = self._next_key
+        self._next_key += 1
+        self._handling[key] = msg
+        tg.start_soon(self._handle, key, msg)
+
+    async def _drain(self) -> None:
+        with anyio.move_on_after(self._stop_timeout) as scope:
+            while self._active:
+                await self._wake.wait()
+                self._wake = anyio.Event()
+        if scope.cancelled_caught:
+            self._log.warning("consumer_stop_timeout", cancelled_handlers=self._active)
+
+    async def _keep_alive(self) -> None:
+        """Tell the server every running handler is still at work, so a slow handler is not
+        redelivered to another instance in parallel (ack_wait restarts on each signal)."""
+        while True:
+            await anyio.sleep(self._ack_wait / 3)
+            for key, msg in list(self._handling.items()):
+                if key in self._handling:  # not settled while we were sending
+                    with suppress(nats.errors.Error, OSError):
+                        await msg.in_progress()
+
+    # -- one message ------------------------------------------------------------------------
+
+    async def _handle(self, key: int, msg: Msg) -> None:
+        try:
+            message = ConsumedMessage.from_nats(msg)
+            with structlog.contextvars.bound_contextvars(
+                topic=self.topic, group=self.group, msg_id=message.msg_id, txid=message.txid
+            ):
+                await self._process(key, msg, message)
+        finally:
+            self._handling.pop(key, None)
+            self._active -= 1
+            self._wake.set()
+
+    async def _process(self, key: int, msg: Msg, message: ConsumedMessage) -> None:
+        try:
+            await self._handler(message)
+        except anyio.get_cancelled_exc_class():
+            self._handling.pop(key, None)
+            with anyio.CancelScope(shield=True):
+                await self._settle(msg.nak(), "nak")  # another instance may take it now
+            raise
+        except Exception as exc:
+            self._handling.pop(key, None)
+            await self._failed(msg, message, exc)
+            return
+        self._handling.pop(key, None)
+        await self._settle(msg.ack(), "ack")
+
+    async def _failed(self, msg: Msg, message: ConsumedMessage, error: Exception) -> None:
+        delay = self._policy.after_failure(message.deliveries)
+        if delay is not None:
+            log.warning(
+                "consume_failed",
+                deliveries=message.deliveries,
+                retry_in=delay,
+                error=describe_error(error),
+                exc_info=error,
+            )
+            await self._settle(msg.nak(delay=delay), "nak")
+            return
+        try:
+            seq = await dead_letter(self._nc.jetstream(), self.group, message, error)
+        except (nats.errors.Error, OSError, TimeoutError) as exc:
+            retry_in = self._policy.delay(1)
+            log.error("dead_letter_failed", error=repr(exc), retry_in=retry_in)
+            await self._settle(msg.nak(delay=retry_in), "nak")
+            return
+        log.error(
+            "dead_lettered",
+            deliveries=message.deliveries,
+            dlq_seq=seq,
+            error=describe_error(error),
+            exc_info=error,
+        )
+        await self._settle(msg.ack(), "ack")
+
+    async def _settle(self, action: Awaitable[None], what: str) -> None:
+        """Send an ack or nak; if the connection is gone the server redelivers anyway."""
+        try:
+            await action
+        except (nats.errors.Error, OSError) as exc:
+            log.warning("consume_settle_failed", action=what, error=repr(exc))
