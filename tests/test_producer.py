@@ -307,6 +307,24 @@ async def test_an_end_that_cannot_reach_the_coordinator_is_logged_and_left_to_th
     assert checker.views == []
 
 
+async def test_an_end_the_coordinator_could_not_apply_is_retried_by_ending_again(
+    nc: Client,
+) -> None:
+    checker = RecordingChecker(Decision.ROLLBACK)
+    failing = Error(ErrorCode.INTERNAL, "op stream unavailable")
+    async with coordinator(nc, refuse_end=failing) as coord, producer(nc, checker=checker) as p:
+        async with p.begin() as txn:
+            await txn.send(message())
+            assert not (await txn.commit()).confirmed
+            coord.refuse_end = None
+            assert (await txn.commit()).state == "committed"
+        # Confirmed now: the coordinator's word counts, so a check asks the checker again.
+        reply = await ask_instance(nc, p, check_for(p.group, txn.txid))
+    assert [e.decision for e in coord.ends] == [Decision.COMMIT, Decision.COMMIT]
+    assert reply.resolution is Decision.ROLLBACK
+    assert len(checker.views) == 1
+
+
 async def test_a_refused_end_raises_end_refused(nc: Client) -> None:
     conflict = Error(ErrorCode.CONFLICT, "already rolled back")
     async with coordinator(nc, refuse_end=conflict), producer(nc) as p:
@@ -491,6 +509,17 @@ async def test_a_slow_check_does_not_hold_up_checks_of_other_transactions(nc: Cl
             reply = await ask_instance(nc, p, check_for(p.group, "fast"))
         release.set()
     assert reply.txid == "fast"
+
+
+async def test_a_checker_that_takes_too_long_is_answered_with_a_timeout(nc: Client) -> None:
+    async def stuck(view: CheckView) -> Decision:
+        await anyio.sleep(10)
+        return Decision.COMMIT
+
+    async with producer(nc, checker=stuck, check_timeout=0.1) as p:
+        with pytest.raises(CommandError, match="did not answer within") as caught:
+            await ask_instance(nc, p, check_for(p.group))
+    assert caught.value.code == ErrorCode.TIMEOUT
 
 
 async def test_a_check_for_another_group_is_refused(nc: Client) -> None:

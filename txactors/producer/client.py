@@ -32,7 +32,7 @@ from txactors.protocol import (
 log = get_logger(__name__)
 
 #: Failures after which the coordinator may or may not have acted: nobody answered in time.
-UNREACHABLE = (AskTimeout, ActorDeadError, nats.errors.Error, OSError)
+_UNREACHABLE = (AskTimeout, ActorDeadError, nats.errors.Error, OSError)
 
 #: Error codes that say the coordinator may not have applied the end; retrying (or the
 #: check-back) can still settle it. Every other code is a definite refusal.
@@ -79,7 +79,7 @@ class CoordinatorClient:
                 txid=txid,
                 code=error.code,
             ) from error
-        except UNREACHABLE as error:
+        except _UNREACHABLE as error:
             log.warning("prepare_unreachable", partition=partition, error=repr(error))
             raise PrepareFailed(
                 f"the coordinator of partition {partition} did not confirm the prepare of "
@@ -105,7 +105,7 @@ class CoordinatorClient:
                     code=error.code,
                 ) from error
             failure: Exception = error
-        except UNREACHABLE as error:
+        except _UNREACHABLE as error:
             failure = error
         else:
             self.outcomes.forget(txid)
