@@ -62,6 +62,7 @@ from txactors.coordinator.writers import Append, OpLog, PipelinedWriter
 from txactors.errors import ActorDeadError, AskTimeout, CommandError
 from txactors.faults import FaultPoint, crash_if_armed
 from txactors.logs import get_logger
+from txactors.metrics import CoordinatorMetrics
 from txactors.protocol import (
     CheckResult,
     CheckTransaction,
@@ -171,6 +172,7 @@ class _Waiting:
 
     request: Request
     reply: Callable[[TxnState], Any]
+    since: float = field(default_factory=time.perf_counter)
 
 
 @dataclass(slots=True)
@@ -193,6 +195,7 @@ class PartitionCoordinator(Actor):
         options: CoordinatorOptions,
         clock: Clock = time.time,
         on_discard: OnDiscard | None = None,
+        metrics: CoordinatorMetrics | None = None,
     ) -> None:
         self.nc = nc
         self.js = js
@@ -201,7 +204,9 @@ class PartitionCoordinator(Actor):
         self.options = options
         self.clock = clock
         self.on_discard = on_discard
+        self.metrics = metrics
         self.table = TransactionTable(config)
+        self._checks_in_flight: set[str] = set()
         self._bodies: dict[str, _Bodies] = {}
         self._waiting: dict[str, _Waiting] = {}
         self._request_ids = 0
@@ -220,6 +225,8 @@ class PartitionCoordinator(Actor):
         halves, ops = await recover(
             self.js, self.table, self.partition, checkpoint, self._remember, self.clock()
         )
+        if self.metrics is not None:
+            self.metrics.track(self.partition, self.table)
         fence = await last_op_seq(self.js, self.partition)
         self._oplog = OpLog(self.js, self.partition, fence, self._ops_appended)
         log.info(
@@ -276,6 +283,7 @@ class PartitionCoordinator(Actor):
                     bodies.messages.pop(index, None)
                 await self._handle(Published(txid=txid, index=index))
             case _CheckReturned(txid=txid, check_id=check_id, resolution=resolution):
+                self._checks_in_flight.discard(txid)
                 if resolution is not None:
                     await self._handle(
                         CheckAnswered(txid=txid, check_id=check_id, resolution=resolution)
@@ -472,11 +480,17 @@ class PartitionCoordinator(Actor):
                 case Publish():
                     await self._publish(action)
                 case SendCheck():
+                    if action.txid in self._checks_in_flight and self.metrics is not None:
+                        self.metrics.duplicate_checks.labels(self.partition).inc()
+                    self._checks_in_flight.add(action.txid)
                     self.start_task(self._check, action)
                 case Discard():
                     self.start_task(self._discard, action)
                 case Acknowledge(request_id=request_id, state=state):
                     waiting = self._waiting.pop(request_id)
+                    if self.metrics is not None and state is TxnState.COMMITTED:
+                        latency = time.perf_counter() - waiting.since
+                        self.metrics.commit_latency.labels(self.partition).observe(latency)
                     await waiting.request.answer(waiting.reply(state))
                 case Refuse(request_id=request_id, code=code, message=text):
                     waiting = self._waiting.pop(request_id)
@@ -515,6 +529,9 @@ class PartitionCoordinator(Actor):
         return Append(layout.topic_subject(message.topic, message.tag), message.body, headers)
 
     async def _check(self, action: SendCheck) -> None:
+        # The table times this check out `timeout` after it was sent; ours must end first,
+        # so that its outcome, not a second check, is what follows.
+        deadline = time.monotonic() + action.timeout
         stored = [
             read_raw_half(await self.js.get_msg(layout.HALF_STREAM, h.seq)) for h in action.halves
         ]
@@ -533,7 +550,7 @@ class PartitionCoordinator(Actor):
         failure: CheckFailure | None = None
         try:
             result = await RemoteActorRef(self.nc, subject, CheckResult).ask(
-                command, timeout=action.timeout
+                command, timeout=max(deadline - time.monotonic(), 0.001)
             )
             if result.txid != action.txid or result.check_id != action.check_id:
                 raise CommandError(ErrorCode.BAD_REQUEST, "answer for another check")

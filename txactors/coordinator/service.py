@@ -25,6 +25,7 @@ from txactors.coordinator.partition import (
     PartitionCoordinator,
 )
 from txactors.coordinator.streams import ensure_streams
+from txactors.metrics import CoordinatorMetrics
 from txactors.protocol import AdminCommand, EndTransaction, Prepare
 
 MAILBOX_SIZE = 8192
@@ -44,6 +45,7 @@ async def run_coordinator(
     options: CoordinatorOptions | None = None,
     clock: Clock = time.time,
     on_discard: OnDiscard | None = None,
+    metrics: CoordinatorMetrics | None = None,
 ) -> AsyncIterator[RunningCoordinator]:
     """Run a coordinator for every partition until the block exits."""
     config = config or CoordinatorConfig()
@@ -67,6 +69,7 @@ async def run_coordinator(
                     options=options,
                     clock=clock,
                     on_discard=on_discard,
+                    metrics=metrics,
                 )
 
             ref = await system.spawn(
