@@ -8,19 +8,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
+import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
 from txactors.config import DATA_DIR_ENV
 from txactors.errors import NatsServerError
-from txactors.logs import configure_logging
+from txactors.logs import LOG_LEVEL_ENV, configure_logging
 
 if TYPE_CHECKING:
+    from nats.aio.client import Client
+
     from txactors.coordinator import CoordinatorConfig
     from txactors.coordinator.partition import CoordinatorOptions
+    from txactors.protocol import Ended, TransactionInfo
+
+T = TypeVar("T")
 
 app = typer.Typer(
     help="Transactional messages on NATS JetStream, built from asyncio actors.",
@@ -133,6 +141,191 @@ async def _run_coordinator(config: CoordinatorConfig, options: CoordinatorOption
     ):
         typer.echo(f"coordinator ready on {session.url}", err=True)
         await stop.wait()
+
+
+# -- txactors txn: operators inspect and resolve transactions -------------------------------
+
+txn_app = typer.Typer(
+    help="Inspect and resolve transactions held by a running coordinator (`txactors coordinator`).",
+    no_args_is_help=True,
+)
+app.add_typer(txn_app, name="txn")
+
+TxidArgument = Annotated[str, typer.Argument(help="The transaction id.", show_default=False)]
+UrlOption = Annotated[
+    str | None,
+    typer.Option(help="NATS server the coordinator runs on. Default: NATS_URL (one is required)."),
+]
+PartitionsOption = Annotated[
+    int, typer.Option(help="The coordinator's partition count (its --partitions).", min=1)
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON, for scripts.")]
+YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+
+
+@txn_app.command("list")
+def txn_list(
+    state: Annotated[
+        list[str] | None,
+        typer.Option(help="Only transactions in this state (repeatable), e.g. discarded."),
+    ] = None,
+    partitions: PartitionsOption = 1,
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+) -> None:
+    """List open (prepared, checking, being decided) and discarded transactions, oldest first."""
+    from txactors import admin
+    from txactors.coordinator.lifecycle import TxnState
+
+    states = state or []
+    known = [s.value for s in TxnState]
+    unknown = [s for s in states if s not in known]
+    if unknown:
+        raise typer.BadParameter(
+            f"{', '.join(unknown)}; states are {', '.join(known)}", param_hint="--state"
+        )
+    found = _admin_call(
+        url, lambda nc: admin.list_transactions(nc, partitions=partitions, states=states)
+    )
+    if as_json:
+        typer.echo(admin.to_json(found))
+    elif found:
+        _print(admin.render_list(found))
+    else:
+        typer.echo("no open or discarded transactions")
+
+
+@txn_app.command("show")
+def txn_show(
+    txid: TxidArgument,
+    partitions: PartitionsOption = 1,
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+) -> None:
+    """Show everything about one open or discarded transaction."""
+    from txactors import admin
+
+    info = _admin_call(url, lambda nc: admin.show(nc, txid, partitions=partitions))
+    if as_json:
+        typer.echo(admin.to_json(info))
+    else:
+        _print(admin.render_detail(info))
+
+
+@txn_app.command("resume")
+def txn_resume(
+    txid: TxidArgument,
+    partitions: PartitionsOption = 1,
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+) -> None:
+    """Put a discarded or pending transaction back to prepared, with a fresh check count.
+
+    The checker then asks its producer again; nothing is published by this command.
+    """
+    from txactors import admin
+
+    ended = _admin_call(url, lambda nc: admin.resume(nc, txid, partitions=partitions))
+    _print_ended(ended, as_json)
+
+
+@txn_app.command("commit")
+def txn_commit(
+    txid: TxidArgument,
+    yes: YesOption = False,
+    partitions: PartitionsOption = 1,
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+) -> None:
+    """Commit a transaction by hand: its messages are published to their topics.
+
+    Commit only what the producer's local transaction committed (check its database first).
+    """
+    from txactors import admin
+
+    if not yes:
+        _confirm(url, txid, partitions, "commit", "publishes its messages to their topics")
+    ended = _admin_call(url, lambda nc: admin.commit(nc, txid, partitions=partitions))
+    _print_ended(ended, as_json)
+
+
+@txn_app.command("rollback")
+def txn_rollback(
+    txid: TxidArgument,
+    yes: YesOption = False,
+    partitions: PartitionsOption = 1,
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+) -> None:
+    """Roll a transaction back by hand: none of its messages is ever delivered."""
+    from txactors import admin
+
+    if not yes:
+        _confirm(url, txid, partitions, "roll back", "means none of its messages is delivered")
+    ended = _admin_call(url, lambda nc: admin.rollback(nc, txid, partitions=partitions))
+    _print_ended(ended, as_json)
+
+
+def _admin_call(url: str | None, work: Callable[[Client], Awaitable[T]]) -> T:
+    """One exchange with the coordinator; exit 1 when it refuses, 2 when it cannot be asked."""
+    from txactors.admin import CoordinatorUnavailable, admin_session
+    from txactors.errors import CommandError, ConfigError, NatsConnectError
+
+    # Operator output stays clean; connection trouble is reported once, below.
+    configure_logging(os.environ.get(LOG_LEVEL_ENV) or "ERROR")
+
+    async def run() -> T:
+        async with admin_session(url) as nc:
+            return await work(nc)
+
+    try:
+        return asyncio.run(run())
+    except CommandError as exc:
+        typer.echo(f"{exc.code}: {exc.message}", err=True)
+        raise typer.Exit(1) from exc
+    except (ConfigError, NatsConnectError, CoordinatorUnavailable) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
+def _confirm(url: str | None, txid: str, partitions: int, action: str, effect: str) -> None:
+    """Show what is about to be decided (on stderr, so --json output stays clean) and ask."""
+    from rich.console import Console
+
+    from txactors import admin
+    from txactors.errors import CommandError
+
+    async def find(nc: Client) -> TransactionInfo | str:
+        try:
+            return await admin.show(nc, txid, partitions=partitions)
+        except CommandError as exc:
+            return exc.message
+
+    found = _admin_call(url, find)
+    if isinstance(found, str):
+        typer.echo(f"note: {found}", err=True)
+    else:
+        Console(stderr=True).print(admin.render_detail(found))
+    # Not typer.confirm: click's prompt writes a space to stdout, which would spoil --json.
+    typer.echo(
+        f"{action.capitalize()} transaction {txid}? This {effect} [y/N] ", nl=False, err=True
+    )
+    if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+        typer.echo(f"not done: {txid} was left as it is", err=True)
+        raise typer.Exit(1)
+
+
+def _print(renderable: object) -> None:
+    """Print to a terminal at its width; into a pipe or file, wide enough not to wrap rows."""
+    from rich.console import Console
+
+    Console(width=None if sys.stdout.isatty() else 200).print(renderable)
+
+
+def _print_ended(ended: Ended, as_json: bool) -> None:
+    from txactors.admin import to_json
+
+    typer.echo(to_json(ended) if as_json else f"{ended.txid}: {ended.state}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,240 @@
+"""The operator commands (`txactors txn ...` and txactors.admin) against a real coordinator.
+
+Transactions are prepared in raw protocol; no producer serves check-backs, so with FAST timing
+and check_max=1 a transaction whose halves allow an early check is discarded within a second,
+while one with a long check immunity stays prepared for the whole test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import sys
+
+import anyio
+import msgspec
+import pytest
+from nats.aio.client import Client
+from rich.console import Console
+from typer.testing import CliRunner
+
+from tests.support.txn import FAST, CoordinatorClient, message, topic_ids
+from txactors import admin, layout
+from txactors.cli import app
+from txactors.coordinator import CoordinatorConfig, TxnState
+from txactors.coordinator.partition import CoordinatorOptions
+from txactors.coordinator.service import run_coordinator
+from txactors.errors import CommandError, ConfigError
+from txactors.protocol import TransactionInfo
+
+PENDING = 600.0
+"""Check immunity that keeps a transaction prepared (unchecked) for the whole test."""
+
+
+async def _wait_for_state(nc: Client, txid: str, state: str) -> TransactionInfo:
+    with anyio.fail_after(10):
+        while (info := await admin.show(nc, txid)).state != state:
+            await anyio.sleep(0.05)
+    return info
+
+
+def _text(renderable: object) -> str:
+    console = Console(file=io.StringIO(), width=200)
+    console.print(renderable)
+    assert isinstance(console.file, io.StringIO)
+    return console.file.getvalue()
+
+
+async def test_list_show_resume_commit_and_rollback(private_nc: Client) -> None:
+    config = CoordinatorConfig(check_max=1, **FAST)
+    async with run_coordinator(private_nc, config=config):
+        client = CoordinatorClient(private_nc)
+        await client.prepare("pending", message(check_immunity=PENDING))
+        await client.prepare(
+            "two-topics",
+            message(topic="payments", check_immunity=PENDING),
+            message(check_immunity=PENDING),
+            group="billing",
+        )
+        await client.prepare("lost-1", message())
+        await client.prepare("lost-2", message())
+        lost = await _wait_for_state(private_nc, "lost-1", "discarded")
+        await _wait_for_state(private_nc, "lost-2", "discarded")
+        assert (lost.check_times, lost.last_check, lost.discard_reason) == (
+            1,
+            "no_responders",
+            "check_max",
+        )
+        assert lost.next_check_at is None
+
+        found = await admin.list_transactions(private_nc)
+        assert [(t.txid, t.state) for t in found] == [
+            ("pending", "prepared"),
+            ("two-topics", "prepared"),
+            ("lost-1", "discarded"),
+            ("lost-2", "discarded"),
+        ], "oldest first"
+        discarded = await admin.list_transactions(private_nc, states=["discarded"])
+        assert [t.txid for t in discarded] == ["lost-1", "lost-2"]
+        table = _text(admin.render_list(found))
+        assert "billing" in table and "payments" in table and "no_responders" in table
+
+        info = await admin.show(private_nc, "two-topics")
+        assert (info.state, info.group, info.producer, info.topics) == (
+            "prepared",
+            "billing",
+            "p1",
+            ["orders", "payments"],
+        )
+        assert len(info.half_seqs) == 2 and info.check_times == 0
+        assert info.next_check_at is not None and info.next_check_at > info.born + PENDING - 1
+        assert "checker gave up" in _text(admin.render_detail(lost))
+
+        # Resume: back to prepared, checks start again (here they fail and discard it again).
+        assert (await admin.resume(private_nc, "lost-2")).state == "prepared"
+
+        # Force-commit a discarded transaction: its message reaches the topic.
+        assert (await admin.commit(private_nc, "lost-1")).state == "committed"
+        assert await topic_ids(private_nc, "orders") == ["lost-1:0"]
+
+        # Force-rollback a pending one: nothing of it is ever delivered.
+        assert (await admin.rollback(private_nc, "two-topics")).state == "rolled_back"
+        assert await topic_ids(private_nc, "payments") == []
+
+        refused = [
+            (admin.rollback(private_nc, "lost-1"), "conflict", "lost-1 is committed"),
+            (admin.resume(private_nc, "two-topics"), "conflict", "is rolled_back"),
+            (admin.commit(private_nc, "nope"), "not_found", "no transaction nope"),
+            (admin.show(private_nc, "lost-1"), "not_found", "it is committed"),
+        ]
+        for request, code, text in refused:
+            with pytest.raises(CommandError) as error:
+                await request
+            assert error.value.code == code and text in error.value.message, error.value
+        assert [t.txid for t in await admin.list_transactions(private_nc)] == ["pending", "lost-2"]
+        assert await topic_ids(private_nc, "orders") == ["lost-1:0"]
+
+
+async def test_list_merges_partitions_and_commands_find_the_owner(private_nc: Client) -> None:
+    partitions = 3
+    txids = [f"t{i}" for i in range(8)]
+    assert len({layout.partition_of(t, partitions) for t in txids}) == partitions
+    options = CoordinatorOptions(partitions=partitions)
+    async with run_coordinator(private_nc, config=CoordinatorConfig(), options=options):
+        for txid in txids:
+            await CoordinatorClient(private_nc, layout.partition_of(txid, partitions)).prepare(
+                txid, message()
+            )
+        found = await admin.list_transactions(private_nc, partitions=partitions)
+        assert [t.txid for t in found] == txids
+        for txid in txids:
+            assert (await admin.show(private_nc, txid, partitions=partitions)).txid == txid
+        assert (await admin.commit(private_nc, "t5", partitions=partitions)).state == "committed"
+        assert await topic_ids(private_nc, "orders") == ["t5:0"]
+
+
+async def test_no_coordinator_is_reported_as_such(private_nc: Client) -> None:
+    with pytest.raises(admin.CoordinatorUnavailable, match="txactors coordinator"):
+        await admin.list_transactions(private_nc)
+    with pytest.raises(ValueError, match="partitions"):
+        await admin.show(private_nc, "t1", partitions=0)
+
+
+async def _cli(*args: str, stdin: bytes = b"") -> tuple[int, str, str]:
+    """Run the real `txactors` in a subprocess, without blocking this loop's coordinator."""
+    env = {k: v for k, v in os.environ.items() if k != "NATS_URL"}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "txactors.cli",
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    out, err = await asyncio.wait_for(process.communicate(stdin), 60)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_cli_against_a_running_coordinator(private_nc: Client) -> None:
+    assert private_nc.connected_url is not None
+    url = private_nc.connected_url.geturl()
+    code, _, err = await _cli("txn", "list", "--url", url, "--json")
+    assert code == 2 and "txactors coordinator" in err, err
+
+    async with run_coordinator(private_nc, config=CoordinatorConfig(transaction_timeout=60)):
+        await CoordinatorClient(private_nc).prepare("t1", message())
+
+        code, out, err = await _cli("txn", "list", "--url", url, "--json")
+        assert code == 0, err
+        [info] = msgspec.json.decode(out, type=list[TransactionInfo])
+        assert (info.txid, info.state, info.topics) == ("t1", "prepared", ["orders"])
+
+        code, _, err = await _cli("txn", "commit", "nope", "--yes", "--url", url)
+        assert code == 1 and "not_found: no transaction nope" in err, err
+
+        code, _, err = await _cli("txn", "rollback", "t1", "--url", url, stdin=b"n\n")
+        assert code == 1 and "left as it is" in err, err
+        assert (await admin.show(private_nc, "t1")).state == "prepared"
+
+        code, out, err = await _cli("txn", "rollback", "t1", "--url", url, stdin=b"y\n")
+        assert (code, out) == (0, "t1: rolled_back\n"), err
+        assert "group" in err, "the transaction is shown before the question"
+
+
+def test_cli_without_a_server_url_is_a_usage_error() -> None:
+    result = CliRunner().invoke(app, ["txn", "list"], env={"NATS_URL": None})
+    assert result.exit_code == 2
+    assert "no NATS server given: pass --url" in result.output
+
+    result = CliRunner().invoke(app, ["txn", "list", "--state", "bogus", "--url", "nats://x:1"])
+    assert result.exit_code == 2 and "discarded" in result.output
+
+
+def test_admin_config_needs_a_url_and_takes_it_from_the_environment() -> None:
+    with pytest.raises(ConfigError, match="--url"):
+        admin.admin_config(environ={})
+    assert admin.admin_config(environ={"NATS_URL": "nats://n1:4222"}).url == "nats://n1:4222"
+    assert admin.admin_config("nats://n2:4222", environ={"NATS_URL": "x"}).url == "nats://n2:4222"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (-3, "0s"),
+        (0.4, "<1s"),
+        (42.9, "42s"),
+        (192, "3m 12s"),
+        (5 * 3600 + 7 * 60 + 9, "5h 07m"),
+        (2 * 86400 + 3 * 3600 + 59, "2d 3h"),
+    ],
+)
+def test_human_duration(seconds: float, text: str) -> None:
+    assert admin.human_duration(seconds) == text
+
+
+def test_rendering_is_relative_to_now_and_every_state_is_explained() -> None:
+    assert set(admin.STATE_MEANINGS) == set(TxnState)
+    info = TransactionInfo(
+        txid="t1",
+        state="prepared",
+        group="g",
+        producer="p1",
+        topics=["orders"],
+        half_seqs=[7],
+        born=1000.0,
+        check_times=2,
+        last_check="unknown",
+        next_check_at=1250.0,
+    )
+    row = _text(admin.render_list([info], now=1192.0))
+    assert "3m 12s" in row and "58s" in row and "unknown" in row
+    assert admin.next_check(info, now=1300.0) == "due"
+    checking = msgspec.structs.replace(info, state="checking", next_check_at=None)
+    assert admin.next_check(checking, now=1300.0) == "in flight"
+    detail = _text(admin.render_detail(info, now=1192.0))
+    assert "1970-01-01T00:16:40+00:00 (3m 12s ago)" in detail and "waiting for" in detail
+    assert msgspec.json.decode(admin.to_json(info), type=TransactionInfo) == info
