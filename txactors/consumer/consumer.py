@@ -20,7 +20,6 @@ after `stop_timeout` is cancelled and its message naked for immediate redelivery
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, suppress
 from types import TracebackType
@@ -107,6 +106,9 @@ class Consumer:
         self._done = anyio.Event()
         self._wake = anyio.Event()  # a handler finished, or stop was asked
         self._active = 0  # messages taken and not yet acked/naked
+        self._requested = 0  # messages the open pull request may still bring
+        self._pull_done = anyio.Event()
+        self._refused = False  # the server refused a pull: re-declare before the next
         self._handling: dict[int, Msg] = {}  # messages whose handler runs: kept alive
         self._next_key = 0
         self._exit_stack: AsyncExitStack | None = None
@@ -133,7 +135,8 @@ class Consumer:
                 self._log.info("consumer_started", concurrency=self._concurrency)
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._keep_alive)
-                    await self._pull_loop(sub, tg)
+                    tg.start_soon(self._receive, sub, tg)
+                    await self._pull_loop(sub)
                     await self._drain()
                     tg.cancel_scope.cancel()
             finally:
@@ -206,7 +209,7 @@ class Consumer:
 
     # -- pulling ----------------------------------------------------------------------------
 
-    async def _pull_loop(self, sub: Subscription, tg: anyio.abc.TaskGroup) -> None:
+    async def _pull_loop(self, sub: Subscription) -> None:
         next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{self._stream}.{self.durable_name}"
         expires_ns = int(self._pull_expires * 1e9)
         while not self._stopping:
@@ -215,35 +218,34 @@ class Consumer:
                 await self._wake.wait()
                 self._wake = anyio.Event()
                 continue
+            self._requested = capacity
+            self._pull_done = anyio.Event()
             request = json.dumps({"batch": capacity, "expires": expires_ns}).encode()
             try:
                 await self._nc.publish(next_subject, request, reply=sub.subject)
-                healthy = await self._receive(sub, capacity, tg)
             except (nats.errors.Error, OSError) as exc:
                 self._log.warning("consumer_pull_failed", error=repr(exc))
-                healthy = False
-            if not healthy:
+                self._refused = True
+            else:
+                # No end status in time means it was lost (e.g. a reconnect): just pull again.
+                with anyio.move_on_after(self._pull_expires + PULL_GRACE):
+                    await self._pull_done.wait()
+            if self._refused:
+                self._refused = False
                 await self._recover()
 
-    async def _receive(self, sub: Subscription, batch: int, tg: anyio.abc.TaskGroup) -> bool:
-        """Hand each message of one pull request to a handler as it arrives; False when the
-        server answered with a status that needs the consumer re-declared."""
-        deadline = time.monotonic() + self._pull_expires + PULL_GRACE
-        remaining = batch
-        while remaining > 0:
-            timeout = deadline - time.monotonic()
-            if timeout <= 0:
-                return True  # the end status was lost (e.g. a reconnect): just pull again
-            try:
-                msg = await sub.next_msg(timeout=timeout)
-            except nats.errors.TimeoutError:
-                return True
+    async def _receive(self, sub: Subscription, tg: anyio.abc.TaskGroup) -> None:
+        """Hand each delivered message to a handler at once, and tell the pull loop when a
+        request is over. Iterating (not `next_msg`) takes a burst without a wait per message."""
+        async for msg in sub.messages:
             status = (msg.headers or {}).get(_STATUS)
             if status is None and msg.reply:
-                remaining -= 1
                 self._dispatch(msg, tg)
+                self._requested -= 1
+                if self._requested <= 0:
+                    self._pull_done.set()
             elif status in _PULL_DONE:
-                return True
+                self._pull_done.set()
             elif status != _HEARTBEAT:
                 # 409: consumer deleted, leadership change, limits… Say so and re-declare.
                 self._log.warning(
@@ -251,8 +253,8 @@ class Consumer:
                     status=status,
                     description=(msg.headers or {}).get("Description"),
                 )
-                return False
-        return True
+                self._refused = True
+                self._pull_done.set()
 
     async def _recover(self) -> None:
         await anyio.sleep(min(self._pull_expires, 1.0))
