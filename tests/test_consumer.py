@@ -8,11 +8,13 @@ scaled down to tenths of a second; the server does the waiting, as in production
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager, suppress
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
+from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 import aiosqlite
 import anyio
@@ -87,6 +89,20 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> Non
             await anyio.sleep(0.01)
 
 
+@contextmanager
+def capture_logs() -> Iterator[list[MutableMapping[str, Any]]]:
+    """Every log event with its bound context, whatever level another test configured."""
+    saved = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+    try:
+        with structlog.testing.capture_logs(
+            processors=[structlog.contextvars.merge_contextvars]
+        ) as logs:
+            yield logs
+    finally:
+        structlog.configure(**saved)
+
+
 async def info(nc: Client, topic: str, group: str) -> ConsumerInfo:
     return await nc.jetstream().consumer_info(topic_stream(topic), group)
 
@@ -143,9 +159,7 @@ async def test_retry_delays_grow_then_dlq_with_last_error(nc: Client) -> None:
 
     async with names(nc) as (topic, group):
         await publish(nc, topic, 0, b"poison", Region="eu")
-        with structlog.testing.capture_logs(
-            processors=[structlog.contextvars.merge_contextvars]
-        ) as logs:
+        with capture_logs() as logs:
             async with Consumer(
                 nc, topic, group, handler, max_reconsume=3, retry_delays=delays, pull_expires=0.2
             ):
