@@ -7,7 +7,7 @@ a temporary store dir; mocks of NATS would hide exactly the failures we care abo
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -19,8 +19,20 @@ from nats.aio.client import Client
 from txactors.logs import LOG_LEVEL_ENV, configure_logging
 from txactors.server import EmbeddedNatsServer
 
-# Quiet by default; TXACTORS_LOG_LEVEL=DEBUG shows everything.
-configure_logging(os.environ.get(LOG_LEVEL_ENV) or "WARNING")
+
+def _configure_test_logging() -> None:
+    # Quiet by default; TXACTORS_LOG_LEVEL=DEBUG shows everything.
+    configure_logging(os.environ.get(LOG_LEVEL_ENV) or "WARNING")
+
+
+_configure_test_logging()
+
+
+@pytest.fixture(autouse=True)
+def _reset_logging() -> Iterator[None]:
+    """Undo any test's configure_logging (e.g. a CLI run in-process) so levels stay predictable."""
+    yield
+    _configure_test_logging()
 
 
 @pytest_asyncio.fixture(scope="session")

@@ -5,15 +5,17 @@ from __future__ import annotations
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.conftest import MakeNatsServer
 from txactors.config import NatsConfig
 from txactors.connection import connect_options, nats_session
 from txactors.errors import ConfigError, NatsConnectError
 from txactors.server import EmbeddedNatsServer
+
+if TYPE_CHECKING:
+    from tests.conftest import MakeNatsServer
 
 FAST_FAIL = {"connect_retries": 1, "reconnect_time_wait": 0.05, "connect_timeout": 0.5}
 

@@ -6,12 +6,12 @@ import asyncio
 import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import nats
 import pytest
 from nats.aio.client import Client
 
-from tests.conftest import MakeNatsServer
 from txactors.errors import (
     DataDirNotWritable,
     NatsServerNotFound,
@@ -19,6 +19,9 @@ from txactors.errors import (
     ServerExitedEarly,
 )
 from txactors.server import BINARY_ENV, EmbeddedNatsServer, find_nats_server_binary
+
+if TYPE_CHECKING:
+    from tests.conftest import MakeNatsServer
 
 
 async def test_session_server_serves_core_nats(nats_server: EmbeddedNatsServer, nc: Client) -> None:
@@ -68,6 +71,8 @@ async def test_jetstream_data_survives_a_stop_and_start(make_nats_server: MakeNa
     assert not server.running
     await server.start()
     assert server.port == port
+    assert await _last_message(server.url) == b"kept"
+    await server.restart()
     assert await _last_message(server.url) == b"kept"
 
 

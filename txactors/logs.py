@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import TextIO, cast
 
 import structlog
 
@@ -36,9 +37,23 @@ def configure_logging(level: str | None = None, *, json: bool | None = None) -> 
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(cast(TextIO, _CurrentStderr())),
         cache_logger_on_first_use=False,
     )
+
+
+class _CurrentStderr:
+    """Writes to whatever `sys.stderr` is at each call, not the one seen at configure time.
+
+    Test runners (pytest capture, typer's CliRunner) swap stderr and close their copy; a logger
+    holding that copy would then fail with "I/O operation on closed file".
+    """
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
