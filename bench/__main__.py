@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from bench import actors
+from bench import actors, transactions
 
-BENCHMARKS = {"actors": actors.main}
+BENCHMARKS = {"actors": actors.main, "transactions": transactions.main}
 
 
 def main() -> None:

@@ -393,7 +393,7 @@ def test_no_responders_at_the_instance_asks_the_group_at_once(h: Harness) -> Non
     assert view is not None and view.check_times == 1 and view.state is TxnState.PREPARED
 
 
-def test_an_unanswered_check_times_out_and_a_late_answer_is_ignored(h: Harness) -> None:
+def test_an_unanswered_check_times_out_and_a_stale_answer_is_ignored(h: Harness) -> None:
     h.prepare("t1")
     check = only(h.tick(6.0))
     assert isinstance(check, SendCheck)
@@ -401,11 +401,26 @@ def test_an_unanswered_check_times_out_and_a_late_answer_is_ignored(h: Harness) 
     h.complete(h.tick(h.config.check_answer_timeout))
     view = h.table.show("t1")
     assert view is not None and view.check_times == 1 and view.last_check == "timeout"
-    late = CheckAnswered(txid="t1", check_id=check.check_id, resolution=Decision.COMMIT)
-    assert h.feed(late) == [] and h.table.counters.unexpected_check_answers == 1
     # The instance did not answer: the next check asks the group.
     nxt = only(h.tick_at_next_deadline())
     assert isinstance(nxt, SendCheck) and nxt.target is CheckTarget.GROUP
+    # Now that a newer question is out, the first one's answer no longer counts.
+    stale = CheckAnswered(txid="t1", check_id=check.check_id, resolution=Decision.COMMIT)
+    assert h.feed(stale) == [] and h.table.counters.unexpected_check_answers == 1
+
+
+def test_a_late_answer_to_the_last_timed_out_check_still_decides(h: Harness) -> None:
+    h.prepare("t1")
+    check = only(h.tick(6.0))
+    assert isinstance(check, SendCheck)
+    h.complete(h.tick(h.config.check_answer_timeout))
+    late = CheckAnswered(txid="t1", check_id=check.check_id, resolution=Decision.ROLLBACK)
+    persist = only(h.feed(late))
+    assert isinstance(persist, PersistOp) and persist.records[0].kind is OpKind.ROLLBACK
+    assert h.table.counters.late_check_answers == 1
+    assert h.table.counters.unexpected_check_answers == 0
+    unknown = CheckAnswered(txid="t1", check_id=check.check_id, resolution=Decision.UNKNOWN)
+    assert h.feed(unknown) == [], "a decided transaction takes no more answers"
 
 
 def test_fifteen_inconclusive_checks_then_discard(h: Harness) -> None:

@@ -34,6 +34,10 @@ _COUNTED: dict[str, tuple[str, str]] = {
         "unexpected_check_answers",
         "Answers to check-backs no longer in flight (late or after a decision).",
     ),
+    "txactors_late_check_answers_total": (
+        "late_check_answers",
+        "Answers that came after their check timed out, and still decided.",
+    ),
     "txactors_refusals_total": ("refusals", "Requests refused (forbidden, conflict, ...)."),
 }
 

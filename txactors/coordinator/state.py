@@ -126,8 +126,10 @@ class TxnView(msgspec.Struct, frozen=True, kw_only=True):
 class Counters:
     """Monotonic counts for metrics (recovery replay is not counted).
 
-    `unexpected_check_answers` counts answers to checks that were no longer in flight (timed
-    out here, or the transaction was decided meanwhile); it stays 0 in a healthy run.
+    `late_check_answers` counts answers that came after their check timed out here but
+    before another check was sent: they still decide. `unexpected_check_answers` counts
+    answers that could not (a newer check was out, or the transaction was decided
+    meanwhile); it stays 0 in a healthy run.
     """
 
     halves_stored: int = 0
@@ -139,6 +141,7 @@ class Counters:
     checks_sent: int = 0
     checks_inconclusive: int = 0
     unexpected_check_answers: int = 0
+    late_check_answers: int = 0
     refusals: int = 0
     replay_skipped: int = 0
 
@@ -159,6 +162,8 @@ class _Txn:
     check_times: int = 0
     next_check_at: float = 0.0
     check_id: int | None = None
+    timed_out_check_id: int | None = None
+    """The last check that timed out here: its answer may still come, and still decide."""
     check_target: CheckTarget = CheckTarget.INSTANCE
     check_expires_at: float = 0.0
     instance_gone: bool = False
@@ -524,6 +529,18 @@ class TransactionTable:
     def _on_check_answered(self, event: CheckAnswered, now: float) -> None:
         txn = self._current_check(event.txid, event.check_id)
         if txn is None:
+            late = self._open.get(event.txid)
+            if (
+                late is not None
+                and late.state is S.PREPARED
+                and late.timed_out_check_id == event.check_id
+                and event.resolution is not Decision.UNKNOWN
+            ):
+                # A slow producer's answer: nothing newer was asked, so it is still the truth.
+                self.counters.late_check_answers += 1
+                late.last_check = str(event.resolution)
+                self._decide(late, event.resolution, None, by_operator=False)
+                return
             self.counters.unexpected_check_answers += 1
             return
         txn.last_check = str(event.resolution)
@@ -564,6 +581,7 @@ class TransactionTable:
         self, txn: _Txn, decision: Decision, request_id: str | None, *, by_operator: bool
     ) -> None:
         txn.check_id = None  # a late answer to an in-flight check is now unexpected
+        txn.timed_out_check_id = None
         if decision is Decision.COMMIT:
             self._move(txn, S.COMMITTING)
             seqs = tuple(h.seq for h in txn.ordered_halves())
@@ -578,6 +596,7 @@ class TransactionTable:
 
     def _send_check(self, txn: _Txn, now: float) -> None:
         txn.check_id = next(self._check_ids)
+        txn.timed_out_check_id = None  # only the newest question's answer may decide
         txn.check_target = CheckTarget.GROUP if txn.instance_gone else CheckTarget.INSTANCE
         txn.check_expires_at = now + self.config.check_answer_timeout
         self._move(txn, S.CHECKING)
@@ -597,6 +616,8 @@ class TransactionTable:
 
     def _check_failed(self, txn: _Txn, reason: CheckFailure, now: float) -> None:
         txn.last_check = str(reason)
+        if reason is CheckFailure.TIMEOUT:
+            txn.timed_out_check_id = txn.check_id
         if txn.check_target is CheckTarget.INSTANCE:
             txn.instance_gone = True  # from now on, ask the group
             if reason is CheckFailure.NO_RESPONDERS:
