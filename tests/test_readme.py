@@ -26,3 +26,4 @@ def test_readme_api_example_runs() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
+    assert "shipping ('42',) b'order 42 paid'" in result.stdout, "the committed message arrived"
