@@ -57,6 +57,12 @@ class _CurrentStderr:
 
 
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
-    """A logger that carries the module name as `module`."""
+    """A logger that carries the module name as `module`.
+
+    If the application has not configured structlog, txactors applies its own defaults
+    (level from TXACTORS_LOG_LEVEL), so library users do not get structlog's print-all.
+    """
+    if not structlog.is_configured():
+        configure_logging()
     logger: structlog.typing.FilteringBoundLogger = structlog.get_logger(module=name)
     return logger
