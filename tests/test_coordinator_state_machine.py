@@ -77,6 +77,8 @@ class CoordinatorMachine(RuleBasedStateMachine):
         self.decision: dict[str, OpKind] = {}  # last persisted commit/rollback/discard/resume
         self.done: set[str] = set()
         self.final: dict[str, TxnState] = {}
+        self.to_publish: dict[str, set[int]] = {}  # the topics survive restarts
+        self.published: dict[str, set[int]] = {}
 
     # ------------------------------------------------------------ plumbing
 
@@ -92,12 +94,16 @@ class CoordinatorMachine(RuleBasedStateMachine):
                 case Publish():
                     # Only after a persisted commit; never for rolled back or discarded.
                     assert self.decision.get(action.txid) is OpKind.COMMIT, action
+                    self.to_publish.setdefault(action.txid, set()).add(action.index)
                     self.pending_publishes.append(action)
                 case SendCheck():
                     self.on_send_check(action)
                 case Acknowledge(state=TxnState.COMMITTED):
                     event("commit acknowledged")
-                    assert action.txid in self.done, "commit acknowledged before `done`"
+                    expected = self.to_publish.get(action.txid)
+                    assert expected, "commit acknowledged before anything was published"
+                    published = self.published.get(action.txid, set())
+                    assert expected <= published, "commit acknowledged before all published"
                 case Acknowledge(state=TxnState.ROLLED_BACK):
                     assert self.decision.get(action.txid) is OpKind.ROLLBACK
                 case Discard():
@@ -190,6 +196,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
     @rule(index=st.integers(0, 99), twice=st.booleans())
     def publish_acked(self, index: int, twice: bool) -> None:
         publish = self.pending_publishes.pop(index % len(self.pending_publishes))
+        self.published.setdefault(publish.txid, set()).add(publish.index)
         self.feed(Published(txid=publish.txid, index=publish.index))
         if twice:
             self.feed(Published(txid=publish.txid, index=publish.index))

@@ -10,7 +10,8 @@ they outlive the process in TXN_HALF headers; a clock that jumps back only delay
 
 Guarantees (each one a test in tests/test_coordinator_state*.py):
 - A `Publish` is emitted only after the commit record is persisted, never for a transaction
-  that was rolled back or discarded; the reply to a commit only after `done` is persisted.
+  that was rolled back or discarded; the reply to a commit only once every one of its
+  messages is published (acknowledged by its topic stream).
 - At most one check-back in flight per transaction; none once it is decided; at most
   `check_max` inconclusive ones, then DISCARDING.
 - A refused request (`Refuse`) or an unexpected check answer changes nothing. Events only
@@ -434,9 +435,10 @@ class TransactionTable:
         same_path = COMMIT_PATH if decision is Decision.COMMIT else ROLLBACK_PATH
         if txn is not None and state in decidable:
             self._decide(txn, decision, request_id, by_operator=by_operator)
-        elif state in same_path and state in FINAL:
+        elif state in same_path and state in (*FINAL, S.FINISHING):
             if request_id is not None:
-                self._emit(Acknowledge(request_id=request_id, txid=txid, state=state))
+                final = S.COMMITTED if state is S.FINISHING else state  # all published already
+                self._emit(Acknowledge(request_id=request_id, txid=txid, state=final))
         elif txn is not None and state in same_path:
             if request_id is not None:
                 txn.waiters.append(request_id)
@@ -525,6 +527,11 @@ class TransactionTable:
         if len(txn.published) == len(txn.halves):
             self._move(txn, S.FINISHING)
             self._persist(OpRecord(txid=txn.txid, kind=OpKind.DONE))
+            # Every message is durable on its topic, so the commit is visible: the producer
+            # hears it now. `done` only spares recovery a (deduplicated) republish.
+            for request_id in txn.waiters:
+                self._emit(Acknowledge(request_id=request_id, txid=txn.txid, state=S.COMMITTED))
+            txn.waiters.clear()
 
     def _on_check_answered(self, event: CheckAnswered, now: float) -> None:
         txn = self._current_check(event.txid, event.check_id)
