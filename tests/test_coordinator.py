@@ -210,3 +210,41 @@ async def test_coordinator_killed_between_decision_and_publish_publishes_after_r
         if doomed.returncode is None:
             doomed.kill()
         await doomed.aclose()
+
+
+async def test_coordinator_command_serves_prometheus_metrics(make_nats_server: object) -> None:
+    import socket
+    import urllib.request
+
+    server = await make_nats_server()  # type: ignore[operator]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "NATS_URL": server.url, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "txactors.cli", "coordinator", "--metrics-port", str(port)]
+    process = await anyio.open_process(command, cwd=ROOT, env=env)
+    nc = await nats.connect(server.url)
+    try:
+        client = CoordinatorClient(nc)
+        with anyio.fail_after(20):
+            while True:
+                try:
+                    receipt = await client.prepare("m1", message())
+                    break
+                except Exception:
+                    await anyio.sleep(0.1)
+        await client.end("m1", receipt.token, COMMIT)
+
+        def scrape() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+                return str(reply.read().decode())
+
+        text = await anyio.to_thread.run_sync(scrape)
+        assert 'txactors_commits_total{partition="0"} 1.0' in text
+        assert 'txactors_pending_transactions{partition="0"} 0.0' in text
+        assert "txactors_commit_latency_seconds_bucket" in text
+    finally:
+        await nc.close()
+        process.terminate()
+        await process.wait()
+        await process.aclose()

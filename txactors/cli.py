@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from txactors.coordinator import CoordinatorConfig
     from txactors.coordinator.partition import CoordinatorOptions
+    from txactors.metrics import CoordinatorMetrics
     from txactors.protocol import Ended, TransactionInfo
 
 T = TypeVar("T")
@@ -107,6 +108,10 @@ def coordinator(
         float, typer.Option(help="Seconds a producer has to answer a check-back.")
     ] = 5.0,
     tick_interval: Annotated[float, typer.Option(help="Timer resolution in seconds.")] = 0.1,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(help="Serve Prometheus metrics on http://0.0.0.0:PORT/metrics."),
+    ] = None,
 ) -> None:
     """Run the transaction coordinator (and checker) on NATS_URL, or an embedded server.
 
@@ -124,10 +129,20 @@ def coordinator(
         check_answer_timeout=check_answer_timeout,
     )
     options = CoordinatorOptions(partitions=partitions, tick_interval=tick_interval)
-    asyncio.run(_run_coordinator(config, options))
+    metrics = None
+    if metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        from txactors.metrics import CoordinatorMetrics
+
+        metrics = CoordinatorMetrics()
+        start_http_server(metrics_port)
+    asyncio.run(_run_coordinator(config, options, metrics))
 
 
-async def _run_coordinator(config: CoordinatorConfig, options: CoordinatorOptions) -> None:
+async def _run_coordinator(
+    config: CoordinatorConfig, options: CoordinatorOptions, metrics: CoordinatorMetrics | None
+) -> None:
     from txactors.connection import nats_session
     from txactors.coordinator.service import run_coordinator
 
@@ -137,7 +152,7 @@ async def _run_coordinator(config: CoordinatorConfig, options: CoordinatorOption
         loop.add_signal_handler(sig, stop.set)
     async with (
         nats_session() as session,
-        run_coordinator(session.nc, config=config, options=options),
+        run_coordinator(session.nc, config=config, options=options, metrics=metrics),
     ):
         typer.echo(f"coordinator ready on {session.url}", err=True)
         await stop.wait()
