@@ -112,6 +112,9 @@ def coordinator(
         int | None,
         typer.Option(help="Serve Prometheus metrics on http://0.0.0.0:PORT/metrics."),
     ] = None,
+    replicas: Annotated[
+        int, typer.Option(help="Replicas of the TXN_* streams (3 on a production cluster).", min=1)
+    ] = 1,
 ) -> None:
     """Run the transaction coordinator (and checker) on NATS_URL, or an embedded server.
 
@@ -128,7 +131,9 @@ def coordinator(
         check_max=check_max,
         check_answer_timeout=check_answer_timeout,
     )
-    options = CoordinatorOptions(partitions=partitions, tick_interval=tick_interval)
+    options = CoordinatorOptions(
+        partitions=partitions, tick_interval=tick_interval, replicas=replicas
+    )
     metrics = None
     if metrics_port is not None:
         from prometheus_client import start_http_server
