@@ -184,13 +184,7 @@ async def test_coordinator_killed_between_decision_and_publish_publishes_after_r
     nc = await nats.connect(server.url)
     try:
         client = CoordinatorClient(nc)
-        with anyio.fail_after(20):
-            while True:
-                try:
-                    receipt = await client.prepare("t1", message(), message("points"))
-                    break
-                except Exception:
-                    await anyio.sleep(0.1)
+        receipt = await client.prepare_once_up("t1", message(), message("points"))
         with pytest.raises(AskTimeout):
             await client.end("t1", receipt.token, COMMIT, timeout=3)
         with anyio.fail_after(10):
@@ -226,13 +220,7 @@ async def test_coordinator_command_serves_prometheus_metrics(make_nats_server: o
     nc = await nats.connect(server.url)
     try:
         client = CoordinatorClient(nc)
-        with anyio.fail_after(20):
-            while True:
-                try:
-                    receipt = await client.prepare("m1", message())
-                    break
-                except Exception:
-                    await anyio.sleep(0.1)
+        receipt = await client.prepare_once_up("m1", message())
         await client.end("m1", receipt.token, COMMIT)
 
         def scrape() -> str:

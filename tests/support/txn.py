@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from txactors import layout
 from txactors.actors import RemoteActorRef
 from txactors.coordinator.recovery import read_subject
+from txactors.errors import ActorDeadError, AskTimeout
 from txactors.protocol import (
     Decision,
     Ended,
@@ -48,6 +50,15 @@ class CoordinatorClient:
         )
         result: Prepared = await self.prepare_ref.ask(command, timeout=5)
         return result
+
+    async def prepare_once_up(self, txid: str, *messages: OutgoingMessage) -> Prepared:
+        """Prepare, retrying while a coordinator process is still starting."""
+        with anyio.fail_after(20):
+            while True:
+                try:
+                    return await self.prepare(txid, *messages)
+                except (ActorDeadError, AskTimeout):
+                    await anyio.sleep(0.1)
 
     async def end(self, txid: str, token: str, decision: Decision, timeout: float = 5) -> Ended:
         result: Ended = await self.end_ref.ask(
