@@ -20,6 +20,7 @@ from nats.aio.client import Client
 from tests.support.txn import FAST, CoordinatorClient, message, topic_ids, topic_messages
 from txactors import layout
 from txactors.coordinator import CoordinatorConfig
+from txactors.coordinator.partition import DiscardedTransaction
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import AskTimeout, CommandError
 from txactors.faults import CRASH_EXIT_CODE, FAULT_ENV, FaultPoint
@@ -135,14 +136,27 @@ async def test_unknown_end_then_nobody_answers_checks_discards_after_check_max(
     private_nc: Client,
 ) -> None:
     config = CoordinatorConfig(check_max=3, **FAST)
-    async with run_coordinator(private_nc, config=config):
+    hooked: list[DiscardedTransaction] = []
+
+    async def on_discard(discarded: DiscardedTransaction) -> None:
+        hooked.append(discarded)
+
+    async with run_coordinator(private_nc, config=config, on_discard=on_discard):
         client = CoordinatorClient(private_nc)
-        receipt = await client.prepare("lost", message())
+        receipt = await client.prepare("lost", message(keys=["k1"]))
         assert (await client.end("lost", receipt.token, UNKNOWN)).state == "prepared"
         with anyio.fail_after(10):
             while (info := await client.admin(ShowTransaction(txid="lost"))).state != "discarded":
                 await anyio.sleep(0.05)
         assert info.check_times == 3 and info.discard_reason == "check_max"
+        with anyio.fail_after(5):
+            while not hooked:
+                await anyio.sleep(0.01)
+        [discarded] = hooked
+        assert (discarded.txid, discarded.group, discarded.reason) == ("lost", "g", "check_max")
+        assert [(m.topic, m.body, m.keys) for m in discarded.messages] == [
+            ("orders", b"payload", ["k1"])
+        ]
         js = private_nc.jetstream()
         copy = await js.get_last_msg(layout.DISCARD_STREAM, layout.discard_subject("g"))
         assert (copy.headers or {})[layout.TXID_HEADER] == "lost"
