@@ -1,5 +1,15 @@
-"""txactors: transactional messages on NATS JetStream, built from asyncio actors."""
+"""txactors: transactional messages on NATS JetStream, built from asyncio actors.
 
+The names most programs need are here; each role's module has the rest
+(`txactors.producer`, `txactors.coordinator`, `txactors.consumer`, `txactors.actors`).
+"""
+
+from txactors.actors import Actor, ActorSystem, RemoteActorRef, serve
+from txactors.config import NatsConfig
+from txactors.connection import nats_session
+from txactors.consumer import ConsumedMessage, Consumer, apply_once_postgres, apply_once_sqlite
+from txactors.coordinator import CoordinatorConfig
+from txactors.coordinator.service import run_coordinator
 from txactors.errors import (
     ActorDeadError,
     ActorError,
@@ -19,23 +29,40 @@ from txactors.errors import (
     TransactionStateError,
     TxActorsError,
 )
+from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
 
 __all__ = [
+    "Actor",
     "ActorDeadError",
     "ActorError",
+    "ActorSystem",
     "AskTimeout",
+    "CheckView",
     "CommandError",
     "ConfigError",
+    "ConsumedMessage",
+    "Consumer",
+    "CoordinatorConfig",
     "DataDirNotWritable",
+    "Decision",
     "EndRefused",
     "MailboxFull",
+    "NatsConfig",
     "NatsConnectError",
     "NatsServerError",
     "NatsServerNotFound",
     "PortInUse",
     "PrepareFailed",
+    "RemoteActorRef",
     "ServerExitedEarly",
     "TransactionError",
+    "TransactionProducer",
     "TransactionStateError",
     "TxActorsError",
+    "TxMessage",
+    "apply_once_postgres",
+    "apply_once_sqlite",
+    "nats_session",
+    "run_coordinator",
+    "serve",
 ]
