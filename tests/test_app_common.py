@@ -1,0 +1,81 @@
+"""The demo apps' shared helpers: fault parsing, one database interface over two engines."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from apps.common.db import DEFAULT_PG_DSN, Database, Storage, Tx, pg_schema
+from apps.common.faults import Fault, parse_faults
+from apps.common.report import Check, Reconciliation
+
+
+def test_parse_faults_accepts_all_none_and_lists() -> None:
+    assert parse_faults("all") == frozenset(Fault)
+    assert parse_faults("none") == parse_faults("") == frozenset()
+    assert parse_faults("lost-end, duplicate") == {Fault.LOST_END, Fault.DUPLICATE}
+
+
+def test_parse_faults_names_the_choices_for_an_unknown_fault() -> None:
+    with pytest.raises(ValueError, match=r"unknown fault 'meteor'.*local-failure"):
+        parse_faults("duplicate,meteor")
+
+
+def test_schema_names_are_plain_identifiers() -> None:
+    assert pg_schema("t1_alipay") == "t1_alipay"
+    with pytest.raises(ValueError, match="schema name"):
+        pg_schema('x"; DROP TABLE y; --')
+
+
+def test_a_reconciliation_is_ok_only_when_every_check_is() -> None:
+    good = Check(section="s", name="n", expected=2, actual=2)
+    reached = Check(section="s", name="n", expected=2, actual=3, at_least=True)
+    bad = Check(section="s", name="n", expected=2, actual=1)
+    assert Reconciliation(app="a", checks=[good, reached]).ok
+    result = Reconciliation(app="a", checks=[good, bad])
+    assert not result.ok and result.mismatches == [bad]
+
+
+@asynccontextmanager
+async def opened(storage: Storage) -> AsyncIterator[Database]:
+    db = await storage.open("svc", fresh=True)
+    try:
+        yield db
+    finally:
+        await db.close()
+        await storage.drop("svc")
+
+
+async def exercise(db: Database) -> None:
+    await db.script(["CREATE TABLE t (id TEXT PRIMARY KEY, n BIGINT NOT NULL)"])
+    async with db.transaction() as tx:
+        assert await tx.execute("INSERT INTO t (id, n) VALUES (?, ?)", "a", 1) == 1
+    with pytest.raises(RuntimeError):
+        async with db.transaction() as tx:
+            await tx.execute("UPDATE t SET n = n + ? WHERE id = ?", 10, "a")
+            raise RuntimeError("rolls back")
+    assert await db.fetchval("SELECT n FROM t WHERE id = ?", "a") == 1
+    assert await db.fetchval("SELECT n FROM t WHERE id = ?", "missing") is None
+
+    async def bump(tx: Tx) -> None:
+        await tx.execute("UPDATE t SET n = n + 1 WHERE id = ?", "a")
+
+    assert await db.apply_once("g", "m1", bump)
+    assert not await db.apply_once("g", "m1", bump)  # a redelivery changes nothing
+    assert await db.fetch("SELECT id, n FROM t") == [("a", 2)]
+
+
+async def test_sqlite_database(tmp_path: Path) -> None:
+    async with opened(Storage.sqlite(tmp_path)) as db:
+        await exercise(db)
+
+
+@pytest.mark.postgres
+async def test_postgres_database_lives_in_its_own_schema() -> None:
+    storage = Storage.postgres(DEFAULT_PG_DSN, prefix=f"t{uuid.uuid4().hex[:8]}_")
+    async with opened(storage) as db:
+        await exercise(db)
