@@ -20,7 +20,7 @@ from nats.aio.client import Client
 from tests.support.txn import FAST, CoordinatorClient, message, topic_ids, topic_messages
 from txactors import layout
 from txactors.coordinator import CoordinatorConfig
-from txactors.coordinator.partition import DiscardedTransaction
+from txactors.coordinator.partition import CoordinatorOptions, DiscardedTransaction
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import AskTimeout, CommandError
 from txactors.faults import CRASH_EXIT_CODE, FAULT_ENV, FaultPoint
@@ -193,7 +193,7 @@ async def test_coordinator_killed_between_decision_and_publish_publishes_after_r
     env = {**os.environ, "NATS_URL": server.url, FAULT_ENV: FaultPoint.AFTER_COMMIT_RECORD}
     env["PYTHONPATH"] = str(ROOT)
     doomed = await anyio.open_process(
-        [sys.executable, "-m", "txactors.cli", "coordinator"], cwd=ROOT, env=env
+        [sys.executable, "-m", "txactors.cli", "coordinator", "--lease-ttl", "1"], cwd=ROOT, env=env
     )
     nc = await nats.connect(server.url)
     try:
@@ -205,7 +205,8 @@ async def test_coordinator_killed_between_decision_and_publish_publishes_after_r
             assert await doomed.wait() == CRASH_EXIT_CODE
         assert await topic_ids(nc, "orders") == [], "it died before publishing"
 
-        async with run_coordinator(nc):
+        # It still holds its lease: the successor takes over once that expires.
+        async with run_coordinator(nc, options=CoordinatorOptions(lease_ttl=1)):
             with anyio.fail_after(10):
                 while not await topic_ids(nc, "points"):
                     await anyio.sleep(0.05)

@@ -115,6 +115,12 @@ def coordinator(
     replicas: Annotated[
         int, typer.Option(help="Replicas of the TXN_* streams (3 on a production cluster).", min=1)
     ] = 1,
+    lease_ttl: Annotated[
+        float, typer.Option(help="Seconds before a dead coordinator's partitions are taken over.")
+    ] = 10.0,
+    max_partitions: Annotated[
+        int | None, typer.Option(help="Most partitions this process serves (default: all).")
+    ] = None,
 ) -> None:
     """Run the transaction coordinator (and checker) on NATS_URL, or an embedded server.
 
@@ -132,7 +138,11 @@ def coordinator(
         check_answer_timeout=check_answer_timeout,
     )
     options = CoordinatorOptions(
-        partitions=partitions, tick_interval=tick_interval, replicas=replicas
+        partitions=partitions,
+        tick_interval=tick_interval,
+        replicas=replicas,
+        lease_ttl=lease_ttl,
+        max_partitions=max_partitions or partitions,
     )
     metrics = None
     if metrics_port is not None:

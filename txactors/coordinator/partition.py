@@ -102,10 +102,16 @@ class CoordinatorOptions(msgspec.Struct, frozen=True, kw_only=True):
     topic_duplicate_window: float = 600.0
     """How long a topic stream drops a re-published `Nats-Msg-Id`: must cover recovery."""
     max_messages_per_prepare: int = 1000
+    lease_ttl: float = 10.0
+    """A dead coordinator's partitions are taken over within this many seconds."""
+    max_partitions: int = 1 << 16
+    """Most partitions this process takes: set it to split partitions across processes."""
 
     def __post_init__(self) -> None:
-        if self.partitions < 1:
-            raise ValueError("partitions must be >= 1")
+        if self.partitions < 1 or self.max_partitions < 1:
+            raise ValueError("partitions and max_partitions must be >= 1")
+        if self.lease_ttl <= 0:
+            raise ValueError("lease_ttl must be > 0 seconds")
         if self.tick_interval <= 0 or self.checkpoint_interval <= 0:
             raise ValueError("tick_interval and checkpoint_interval must be > 0")
 
