@@ -23,7 +23,7 @@ from tests.support.txn import FAST, CoordinatorClient, message, topic_ids
 from txactors import admin, layout
 from txactors.cli import app
 from txactors.coordinator import CoordinatorConfig, TxnState
-from txactors.coordinator.partition import CoordinatorOptions
+from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import CommandError, ConfigError
 from txactors.protocol import TransactionInfo

@@ -20,7 +20,7 @@ from nats.aio.client import Client
 from tests.support.txn import FAST, CoordinatorClient, message, topic_ids, topic_messages
 from txactors import layout
 from txactors.coordinator import CoordinatorConfig
-from txactors.coordinator.partition import CoordinatorOptions, DiscardedTransaction
+from txactors.coordinator.options import CoordinatorOptions, DiscardedTransaction
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import AskTimeout, CommandError
 from txactors.faults import CRASH_EXIT_CODE, FAULT_ENV, FaultPoint

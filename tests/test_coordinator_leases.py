@@ -11,7 +11,7 @@ from nats.aio.client import Client
 
 from tests.support.txn import CoordinatorClient, message, topic_ids
 from txactors import layout
-from txactors.coordinator.partition import CoordinatorOptions
+from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import RunningCoordinator, run_coordinator
 from txactors.errors import ActorDeadError
 from txactors.producer import Decision, TransactionProducer, TxMessage

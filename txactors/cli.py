@@ -11,7 +11,7 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, TypeVar
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from nats.aio.client import Client
 
     from txactors.coordinator import CoordinatorConfig
-    from txactors.coordinator.partition import CoordinatorOptions
+    from txactors.coordinator.options import CoordinatorOptions
     from txactors.metrics import CoordinatorMetrics
     from txactors.protocol import Ended, TransactionInfo
 
@@ -128,7 +128,7 @@ def coordinator(
     from its streams on the next start).
     """
     from txactors.coordinator import CoordinatorConfig
-    from txactors.coordinator.partition import CoordinatorOptions
+    from txactors.coordinator.options import CoordinatorOptions
 
     configure_logging()
     config = CoordinatorConfig(
@@ -356,6 +356,87 @@ def _print_ended(ended: Ended, as_json: bool) -> None:
     from txactors.admin import to_json
 
     typer.echo(to_json(ended) if as_json else f"{ended.txid}: {ended.state}")
+
+
+# -- txactors sink: committed topics into Spark tables (spark_sinks/, the `spark` extra) ----
+
+sink_app = typer.Typer(
+    help="Stream committed topics into Parquet tables with Spark, exactly once (needs Java 17+).",
+    no_args_is_help=True,
+)
+app.add_typer(sink_app, name="sink")
+
+WarehouseOption = Annotated[
+    Path,
+    typer.Option(
+        help="Tables, checkpoints and the catalog live here.", envvar="TXACTORS_WAREHOUSE"
+    ),
+]
+
+
+@sink_app.command("run")
+def sink_run(
+    topics: Annotated[
+        list[str], typer.Option(help="Topics to sink (comma separated or repeated).")
+    ],
+    warehouse: WarehouseOption = Path("warehouse"),
+    schema: Annotated[
+        list[str] | None,
+        typer.Option(help="TOPIC=module:Struct decodes the payload into columns (repeatable)."),
+    ] = None,
+    once: Annotated[
+        bool, typer.Option("--once", help="Catch up with the streams, then stop.")
+    ] = False,
+    interval: Annotated[float, typer.Option(help="Seconds between micro-batches.")] = 10.0,
+    max_rows_per_batch: Annotated[int | None, typer.Option(min=1)] = None,
+    query: Annotated[str | None, typer.Option(help="SQL to show after the run.")] = None,
+) -> None:
+    """Sink topics from NATS_URL (or an embedded server over TXACTORS_DATA_DIR) into tables.
+
+    Prints each batch's rows and lag; a rerun continues where the last one stopped.
+    """
+    from spark_sinks import cli as sink_cli
+
+    configure_logging(os.environ.get(LOG_LEVEL_ENV) or "WARNING")
+    with _sink_errors():
+        sink_cli.sink_and_show(
+            sink_cli.parse_schemas(topics, schema or []),
+            warehouse,
+            once=once,
+            interval=interval,
+            max_rows_per_batch=max_rows_per_batch,
+            sql=query,
+        )
+
+
+@sink_app.command("query")
+def sink_query(
+    sql: Annotated[str, typer.Argument(help='e.g. "select count(*) from transfers"')],
+    warehouse: WarehouseOption = Path("warehouse"),
+    limit: Annotated[int, typer.Option(help="Rows to show.", min=1)] = 20,
+) -> None:
+    """Run SQL on the sunk tables (`<topic>`, `_rejects`) and print the result."""
+    from spark_sinks import cli as sink_cli
+
+    with _sink_errors():
+        sink_cli.query(sql, warehouse, limit)
+
+
+@contextlib.contextmanager
+def _sink_errors() -> Iterator[None]:
+    """A missing Java, a bad schema or an unreachable server: one line and exit 2."""
+    from txactors.errors import TxActorsError
+
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("pyspark", "pyarrow"):
+            raise
+        typer.echo(f"error: the sink needs {exc.name}: pip install 'txactors[spark]'", err=True)
+        raise typer.Exit(2) from exc
+    except TxActorsError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from txactors.coordinator.events import (
     Resume,
 )
 from txactors.coordinator.lifecycle import TxnState
+from txactors.coordinator.options import CoordinatorOptions, DiscardedTransaction
 from txactors.coordinator.records import Decision, DiscardReason, Half, OpKind, OpRecord
 from txactors.coordinator.state import (
     Checkpoint,
@@ -48,11 +49,13 @@ __all__ = [
     "CheckTarget",
     "Checkpoint",
     "CoordinatorConfig",
+    "CoordinatorOptions",
     "CoordinatorStateError",
     "Counters",
     "Decision",
     "Discard",
     "DiscardReason",
+    "DiscardedTransaction",
     "End",
     "Event",
     "ForceCommit",

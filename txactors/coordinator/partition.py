@@ -10,30 +10,30 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import msgspec
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 from nats.js.kv import KeyValue
 
 from txactors import layout
-from txactors.actors import Actor, RemoteActorRef, Request
+from txactors.actors import Actor, Request
 from txactors.coordinator.actions import (
     Acknowledge,
     Action,
-    CheckTarget,
     Discard,
     PersistOp,
     Publish,
     Refuse,
     SendCheck,
 )
+from txactors.coordinator.checkback import ask_producer
 from txactors.coordinator.config import CoordinatorConfig
+from txactors.coordinator.discard import discard
 from txactors.coordinator.events import (
     CheckAnswered,
     CheckFailed,
@@ -47,25 +47,27 @@ from txactors.coordinator.events import (
     Resume,
 )
 from txactors.coordinator.lifecycle import FINAL, TxnState
+from txactors.coordinator.options import (
+    Clock,
+    CoordinatorOptions,
+    OnDiscard,
+)
 from txactors.coordinator.recovery import last_op_seq, recover
 from txactors.coordinator.state import TransactionTable, TxnView
 from txactors.coordinator.streams import (
     StoredHalf,
-    checked_message,
     half_headers,
     load_checkpoint,
     read_half,
     read_raw_half,
     save_checkpoint,
 )
+from txactors.coordinator.validation import prepare_problem
 from txactors.coordinator.writers import Append, OpLog, PipelinedWriter
-from txactors.errors import ActorDeadError, AskTimeout, CommandError
 from txactors.faults import FaultPoint, crash_if_armed
 from txactors.logs import get_logger
 from txactors.metrics import CoordinatorMetrics
 from txactors.protocol import (
-    CheckResult,
-    CheckTransaction,
     CommitTransaction,
     Decision,
     Ended,
@@ -85,51 +87,6 @@ from txactors.protocol import (
 from txactors.topics import ensure_topic_stream
 
 log = get_logger(__name__)
-
-HEADER_ALLOWANCE = 1024
-"""Bytes kept free for our headers when checking a half against the server's max payload."""
-
-
-class CoordinatorOptions(msgspec.Struct, frozen=True, kw_only=True):
-    """How the coordinator process runs (the transaction rules are in CoordinatorConfig)."""
-
-    partitions: int = 1
-    tick_interval: float = 0.1
-    """How often due deadlines are looked at: the resolution of every check-back timer."""
-    checkpoint_interval: float = 5.0
-    replicas: int = 1
-    """Replicas of the coordinator's streams (3 on a production cluster)."""
-    topic_duplicate_window: float = 600.0
-    """How long a topic stream drops a re-published `Nats-Msg-Id`: must cover recovery."""
-    max_messages_per_prepare: int = 1000
-    lease_ttl: float = 10.0
-    """A dead coordinator's partitions are taken over within this many seconds."""
-    max_partitions: int = 1 << 16
-    """Most partitions this process takes: set it to split partitions across processes."""
-
-    def __post_init__(self) -> None:
-        if self.partitions < 1 or self.max_partitions < 1:
-            raise ValueError("partitions and max_partitions must be >= 1")
-        if self.lease_ttl <= 0:
-            raise ValueError("lease_ttl must be > 0 seconds")
-        if self.tick_interval <= 0 or self.checkpoint_interval <= 0:
-            raise ValueError("tick_interval and checkpoint_interval must be > 0")
-
-
-class DiscardedTransaction(msgspec.Struct, frozen=True, kw_only=True):
-    """What `on_discard` hooks receive."""
-
-    txid: str
-    group: str
-    producer: str
-    reason: str
-    check_times: int
-    messages: list[OutgoingMessage]
-
-
-OnDiscard = Callable[[DiscardedTransaction], Awaitable[None]]
-Clock = Callable[[], float]
-
 
 # -- messages the actor sends itself ---------------------------------------------------------
 
@@ -324,7 +281,11 @@ class PartitionCoordinator(Actor):
     # -- prepare ----------------------------------------------------------------------------
 
     async def _prepare(self, request: Request, prepare: Prepare) -> None:
-        problem = self._validate(prepare)
+        problem = prepare_problem(
+            prepare,
+            max_payload=self.nc.max_payload,
+            max_messages=self.options.max_messages_per_prepare,
+        )
         if problem is not None:
             await request.answer(Error(ErrorCode.BAD_REQUEST, problem))
             return
@@ -388,32 +349,6 @@ class PartitionCoordinator(Actor):
             )
 
         await self._halves.submit(appends, report)
-
-    def _validate(self, prepare: Prepare) -> str | None:
-        if not prepare.messages:
-            return "a prepare needs at least one message"
-        if len(prepare.messages) > self.options.max_messages_per_prepare:
-            return f"at most {self.options.max_messages_per_prepare} messages per prepare"
-        limit = self.nc.max_payload - HEADER_ALLOWANCE
-        try:
-            layout.validate_name("txid", prepare.txid)
-            layout.validate_name("group", prepare.group)
-            layout.validate_name("producer", prepare.producer)
-            for message in prepare.messages:
-                layout.validate_name("topic", message.topic)
-                if message.tag is not None:
-                    layout.validate_name("tag", message.tag)
-                if any("," in key for key in message.keys):
-                    return "message keys may not contain ','"
-                for name in message.properties:
-                    if name.startswith(layout.RESERVED_HEADER_PREFIXES) or not name.isprintable():
-                        return f"property {name!r} is reserved or not a valid header name"
-                size = len(message.body) + sum(map(len, message.properties.values()))
-                if size > limit:
-                    return f"message to {message.topic!r} is {size} bytes; the limit is {limit}"
-        except ValueError as error:
-            return str(error)
-        return None
 
     async def _halves_appended(self, done: _HalvesAppended) -> None:
         token_and_next = self._next_index.get(done.txid)
@@ -535,87 +470,11 @@ class PartitionCoordinator(Actor):
         return Append(layout.topic_subject(message.topic, message.tag), message.body, headers)
 
     async def _check(self, action: SendCheck) -> None:
-        # The table times this check out `timeout` after it was sent; ours must end first,
-        # so that its outcome, not a second check, is what follows.
-        deadline = time.monotonic() + action.timeout
-        stored = [
-            read_raw_half(await self.js.get_msg(layout.HALF_STREAM, h.seq)) for h in action.halves
-        ]
-        command = CheckTransaction(
-            txid=action.txid,
-            group=action.group,
-            check_id=action.check_id,
-            check_times=action.check_times,
-            messages=[checked_message(s) for s in stored],
-        )
-        if action.target is CheckTarget.INSTANCE:
-            subject = layout.check_instance_subject(action.group, action.producer)
-        else:
-            subject = layout.check_group_subject(action.group)
-        resolution: Decision | None = None
-        failure: CheckFailure | None = None
-        try:
-            result = await RemoteActorRef(self.nc, subject, CheckResult).ask(
-                command, timeout=max(deadline - time.monotonic(), 0.001)
-            )
-            if result.txid != action.txid or result.check_id != action.check_id:
-                raise CommandError(ErrorCode.BAD_REQUEST, "answer for another check")
-            resolution = result.resolution
-        except ActorDeadError:
-            failure = CheckFailure.NO_RESPONDERS
-        except AskTimeout:
-            failure = CheckFailure.TIMEOUT
-        except CommandError as error:
-            log.warning("check_back_error", txid=action.txid, error=str(error))
-            failure = CheckFailure.ERROR
-        log.info(
-            "check_back",
-            txid=action.txid,
-            check_id=action.check_id,
-            target=action.target.value,
-            check_times=action.check_times,
-            resolution=resolution,
-            failure=failure,
-        )
+        resolution, failure = await ask_producer(self.nc, self.js, action)
         await self.ref.tell(_CheckReturned(action.txid, action.check_id, resolution, failure))
 
     async def _discard(self, action: Discard) -> None:
-        raws = [await self.js.get_msg(layout.HALF_STREAM, h.seq) for h in action.halves]
-        appends = []
-        for raw in raws:
-            headers = dict(raw.headers or {})
-            index = headers.get(layout.INDEX_HEADER, "0")
-            headers[layout.MSG_ID_HEADER] = f"{layout.message_id(action.txid, int(index))}:discard"
-            headers[layout.DISCARD_REASON_HEADER] = action.reason.value
-            headers[layout.CHECK_TIMES_HEADER] = str(action.check_times)
-            appends.append(Append(layout.discard_subject(action.group), raw.data or b"", headers))
-        finished = anyio.Event()
-
-        async def copied(_: list[PubAck]) -> None:
-            finished.set()
-
-        await self._published.submit(appends, copied)
-        await finished.wait()
-        log.warning(
-            "transaction_discarded",
-            txid=action.txid,
-            group=action.group,
-            producer=action.producer,
-            reason=action.reason.value,
-            check_times=action.check_times,
-            halves=len(raws),
-        )
-        if self.on_discard is not None:
-            await self.on_discard(
-                DiscardedTransaction(
-                    txid=action.txid,
-                    group=action.group,
-                    producer=action.producer,
-                    reason=action.reason.value,
-                    check_times=action.check_times,
-                    messages=[read_raw_half(raw).message for raw in raws],
-                )
-            )
+        await discard(self.js, self._published, action, self.on_discard)
 
     async def _ops_appended(self, op_ids: list[int], seq: int) -> None:
         await self.ref.tell(_OpsAppended(op_ids, seq))

@@ -27,12 +27,8 @@ from txactors import layout
 from txactors.actors import ActorSystem, LocalActorRef, Supervisor, serve
 from txactors.coordinator.config import CoordinatorConfig
 from txactors.coordinator.lease import Leases, lease_bucket
-from txactors.coordinator.partition import (
-    Clock,
-    CoordinatorOptions,
-    OnDiscard,
-    PartitionCoordinator,
-)
+from txactors.coordinator.options import Clock, CoordinatorOptions, OnDiscard
+from txactors.coordinator.partition import PartitionCoordinator
 from txactors.coordinator.streams import ensure_streams
 from txactors.logs import get_logger
 from txactors.metrics import CoordinatorMetrics

@@ -1,0 +1,66 @@
+"""One check-back: ask a producer what became of a transaction, and classify the outcome."""
+
+from __future__ import annotations
+
+import time
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from txactors import layout
+from txactors.actors import RemoteActorRef
+from txactors.coordinator.actions import CheckTarget, SendCheck
+from txactors.coordinator.events import CheckFailure
+from txactors.coordinator.streams import checked_message, read_raw_half
+from txactors.errors import ActorDeadError, AskTimeout, CommandError
+from txactors.logs import get_logger
+from txactors.protocol import CheckResult, CheckTransaction, Decision, ErrorCode
+
+log = get_logger(__name__)
+
+
+async def ask_producer(
+    nc: Client, js: JetStreamContext, action: SendCheck
+) -> tuple[Decision | None, CheckFailure | None]:
+    """The producer's answer, or why there is none (no responders, timeout, error)."""
+    # The table times this check out `timeout` after it was sent; ours must end first, so
+    # that its outcome, not a second check, is what follows.
+    deadline = time.monotonic() + action.timeout
+    stored = [read_raw_half(await js.get_msg(layout.HALF_STREAM, h.seq)) for h in action.halves]
+    command = CheckTransaction(
+        txid=action.txid,
+        group=action.group,
+        check_id=action.check_id,
+        check_times=action.check_times,
+        messages=[checked_message(s) for s in stored],
+    )
+    if action.target is CheckTarget.INSTANCE:
+        subject = layout.check_instance_subject(action.group, action.producer)
+    else:
+        subject = layout.check_group_subject(action.group)
+    resolution: Decision | None = None
+    failure: CheckFailure | None = None
+    try:
+        result = await RemoteActorRef(nc, subject, CheckResult).ask(
+            command, timeout=max(deadline - time.monotonic(), 0.001)
+        )
+        if result.txid != action.txid or result.check_id != action.check_id:
+            raise CommandError(ErrorCode.BAD_REQUEST, "answer for another check")
+        resolution = result.resolution
+    except ActorDeadError:
+        failure = CheckFailure.NO_RESPONDERS
+    except AskTimeout:
+        failure = CheckFailure.TIMEOUT
+    except CommandError as error:
+        log.warning("check_back_error", txid=action.txid, error=str(error))
+        failure = CheckFailure.ERROR
+    log.info(
+        "check_back",
+        txid=action.txid,
+        check_id=action.check_id,
+        target=action.target.value,
+        check_times=action.check_times,
+        resolution=resolution,
+        failure=failure,
+    )
+    return resolution, failure

@@ -1,0 +1,54 @@
+"""How a coordinator process runs, and what its hooks receive.
+
+The rules of a transaction's life (timeouts, check counts) are `CoordinatorConfig`; these are
+the process's own settings: partitions and leases, timers, stream replicas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import msgspec
+
+from txactors.protocol import OutgoingMessage
+
+
+class CoordinatorOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """How the coordinator process runs (the transaction rules are in CoordinatorConfig)."""
+
+    partitions: int = 1
+    tick_interval: float = 0.1
+    """How often due deadlines are looked at: the resolution of every check-back timer."""
+    checkpoint_interval: float = 5.0
+    replicas: int = 1
+    """Replicas of the coordinator's streams (3 on a production cluster)."""
+    topic_duplicate_window: float = 600.0
+    """How long a topic stream drops a re-published `Nats-Msg-Id`: must cover recovery."""
+    max_messages_per_prepare: int = 1000
+    lease_ttl: float = 10.0
+    """A dead coordinator's partitions are taken over within this many seconds."""
+    max_partitions: int = 1 << 16
+    """Most partitions this process takes: set it to split partitions across processes."""
+
+    def __post_init__(self) -> None:
+        if self.partitions < 1 or self.max_partitions < 1:
+            raise ValueError("partitions and max_partitions must be >= 1")
+        if self.lease_ttl <= 0:
+            raise ValueError("lease_ttl must be > 0 seconds")
+        if self.tick_interval <= 0 or self.checkpoint_interval <= 0:
+            raise ValueError("tick_interval and checkpoint_interval must be > 0")
+
+
+class DiscardedTransaction(msgspec.Struct, frozen=True, kw_only=True):
+    """What `on_discard` hooks receive."""
+
+    txid: str
+    group: str
+    producer: str
+    reason: str
+    check_times: int
+    messages: list[OutgoingMessage]
+
+
+OnDiscard = Callable[[DiscardedTransaction], Awaitable[None]]
+Clock = Callable[[], float]
