@@ -1,0 +1,213 @@
+"""`python -m apps.transfer`: the bank-transfer demo, and commands to send one and reconcile.
+
+    python -m apps.transfer --transfers 200 --concurrency 16 --faults all
+    python -m apps.transfer --db postgres --pg-dsn postgresql://postgres@127.0.0.1/test
+    python -m apps.transfer send --from a-001 --to b-002 --amount 12.50
+    python -m apps.transfer reconcile
+
+The banks' databases stay after a run (SQLite files in --data-dir, or PostgreSQL schemas
+`<prefix>alipay` and `<prefix>yuebao`), so `send` and `reconcile` work on what the demo
+seeded.
+"""
+
+from __future__ import annotations
+
+import enum
+import tempfile
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+
+import anyio
+import typer
+from rich.console import Console
+
+from apps.common.db import DEFAULT_PG_DSN, Storage
+from apps.common.drain import wait_drained
+from apps.common.faults import parse_faults
+from apps.common.report import Reconciliation, render, verdict
+from apps.transfer.bank import ALIPAY, YUEBAO, Bank, TransferRefused
+from apps.transfer.demo import DemoConfig, Timing, run_demo
+from apps.transfer.messages import RECEIVER_GROUP, SENDER_GROUP, TOPIC
+from apps.transfer.receiver import Receiver
+from apps.transfer.reconcile import reconcile
+from apps.transfer.sender import Sender, new_transfer
+from txactors.connection import nats_session
+from txactors.coordinator.service import run_coordinator
+from txactors.logs import configure_logging
+from txactors.producer import TransactionProducer
+
+DEFAULT_DATA_DIR = Path(tempfile.gettempdir()) / "txactors-transfer"
+BAD_INPUT = 2
+MISMATCH = 1
+
+app = typer.Typer(add_completion=False, help=__doc__.split("\n\n")[0])
+console = Console()
+
+
+class DbKind(enum.StrEnum):
+    sqlite = "sqlite"
+    postgres = "postgres"
+
+
+DB = typer.Option(DbKind.sqlite, help="Where the banks keep their books.")
+DATA_DIR = typer.Option(DEFAULT_DATA_DIR, help="SQLite: directory of alipay.db and yuebao.db.")
+PG_DSN = typer.Option(DEFAULT_PG_DSN, help="PostgreSQL: the database both banks live in.")
+PG_PREFIX = typer.Option("", help="PostgreSQL: schema name prefix (schemas <prefix>alipay, …).")
+
+
+def storage_of(db: DbKind, data_dir: Path, pg_dsn: str, pg_prefix: str) -> Storage:
+    if db is DbKind.sqlite:
+        return Storage.sqlite(data_dir)
+    return Storage.postgres(pg_dsn, pg_prefix)
+
+
+def fail(message: str, code: int = BAD_INPUT) -> typer.Exit:
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}")
+    return typer.Exit(code)
+
+
+@app.callback(invoke_without_command=True)
+def demo(
+    ctx: typer.Context,
+    transfers: int = typer.Option(200, min=1, help="How many transfers to run."),
+    concurrency: int = typer.Option(16, min=1, help="Transfers in flight at once."),
+    faults: str = typer.Option(
+        "all",
+        help="Faults to inject: all, none, or a comma list of local-failure, producer-crash, "
+        "lost-end, consumer-crash, duplicate.",
+    ),
+    db: DbKind = DB,
+    data_dir: Path = DATA_DIR,
+    pg_dsn: str = PG_DSN,
+    pg_prefix: str = PG_PREFIX,
+) -> None:
+    """Seed both banks, run transfers (with faults), drain, and prove the books."""
+    if ctx.invoked_subcommand is not None:
+        return
+    try:
+        chosen = parse_faults(faults)
+    except ValueError as error:
+        raise fail(str(error)) from None
+    configure_logging("ERROR")  # the faults are on purpose: keep their warnings off screen
+    storage = storage_of(db, data_dir, pg_dsn, pg_prefix)
+    config = DemoConfig(storage, transfers, concurrency, chosen)
+    names = ", ".join(sorted(chosen)) or "none"
+    console.print(f"[bold]txactors bank transfer[/]: {transfers} transfers alipay → yuebao, ")
+    console.print(f"  concurrency {concurrency}, faults: {names}")
+    result = anyio.run(run_demo, config, console)
+    reconciliation = result.reconciliation
+    console.print(render(reconciliation, "reconciliation"))
+    rate = transfers / result.seconds
+    console.print(f"{result.seconds:.1f}s from first transfer to drained ({rate:,.0f}/s)")
+    console.print(verdict(reconciliation))
+    if not result.drained:
+        console.print(f"[red]the pipeline did not drain within {config.timing.drain_timeout}s[/]")
+    if not reconciliation.ok:
+        raise typer.Exit(MISMATCH)
+
+
+def parse_amount(text: str) -> int:
+    """Yuan with up to two decimals, as cents."""
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        raise TransferRefused(f"amount {text!r} is not a number (e.g. 12.50)") from None
+    cents = value * 100
+    if not cents.is_finite() or cents != cents.to_integral_value():
+        raise TransferRefused(f"amount {text!r} must have at most two decimals")
+    return int(cents)
+
+
+@app.command()
+def send(
+    source: str = typer.Option(..., "--from", help="An alipay account, e.g. a-001."),
+    target: str = typer.Option(..., "--to", help="A yuebao account, e.g. b-001."),
+    amount: str = typer.Option(..., help="Yuan, e.g. 12.50."),
+    db: DbKind = DB,
+    data_dir: Path = DATA_DIR,
+    pg_dsn: str = PG_DSN,
+    pg_prefix: str = PG_PREFIX,
+) -> None:
+    """Send one transfer through the whole pipeline, on the banks a demo run seeded."""
+    configure_logging("ERROR")
+    storage = storage_of(db, data_dir, pg_dsn, pg_prefix)
+    try:
+        balances = anyio.run(send_one, storage, source, target, amount)
+    except TransferRefused as error:
+        raise fail(f"{error}; nothing was changed") from None
+    for account, (before, after) in balances.items():
+        console.print(f"{account}: ¥{before / 100:,.2f} → ¥{after / 100:,.2f}")
+
+
+async def send_one(
+    storage: Storage, source: str, target: str, amount: str
+) -> dict[str, tuple[int, int]]:
+    """Validate, transfer, wait until yuebao applied it; the two balances before and after."""
+    alipay, yuebao = await open_banks(storage)
+    try:
+        transfer = await new_transfer(alipay, yuebao, source, target, parse_amount(amount))
+        before = [await alipay.balance(source), await yuebao.balance(target)]
+        timing = Timing()
+        sender = Sender(alipay, rollback_after=timing.rollback_after)
+        async with (
+            nats_session() as session,
+            run_coordinator(session.nc, config=timing.coordinator),
+            TransactionProducer(session.nc, SENDER_GROUP, sender.check) as producer,
+            Receiver(yuebao).consumer(session.nc, ack_wait=timing.ack_wait),
+        ):
+            await sender.transfer(producer, transfer)
+            await wait_drained(session.nc, [(TOPIC, RECEIVER_GROUP)], timeout=30)
+        after = [await alipay.balance(source), await yuebao.balance(target)]
+        return {
+            f"{ALIPAY} {source}": (before[0] or 0, after[0] or 0),
+            f"{YUEBAO} {target}": (before[1] or 0, after[1] or 0),
+        }
+    finally:
+        await alipay.db.close()
+        await yuebao.db.close()
+
+
+async def open_banks(storage: Storage) -> tuple[Bank, Bank]:
+    """Both banks as a demo left them; TransferRefused if there are none yet."""
+    alipay = Bank(await storage.open(ALIPAY))
+    yuebao = Bank(await storage.open(YUEBAO))
+    for bank in (alipay, yuebao):
+        if not await bank.has_accounts():
+            await alipay.db.close()
+            await yuebao.db.close()
+            raise TransferRefused(
+                f"no accounts in {storage.describe(bank.name)}; run the demo first "
+                "(python -m apps.transfer) with the same --db options"
+            )
+    return alipay, yuebao
+
+
+@app.command("reconcile")
+def reconcile_command(
+    db: DbKind = DB,
+    data_dir: Path = DATA_DIR,
+    pg_dsn: str = PG_DSN,
+    pg_prefix: str = PG_PREFIX,
+) -> None:
+    """Prove the books of both banks as they are now (databases only); exit 1 on a mismatch."""
+    try:
+        reconciliation = anyio.run(reconcile_books, storage_of(db, data_dir, pg_dsn, pg_prefix))
+    except TransferRefused as error:
+        raise fail(str(error)) from None
+    console.print(render(reconciliation, "reconciliation (books only)"))
+    console.print(verdict(reconciliation))
+    if not reconciliation.ok:
+        raise typer.Exit(MISMATCH)
+
+
+async def reconcile_books(storage: Storage) -> Reconciliation:
+    alipay, yuebao = await open_banks(storage)
+    try:
+        return await reconcile(alipay, yuebao)
+    finally:
+        await alipay.db.close()
+        await yuebao.db.close()
+
+
+if __name__ == "__main__":
+    app()

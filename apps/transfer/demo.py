@@ -1,0 +1,373 @@
+"""The whole demo in one call: seed both banks, run transfers with faults, drain, reconcile.
+
+Everything runs on one NATS server (embedded unless NATS_URL is set): the coordinator in
+this process (in production it is its own process, `txactors coordinator`), alipay's
+producer and yuebao's consumer in this process, and, for the crash faults, real child
+processes of the same groups (`apps.transfer.crash`) that are SIGKILLed mid-flight.
+
+How each fault is injected (`Fault`):
+- local-failure: some transfers come from an account that cannot cover them; the debit is
+  refused inside the local transaction, which rolls back the half message.
+- producer-crash: a child alipay process prepares a few transfers, debits half of them, and
+  is SIGKILLed before any end. The coordinator's check-backs go to this process (the group's
+  survivor), whose checker finds the debited ones (COMMIT) and, once past its bound, gives
+  up on the others (ROLLBACK).
+- lost-end: prepared and debited here, but the end is never sent; the check-back commits.
+- consumer-crash: a child yuebao consumer takes the first message and is SIGKILLed inside its
+  database transaction; this process's consumer starts after it died and gets the message
+  once its ack wait runs out. The killed transaction left no trace, so it applies once.
+- duplicate: some transfers' acks are "lost" after the credit committed (the handler raises,
+  the consumer naks); the second delivery finds the message-apply record and does nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+import signal
+import time
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+
+import anyio
+import msgspec
+from anyio.abc import TaskGroup
+from rich.console import Console
+from rich.progress import Progress, TaskID
+
+from apps.common.db import Storage
+from apps.common.drain import wait_drained
+from apps.common.faults import Child, Fault, child_process
+from apps.common.report import Check, Reconciliation, progress_bar, publish
+from apps.transfer.bank import ALIPAY, YUEBAO, Bank, InsufficientFunds
+from apps.transfer.messages import RECEIVER_GROUP, SENDER_GROUP, TOPIC, Transfer
+from apps.transfer.receiver import Receiver
+from apps.transfer.reconcile import Expectation, reconcile
+from apps.transfer.sender import Sender
+from txactors.config import ENV_VARS
+from txactors.connection import nats_session
+from txactors.consumer import Consumer
+from txactors.coordinator.config import CoordinatorConfig
+from txactors.coordinator.service import run_coordinator
+from txactors.producer import TransactionProducer
+
+CRASH_MODULE = "apps.transfer.crash"
+OPENING = 100_000
+"""Cents every account opens with (¥1,000), on top of what its planned transfers need."""
+MAX_AMOUNT = 5_000
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Short check-back and redelivery times, so faults resolve in seconds, not minutes."""
+
+    coordinator: CoordinatorConfig = field(
+        default_factory=lambda: CoordinatorConfig(
+            transaction_timeout=0.5,
+            check_interval=0.25,
+            check_interval_max=0.5,
+            check_answer_timeout=2.0,
+            check_max=40,
+        )
+    )
+    rollback_after: float = 2.0
+    """The checker's bound: unrecorded transfers older than this are rolled back."""
+    ack_wait: float = 2.0
+    """How long a delivered message may go unacked before another consumer gets it."""
+    retry_delays: tuple[float, ...] = (0.2, 0.5, 1.0)
+    drain_timeout: float = 60.0
+
+
+class Scenario(enum.StrEnum):
+    ORDINARY = "ordinary"
+    REFUSED = "insufficient funds"
+    CRASH_DEBITED = "producer killed, had debited"
+    CRASH_NOT_DEBITED = "producer killed, had not debited"
+    LOST_END = "end lost"
+    DUPLICATE = "delivered twice"
+
+
+COMMITS = {
+    Scenario.ORDINARY: True,
+    Scenario.REFUSED: False,
+    Scenario.CRASH_DEBITED: True,
+    Scenario.CRASH_NOT_DEBITED: False,
+    Scenario.LOST_END: True,
+    Scenario.DUPLICATE: True,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    id: str
+    source: str
+    target: str
+    amount: int
+    scenario: Scenario
+
+    def transfer(self) -> Transfer:
+        """The transfer as sent now (its age, for the checker, starts here)."""
+        return Transfer(
+            id=self.id,
+            source=self.source,
+            target=self.target,
+            amount=self.amount,
+            created_at=time.time(),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    transfers: list[Planned]
+    alipay: dict[str, int]
+    yuebao: dict[str, int]
+
+    def of(self, scenario: Scenario) -> list[Planned]:
+        return [p for p in self.transfers if p.scenario is scenario]
+
+
+CONSUMER_CRASHED = "consumer killed mid-apply"
+POOR = "a-poor"
+"""The account the insufficient-funds transfers come from: it opens with ¥1."""
+
+
+def make_plan(count: int, faults: frozenset[Fault], accounts: int, rng: random.Random) -> Plan:
+    """`count` transfers between `accounts` accounts per bank, some set aside per fault."""
+    share = max(1, count // 20)
+    wanted = {
+        Scenario.REFUSED: share if Fault.LOCAL_FAILURE in faults else 0,
+        Scenario.CRASH_DEBITED: 2 if Fault.PRODUCER_CRASH in faults else 0,
+        Scenario.CRASH_NOT_DEBITED: 2 if Fault.PRODUCER_CRASH in faults else 0,
+        Scenario.LOST_END: share if Fault.LOST_END in faults else 0,
+        Scenario.DUPLICATE: share if Fault.DUPLICATE in faults else 0,
+    }
+    scenarios = [s for s, n in wanted.items() for _ in range(n)][:count]
+    scenarios += [Scenario.ORDINARY] * (count - len(scenarios))
+    rng.shuffle(scenarios)
+    sources = [f"a-{i:03d}" for i in range(1, accounts + 1)]
+    targets = [f"b-{i:03d}" for i in range(1, accounts + 1)]
+    alipay = dict.fromkeys(sources, OPENING)
+    transfers = []
+    for scenario in scenarios:
+        source = POOR if scenario is Scenario.REFUSED else rng.choice(sources)
+        amount = rng.randint(1, MAX_AMOUNT)
+        if scenario is Scenario.REFUSED:
+            amount += 100  # more than the ¥1 it has
+        else:
+            alipay[source] += amount  # ordinary transfers never run short
+        id_ = f"{rng.getrandbits(64):016x}"
+        transfers.append(Planned(id_, source, rng.choice(targets), amount, scenario))
+    if Fault.LOCAL_FAILURE in faults:
+        alipay[POOR] = 100
+    return Plan(transfers, alipay, dict.fromkeys(targets, OPENING))
+
+
+@dataclass(frozen=True, slots=True)
+class DemoConfig:
+    storage: Storage
+    transfers: int = 200
+    concurrency: int = 16
+    faults: frozenset[Fault] = frozenset(Fault)
+    accounts: int = 20
+    seed: int = 7
+    timing: Timing = field(default_factory=Timing)
+
+
+@dataclass(frozen=True, slots=True)
+class DemoResult:
+    reconciliation: Reconciliation
+    seconds: float
+    """From the first transfer until the pipeline drained."""
+    drained: bool
+
+
+async def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
+    """Run the demo; `console` shows progress (None: quiet, e.g. in a benchmark)."""
+    plan = make_plan(config.transfers, config.faults, config.accounts, random.Random(config.seed))
+    storage = config.storage
+    async with AsyncExitStack() as stack:
+        alipay = Bank(await storage.open(ALIPAY, fresh=True))
+        stack.push_async_callback(alipay.db.close)
+        yuebao = Bank(await storage.open(YUEBAO, fresh=True))
+        stack.push_async_callback(yuebao.db.close)
+        await alipay.seed(plan.alipay)
+        await yuebao.seed(plan.yuebao)
+        if console is not None:
+            console.print(f"  alipay: {storage.describe(ALIPAY)}")
+            console.print(f"  yuebao: {storage.describe(YUEBAO)}")
+        return await _run(config, plan, alipay, yuebao, console)
+    raise AssertionError("unreachable")
+
+
+async def _run(
+    config: DemoConfig, plan: Plan, alipay: Bank, yuebao: Bank, console: Console | None
+) -> DemoResult:
+    timing = config.timing
+    sender = Sender(alipay, rollback_after=timing.rollback_after)
+    receiver = Receiver(yuebao, lose_ack_for={p.id for p in plan.of(Scenario.DUPLICATE)})
+    faults = Faults()
+    crashing = plan.of(Scenario.CRASH_DEBITED) + plan.of(Scenario.CRASH_NOT_DEBITED)
+    ours = [p for p in plan.transfers if p not in crashing]
+    committed = sum(COMMITS[p.scenario] for p in plan.transfers)
+    async with (
+        nats_session() as session,
+        run_coordinator(session.nc, config=timing.coordinator),
+        TransactionProducer(session.nc, SENDER_GROUP, sender.check) as producer,
+        AsyncExitStack() as children,
+    ):
+        nc = session.nc
+        if console is not None:
+            where = "embedded nats-server" if session.server else "NATS"
+            console.print(f"  {where} at {session.url}; coordinator in this process")
+        env = {ENV_VARS["url"]: session.url}
+        storage = config.storage.to_args()
+        consumer = receiver.consumer(
+            nc,
+            concurrency=config.concurrency,
+            ack_wait=timing.ack_wait,
+            retry_delays=timing.retry_delays,
+        )
+        with progress_bar(console or Console(quiet=True)) as progress:
+            sent = progress.add_task("transfers sent (alipay)", total=len(plan.transfers))
+            credited = progress.add_task("credited once (yuebao)", total=committed)
+            async with anyio.create_task_group() as services:
+                if Fault.CONSUMER_CRASH in config.faults:
+                    args = ("consumer", str(timing.ack_wait), *storage)
+                    child = await children.enter_async_context(
+                        child_process(CRASH_MODULE, *args, env=env)
+                    )
+                    await child.expect("READY")
+                else:
+                    await services.start(consumer.run)
+
+                async def show_credits() -> None:
+                    while True:
+                        progress.update(credited, completed=await yuebao.credited_count())
+                        await anyio.sleep(0.1)
+
+                services.start_soon(show_credits)
+                started = time.perf_counter()
+                async with anyio.create_task_group() as work:
+                    if Fault.CONSUMER_CRASH in config.faults:
+                        work.start_soon(_consumer_crash, child, services, consumer, faults)
+                    if crashing:
+                        work.start_soon(
+                            _producer_crash, crashing, timing, storage, env, faults, progress, sent
+                        )
+                    await _send_all(ours, config.concurrency, sender, producer, progress, sent)
+                drained = await wait_drained(
+                    nc, [(TOPIC, RECEIVER_GROUP)], timeout=timing.drain_timeout
+                )
+                seconds = time.perf_counter() - started
+                progress.update(credited, completed=await yuebao.credited_count())
+                await consumer.stop()
+                services.cancel_scope.cancel()
+        expectations = [
+            Expectation(scenario, [p.id for p in plan.of(scenario)], commits)
+            for scenario, commits in COMMITS.items()
+            if plan.of(scenario)
+        ]
+        if faults.crashed_apply:
+            expectations.append(Expectation(CONSUMER_CRASHED, faults.crashed_apply, True))
+        extra = faults.checks(config.faults, len(plan.of(Scenario.DUPLICATE)), receiver)
+        reconciliation = await reconcile(
+            alipay, yuebao, nc=nc, expectations=expectations, extra=extra
+        )
+        await publish(nc, reconciliation)
+    return DemoResult(reconciliation, seconds, drained)
+
+
+async def _send_all(
+    transfers: Sequence[Planned],
+    concurrency: int,
+    sender: Sender,
+    producer: TransactionProducer,
+    progress: Progress,
+    task: TaskID,
+) -> None:
+    queue = list(reversed(transfers))
+
+    async def worker() -> None:
+        while queue:
+            planned = queue.pop()
+            transfer = planned.transfer()
+            if planned.scenario is Scenario.LOST_END:
+                txn = producer.begin()
+                await txn.send(sender.message(transfer))
+                await sender.debit(transfer, txn.txid)
+                # ...and the end is never sent: only the check-back can finish it.
+            else:
+                try:
+                    await sender.transfer(producer, transfer)
+                except InsufficientFunds:
+                    assert planned.scenario is Scenario.REFUSED, planned
+            progress.advance(task)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(concurrency):
+            tg.start_soon(worker)
+
+
+@dataclass
+class Faults:
+    """What the injected crashes did, for the reconciliation's fault rows."""
+
+    producer_exit: int | None = None
+    consumer_exit: int | None = None
+    crashed_apply: list[str] = field(default_factory=list)
+    """The transfer the consumer child was applying when it died."""
+
+    def checks(self, faults: frozenset[Fault], duplicates: int, receiver: Receiver) -> list[Check]:
+        checks = []
+        if Fault.PRODUCER_CRASH in faults:
+            name = "producer processes SIGKILLed after prepare"
+            killed = int(self.producer_exit == -signal.SIGKILL)
+            checks.append(Check(section="faults", name=name, expected=1, actual=killed))
+        if Fault.CONSUMER_CRASH in faults:
+            name = "consumer processes SIGKILLed mid-apply"
+            killed = int(self.consumer_exit == -signal.SIGKILL)
+            checks.append(Check(section="faults", name=name, expected=1, actual=killed))
+        if Fault.DUPLICATE in faults:
+            name = "duplicate deliveries absorbed (nothing applied)"
+            actual = receiver.duplicates
+            checks.append(
+                Check(
+                    section="faults", name=name, expected=duplicates, actual=actual, at_least=True
+                )
+            )
+        return checks
+
+
+async def _producer_crash(
+    crashing: Sequence[Planned],
+    timing: Timing,
+    storage: list[str],
+    env: dict[str, str],
+    faults: Faults,
+    progress: Progress,
+    task: TaskID,
+) -> None:
+    """A child alipay process prepares `crashing` (debiting some) and is SIGKILLed."""
+    plan = [
+        (msgspec.structs.asdict(p.transfer()), p.scenario is Scenario.CRASH_DEBITED)
+        for p in crashing
+    ]
+    args = ("producer", str(timing.rollback_after), msgspec.json.encode(plan).decode(), *storage)
+    async with child_process(CRASH_MODULE, *args, env=env) as child:
+        for _ in crashing:
+            await child.expect("PREPARED")
+            progress.advance(task)
+        faults.producer_exit = await child.wait()
+
+
+async def _consumer_crash(
+    child: Child, services: TaskGroup, consumer: Consumer, faults: Faults
+) -> None:
+    """Wait for the child consumer to die on its first message, then start ours: the
+    message it held comes back to ours once its ack wait runs out."""
+    try:
+        faults.crashed_apply.append(await child.expect("APPLYING", timeout=60))
+        faults.consumer_exit = await child.wait()
+    finally:
+        await services.start(consumer.run)

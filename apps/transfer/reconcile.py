@@ -1,0 +1,157 @@
+"""Proving the books of both banks after a run: nothing lost, nothing invented, nothing twice.
+
+From the databases alone: each bank's balances moved exactly by its recorded transfers and
+credits, money is conserved across both banks, every transfer alipay debited was credited
+exactly once (same amount) by yuebao, and nothing was credited that alipay did not debit
+(a rolled-back, refused or discarded transfer). With a NATS connection, also the pipeline:
+every committed message on `transfers` matches a debit and vice versa, no transaction is
+left open or discarded, nothing was dead-lettered. A demo adds what it planned
+(`Expectation`s: which transfers must end committed, which never) and its fault counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import msgspec
+from nats.aio.client import Client
+from nats.js.errors import NotFoundError
+
+from apps.common.drain import open_transactions
+from apps.common.report import Check, Reconciliation
+from apps.transfer.bank import Bank
+from apps.transfer.messages import RECEIVER_GROUP, TOPIC, Transfer
+from txactors import layout
+from txactors.admin import list_transactions
+from txactors.coordinator.lifecycle import TxnState
+from txactors.coordinator.recovery import read_subject
+
+APP = "transfer"
+
+
+@dataclass(frozen=True, slots=True)
+class Expectation:
+    """Transfers `ids` (one scenario of a run) must all end committed, or all never apply."""
+
+    scenario: str
+    ids: Sequence[str]
+    committed: bool
+
+
+async def reconcile(
+    alipay: Bank,
+    yuebao: Bank,
+    *,
+    nc: Client | None = None,
+    expectations: Sequence[Expectation] = (),
+    extra: Sequence[Check] = (),
+) -> Reconciliation:
+    sent = await alipay.sent()
+    received = await yuebao.received()
+    a_balance, a_opening = await alipay.totals()
+    b_balance, b_opening = await yuebao.totals()
+    once = {id_ for id_, amount in sent.items() if received.get(id_) == [amount]}
+    checks = [
+        Check(
+            section="books",
+            name="alipay: money out = recorded transfers",
+            expected=sum(sent.values()),
+            actual=a_opening - a_balance,
+            money=True,
+        ),
+        Check(
+            section="books",
+            name="yuebao: money in = recorded credits",
+            expected=sum(sum(amounts) for amounts in received.values()),
+            actual=b_balance - b_opening,
+            money=True,
+        ),
+        Check(
+            section="books",
+            name="money in both banks (conserved)",
+            expected=a_opening + b_opening,
+            actual=a_balance + b_balance,
+            money=True,
+        ),
+        Check(
+            section="exactly once",
+            name="debited in alipay → credited once in yuebao",
+            expected=len(sent),
+            actual=len(once),
+        ),
+        Check(
+            section="exactly once",
+            name="credited twice or more",
+            expected=0,
+            actual=sum(len(amounts) > 1 for amounts in received.values()),
+        ),
+        Check(
+            section="exactly once",
+            name="credited with another amount than debited",
+            expected=0,
+            actual=sum(
+                id_ in sent and any(a != sent[id_] for a in amounts)
+                for id_, amounts in received.items()
+            ),
+        ),
+        Check(
+            section="exactly once",
+            name="credited, never debited (rolled back / refused)",
+            expected=0,
+            actual=len(received.keys() - sent.keys()),
+        ),
+    ]
+    for expectation in expectations:
+        if expectation.committed:
+            name, actual = "committed, credited once", sum(i in once for i in expectation.ids)
+            expected = len(expectation.ids)
+        else:
+            name, expected = "rolled back, never applied", 0
+            actual = sum(i in sent or i in received for i in expectation.ids)
+        checks.append(
+            Check(
+                section="scenarios",
+                name=f"{expectation.scenario}: {name}",
+                expected=expected,
+                actual=actual,
+            )
+        )
+    if nc is not None:
+        checks += await _pipeline_checks(nc, sent)
+    checks += extra
+    return Reconciliation(app=APP, checks=checks)
+
+
+async def _pipeline_checks(nc: Client, sent: dict[str, int]) -> list[Check]:
+    js = nc.jetstream()
+    published: list[str] = []
+    async for msg in read_subject(js, layout.topic_stream(TOPIC), layout.topic_filter(TOPIC), 1):
+        published.append(msgspec.msgpack.decode(msg.data, type=Transfer).id)
+    discarded = await list_transactions(nc, states=[TxnState.DISCARDED])
+    try:
+        dead = (await js.stream_info(layout.dlq_stream(RECEIVER_GROUP))).state.messages
+    except NotFoundError:
+        dead = 0
+    return [
+        Check(
+            section="pipeline",
+            name="committed messages without a debit",
+            expected=0,
+            actual=sum(id_ not in sent for id_ in published),
+        ),
+        Check(
+            section="pipeline",
+            name="debits without a committed message",
+            expected=0,
+            actual=len(sent.keys() - set(published)),
+        ),
+        Check(
+            section="pipeline",
+            name="transactions still open",
+            expected=0,
+            actual=await open_transactions(nc),
+        ),
+        Check(section="pipeline", name="transactions discarded", expected=0, actual=len(discarded)),
+        Check(section="pipeline", name="messages dead-lettered", expected=0, actual=dead),
+    ]
