@@ -54,7 +54,7 @@ def main(argv: list[str]) -> None:
         ensure_env()
     elif command == "demo":
         ensure_env()
-        run([str(PYTHON), "-m", "apps.pingpong", *rest])
+        run([str(PYTHON), "-m", "apps.transfer", *rest])  # the bank transfer, with faults
     elif command == "test":
         ensure_env()
         run([tool("pytest"), *rest])
