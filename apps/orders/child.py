@@ -1,0 +1,155 @@
+"""Real processes to kill: an order-service producer and a logistics consumer.
+
+Killing a task inside the demo's own process would prove little: the connection, the
+producer's check responder and the open database transaction would all be cleaned up
+politely. A child process that is SIGKILLed leaves exactly what a crashed server leaves:
+a half message nobody will end, a database transaction the database must roll back, a
+delivery nobody will ack.
+
+The child reports each step on stdout (`PREPARED <txid>`, `HOLDING <txid>`,
+`APPLYING <msg_id>`) and then waits; the parent kills it at the step it wants.
+
+    python -m apps.orders.child pay CONFIG ORDER_ID {before-commit|after-commit}
+    python -m apps.orders.child consume CONFIG GROUP
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import anyio
+import msgspec
+import nats
+
+from apps.common.db import Storage
+from apps.orders.consumers import GroupHandler
+from apps.orders.events import PAID_TAG, PRODUCER_GROUP, TOPIC
+from apps.orders.service import OrderService
+from txactors.consumer import ConsumedMessage, Consumer
+from txactors.logs import configure_logging
+from txactors.producer import TransactionProducer
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+BEFORE_COMMIT = "before-commit"
+AFTER_COMMIT = "after-commit"
+
+
+class ChildConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """What a child needs to join the demo: NATS, its database, and the demo's timing."""
+
+    nats_url: str
+    storage: list[str]
+    """`Storage.to_args()` of the demo's databases."""
+    db: str
+    """Which of them this child uses."""
+    decide_after: float
+    ack_wait: float
+    retry_delays: tuple[float, ...]
+
+
+class ChildFailed(RuntimeError):
+    """A child process ended before reaching the step it was to be killed at."""
+
+
+async def kill_producer_after_prepare(config: ChildConfig, order_id: str, stage: str) -> str:
+    """Run a producer child that pays `order_id` up to `stage`, SIGKILL it; returns the txid."""
+    line = await _kill_at(
+        ["pay", msgspec.json.encode(config).decode(), order_id, stage], "HOLDING", timeout=30
+    )
+    return line.split()[1]
+
+
+async def kill_consumer_mid_apply(config: ChildConfig, group: str, timeout: float) -> str | None:
+    """Run a consumer child of `group`; SIGKILL it in the middle of applying its first
+    message (returns that msg_id), or after `timeout` if no message came (returns None)."""
+    try:
+        line = await _kill_at(
+            ["consume", msgspec.json.encode(config).decode(), group], "APPLYING", timeout
+        )
+    except TimeoutError:
+        return None
+    return line.split()[1]
+
+
+async def _kill_at(args: list[str], marker: str, timeout: float) -> str:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "apps.orders.child", *args]
+    async with await anyio.open_process(command, cwd=ROOT, env=env, stderr=None) as process:
+        assert process.stdout is not None
+        transcript = pending = b""
+        try:
+            with anyio.fail_after(timeout):
+                async for chunk in process.stdout:
+                    transcript += chunk
+                    *lines, pending = (pending + chunk).split(b"\n")
+                    for line in lines:
+                        if line.startswith(marker.encode()):
+                            return line.decode()
+                raise ChildFailed(
+                    f"child {args[0]} exited with {await process.wait()} before {marker}; "
+                    f"it printed {transcript.decode()!r}"
+                )
+        finally:
+            if process.returncode is None:
+                process.send_signal(signal.SIGKILL)
+            with anyio.CancelScope(shield=True):
+                await process.wait()
+
+
+# -- the child side -------------------------------------------------------------------------
+
+
+async def pay(config: ChildConfig, order_id: str, stage: str) -> None:
+    nc = await nats.connect(config.nats_url)
+    db = await Storage.from_args(config.storage).open(config.db)
+    service = OrderService(db, decide_after=config.decide_after)
+    async with TransactionProducer(nc, PRODUCER_GROUP, service.check) as producer:
+        service.attach(producer)
+        txn, event = await service.prepare_payment(order_id)
+        print("PREPARED", txn.txid, flush=True)
+        if stage == AFTER_COMMIT:
+            await service.record_payment(txn.txid, event)
+        print("HOLDING", txn.txid, flush=True)
+        await anyio.sleep_forever()
+
+
+async def consume(config: ChildConfig, group: str) -> None:
+    nc = await nats.connect(config.nats_url)
+    db = await Storage.from_args(config.storage).open(config.db)
+
+    async def hold(message: ConsumedMessage) -> None:
+        print("APPLYING", message.msg_id, flush=True)
+        await anyio.sleep_forever()  # inside the open database transaction
+
+    handler = GroupHandler(group, db, mid_apply=hold)
+    async with Consumer(
+        nc,
+        TOPIC,
+        group,
+        handler,
+        tags=[PAID_TAG],
+        concurrency=1,
+        ack_wait=config.ack_wait,
+        retry_delays=config.retry_delays,
+    ):
+        print("CONSUMING", group, flush=True)
+        await anyio.sleep_forever()
+
+
+def main(argv: list[str]) -> None:
+    configure_logging("ERROR")
+    command, raw, *rest = argv
+    config = msgspec.json.decode(raw, type=ChildConfig)
+    if command == "pay":
+        anyio.run(pay, config, rest[0], rest[1])
+    elif command == "consume":
+        anyio.run(consume, config, rest[0])
+    else:
+        raise SystemExit(f"unknown command {command!r}; use pay or consume")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,44 @@
+"""What travels between the order service and its three consumer groups.
+
+One place for the topic, the tag, the group names and the event body, so the producer, the
+consumers, the child processes and the reconciliation cannot disagree about them.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+
+TOPIC: Final = "orders"
+PAID_TAG: Final = "paid"
+PRODUCER_GROUP: Final = "order-service"
+"""The producer group: every instance of the order service answers its check-backs."""
+LOGISTICS: Final = "logistics"
+POINTS: Final = "points"
+CART: Final = "cart"
+CONSUMER_GROUPS: Final = (LOGISTICS, POINTS, CART)
+ORDERS_DB: Final = "orders"
+"""The order service's own database, next to one per consumer group."""
+
+
+class OrderItem(msgspec.Struct, frozen=True):
+    sku: str
+    quantity: int
+    price_cents: int
+
+
+class OrderPaid(msgspec.Struct, frozen=True, kw_only=True):
+    """`order.paid`: everything a consumer needs, so none of them reads the order database."""
+
+    order_id: str
+    user_id: str
+    amount_cents: int
+    items: list[OrderItem]
+    paid_at: float
+    """When the payment attempt began (epoch seconds); the checker judges its age by it."""
+
+
+def points_for(amount_cents: int) -> int:
+    """Loyalty points earned by a payment: one per whole unit of currency."""
+    return amount_cents // 100

@@ -1,0 +1,275 @@
+"""The order demo end to end on a real nats-server: no faults, each fault, SQLite and PostgreSQL.
+
+Every run ends with the reconciliation of apps/orders/reconcile.py: the three consumer
+groups' databases must agree exactly with the order database. The PostgreSQL runs need the
+server on 127.0.0.1:5432 (TXACTORS_TEST_PG_DSN overrides the DSN); they fail, not skip,
+without it. Each test works in schemas of its own, dropped after.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import msgspec
+import pytest
+import pytest_asyncio
+from nats.aio.client import Client
+
+from apps.common.db import Database, Storage
+from apps.common.faults import Fault
+from apps.orders.consumers import create_schema
+from apps.orders.demo import DATABASES, DemoReport, Timing, open_databases, run_demo
+from apps.orders.events import CONSUMER_GROUPS, LOGISTICS, ORDERS_DB, POINTS, OrderItem, OrderPaid
+from apps.orders.reconcile import reconcile
+from apps.orders.service import (
+    AlreadyPaid,
+    InvalidOrder,
+    OrderService,
+    PaymentAborted,
+    UnknownOrder,
+)
+from tests.support.txn import FAST, topic_ids
+from txactors.coordinator import CoordinatorConfig
+from txactors.coordinator.service import run_coordinator
+from txactors.producer import CheckView, Decision, MessageView, TransactionProducer
+
+ROOT = Path(__file__).resolve().parent.parent
+PG_DSN = os.environ.get("TXACTORS_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+
+TIMING = Timing(
+    coordinator=CoordinatorConfig(**FAST),
+    decide_after=1.0,
+    ack_wait=1.0,
+    retry_delays=(0.1, 0.2, 0.5),
+    drain_timeout=30.0,
+)
+
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@pytest_asyncio.fixture(params=BACKENDS)
+async def storage(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Storage]:
+    if request.param == "sqlite":
+        yield Storage.sqlite(tmp_path / "db")
+        return
+    store = Storage.postgres(PG_DSN, prefix=f"t_{uuid.uuid4().hex[:10]}_")
+    try:
+        yield store
+    finally:
+        for name in DATABASES:
+            await store.drop(name)
+
+
+def url_of(nc: Client) -> str:
+    assert nc.connected_url is not None
+    return nc.connected_url.geturl()
+
+
+async def demo(nc: Client, storage: Storage, *faults: Fault, orders: int = 12) -> DemoReport:
+    report = await run_demo(
+        nc, url_of(nc), storage, orders=orders, concurrency=4, faults=faults, timing=TIMING
+    )
+    assert report.reconciliation is not None
+    assert report.reconciliation.problems() == []
+    assert report.drained
+    assert report.ok
+    return report
+
+
+# -- end to end ---------------------------------------------------------------------------
+
+
+async def test_every_paid_order_reaches_every_group_once(
+    private_nc: Client, storage: Storage
+) -> None:
+    report = await demo(private_nc, storage)
+    assert report.payments == {"paid": 12}
+    for handler in report.handlers.values():
+        assert (handler.applied, handler.absorbed) == (12, 0)
+    assert len(await topic_ids(private_nc, "orders")) == 12
+
+
+async def test_declined_payment_is_rolled_back_and_delivers_nothing(
+    private_nc: Client, storage: Storage
+) -> None:
+    report = await demo(private_nc, storage, Fault.LOCAL_FAILURE)
+    declined = report.payments["declined (rolled back)"]
+    assert declined >= 1
+    assert report.payments["paid"] == 12 - declined
+    assert len(await topic_ids(private_nc, "orders")) == 12 - declined
+
+
+async def test_killed_producers_are_settled_by_the_surviving_instance(
+    private_nc: Client, storage: Storage
+) -> None:
+    """One child dies before its local commit (rolled back), one after (committed)."""
+    report = await demo(private_nc, storage, Fault.PRODUCER_CRASH)
+    assert report.payments["producer killed before its local commit"] == 1
+    assert report.payments["producer killed after its local commit"] == 1
+    assert len(await topic_ids(private_nc, "orders")) == 11
+
+
+async def test_lost_end_is_committed_by_the_check_back(
+    private_nc: Client, storage: Storage
+) -> None:
+    report = await demo(private_nc, storage, Fault.LOST_END)
+    assert report.payments["end lost"] >= 1
+    assert len(await topic_ids(private_nc, "orders")) == 12
+
+
+async def test_consumer_killed_mid_apply_is_redelivered_and_applied_once(
+    private_nc: Client, storage: Storage
+) -> None:
+    report = await demo(private_nc, storage, Fault.CONSUMER_CRASH)
+    assert report.consumer_killed_at is not None
+    assert report.handlers[LOGISTICS].applied == 12
+
+
+async def test_duplicate_deliveries_are_absorbed(private_nc: Client, storage: Storage) -> None:
+    report = await demo(private_nc, storage, Fault.DUPLICATE)
+    for handler in report.handlers.values():
+        assert handler.applied == 12
+        assert handler.absorbed >= 1
+
+
+async def test_all_faults_at_once(private_nc: Client, storage: Storage) -> None:
+    report = await demo(private_nc, storage, *Fault, orders=30)
+    assert sum(report.payments.values()) == 30
+
+
+async def test_reconciliation_sees_a_double_apply(private_nc: Client, storage: Storage) -> None:
+    """The checks are not vacuous: one extra shipment and one lost point are both caught."""
+    await demo(private_nc, storage, orders=4)
+    async with AsyncExitStack() as stack:
+        dbs = {name: await storage.open(name) for name in DATABASES}
+        for db in dbs.values():
+            stack.push_async_callback(db.close)
+        await dbs[LOGISTICS].script(
+            ["INSERT INTO shipments SELECT * FROM shipments WHERE order_id = 'order-00001'"]
+        )
+        await dbs[POINTS].script(["UPDATE user_points SET points = points - 1"])
+        result = await reconcile(dbs[ORDERS_DB], {g: dbs[g] for g in CONSUMER_GROUPS}, private_nc)
+    assert not result.ok
+    failed = {check.name for check in result.checks if not check.ok}
+    assert failed == {LOGISTICS, POINTS}
+    assert "logistics: order order-00001 has 2 shipments" in result.problems()
+
+
+# -- the order service itself -------------------------------------------------------------
+
+
+ITEMS = [OrderItem("book", 2, 1_250)]
+
+
+async def test_bad_input_is_refused_and_changes_nothing(
+    private_nc: Client, storage: Storage
+) -> None:
+    async with (
+        open_databases(storage) as dbs,
+        run_coordinator(private_nc, config=CoordinatorConfig(**FAST)),
+    ):
+        service = OrderService(dbs[ORDERS_DB], decide_after=1.0)
+        await service.create_schema()
+        async with TransactionProducer(private_nc, "order-service", service.check) as producer:
+            service.attach(producer)
+            await service.create_order("o-1", "u-1", ITEMS)
+            before = await snapshot(dbs[ORDERS_DB])
+
+            with pytest.raises(InvalidOrder, match="empty cart"):
+                await service.create_order("o-2", "u-1", [])
+            with pytest.raises(InvalidOrder, match="negative amount"):
+                await service.create_order("o-2", "u-1", [OrderItem("mug", 1, -899)])
+            with pytest.raises(InvalidOrder, match="quantity"):
+                await service.create_order("o-2", "u-1", [OrderItem("mug", 0, 899)])
+            with pytest.raises(InvalidOrder, match="already exists"):
+                await service.create_order("o-1", "u-2", ITEMS)
+            with pytest.raises(UnknownOrder, match="no order 'nope'"):
+                await service.pay_order("nope")
+            assert await snapshot(dbs[ORDERS_DB]) == before
+            assert await topic_ids(private_nc, "orders") == []
+
+            txid = await service.pay_order("o-1")
+            paid = await snapshot(dbs[ORDERS_DB])
+            with pytest.raises(AlreadyPaid, match="already paid"):
+                await service.pay_order("o-1")
+            assert await snapshot(dbs[ORDERS_DB]) == paid
+            assert await topic_ids(private_nc, "orders") == [f"{txid}:0"]
+
+
+async def snapshot(db: Database) -> list[tuple[object, ...]]:
+    orders = await db.fetch("SELECT * FROM orders ORDER BY order_id")
+    items = await db.fetch("SELECT * FROM order_items ORDER BY order_id, sku")
+    payments = await db.fetch("SELECT txid, order_id, state FROM payments ORDER BY txid")
+    return [*orders, *items, *payments]
+
+
+async def test_checker_answers_from_the_order_status(storage: Storage) -> None:
+    """Paid → COMMIT; unpaid and young → UNKNOWN; unpaid and old → ROLLBACK, and the late
+    local commit of that attempt is then refused, so no order is paid without its message."""
+    now = 1_000.0
+    async with open_databases(storage) as dbs:
+        service = OrderService(dbs[ORDERS_DB], decide_after=5.0, clock=lambda: now)
+        await service.create_schema()
+        for group in CONSUMER_GROUPS:
+            await create_schema(group, dbs[group])
+        await service.create_order("o-1", "u-1", ITEMS)
+        await service.create_order("o-2", "u-1", ITEMS)
+        paid = event("o-1", at=now)
+        await service.record_payment("tx-paid", paid)
+        slow = event("o-2", at=now)
+
+        assert await service.check(view("tx-paid", paid)) is Decision.COMMIT
+        assert await service.check(view("tx-slow", slow)) is Decision.UNKNOWN
+        now += 5.0
+        assert await service.check(view("tx-slow", slow)) is Decision.ROLLBACK
+        with pytest.raises(PaymentAborted, match="rolled back by a check-back"):
+            await service.record_payment("tx-slow", slow)
+        assert (await service.get_order("o-2")).status == "unpaid"
+        assert await service.check(view("tx-slow", slow)) is Decision.ROLLBACK
+        assert await service.check(view("tx-paid", paid)) is Decision.COMMIT
+
+
+def event(order_id: str, *, at: float) -> OrderPaid:
+    return OrderPaid(order_id=order_id, user_id="u-1", amount_cents=2_500, items=ITEMS, paid_at=at)
+
+
+def view(txid: str, paid: OrderPaid) -> CheckView:
+    body = msgspec.msgpack.encode(paid)
+    message = MessageView(0, "orders", body, (paid.order_id,), "paid", {})
+    return CheckView(txid=txid, group="order-service", check_times=0, messages=(message,))
+
+
+# -- the command ----------------------------------------------------------------------------
+
+
+def run_command(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NATS_")}
+    return subprocess.run(
+        [sys.executable, "-m", "apps.orders", *args],
+        cwd=ROOT,
+        env={**env, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_command_runs_the_demo_and_reconciles(tmp_path: Path) -> None:
+    result = run_command("--orders", "6", "--concurrency", "2", "--data-dir", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "reconciled: every group agrees with the order database" in result.stdout
+    assert "payment: paid" in result.stdout
+    assert {p.name for p in tmp_path.glob("*.db")} == {f"{name}.db" for name in DATABASES}
+
+
+def test_the_command_refuses_an_unknown_fault() -> None:
+    result = run_command("--faults", "meteor")
+    assert result.returncode == 2
+    assert "unknown fault 'meteor'" in result.stderr
