@@ -15,16 +15,15 @@ The child reports each step on stdout (`PREPARED <txid>`, `HOLDING <txid>`,
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
-from pathlib import Path
 
 import anyio
 import msgspec
 import nats
 
 from apps.common.db import Storage
+from apps.common.faults import child_process
 from apps.orders.consumers import GroupHandler
 from apps.orders.events import PAID_TAG, PRODUCER_GROUP, TOPIC
 from apps.orders.service import OrderService
@@ -32,7 +31,6 @@ from txactors.consumer import ConsumedMessage, Consumer
 from txactors.logs import configure_logging
 from txactors.producer import TransactionProducer
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 BEFORE_COMMIT = "before-commit"
 AFTER_COMMIT = "after-commit"
 
@@ -50,53 +48,32 @@ class ChildConfig(msgspec.Struct, frozen=True, kw_only=True):
     retry_delays: tuple[float, ...]
 
 
-class ChildFailed(RuntimeError):
-    """A child process ended before reaching the step it was to be killed at."""
-
-
 async def kill_producer_after_prepare(config: ChildConfig, order_id: str, stage: str) -> str:
     """Run a producer child that pays `order_id` up to `stage`, SIGKILL it; returns the txid."""
-    line = await _kill_at(
+    return await _kill_at(
         ["pay", msgspec.json.encode(config).decode(), order_id, stage], "HOLDING", timeout=30
     )
-    return line.split()[1]
 
 
 async def kill_consumer_mid_apply(config: ChildConfig, group: str, timeout: float) -> str | None:
     """Run a consumer child of `group`; SIGKILL it in the middle of applying its first
     message (returns that msg_id), or after `timeout` if no message came (returns None)."""
     try:
-        line = await _kill_at(
+        return await _kill_at(
             ["consume", msgspec.json.encode(config).decode(), group], "APPLYING", timeout
         )
     except TimeoutError:
         return None
-    return line.split()[1]
 
 
 async def _kill_at(args: list[str], marker: str, timeout: float) -> str:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "apps.orders.child", *args]
-    async with await anyio.open_process(command, cwd=ROOT, env=env, stderr=None) as process:
-        assert process.stdout is not None
-        transcript = pending = b""
-        try:
-            with anyio.fail_after(timeout):
-                async for chunk in process.stdout:
-                    transcript += chunk
-                    *lines, pending = (pending + chunk).split(b"\n")
-                    for line in lines:
-                        if line.startswith(marker.encode()):
-                            return line.decode()
-                raise ChildFailed(
-                    f"child {args[0]} exited with {await process.wait()} before {marker}; "
-                    f"it printed {transcript.decode()!r}"
-                )
-        finally:
-            if process.returncode is None:
-                process.send_signal(signal.SIGKILL)
-            with anyio.CancelScope(shield=True):
-                await process.wait()
+    """Start the child, wait for its `marker` line, SIGKILL it; the rest of that line."""
+    async with child_process("apps.orders.child", *args) as child:
+        rest = await child.expect(marker, timeout)
+        child.process.send_signal(signal.SIGKILL)
+        if (code := await child.wait()) != -signal.SIGKILL:
+            raise RuntimeError(f"child {args[0]} exited with {code}, not by SIGKILL")
+        return rest
 
 
 # -- the child side -------------------------------------------------------------------------
