@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from bench import actors, transactions
+from bench import actors, transactions, transfer
 
-BENCHMARKS = {"actors": actors.main, "transactions": transactions.main}
+BENCHMARKS = {"actors": actors.main, "transactions": transactions.main, "transfer": transfer.main}
 
 
 def main() -> None:

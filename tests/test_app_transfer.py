@@ -228,13 +228,17 @@ BAD_INPUTS = [
     (["--from", "a-404", "--to", "b-001", "--amount", "5"], "no account 'a-404' in alipay"),
     (["--from", "a-001", "--to", "b-404", "--amount", "5"], "no account 'b-404' in yuebao"),
     (["--from", "b-001", "--to", "a-001", "--amount", "5"], "no account 'b-001' in alipay"),
+    (["--from", "a-001", "--to", "b-001", "--amount", "100.01"], "a-001 in alipay cannot cover"),
 ]
+"""The last one passes validation and is refused by the local transaction: its half message
+is rolled back, on an embedded server of its own."""
 
 
 @pytest.mark.parametrize(("args", "error"), BAD_INPUTS)
 def test_bad_input_to_send_is_refused_and_changes_nothing(
-    args: list[str], error: str, sqlite: Storage
+    args: list[str], error: str, sqlite: Storage, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.delenv("NATS_URL", raising=False)
     anyio.run(seed, sqlite)
     before = anyio.run(books, sqlite)
     result = CliRunner().invoke(app, ["send", *args, "--data-dir", str(sqlite.directory)])

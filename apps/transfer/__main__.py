@@ -92,8 +92,10 @@ def demo(
     storage = storage_of(db, data_dir, pg_dsn, pg_prefix)
     config = DemoConfig(storage, transfers, concurrency, chosen)
     names = ", ".join(sorted(chosen)) or "none"
-    console.print(f"[bold]txactors bank transfer[/]: {transfers} transfers alipay → yuebao, ")
-    console.print(f"  concurrency {concurrency}, faults: {names}")
+    console.print(
+        f"[bold]txactors bank transfer[/]: {transfers} transfers alipay → yuebao, "
+        f"{concurrency} at a time; faults: {names}"
+    )
     result = anyio.run(run_demo, config, console)
     reconciliation = result.reconciliation
     console.print(render(reconciliation, "reconciliation"))
@@ -155,8 +157,15 @@ async def send_one(
             TransactionProducer(session.nc, SENDER_GROUP, sender.check) as producer,
             Receiver(yuebao).consumer(session.nc, ack_wait=timing.ack_wait),
         ):
-            await sender.transfer(producer, transfer)
-            await wait_drained(session.nc, [(TOPIC, RECEIVER_GROUP)], timeout=30)
+            try:
+                await sender.transfer(producer, transfer)
+            except TransferRefused as error:  # raised out of here, task groups would wrap it
+                refused: TransferRefused | None = error
+            else:
+                refused = None
+                await wait_drained(session.nc, [(TOPIC, RECEIVER_GROUP)], timeout=30)
+        if refused is not None:
+            raise refused
         after = [await alipay.balance(source), await yuebao.balance(target)]
         return {
             f"{ALIPAY} {source}": (before[0] or 0, after[0] or 0),
