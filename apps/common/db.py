@@ -186,7 +186,7 @@ class PostgresDatabase(Database):
     async def open(
         cls, name: str, dsn: str, schema: str, *, pool_size: int = 8
     ) -> PostgresDatabase:
-        import asyncpg  # the `postgres` extra; SQLite users never need it
+        import asyncpg  # type: ignore[import-untyped]  # the `postgres` extra only
 
         conn = await asyncpg.connect(dsn)
         try:

@@ -28,7 +28,7 @@ async def open_transactions(nc: Client, *, partitions: int = 1) -> int:
 async def unhandled_messages(nc: Client, topic: str, group: str) -> int:
     """Messages of `topic` that consumer group `group` has not acked yet."""
     info = await nc.jetstream().consumer_info(layout.topic_stream(topic), group)
-    return info.num_pending + info.num_ack_pending
+    return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
 
 
 async def wait_drained(

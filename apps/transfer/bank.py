@@ -61,7 +61,7 @@ class Bank:
     async def has_accounts(self) -> bool:
         """Whether the bank was seeded (its tables exist and hold an account)."""
         try:
-            return await self.db.fetchval("SELECT COUNT(*) FROM accounts") > 0
+            return int(await self.db.fetchval("SELECT COUNT(*) FROM accounts")) > 0
         except Exception:  # no table yet: sqlite3.OperationalError / asyncpg's UndefinedTable
             return False
 
