@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PYTHON = BIN / "python"
-EXTRAS = "dev,postgres"
+EXTRAS = "dev,postgres,spark"
 
 
 def ensure_env(extras: str = EXTRAS) -> None:

@@ -1,0 +1,115 @@
+"""A SparkSession that can run the sink: Java checked, workers importable, catalog persistent.
+
+Three things fail late and vaguely if not set before the JVM starts, so they are settled here:
+- Java: Spark 4 needs 17+; without it pyspark dies with "Java gateway process exited".
+- Python workers: they must run this interpreter and import `spark_sinks` and `txactors`, or
+  Spark reports only "Python worker failed to connect back".
+- The catalog: Spark's Hive catalog with its embedded Derby metastore, kept in the warehouse
+  directory, so tables registered by one run are there for the next process (the default
+  in-memory catalog forgets them). Derby allows one JVM per metastore at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+from spark_sinks.errors import JavaNotFound
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+MIN_JAVA: Final = 17
+INSTALL_JAVA: Final = (
+    "install a Java 17+ runtime (Debian/Ubuntu: apt install openjdk-17-jre-headless; "
+    "macOS: brew install openjdk@17; or any JDK from adoptium.net) and put `java` on PATH "
+    "or set JAVA_HOME"
+)
+PROJECT_ROOT: Final = Path(__file__).resolve().parent.parent
+METASTORE_DIR: Final = "_metastore"
+
+
+def java_version() -> int:
+    """The major version of the `java` Spark will use; JavaNotFound when it is missing."""
+    home = os.environ.get("JAVA_HOME")
+    java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    if java is None or not Path(java).exists():
+        where = f"JAVA_HOME={home}" if home else "PATH"
+        raise JavaNotFound(
+            f"the Spark sink needs Java {MIN_JAVA}+, none found on {where}: {INSTALL_JAVA}"
+        )
+    try:
+        out = subprocess.run(
+            [java, "-version"], capture_output=True, text=True, timeout=30, check=False
+        ).stderr
+    except OSError as exc:
+        raise JavaNotFound(f"could not run {java} ({exc}): {INSTALL_JAVA}") from exc
+    found = re.search(r'version "(\d+)(?:\.(\d+))?', out)
+    if found is None:
+        raise JavaNotFound(f"could not tell the version of {java} from {out!r}: {INSTALL_JAVA}")
+    major = int(found.group(1))
+    return int(found.group(2) or 0) if major == 1 else major  # "1.8.0" is Java 8
+
+
+def check_java() -> None:
+    major = java_version()
+    if major < MIN_JAVA:
+        raise JavaNotFound(
+            f"the Spark sink needs Java {MIN_JAVA}+, found Java {major}: {INSTALL_JAVA}"
+        )
+
+
+def prepare_python_workers() -> None:
+    """Workers run this interpreter and can import the project (set before the JVM starts)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(PROJECT_ROOT) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *paths])
+
+
+def local_session(
+    warehouse: Path, *, master: str | None = None, app_name: str = "txactors-sink"
+) -> SparkSession:
+    """A session with the Hive catalog kept under `warehouse` and the `txactors` source.
+
+    `master` defaults to spark-submit's `--master` when run by it, else `local[*]`. On a
+    cluster, put the warehouse on shared storage and use a shared metastore, not Derby.
+    """
+    check_java()
+    prepare_python_workers()
+    from pyspark.sql import SparkSession
+
+    from spark_sinks.source import register
+
+    warehouse = warehouse.resolve()
+    warehouse.mkdir(parents=True, exist_ok=True)
+    metastore = warehouse / METASTORE_DIR
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .config("spark.sql.warehouse.dir", str(warehouse))
+        .config(
+            "spark.hadoop.javax.jdo.option.ConnectionURL",
+            f"jdbc:derby:;databaseName={metastore};create=true",
+        )
+        # derby.log lands in derby.system.home, not in whatever directory we run from
+        .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={warehouse}")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
+        .enableHiveSupport()
+    )
+    # Under spark-submit the JVM already runs (and was told its master); do not override it.
+    if master is not None or "PYSPARK_GATEWAY_PORT" not in os.environ:
+        builder = builder.master(master or "local[*]")
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
