@@ -261,6 +261,7 @@ async def _run(
                     late = await _send_all(
                         ours, config.concurrency, sender, producer, progress, sent
                     )
+                late += faults.late
                 drained = await wait_drained(
                     nc, [(TOPIC, RECEIVER_GROUP)], timeout=timing.drain_timeout
                 )
@@ -331,6 +332,8 @@ class Faults:
     consumer_exit: int | None = None
     crashed_apply: list[str] = field(default_factory=list)
     """The transfer the consumer child was applying when it died."""
+    late: list[str] = field(default_factory=list)
+    """Transfers the producer child was too slow to debit (so they must roll back)."""
 
     def checks(self, faults: frozenset[Fault], duplicates: int, receiver: Receiver) -> list[Check]:
         checks = []
@@ -370,7 +373,9 @@ async def _producer_crash(
     args = ("producer", str(timing.rollback_after), msgspec.json.encode(plan).decode(), *storage)
     async with child_process(CRASH_MODULE, *args, env=env) as child:
         for _ in crashing:
-            await child.expect("PREPARED")
+            transfer_id, outcome = (await child.expect("PREPARED")).split()
+            if outcome == "late":
+                faults.late.append(transfer_id)
             progress.advance(task)
         faults.producer_exit = await child.wait()
 
