@@ -127,9 +127,11 @@ class SqliteDatabase(Database):
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
         async with self._lock:
-            # IMMEDIATE: take the write lock first, so two writers never deadlock on upgrade.
-            await self._conn.execute("BEGIN IMMEDIATE")
             try:
+                # IMMEDIATE: take the write lock first, so two writers never deadlock on
+                # upgrade. Inside the `try`: cancelled while waiting, the BEGIN still runs in
+                # aiosqlite's thread, and the rollback queued behind it must undo it.
+                await self._conn.execute("BEGIN IMMEDIATE")
                 yield _SqliteTx(self._conn)
             except BaseException:
                 with anyio.CancelScope(shield=True):
