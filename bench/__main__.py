@@ -5,9 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from bench import actors, transactions, transfer
+from bench import actors, spark, transactions, transfer
 
-BENCHMARKS = {"actors": actors.main, "transactions": transactions.main, "transfer": transfer.main}
+BENCHMARKS = {
+    "actors": actors.main,
+    "transactions": transactions.main,
+    "transfer": transfer.main,
+    "spark": spark.main,
+}
 
 
 def main() -> None:

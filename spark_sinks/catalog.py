@@ -16,6 +16,7 @@ names what users query, as views that read the store through its commit log:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -23,6 +24,7 @@ from spark_sinks.schema import ERROR_COLUMN, METADATA_FIELDS, PAYLOAD_COLUMN
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
 
 CHECKPOINTS: Final = "_checkpoints"
 REJECTS_VIEW: Final = "_rejects"
@@ -44,18 +46,25 @@ def stored_topics(warehouse: Path) -> list[str]:
     return sorted(p.name for p in warehouse.iterdir() if (p / _COMMIT_LOG).is_dir())
 
 
-def register_views(spark: SparkSession, warehouse: Path) -> list[str]:
+def register_views(
+    spark: SparkSession, warehouse: Path, current: Mapping[str, StructType] | None = None
+) -> list[str]:
     """(Re)create the `<topic>` views and `_rejects` for every store that has data.
 
-    Returns the names registered. A store whose first batch has not committed yet is skipped
-    (Spark cannot read a schema from it); the next run registers it.
+    A topic in `current` (topic → the schema its query writes) whose view already shows
+    those columns is left alone: creating a view reads the store's schema, which costs
+    seconds per run. Returns the views created. A store whose first batch has not committed
+    yet is skipped (Spark cannot read a schema from it); the next run registers it.
     """
     from pyspark.errors import AnalysisException
 
     warehouse = warehouse.resolve()
-    registered, rejects = [], []
-    for topic in stored_topics(warehouse):
-        source = f"parquet.`{store_dir(warehouse, topic)}`"
+    topics = stored_topics(warehouse)
+    created = []
+    for topic in topics:
+        schema = (current or {}).get(topic)
+        if schema is not None and _up_to_date(spark, topic, schema):
+            continue
         try:
             columns = spark.read.parquet(str(store_dir(warehouse, topic))).columns
         except AnalysisException:
@@ -64,17 +73,35 @@ def register_views(spark: SparkSession, warehouse: Path) -> list[str]:
         shown = [c for c in columns if c != ERROR_COLUMN and (c != PAYLOAD_COLUMN or not typed)]
         spark.sql(
             f"CREATE OR REPLACE VIEW {_quote(topic)} AS SELECT {_columns(shown)} "
-            f"FROM {source} WHERE {ERROR_COLUMN} IS NULL"
+            f"FROM {_source(warehouse, topic)} WHERE {ERROR_COLUMN} IS NULL"
         )
-        registered.append(topic)
-        rejects.append(
+        created.append(topic)
+    if created or not spark.catalog.tableExists(REJECTS_VIEW):
+        rejects = [
             f"SELECT {_columns([*_METADATA_ORDER, PAYLOAD_COLUMN])}, {ERROR_COLUMN} AS error "
-            f"FROM {source} WHERE {ERROR_COLUMN} IS NOT NULL"
-        )
-    if rejects:
-        spark.sql(f"CREATE OR REPLACE VIEW {_quote(REJECTS_VIEW)} AS {' UNION ALL '.join(rejects)}")
-        registered.append(REJECTS_VIEW)
-    return registered
+            f"FROM {_source(warehouse, topic)} WHERE {ERROR_COLUMN} IS NOT NULL"
+            for topic in topics
+            if spark.catalog.tableExists(topic)
+        ]
+        if rejects:
+            union = " UNION ALL ".join(rejects)
+            spark.sql(f"CREATE OR REPLACE VIEW {_quote(REJECTS_VIEW)} AS {union}")
+            created.append(REJECTS_VIEW)
+    return created
+
+
+def _up_to_date(spark: SparkSession, topic: str, schema: StructType) -> bool:
+    """The view exists and shows the columns the query writes (a Struct may gain fields)."""
+    if not spark.catalog.tableExists(topic):
+        return False
+    names = set(schema.fieldNames()) - {ERROR_COLUMN}
+    if names - _METADATA - _STORE_ONLY:
+        names.discard(PAYLOAD_COLUMN)
+    return {c.name for c in spark.catalog.listColumns(topic)} == names
+
+
+def _source(warehouse: Path, topic: str) -> str:
+    return f"parquet.`{store_dir(warehouse, topic)}`"
 
 
 _METADATA_ORDER: Final = [f.name for f in METADATA_FIELDS]

@@ -65,7 +65,7 @@ async def stream_heads(config: NatsConfig, streams: Sequence[str]) -> dict[str, 
 async def fetch_range(
     config: NatsConfig, topic: str, first: int, last: int, *, batch: int = FETCH_BATCH
 ) -> AsyncIterator[list[Committed]]:
-    """Every message of `topic`'s stream with sequence in [first, last], in chunks of up to `batch`.
+    """Every message of `topic` with sequence in [first, last], in chunks of up to `batch`.
 
     Sequences missing from the stream (deleted or purged) are skipped; the range ends at `last`
     even if the stream has grown since.
@@ -85,10 +85,14 @@ async def fetch_range(
         sub = await js.pull_subscribe(topic_filter(topic), stream=stream, config=consumer)
         try:
             seq = first - 1
-            while seq < last:
-                want = min(batch, last - seq)
+            # One fetch is always in flight: the server sends the next batch while the
+            # caller (Spark's worker) turns this one into Arrow.
+            pending = asyncio.ensure_future(
+                sub.fetch(min(batch, last - seq), timeout=FETCH_TIMEOUT)
+            )
+            while True:
                 try:
-                    msgs = await sub.fetch(want, timeout=FETCH_TIMEOUT)
+                    msgs = await pending
                 except nats.errors.TimeoutError:
                     return  # nothing left below `last`: the rest of the range was deleted
                 chunk = []
@@ -96,11 +100,20 @@ async def fetch_range(
                     seq, published_us = _position(msg.reply)
                     if seq > last:
                         break
-                    chunk.append(Committed(seq, published_us, dict(msg.headers or {}), msg.data))
+                    chunk.append(Committed(seq, published_us, msg.headers or {}, msg.data))
+                if seq >= last:
+                    if chunk:
+                        yield chunk
+                    return
+                pending = asyncio.ensure_future(
+                    sub.fetch(min(batch, last - seq), timeout=FETCH_TIMEOUT)
+                )
                 if chunk:
                     yield chunk
         finally:
-            with contextlib.suppress(nats.errors.Error):
+            if not pending.done():
+                pending.cancel()
+            with contextlib.suppress(nats.errors.Error, asyncio.CancelledError):
                 await sub.unsubscribe()
     finally:
         await nc.close()

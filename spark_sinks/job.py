@@ -9,8 +9,7 @@ sequences) before a batch and the file sink appends the batch's files to `_spark
 only when they are all written; a rerun resumes at the last committed batch and rewrites
 exactly that batch, from the same sequences. A run killed mid-batch can leave part files
 that no commit names: readers through Spark (the catalog views, `spark.read.parquet`) never
-see them; a reader that lists the directory itself (pyarrow, DuckDB) would, so run
-`orphan_files` + delete, or keep such readers on Spark.
+see them; a reader that lists the directory itself (pyarrow, DuckDB) would (docs/spark.md).
 """
 
 from __future__ import annotations
@@ -27,13 +26,14 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 
 from spark_sinks.catalog import checkpoint_dir, register_views, store_dir
-from spark_sinks.schema import payload_columns, struct_path
+from spark_sinks.schema import load_struct, payload_columns, spark_schema, struct_path
 from spark_sinks.source import SOURCE_NAME
 from txactors.layout import topic_stream
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql.types import StructType
 
     from txactors.config import NatsConfig
 
@@ -93,6 +93,7 @@ def run_sink(
         )
         for topic, schema in topics.items()
     }
+    schemas = {topic: _schema_of(schema) for topic, schema in topics.items()}
     registered: set[str] = set()
     seen: dict[str, int] = dict.fromkeys(topics, -1)
     rows = 0
@@ -106,7 +107,8 @@ def run_sink(
                     if on_progress is not None:
                         on_progress(progress)
                     if progress.rows and topic not in registered:
-                        registered.update(register_views(spark, warehouse))
+                        register_views(spark, warehouse, schemas)
+                        registered.add(topic)
             if not active or (stop is not None and stop.is_set()):
                 break
             time.sleep(POLL_INTERVAL)
@@ -123,8 +125,13 @@ def run_sink(
             rows += progress.rows
             if on_progress is not None:
                 on_progress(progress)
-    register_views(spark, warehouse)
+    register_views(spark, warehouse, schemas)
     return rows
+
+
+def _schema_of(schema: Schema) -> StructType:
+    struct = load_struct(schema) if isinstance(schema, str) else schema
+    return spark_schema(struct)
 
 
 def _start(
