@@ -26,13 +26,14 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 
 from spark_sinks.catalog import checkpoint_dir, register_views, store_dir
+from spark_sinks.jetstream_read import AUTH_OPTIONS
 from spark_sinks.schema import load_struct, payload_columns, spark_schema, struct_path
 from spark_sinks.source import SOURCE_NAME
 from txactors.layout import topic_stream
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-    from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql.streaming.query import StreamingQuery
     from pyspark.sql.types import StructType
 
     from txactors.config import NatsConfig
@@ -184,11 +185,7 @@ def source_options(
         options["max_rows_per_batch"] = str(max_rows_per_batch)
     if parallelism is not None:
         options["parallelism"] = str(parallelism)
-    for name in ("user", "password", "token", "creds_file", "nkeys_seed"):
-        value = getattr(nats, name)
-        if value is not None:
-            options[name] = value
-    for name in ("tls_ca", "tls_cert", "tls_key"):
+    for name in AUTH_OPTIONS:
         value = getattr(nats, name)
         if value is not None:
             options[name] = value

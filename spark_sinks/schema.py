@@ -1,7 +1,7 @@
 """From a topic's msgspec Struct to Spark columns, and from committed messages to Arrow batches.
 
-The source hands Spark `pyarrow.RecordBatch`es, not Python tuples: Spark then skips its
-per-value conversion, which was the slowest part of a tuple-based first version. So this module
+The source hands Spark `pyarrow.RecordBatch`es built column by column, not Python tuples, so
+Spark does no per-value conversion of its own (docs/benchmarks.md). So this module
 knows three things in one place: which Spark type each msgspec type becomes, how a decoded
 value is turned into what pyarrow accepts for that type, and which metadata columns every table
 has. A message whose payload does not decode (or does not fit its column) becomes a *reject*
@@ -18,7 +18,7 @@ from typing import Any, Final
 
 import msgspec
 import msgspec.inspect as mi
-import pyarrow as pa
+import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 

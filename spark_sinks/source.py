@@ -31,7 +31,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-import pyarrow as pa
+import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -101,7 +101,7 @@ def _positive(opts: Mapping[str, str], name: str) -> int | None:
 
 
 @dataclass(frozen=True, slots=True)
-class SequenceRange(InputPartition):  # type: ignore[misc]
+class SequenceRange(InputPartition):
     """One input partition: sequences [first, last] of one topic's stream."""
 
     topic: str
@@ -109,7 +109,7 @@ class SequenceRange(InputPartition):  # type: ignore[misc]
     last: int
 
 
-class TxactorsDataSource(DataSource):  # type: ignore[misc]
+class TxactorsDataSource(DataSource):
     """Registered under the short name `txactors`; streaming reads only."""
 
     @classmethod
@@ -124,7 +124,7 @@ class TxactorsDataSource(DataSource):  # type: ignore[misc]
         return TxactorsStreamReader(SourceOptions.parse(self.options))
 
 
-class TxactorsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+class TxactorsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self.streams = [topic_stream(t) for t in options.topics]
@@ -143,10 +143,8 @@ class TxactorsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(
         self, start: dict[str, int] | None = None, limit: ReadLimit | None = None
     ) -> dict[str, int]:
-        """The streams' heads, bounded by `limit` and max_rows_per_batch.
-
-        Spark < 4.2 passes neither argument; then there is no start to bound from.
-        """
+        """The streams' heads, at most `limit` sequences past `start` (max_rows_per_batch
+        comes back as the limit, via getDefaultReadLimit); Spark < 4.2 passes neither."""
         heads = self._heads()
         if self._target is not None:
             heads = {s: min(seq, self._target.get(s, 0)) for s, seq in heads.items()}
@@ -177,7 +175,8 @@ class TxactorsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             ranges += split_range(topic, first, last, self.options.parallelism)
         return ranges
 
-    def read(self, partition: SequenceRange) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SequenceRange)
         struct = load_struct(self.options.schema) if self.options.schema else None
         builder = BatchBuilder(partition.topic, struct)
         config = nats_config(self.options.nats)

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -67,8 +68,10 @@ def warehouse(spark: Any) -> Path:
     return Path(spark.conf.get("spark.sql.warehouse.dir").removeprefix("file:"))
 
 
-def sink(spark: Any, warehouse: Path, url: str, topics: dict[str, Any], **kw: Any) -> list[Any]:
-    """run_sink on a thread (it runs its own event loop); returns the batches' progress."""
+def sink(
+    spark: Any, warehouse: Path, url: str, topics: dict[str, Any], **kw: Any
+) -> list[BatchProgress]:
+    """run_sink, collecting each batch's progress. Call it on a thread: it runs an event loop."""
     seen: list[BatchProgress] = []
     run_sink(spark, warehouse, topics, nats=NatsConfig(url=url), on_progress=seen.append, **kw)
     return seen
@@ -359,3 +362,36 @@ async def test_a_run_killed_mid_batch_is_finished_by_the_next_without_loss_or_du
     )
     assert query.returncode == 0, query.stderr
     assert query.stdout.count(str(count)) == 2, query.stdout
+
+
+async def test_continuous_mode_sinks_new_commits_as_they_come_until_stopped(
+    make_nats_server: MakeNatsServer, spark: Any, warehouse: Path
+) -> None:
+    url, nc = await connect(make_nats_server)
+    stop = threading.Event()
+    seen: list[BatchProgress] = []
+
+    async def rows_reach(count: int) -> None:
+        deadline = time.monotonic() + 120
+        while sum(p.rows for p in seen) < count:
+            assert time.monotonic() < deadline, seen
+            await asyncio.sleep(0.2)
+
+    job = asyncio.ensure_future(
+        asyncio.to_thread(
+            run_sink, spark, warehouse, {"live": None}, nats=NatsConfig(url=url), once=False,
+            interval=0.5, on_progress=seen.append, stop=stop,
+        )
+    )  # fmt: skip
+    try:
+        await publish_raw(nc, "live", [b"a", b"b"], prefix="first")
+        await rows_reach(2)
+        await publish_raw(nc, "live", [b"c"], prefix="second")
+        await rows_reach(3)
+    finally:
+        stop.set()
+        await job
+        await nc.close()
+    assert seen[-1].lag == 0
+    payloads = spark.sql("select payload from live order by stream_seq").collect()
+    assert [bytes(r.payload) for r in payloads] == [b"a", b"b", b"c"]
