@@ -27,6 +27,7 @@ from nats.js.errors import NotFoundError
 from spark_sinks.schema import Committed
 from txactors.config import NatsConfig
 from txactors.connection import connect_options
+from txactors.errors import NatsConnectError
 from txactors.layout import topic_filter, topic_stream
 
 FETCH_BATCH: Final = 2_000
@@ -45,7 +46,13 @@ async def connect(config: NatsConfig) -> Client:
     options = connect_options(config)
     options["name"] = f"{config.name}-spark"
     options["max_reconnect_attempts"] = config.connect_retries
-    return await nats.connect(servers=config.servers, **options)
+    try:
+        return await nats.connect(servers=config.servers, **options)
+    except (OSError, TimeoutError, nats.errors.Error) as exc:
+        raise NatsConnectError(
+            f"could not connect to NATS ({exc!r}); check that the server runs "
+            "and NATS_URL (or the source's `servers` option) names it"
+        ) from exc
 
 
 async def stream_heads(config: NatsConfig, streams: Sequence[str]) -> dict[str, int]:

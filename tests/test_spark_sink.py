@@ -175,10 +175,19 @@ def test_a_batch_range_is_split_for_parallel_reads() -> None:
     assert split_range("t", 10, 9, 2) == []
 
 
-def test_missing_java_names_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_java_names_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from txactors.cli import app
+
     monkeypatch.setenv("JAVA_HOME", "/nonexistent/jdk")
     with pytest.raises(JavaNotFound, match="openjdk-17"):
         check_java()
+    result = CliRunner().invoke(app, ["sink", "query", "select 1", "--warehouse", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "needs Java 17+" in result.output and "JAVA_HOME" in result.output
 
 
 # -- through Spark ------------------------------------------------------------------------
