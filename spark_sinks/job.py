@@ -98,19 +98,26 @@ def run_sink(
     registered: set[str] = set()
     seen: dict[str, int] = dict.fromkeys(topics, -1)
     rows = 0
+
+    def report(topic: str, query: StreamingQuery) -> None:
+        nonlocal rows
+        for progress in _new_progress(topic, query, seen):
+            rows += progress.rows
+            if on_progress is not None:
+                on_progress(progress)
+            # Continuous runs name a new topic's table as soon as it has rows; a catch-up
+            # run does it once at the end (each look at the catalog costs ~0.5 s).
+            if not once and progress.rows and topic not in registered:
+                register_views(spark, warehouse, schemas)
+                registered.add(topic)
+
     try:
-        while True:
-            active = False
+        while not (stop is not None and stop.is_set()):
             for topic, query in queries.items():
-                active = active or query.isActive
-                for progress in _new_progress(topic, query, seen):
-                    rows += progress.rows
-                    if on_progress is not None:
-                        on_progress(progress)
-                    if progress.rows and topic not in registered:
-                        register_views(spark, warehouse, schemas)
-                        registered.add(topic)
-            if not active or (stop is not None and stop.is_set()):
+                report(topic, query)
+            stopped = [q for q in queries.values() if not q.isActive]
+            # One failed query ends the run: its error is raised below.
+            if len(stopped) == len(queries) or any(q.exception() for q in stopped):
                 break
             time.sleep(POLL_INTERVAL)
     finally:
@@ -122,10 +129,7 @@ def run_sink(
         if error is not None:
             raise error
     for topic, query in queries.items():  # batches that finished after the last poll
-        for progress in _new_progress(topic, query, seen):
-            rows += progress.rows
-            if on_progress is not None:
-                on_progress(progress)
+        report(topic, query)
     register_views(spark, warehouse, schemas)
     return rows
 
