@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from spark_sinks.errors import SinkError
 from spark_sinks.job import BatchProgress, Schema
 from txactors.config import NatsConfig
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 def parse_schemas(topics: Sequence[str], schemas: Sequence[str]) -> dict[str, Schema]:
@@ -90,7 +95,7 @@ def sink_and_show(
     with nats_for_sink(config) as nats:
         spark = local_session(warehouse)
         stop = threading.Event()
-        try:
+        with _stop_on_signals(stop):
             rows = run_sink(
                 spark,
                 warehouse,
@@ -102,13 +107,26 @@ def sink_and_show(
                 on_progress=print_progress,
                 stop=stop,
             )
-        except KeyboardInterrupt:
-            stop.set()
-            rows = 0
         typer.echo(f"{rows:,} rows sunk into {warehouse}", err=True)
         if sql is not None:
             show(spark, sql, limit)
     return rows
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """Ctrl-C or SIGTERM end a continuous run after its current batch, not in the middle."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def query(sql: str, warehouse: Path, limit: int) -> None:
@@ -117,8 +135,5 @@ def query(sql: str, warehouse: Path, limit: int) -> None:
     show(local_session(warehouse), sql, limit)
 
 
-def show(spark: object, sql: str, limit: int) -> None:
-    from pyspark.sql import SparkSession
-
-    assert isinstance(spark, SparkSession)
+def show(spark: SparkSession, sql: str, limit: int) -> None:
     spark.sql(sql).show(n=limit, truncate=False)

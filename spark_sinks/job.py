@@ -200,7 +200,10 @@ def _new_progress(topic: str, query: StreamingQuery, seen: dict[str, int]) -> li
     found = []
     for progress in query.recentProgress:
         batch_id = int(progress["batchId"])
-        if batch_id <= seen[topic] or not progress.get("sources"):
+        # An idle trigger reports a progress with no rows under the next batch's id; only
+        # batches that moved rows are reported (and the real batch keeps its id).
+        rows = int(progress["numInputRows"])
+        if batch_id <= seen[topic] or not rows or not progress.get("sources"):
             continue
         seen[topic] = batch_id
         source = progress["sources"][0]
@@ -209,7 +212,7 @@ def _new_progress(topic: str, query: StreamingQuery, seen: dict[str, int]) -> li
             BatchProgress(
                 topic=topic,
                 batch_id=batch_id,
-                rows=int(progress["numInputRows"]),
+                rows=rows,
                 end_seq=_seq(source.get("endOffset"), stream) or 0,
                 head_seq=_seq(source.get("latestOffset"), stream),
                 seconds=int(progress.get("batchDuration", 0)) / 1000,

@@ -395,10 +395,10 @@ def sink_run(
 
     Prints each batch's rows and lag; a rerun continues where the last one stopped.
     """
-    from spark_sinks import cli as sink_cli
-
     configure_logging(os.environ.get(LOG_LEVEL_ENV) or "WARNING")
     with _sink_errors():
+        from spark_sinks import cli as sink_cli
+
         sink_cli.sink_and_show(
             sink_cli.parse_schemas(topics, schema or []),
             warehouse,
@@ -416,9 +416,9 @@ def sink_query(
     limit: Annotated[int, typer.Option(help="Rows to show.", min=1)] = 20,
 ) -> None:
     """Run SQL on the sunk tables (`<topic>`, `_rejects`) and print the result."""
-    from spark_sinks import cli as sink_cli
-
     with _sink_errors():
+        from spark_sinks import cli as sink_cli
+
         sink_cli.query(sql, warehouse, limit)
 
 
