@@ -8,28 +8,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 
 from txactors.config import DATA_DIR_ENV
-from txactors.errors import NatsServerError
-from txactors.logs import LOG_LEVEL_ENV, configure_logging
+from txactors.errors import ConfigError, NatsServerError
+from txactors.logs import LOG_LEVEL_ENV, configure_logging, get_logger
+from txactors.settings import CONFIG_ENV, SETTINGS, CoordinatorSettings, load_settings
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
 
-    from txactors.coordinator import CoordinatorConfig
-    from txactors.coordinator.options import CoordinatorOptions
     from txactors.metrics import CoordinatorMetrics
     from txactors.protocol import Ended, TransactionInfo
 
 T = TypeVar("T")
+
+log = get_logger(__name__)
 
 app = typer.Typer(
     help="Transactional messages on NATS JetStream, built from asyncio actors.",
@@ -94,83 +96,129 @@ async def _run_server(*, port: int, data_dir: Path | None, host: str) -> int:
     return 0
 
 
-@app.command()
-def coordinator(
-    partitions: Annotated[int, typer.Option(help="Partitions (txid hash buckets).", min=1)] = 1,
-    transaction_timeout: Annotated[
-        float, typer.Option(help="Seconds before the first check-back.")
-    ] = 6.0,
-    check_interval: Annotated[
-        float, typer.Option(help="Seconds after the first inconclusive check.")
-    ] = 30.0,
-    check_max: Annotated[int, typer.Option(help="Inconclusive checks before discard.")] = 15,
-    check_answer_timeout: Annotated[
-        float, typer.Option(help="Seconds a producer has to answer a check-back.")
-    ] = 5.0,
-    tick_interval: Annotated[float, typer.Option(help="Timer resolution in seconds.")] = 0.1,
-    metrics_port: Annotated[
-        int | None,
-        typer.Option(help="Serve Prometheus metrics on http://0.0.0.0:PORT/metrics."),
-    ] = None,
-    replicas: Annotated[
-        int, typer.Option(help="Replicas of the TXN_* streams (3 on a production cluster).", min=1)
-    ] = 1,
-    lease_ttl: Annotated[
-        float, typer.Option(help="Seconds before a dead coordinator's partitions are taken over.")
-    ] = 10.0,
-    max_partitions: Annotated[
-        int | None, typer.Option(help="Most partitions this process serves (default: all).")
-    ] = None,
-) -> None:
+def coordinator(config: Path | None = None, **flags: str | None) -> None:
     """Run the transaction coordinator (and checker) on NATS_URL, or an embedded server.
 
-    Stops cleanly on Ctrl-C or SIGTERM; a crash at any point loses nothing (it recovers
-    from its streams on the next start).
+    Each setting is a flag, TXACTORS_<NAME> or a key of the --config file (in that order of
+    precedence); times are in seconds.
+
+    Stops within two seconds on Ctrl-C or SIGTERM; a crash at any point loses nothing (it
+    recovers from its streams on the next start).
     """
-    from txactors.coordinator import CoordinatorConfig
-    from txactors.coordinator.options import CoordinatorOptions
+    from txactors.metrics import CoordinatorMetrics, serve_metrics
 
-    configure_logging()
-    config = CoordinatorConfig(
-        transaction_timeout=transaction_timeout,
-        check_interval=check_interval,
-        check_max=check_max,
-        check_answer_timeout=check_answer_timeout,
-    )
-    options = CoordinatorOptions(
-        partitions=partitions,
-        tick_interval=tick_interval,
-        replicas=replicas,
-        lease_ttl=lease_ttl,
-        max_partitions=max_partitions or partitions,
-    )
-    metrics = None
-    if metrics_port is not None:
-        from prometheus_client import start_http_server
+    settings = load_settings(flags, os.environ, config)
+    configure_logging(settings.process.log_level)
+    port = settings.process.metrics_port
+    metrics = CoordinatorMetrics() if port is not None else None
+    http = None
+    if metrics is not None and port is not None:
+        try:
+            http = serve_metrics(metrics.registry, port)
+        except ConfigError as error:
+            raise ConfigError(f"{error} (set by {settings.source('metrics_port')})") from error
+    try:
+        asyncio.run(_run_coordinator(settings, metrics))
+    finally:
+        if http is not None:
+            http.shutdown()
+            http.server_close()
 
-        from txactors.metrics import CoordinatorMetrics
 
-        metrics = CoordinatorMetrics()
-        start_http_server(metrics_port)
-    asyncio.run(_run_coordinator(config, options, metrics))
+# Typer reads a command's options from its signature: give `coordinator` one `--flag` per
+# setting (text, None when not given, so the environment or the file can fill it in).
+coordinator.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [
+        inspect.Parameter(
+            "config",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
+            annotation=Annotated[
+                Path | None,
+                typer.Option(
+                    "--config",
+                    envvar=CONFIG_ENV,
+                    dir_okay=False,
+                    help="A TOML file of settings, e.g. `check_max = 20` (keys as in the table "
+                    "of docs/operations.md).",
+                ),
+            ],
+        ),
+        *(
+            inspect.Parameter(
+                setting.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=None,
+                annotation=Annotated[
+                    str | None,
+                    typer.Option(
+                        setting.flag,
+                        metavar=setting.metavar,
+                        show_default=False,
+                        help=f"{setting.help} (default {setting.shown_default}; env {setting.env})",
+                    ),
+                ],
+            )
+            for setting in SETTINGS
+        ),
+    ]
+)
+app.command()(coordinator)
+
+STOP_GRACE = 1.0
+"""Seconds a stopping coordinator has to leave cleanly (give its leases back)."""
+STOP_CUT = 0.5
+"""Further seconds a cancelled one has to unwind before the process exits regardless."""
 
 
 async def _run_coordinator(
-    config: CoordinatorConfig, options: CoordinatorOptions, metrics: CoordinatorMetrics | None
+    settings: CoordinatorSettings, metrics: CoordinatorMetrics | None
 ) -> None:
     from txactors.connection import nats_session
     from txactors.coordinator.service import run_coordinator
 
+    async def serve(stop: asyncio.Event) -> None:
+        async with (
+            nats_session() as session,
+            run_coordinator(
+                session.nc, config=settings.config, options=settings.options, metrics=metrics
+            ),
+        ):
+            typer.echo(f"coordinator ready on {session.url}", err=True)
+            await stop.wait()
+
+    await _until_stopped(serve)
+
+
+async def _until_stopped(work: Callable[[asyncio.Event], Coroutine[Any, Any, None]]) -> None:
+    """Run `work` until it returns, or until SIGINT/SIGTERM, which ends it in ~STOP_GRACE s.
+
+    On a signal, `work` sees its event set and leaves cleanly. With the server gone, that
+    cleanup (or a start-up still waiting for the server) would sit out NATS timeouts and
+    reconnects, so after STOP_GRACE it is cancelled, and if even that does not end it within
+    STOP_CUT the process exits at once: a coordinator killed at any point loses nothing.
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with (
-        nats_session() as session,
-        run_coordinator(session.nc, config=config, options=options, metrics=metrics),
-    ):
-        typer.echo(f"coordinator ready on {session.url}", err=True)
-        await stop.wait()
+    task = asyncio.create_task(work(stop))
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not task.done():
+        await asyncio.wait({task}, timeout=STOP_GRACE)
+    if not task.done():
+        log.warning("stop_cut_short", after=STOP_GRACE)
+        task.cancel()
+        await asyncio.wait({task}, timeout=STOP_CUT)
+    if not task.done():
+        log.warning("stop_forced", after=STOP_GRACE + STOP_CUT)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    if not task.cancelled():
+        task.result()  # its error, if it failed
 
 
 # -- txactors txn: operators inspect and resolve transactions -------------------------------
@@ -439,5 +487,62 @@ def _sink_errors() -> Iterator[None]:
         raise typer.Exit(2) from exc
 
 
+# -- every command line of ours: foreseen failures are one line and an exit code ------------
+
+# The parser's own errors (a bad or unknown flag): click's ClickException, which typer vendors.
+_ParserError: type[Exception] = next(
+    c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"
+)
+
+
+def run_cli(command_line: typer.Typer) -> NoReturn:
+    """Run `command_line`; each failure an operator can fix is one line on stderr, no traceback.
+
+    Exit 2: a bad flag, environment variable, config file or setting. Exit 1: NATS could not be
+    reached (or its embedded server not started). Anything else is a bug: it keeps its traceback.
+    """
+    try:
+        code = typer.main.get_command(command_line).main(standalone_mode=False)
+    except typer.Abort:
+        _fail("aborted", 1)
+    except Exception as error:
+        known = _operator_error(error)
+        if known is None:
+            raise
+        _fail(*known)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def main() -> NoReturn:
+    """The `txactors` command."""
+    run_cli(app)
+
+
+def _operator_error(error: BaseException) -> tuple[str, int] | None:
+    """What to tell the operator about `error` and the exit code, if it is theirs to fix."""
+    import nats.errors
+
+    from txactors.errors import NatsConnectError
+
+    if isinstance(error, BaseExceptionGroup):  # raised out of a task group
+        return next(filter(None, map(_operator_error, error.exceptions)), None)
+    if isinstance(error, _ParserError):
+        context = getattr(error, "ctx", None)
+        hint = f" (see {context.command_path} --help)" if context is not None else ""
+        return f"{error.format_message()}{hint}", getattr(error, "exit_code", 2)  # type: ignore[attr-defined]
+    if isinstance(error, ConfigError):
+        return str(error), 2
+    if isinstance(error, NatsConnectError | NatsServerError):
+        return str(error), 1
+    if isinstance(error, nats.errors.Error):
+        return f"NATS: {error}", 1
+    return None
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    typer.echo(f"error: {' '.join(message.split())}", err=True)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    app()
+    main()

@@ -131,12 +131,18 @@ async def nats_session(
 async def _connect(servers: list[str], config: NatsConfig, opts: dict[str, Any]) -> Client:
     errors: list[Exception] = []
     user_error_cb = opts.pop("error_cb", _on_error)
+    user_disconnected_cb = opts.pop("disconnected_cb", _on_disconnected)
+    connected = False  # until then, errors are collected for NatsConnectError, not logged each
 
     async def on_error(exc: Exception) -> None:
         errors.append(exc)
-        await user_error_cb(exc)
+        if connected:
+            await user_error_cb(exc)
 
-    opts.setdefault("disconnected_cb", _on_disconnected)
+    async def on_disconnected() -> None:
+        if connected:
+            await user_disconnected_cb()
+
     opts.setdefault("reconnected_cb", _on_reconnected)
     nc = Client()
     # nats-py counts the first connection against max_reconnect_attempts, so a short limit
@@ -150,6 +156,7 @@ async def _connect(servers: list[str], config: NatsConfig, opts: dict[str, Any])
                 servers=servers,
                 max_reconnect_attempts=config.connect_retries,
                 error_cb=on_error,
+                disconnected_cb=on_disconnected,
                 **opts,
             ),
             budget,
@@ -164,6 +171,7 @@ async def _connect(servers: list[str], config: NatsConfig, opts: dict[str, Any])
             f"and reachable and the credentials are right, or unset {setting_name('url')} "
             "to run an embedded server instead."
         ) from exc
+    connected = True
     nc.options["max_reconnect_attempts"] = config.max_reconnect_attempts
     return nc
 
@@ -184,7 +192,10 @@ async def _close(nc: Client) -> None:
         except (TimeoutError, nats.errors.Error, OSError) as exc:
             log.warning("nats_drain_failed", error=repr(exc))
     if not nc.is_closed:
-        await nc.close()
+        try:
+            await nc.close()
+        except OSError as exc:  # nats-py first flushes unsent data, into a socket maybe dead
+            log.warning("nats_close_failed", error=repr(exc))
 
 
 def _existing_file(config: NatsConfig, field: str) -> Path:

@@ -14,15 +14,31 @@ from typing import TextIO, cast
 
 import structlog
 
+from txactors.errors import ConfigError
+
 LOG_LEVEL_ENV = "TXACTORS_LOG_LEVEL"
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
-def configure_logging(level: str | None = None, *, json: bool | None = None) -> None:
-    """Configure structlog; safe to call more than once (the last call wins)."""
-    name = (level or os.environ.get(LOG_LEVEL_ENV) or "INFO").upper()
-    numeric = logging.getLevelNamesMapping().get(name)
-    if numeric is None:
-        raise ValueError(f"{LOG_LEVEL_ENV}={name!r} is not a log level; use DEBUG, INFO, WARNING…")
+def level_number(name: str, *, source: str = "log level") -> int:
+    """The numeric level of `name` (any case); ConfigError naming `source` if it is none."""
+    if name.strip().upper() not in LEVELS:
+        raise ConfigError(f"{source}={name!r} is not a log level; use one of {', '.join(LEVELS)}")
+    return logging.getLevelNamesMapping()[name.strip().upper()]
+
+
+def configure_logging(
+    level: str | None = None, *, default: str = "INFO", json: bool | None = None
+) -> None:
+    """Configure structlog; safe to call more than once (the last call wins).
+
+    The level is `level`, else TXACTORS_LOG_LEVEL, else `default`. A bad one is a ConfigError:
+    commands report it in one line rather than run with logs the operator did not ask for.
+    """
+    if level is not None:
+        numeric = level_number(level)
+    else:
+        numeric = level_number(os.environ.get(LOG_LEVEL_ENV) or default, source=LOG_LEVEL_ENV)
     use_json = (not sys.stderr.isatty()) if json is None else json
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer()
@@ -60,9 +76,16 @@ def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
     """A logger that carries the module name as `module`.
 
     If the application has not configured structlog, txactors applies its own defaults
-    (level from TXACTORS_LOG_LEVEL), so library users do not get structlog's print-all.
+    (level from TXACTORS_LOG_LEVEL, INFO if that is not a level), so library users do not get
+    structlog's print-all.
     """
     if not structlog.is_configured():
-        configure_logging()
+        try:
+            configure_logging()
+        except ConfigError:
+            # Loggers are made at import time, where raising would break any program that
+            # imports txactors (and a warning here would garble a command's one-line error);
+            # commands configure logging themselves, which checks the variable and stops on it.
+            configure_logging("INFO")
     logger: structlog.typing.FilteringBoundLogger = structlog.get_logger(module=name)
     return logger

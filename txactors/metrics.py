@@ -5,18 +5,30 @@ The counts come straight from each partition's `TransactionTable.counters` at sc
 sees are recorded as they happen: how long a commit took, and duplicate check-backs (a
 check sent while another for the same transaction is in flight), which must stay 0.
 
-`txactors coordinator --metrics-port N` serves them on http://host:N/metrics.
+Each `CoordinatorMetrics` registers into a registry of its own (unless given one), so two
+coordinators in one process do not collide on metric names; `serve_metrics` serves one such
+registry. `txactors coordinator --metrics-port N` serves them on http://host:N/metrics.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    start_http_server,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from txactors.coordinator.state import TransactionTable
+from txactors.errors import ConfigError
 
 _COUNTED: dict[str, tuple[str, str]] = {
     # metric name: (Counters field, help)
@@ -43,7 +55,13 @@ _COUNTED: dict[str, tuple[str, str]] = {
 
 
 class CoordinatorMetrics(Collector):
-    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+    """One coordinator's metrics, in `registry`: by default a new one, so coordinators sharing
+    a process each report their own partitions."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        registry = CollectorRegistry() if registry is None else registry
+        self.registry = registry
+        """Where these metrics are registered: what `serve_metrics` serves."""
         self._tables: dict[int, TransactionTable] = {}
         self.commit_latency = Histogram(
             "txactors_commit_latency_seconds",
@@ -79,3 +97,18 @@ class CoordinatorMetrics(Collector):
         for partition, table in sorted(self._tables.items()):
             pending.add_metric([str(partition)], len(table))
         yield pending
+
+
+def serve_metrics(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0") -> WSGIServer:
+    """Serve `registry` on http://addr:port/metrics from a daemon thread, until `shutdown()`.
+
+    The process's own metrics (CPU, memory, GC) are added, as the global registry would have
+    them. A port that cannot be bound is a ConfigError: the operator chose it.
+    """
+    try:
+        server, _thread = start_http_server(port, addr=addr, registry=registry)
+    except OSError as error:
+        raise ConfigError(f"cannot serve metrics on {addr}:{port}: {error.strerror}") from error
+    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        registry.register(collector)
+    return server

@@ -22,6 +22,7 @@ from rich.table import Table
 from apps.common.db import DEFAULT_PG_DSN, Storage
 from apps.common.faults import Fault, parse_faults
 from apps.orders.demo import DemoReport, run_demo
+from txactors.cli import run_cli
 from txactors.connection import nats_session
 from txactors.logs import configure_logging
 
@@ -120,4 +121,6 @@ def _summary(report: DemoReport) -> Table:
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    app = typer.Typer(add_completion=False)
+    app.command()(main)
+    run_cli(app)  # bad flags or settings: one line, exit 2; NATS unreachable: one line, exit 1

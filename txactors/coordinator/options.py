@@ -17,14 +17,17 @@ class CoordinatorOptions(msgspec.Struct, frozen=True, kw_only=True):
     """How the coordinator process runs (the transaction rules are in CoordinatorConfig)."""
 
     partitions: int = 1
+    """Txid hash buckets (`crc32(txid) mod partitions`); producers must use the same count."""
     tick_interval: float = 0.1
     """How often due deadlines are looked at: the resolution of every check-back timer."""
     checkpoint_interval: float = 5.0
+    """How often each partition records where its recovery may start reading its streams."""
     replicas: int = 1
     """Replicas of the coordinator's streams (3 on a production cluster)."""
     topic_duplicate_window: float = 600.0
     """How long a topic stream drops a re-published `Nats-Msg-Id`: must cover recovery."""
     max_messages_per_prepare: int = 1000
+    """Most messages one prepare may carry; a larger one is refused."""
     lease_ttl: float = 10.0
     """A dead coordinator's partitions are taken over within this many seconds."""
     max_partitions: int = 1 << 16
