@@ -20,7 +20,7 @@ import typer
 
 from txactors.config import DATA_DIR_ENV
 from txactors.errors import ConfigError, NatsServerError
-from txactors.logs import LOG_LEVEL_ENV, configure_logging, get_logger
+from txactors.logs import configure_logging, get_logger
 from txactors.settings import CONFIG_ENV, SETTINGS, CoordinatorSettings, load_settings
 
 if TYPE_CHECKING:
@@ -350,7 +350,7 @@ def _admin_call(url: str | None, work: Callable[[Client], Awaitable[T]]) -> T:
     from txactors.errors import CommandError, ConfigError, NatsConnectError
 
     # Operator output stays clean; connection trouble is reported once, below.
-    configure_logging(os.environ.get(LOG_LEVEL_ENV) or "ERROR")
+    configure_logging(default="ERROR")
 
     async def run() -> T:
         async with admin_session(url) as nc:
@@ -443,7 +443,7 @@ def sink_run(
 
     Prints each batch's rows and lag; a rerun continues where the last one stopped.
     """
-    configure_logging(os.environ.get(LOG_LEVEL_ENV) or "WARNING")
+    configure_logging(default="WARNING")
     with _sink_errors():
         from spark_sinks import cli as sink_cli
 
