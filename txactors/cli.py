@@ -110,9 +110,10 @@ def coordinator(config: Path | None = None, **flags: str | None) -> None:
     settings = load_settings(flags, os.environ, config)
     configure_logging(settings.process.log_level)
     port = settings.process.metrics_port
-    metrics = CoordinatorMetrics() if port is not None else None
+    metrics: CoordinatorMetrics | None = None
     http = None
-    if metrics is not None and port is not None:
+    if port is not None:
+        metrics = CoordinatorMetrics()
         try:
             http = serve_metrics(metrics.registry, port)
         except ConfigError as error:
@@ -527,9 +528,10 @@ def _operator_error(error: BaseException) -> tuple[str, int] | None:
     if isinstance(error, BaseExceptionGroup):  # raised out of a task group
         return next(filter(None, map(_operator_error, error.exceptions)), None)
     if isinstance(error, _ParserError):
-        context = getattr(error, "ctx", None)
+        context = getattr(error, "ctx", None)  # a UsageError knows its command
         hint = f" (see {context.command_path} --help)" if context is not None else ""
-        return f"{error.format_message()}{hint}", getattr(error, "exit_code", 2)  # type: ignore[attr-defined]
+        message: str = error.format_message()  # type: ignore[attr-defined]
+        return f"{message}{hint}", getattr(error, "exit_code", 2)
     if isinstance(error, ConfigError):
         return str(error), 2
     if isinstance(error, NatsConnectError | NatsServerError):
