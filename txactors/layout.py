@@ -69,22 +69,52 @@ def check_instance_subject(group: str, instance: str) -> str:
     return f"txn.check.{group}.{instance}"
 
 
-# -- committed topics -----------------------------------------------------------------------
+# -- the name grammar -----------------------------------------------------------------------
+# Names become NATS subject tokens, stream names and header values, so they are kept to a
+# small ASCII alphabet and a length that keeps every subject built from them (the longest
+# is `txn.check.<group>.<producer>`) far below the server's 4 KiB control-line limit.
 
-_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
-NO_TAG: Final = "_"
-"""Subject token for a message without a tag (NATS tokens cannot be empty)."""
+NAME_MAX_LENGTH: Final = {
+    "txid": 128,
+    "group": 64,
+    "producer": 128,
+    "instance": 128,
+    "topic": 64,
+    "tag": 64,
+}
+"""The longest name of each kind; the producer's instance id is its `producer` name."""
+_NAME = re.compile(r"[A-Za-z0-9_-]+")
+NAME_GRAMMAR: Final = "letters, digits, '_' and '-'"
+
+
+def name_problem(kind: str, name: str) -> str | None:
+    """What is wrong with `name` as a `kind` (a key of NAME_MAX_LENGTH); None: nothing."""
+    limit = NAME_MAX_LENGTH[kind]
+    if not _NAME.fullmatch(name) or len(name) > limit:
+        return (
+            f"{kind} {shown(name)} must be 1 to {limit} of {NAME_GRAMMAR} "
+            "(it becomes a NATS subject token and part of a stream name)"
+        )
+    return None
 
 
 def validate_name(kind: str, name: str) -> str:
-    """Topic, group and instance names become subject tokens and stream names: keep them
-    to letters, digits, `_` and `-` (no dots, spaces or wildcards)."""
-    if not _NAME.match(name):
-        raise ValueError(
-            f"{kind} {name!r} may contain only letters, digits, '_' and '-' "
-            "(it becomes a NATS subject token and part of a stream name)"
-        )
+    """`name` if it is a valid `kind` (see `name_problem`), else ValueError saying why."""
+    problem = name_problem(kind, name)
+    if problem is not None:
+        raise ValueError(problem)
     return name
+
+
+def shown(text: str, limit: int = 40) -> str:
+    """`text` for an error message: quoted, and cut short if a client made it huge."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} chars)"
+
+
+# -- committed topics -----------------------------------------------------------------------
+
+NO_TAG: Final = "_"
+"""Subject token for a message without a tag (NATS tokens cannot be empty)."""
 
 
 def topic_stream(topic: str) -> str:
@@ -140,7 +170,19 @@ ERROR_HEADER: Final = "Txn-Error"
 DELIVERIES_HEADER: Final = "Txn-Deliveries"
 
 RESERVED_HEADER_PREFIXES: Final = ("Nats-", "Txn-")
-"""User properties travel as headers and may not use these prefixes."""
+"""User properties travel as headers and may not use these prefixes (in any case)."""
+RESERVED_HEADER_NAMES: Final = frozenset({"status", "description", "kv-operation"})
+"""Lower-cased names NATS clients read as control headers: `Status`/`Description` make a
+message look like a server status (no responders, heartbeat), `KV-Operation` a KV delete."""
+
+
+def is_reserved_header(name: str) -> bool:
+    """True for a header name txactors or NATS owns, however it is spelled: a client in
+    another language canonicalises case, and nats-py strips blanks before sending."""
+    folded = name.strip().lower()
+    return folded in RESERVED_HEADER_NAMES or folded.startswith(
+        tuple(p.lower() for p in RESERVED_HEADER_PREFIXES)
+    )
 
 
 def message_id(txid: str, index: int) -> str:

@@ -92,6 +92,26 @@ def _tags_of(message_type: Any) -> frozenset[str]:
     )
 
 
+_UNREADABLE: Final = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
+"""What msgspec raises for bytes that are no payload at all: not msgpack/JSON, a string that
+is not UTF-8, or nesting deeper than the decoder recurses."""
+
+
+def _malformed(encoding: Encoding, exc: Exception) -> Error:
+    if isinstance(exc, RecursionError):
+        reason = "nested too deeply"
+    elif isinstance(exc, UnicodeDecodeError):
+        reason = f"a string is not valid UTF-8 ({exc.reason})"
+    else:
+        reason = _brief(str(exc))
+    return Error(ErrorCode.BAD_REQUEST, f"malformed {encoding.name.lower()} payload: {reason}")
+
+
+def _brief(text: str, limit: int = 500) -> str:
+    """msgspec quotes the offending value: cut it short, a client may have sent megabytes."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
+
+
 class Codec(Generic[T]):
     """Typed decoding of one message union, in both encodings, built once."""
 
@@ -104,25 +124,28 @@ class Codec(Generic[T]):
         }
 
     def decode(self, data: bytes, encoding: Encoding = Encoding.MSGPACK) -> T | Error:
-        """The decoded message, or the `Error` to answer with."""
+        """The decoded message, or the `Error` to answer with: whatever the bytes, a
+        `bad_request` or `unknown_command`, never an exception."""
         try:
             return self._decoders[encoding].decode(data)
         except msgspec.ValidationError as exc:
             return self._classify(data, encoding, exc)
-        except msgspec.DecodeError as exc:
-            return Error(ErrorCode.BAD_REQUEST, f"malformed {encoding.name.lower()} payload: {exc}")
+        except _UNREADABLE as exc:
+            return _malformed(encoding, exc)
 
     def _classify(self, data: bytes, encoding: Encoding, exc: msgspec.ValidationError) -> Error:
         # Only on the error path: decode untyped to tell an unknown tag from bad fields.
         try:
             raw = (msgspec.json if encoding is Encoding.JSON else msgspec.msgpack).decode(data)
-        except msgspec.DecodeError as decode_error:
-            return Error(ErrorCode.BAD_REQUEST, f"{exc} ({decode_error})")
+        except _UNREADABLE:  # e.g. too deeply nested: the typed error says enough
+            return Error(ErrorCode.BAD_REQUEST, _brief(str(exc)))
         tag = raw.get("type") if isinstance(raw, dict) else None
         if isinstance(tag, str) and tag not in self.tags:
             known = ", ".join(sorted(self.tags))
-            return Error(ErrorCode.UNKNOWN_COMMAND, f"unknown command {tag!r}; expected {known}")
-        return Error(ErrorCode.BAD_REQUEST, str(exc))
+            return Error(
+                ErrorCode.UNKNOWN_COMMAND, f"unknown command {tag[:64]!r}; expected {known}"
+            )
+        return Error(ErrorCode.BAD_REQUEST, _brief(str(exc)))
 
 
 # -- transactions: producer → coordinator (txn.coord.<partition>.prepare / .end) ---------------

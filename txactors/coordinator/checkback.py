@@ -1,4 +1,8 @@
-"""One check-back: ask a producer what became of a transaction, and classify the outcome."""
+"""One check-back: ask a producer what became of a transaction, and classify the outcome.
+
+The answer passes the same boundary as any request (protocol.Codec, then validation): an
+answer that cannot be read or is about another check counts as an inconclusive check.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from txactors.actors import RemoteActorRef
 from txactors.coordinator.actions import CheckTarget, SendCheck
 from txactors.coordinator.events import CheckFailure
 from txactors.coordinator.streams import checked_message, read_raw_half
+from txactors.coordinator.validation import check_answer_problem
 from txactors.errors import ActorDeadError, AskTimeout, CommandError
 from txactors.logs import get_logger
 from txactors.protocol import CheckResult, CheckTransaction, Decision, ErrorCode
@@ -44,8 +49,9 @@ async def ask_producer(
         result = await RemoteActorRef(nc, subject, CheckResult).ask(
             command, timeout=max(deadline - time.monotonic(), 0.001)
         )
-        if result.txid != action.txid or result.check_id != action.check_id:
-            raise CommandError(ErrorCode.BAD_REQUEST, "answer for another check")
+        problem = check_answer_problem(result, txid=action.txid, check_id=action.check_id)
+        if problem is not None:
+            raise CommandError(ErrorCode.BAD_REQUEST, problem)
         resolution = result.resolution
     except ActorDeadError:
         failure = CheckFailure.NO_RESPONDERS

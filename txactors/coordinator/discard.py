@@ -13,7 +13,7 @@ from nats.js.api import PubAck
 from txactors import layout
 from txactors.coordinator.actions import Discard
 from txactors.coordinator.options import DiscardedTransaction, OnDiscard
-from txactors.coordinator.streams import read_raw_half
+from txactors.coordinator.streams import read_raw_half, stored_headers
 from txactors.coordinator.writers import Append, PipelinedWriter
 from txactors.logs import get_logger
 
@@ -26,7 +26,7 @@ async def discard(
     raws = [await js.get_msg(layout.HALF_STREAM, h.seq) for h in action.halves]
     appends = []
     for raw in raws:
-        headers = dict(raw.headers or {})
+        headers = stored_headers(raw)
         index = int(headers.get(layout.INDEX_HEADER, "0"))
         headers[layout.MSG_ID_HEADER] = f"{layout.message_id(action.txid, index)}:discard"
         headers[layout.DISCARD_REASON_HEADER] = action.reason.value

@@ -8,7 +8,6 @@ many transactions are in flight at once while the table sees one fact at a time.
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from nats.js.kv import KeyValue
 
 from txactors import layout
 from txactors.actors import Actor, Request
+from txactors.coordinator import tokens
 from txactors.coordinator.actions import (
     Acknowledge,
     Action,
@@ -62,7 +62,7 @@ from txactors.coordinator.streams import (
     read_raw_half,
     save_checkpoint,
 )
-from txactors.coordinator.validation import prepare_problem
+from txactors.coordinator.validation import Boundary
 from txactors.coordinator.writers import Append, OpLog, PipelinedWriter
 from txactors.faults import FaultPoint, crash_if_armed
 from txactors.logs import get_logger
@@ -169,11 +169,17 @@ class PartitionCoordinator(Actor):
         self.on_discard = on_discard
         self.metrics = metrics
         self.table = TransactionTable(config)
+        self.boundary = Boundary(
+            partition=partition,
+            partitions=options.partitions,
+            max_messages=options.max_messages_per_prepare,
+            max_immunity=config.max_immunity,
+        )
         self._checks_in_flight: set[str] = set()
         self._bodies: dict[str, _Bodies] = {}
         self._waiting: dict[str, _Waiting] = {}
         self._request_ids = 0
-        self._next_index: dict[str, tuple[str, int]] = {}  # txid -> (token, next index)
+        self._next_index: dict[str, tuple[str, int]] = {}  # txid -> (token digest, next index)
         self._topics: set[str] = set()
         self._halves = PipelinedWriter(js)
         self._published = PipelinedWriter(js)
@@ -220,15 +226,20 @@ class PartitionCoordinator(Actor):
     # -- the loop ---------------------------------------------------------------------------
 
     async def receive(self, message: Any) -> Any:
+        if isinstance(message, Request):
+            refusal = self.boundary.refusal(message.message, max_payload=self.nc.max_payload)
+            if refusal is not None:
+                log.info("request_refused", partition=self.partition, reason=refusal.message)
+                await message.answer(refusal)
+                return
         match message:
             case Request(message=Prepare() as prepare):
                 await self._prepare(message, prepare)
             case Request(message=EndTransaction() as end):
                 request_id = self._wait(message, lambda state: Ended(txid=end.txid, state=state))
+                token = tokens.digest(end.token)
                 await self._handle(
-                    End(
-                        txid=end.txid, token=end.token, decision=end.decision, request_id=request_id
-                    )
+                    End(txid=end.txid, token=token, decision=end.decision, request_id=request_id)
                 )
             case Request():
                 await self._admin(message)
@@ -281,25 +292,17 @@ class PartitionCoordinator(Actor):
     # -- prepare ----------------------------------------------------------------------------
 
     async def _prepare(self, request: Request, prepare: Prepare) -> None:
-        problem = prepare_problem(
-            prepare,
-            max_payload=self.nc.max_payload,
-            max_messages=self.options.max_messages_per_prepare,
-        )
-        if problem is not None:
-            await request.answer(Error(ErrorCode.BAD_REQUEST, problem))
-            return
         begins = prepare.token is None
+        token = prepare.token or tokens.new_token()
+        digest = tokens.digest(token)
         in_flight = self._next_index.get(prepare.txid)
         if in_flight is not None:
-            token, first_index = in_flight
-            if prepare.token != token:
-                message = f"transaction {prepare.txid} is being prepared; wrong or missing token"
-                await request.answer(Error(ErrorCode.FORBIDDEN, message))
+            kept_digest, first_index = in_flight
+            if begins or not tokens.same(kept_digest, digest):
+                await request.answer(Error(*self.table.token_refusal(prepare.txid, begins=begins)))
                 return
         else:
-            token = prepare.token or secrets.token_hex(16)
-            refusal = self.table.refuse_prepare(prepare.txid, token, prepare.group, begins=begins)
+            refusal = self.table.refuse_prepare(prepare.txid, digest, prepare.group, begins=begins)
             if refusal is not None:
                 await request.answer(Error(*refusal))
                 return
@@ -310,7 +313,7 @@ class PartitionCoordinator(Actor):
                 self.js, topic, duplicate_window=self.options.topic_duplicate_window
             )
             self._topics.add(topic)
-        self._next_index[prepare.txid] = (token, first_index + len(prepare.messages))
+        self._next_index[prepare.txid] = (digest, first_index + len(prepare.messages))
         born = self.clock()
         appends = [
             Append(
@@ -318,7 +321,7 @@ class PartitionCoordinator(Actor):
                 message.body,
                 half_headers(
                     txid=prepare.txid,
-                    token=token,
+                    token_digest=digest,
                     group=prepare.group,
                     producer=prepare.producer,
                     begins=begins,
@@ -364,7 +367,7 @@ class PartitionCoordinator(Actor):
         await self._handle(
             HalvesStored(
                 txid=done.txid,
-                token=done.token,
+                token=tokens.digest(done.token),
                 group=done.group,
                 producer=done.producer,
                 halves=tuple(s.half for s in done.stored),
@@ -379,12 +382,7 @@ class PartitionCoordinator(Actor):
         command = request.message
         match command:
             case ListTransactions(states=states):
-                try:
-                    wanted = {TxnState(s) for s in states} or None
-                except ValueError:
-                    known = ", ".join(s.value for s in TxnState)
-                    await request.answer(Error(ErrorCode.BAD_REQUEST, f"states are: {known}"))
-                    return
+                wanted = {TxnState(s) for s in states} or None  # the boundary checked them
                 views = self.table.transactions(wanted)
                 await request.answer(TransactionList(transactions=[_info(v) for v in views]))
             case ShowTransaction(txid=txid):

@@ -28,7 +28,8 @@ connection receives JetStream acks) and append `PersistOp`s to TXN_OP in the ord
 A half fed out of order is still safe; it only pins the OP checkpoint to the stream start
 until its transaction finishes. Check whether a prepare is admissible (`refuse_prepare`)
 before appending its halves, in the same task that feeds `End`, so no half can land after its
-transaction was decided.
+transaction was decided. Tokens in events are what the actor stores (digests, `tokens.py`);
+the table only compares them, in constant time.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from typing import assert_never
 
 import msgspec
 
+from txactors.coordinator import tokens
 from txactors.coordinator.actions import (
     Acknowledge,
     Action,
@@ -259,13 +261,21 @@ class TransactionTable:
             if not begins:
                 return ErrorCode.NOT_FOUND, f"no open transaction {txid} to add messages to"
             return None
-        if token != txn.token:
-            return ErrorCode.FORBIDDEN, f"wrong token for transaction {txid}"
+        if not tokens.same(txn.token, token):
+            return self.token_refusal(txid, begins=begins)
         if group != txn.group:
             return ErrorCode.CONFLICT, f"transaction {txid} belongs to group {txn.group!r}"
         if txn.state not in OPEN:
             return ErrorCode.CONFLICT, f"transaction {txid} is {txn.state}; it takes no halves"
         return None
+
+    @staticmethod
+    def token_refusal(txid: str, *, begins: bool) -> tuple[ErrorCode, str]:
+        """A prepare of an existing `txid` without its token: a first prepare (no token)
+        is a second transaction under the same id, anything else a wrong token."""
+        if begins:
+            return ErrorCode.CONFLICT, f"transaction {txid} exists already; its token adds to it"
+        return ErrorCode.FORBIDDEN, f"wrong token for transaction {txid}"
 
     def outcome(self, txid: str) -> TxnState | None:
         """State of an open transaction or a recently finished one (None: not known)."""
@@ -404,7 +414,7 @@ class TransactionTable:
             self._refuse(
                 event.request_id, event.txid, ErrorCode.NOT_FOUND, f"no transaction {event.txid}"
             )
-        elif event.token != known.token:
+        elif not tokens.same(known.token, event.token):
             self._refuse(
                 event.request_id,
                 event.txid,

@@ -8,6 +8,7 @@ durable when JetStream acknowledged it.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 from collections.abc import Mapping
 from typing import Final
@@ -19,6 +20,7 @@ from nats.js.api import DiscardPolicy, KeyValueConfig, RawStreamMsg, StorageType
 from nats.js.kv import KeyValue
 
 from txactors import layout
+from txactors.coordinator import tokens
 from txactors.coordinator.records import Half, OpRecord
 from txactors.coordinator.state import Checkpoint
 from txactors.protocol import CheckedMessage, OutgoingMessage
@@ -104,6 +106,7 @@ class StoredHalf(msgspec.Struct, frozen=True, kw_only=True):
 
     txid: str
     token: str
+    """The commit token's digest (`tokens.py`), also for records that stored it raw."""
     group: str
     producer: str
     begins: bool
@@ -114,7 +117,7 @@ class StoredHalf(msgspec.Struct, frozen=True, kw_only=True):
 def half_headers(
     *,
     txid: str,
-    token: str,
+    token_digest: str,
     group: str,
     producer: str,
     begins: bool,
@@ -122,12 +125,13 @@ def half_headers(
     born: float,
     message: OutgoingMessage,
 ) -> dict[str, str]:
+    """Every header of a half as stored: the user's properties, then ours (which win)."""
     headers = dict(message.properties)
     headers.update(
         {
             layout.MSG_ID_HEADER: f"{layout.message_id(txid, index)}:half",
             layout.TXID_HEADER: txid,
-            layout.TOKEN_HEADER: token,
+            layout.TOKEN_HEADER: token_digest,
             layout.GROUP_HEADER: group,
             layout.PRODUCER_HEADER: producer,
             layout.BEGINS_HEADER: "1" if begins else "0",
@@ -158,7 +162,7 @@ def read_half(seq: int, headers: Mapping[str, str], body: bytes) -> StoredHalf:
     )
     return StoredHalf(
         txid=headers[layout.TXID_HEADER],
-        token=headers[layout.TOKEN_HEADER],
+        token=tokens.stored_digest(headers[layout.TOKEN_HEADER]),
         group=headers[layout.GROUP_HEADER],
         producer=headers[layout.PRODUCER_HEADER],
         begins=headers.get(layout.BEGINS_HEADER) == "1",
@@ -174,11 +178,31 @@ def read_half(seq: int, headers: Mapping[str, str], body: bytes) -> StoredHalf:
 
 
 def read_raw_half(raw: RawStreamMsg) -> StoredHalf:
-    return read_half(raw.seq or 0, raw.headers or {}, raw.data or b"")
+    return read_half(raw.seq or 0, stored_headers(raw), raw.data or b"")
+
+
+def stored_headers(raw: RawStreamMsg) -> dict[str, str]:
+    """The headers of a message read with `get_msg`, every value a `str`.
+
+    nats-py parses the headers of a (non-direct) `get_msg` as an email, which turns a
+    non-ASCII value (`café`) into an `email.header.Header`; we parse the raw block instead,
+    as NATS defines it: `Name: Value` lines, UTF-8 values.
+    """
+    if not raw.hdrs:
+        return dict(raw.headers or {})
+    block = base64.b64decode(raw.hdrs)
+    headers: dict[str, str] = {}
+    for line in block.split(b"\r\n")[1:]:  # the first line is `NATS/1.0`
+        name, colon, value = line.partition(b":")
+        if colon:
+            headers[name.strip().decode("ascii", "replace")] = value.strip().decode(
+                "utf-8", "replace"
+            )
+    return headers
 
 
 def user_properties(headers: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in headers.items() if not k.startswith(layout.RESERVED_HEADER_PREFIXES)}
+    return {k: v for k, v in headers.items() if not layout.is_reserved_header(k)}
 
 
 def checked_message(stored: StoredHalf) -> CheckedMessage:

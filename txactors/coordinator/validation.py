@@ -1,42 +1,239 @@
-"""What makes a prepare acceptable, checked before anything is written (pure)."""
+"""The coordinator's one input boundary: what it accepts from the bus, checked before it acts.
+
+Every verb a coordinator serves (`Prepare`, `EndTransaction`, the admin commands) and every
+answer a producer sends back to a check-back (`CheckResult`) passes through here, after
+msgspec has checked the types (protocol.Codec) and before anything is written. What is not
+allowed is refused with `bad_request`, the field's path (`$.messages[2].properties['a b']`)
+and what is allowed; nothing is trimmed, clamped or rewritten. The limits are chosen so that
+whatever passes can be stored, published, checked back and discarded without the broker
+refusing it later (a record the broker refuses would stop a partition for good); the table in
+docs/protocol.md lists them. Pure, no I/O: tests/test_coordinator_validation.py drives it with
+Hypothesis.
+"""
 
 from __future__ import annotations
 
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Final
+
 from txactors import layout
-from txactors.protocol import Prepare
+from txactors.coordinator import tokens
+from txactors.coordinator.lifecycle import TxnState
+from txactors.coordinator.streams import half_headers
+from txactors.protocol import (
+    CheckResult,
+    CommitTransaction,
+    EndTransaction,
+    Error,
+    ErrorCode,
+    ListTransactions,
+    OutgoingMessage,
+    Prepare,
+    ResumeTransaction,
+    RollbackTransaction,
+    ShowTransaction,
+)
 
-HEADER_ALLOWANCE = 1024
-"""Bytes kept free for our headers when checking a half against the server's max payload."""
+JETSTREAM_MAX_HEADER_BYTES: Final = 65_535
+"""JetStream refuses a message whose header block is larger ("header size exceeds maximum
+allowed of 64k")."""
+HEADER_RESERVE: Final = 1024
+"""Bytes kept free, in the header block and in the whole message, for headers added after
+the prepare: a discarded copy's reason and check count, a dead-lettered copy's error."""
+MAX_HALF_HEADER_BYTES: Final = JETSTREAM_MAX_HEADER_BYTES - HEADER_RESERVE
+MAX_KEY_LENGTH: Final = 256
+MAX_PROPERTY_NAME_LENGTH: Final = 128
+PROPERTY_NAME: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+"""An RFC 7230 token: what nats-py (and the NATS header format) accepts as a header name."""
+PROPERTY_NAME_GRAMMAR: Final = "letters, digits and !#$%&'*+-.^_`|~"
+TEXT_GRAMMAR: Final = (
+    "printable UTF-8 text (no control characters or line breaks) without leading or trailing blanks"
+)
+
+# Worst cases for the header values only known when the half is written.
+_WORST_BORN: Final = -2.2250738585072014e-308
+_WORST_INDEX: Final = 2**63 - 1
+_WORST_DIGEST: Final = tokens.digest("0" * 32)
+_HEADER_BLOCK_START: Final = len(b"NATS/1.0\r\n")
+_HEADER_BLOCK_END: Final = len(b"\r\n")
 
 
-def prepare_problem(prepare: Prepare, *, max_payload: int, max_messages: int) -> str | None:
-    """Why `prepare` is a bad request (None: it is fine).
+class _Refused(Exception):
+    def __init__(self, path: str, rule: str) -> None:
+        super().__init__(f"{path}: {rule}")
 
-    Names become subject tokens and stream names, keys are joined with commas in a header,
-    properties travel as headers and may not impersonate ours, and each half must fit in one
-    NATS message together with the headers the coordinator adds.
-    """
-    if not prepare.messages:
-        return "a prepare needs at least one message"
-    if len(prepare.messages) > max_messages:
-        return f"at most {max_messages} messages per prepare"
-    limit = max_payload - HEADER_ALLOWANCE
-    try:
-        layout.validate_name("txid", prepare.txid)
-        layout.validate_name("group", prepare.group)
-        layout.validate_name("producer", prepare.producer)
-        for message in prepare.messages:
-            layout.validate_name("topic", message.topic)
-            if message.tag is not None:
-                layout.validate_name("tag", message.tag)
-            if any("," in key for key in message.keys):
-                return "message keys may not contain ','"
-            for name in message.properties:
-                if name.startswith(layout.RESERVED_HEADER_PREFIXES) or not name.isprintable():
-                    return f"property {name!r} is reserved or not a valid header name"
-            size = len(message.body) + sum(map(len, message.properties.values()))
-            if size > limit:
-                return f"message to {message.topic!r} is {size} bytes; the limit is {limit}"
-    except ValueError as error:
-        return str(error)
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Boundary:
+    """The checks of one partition's coordinator: its number, the partition count, and the
+    limits it was configured with."""
+
+    partition: int
+    partitions: int
+    max_messages: int
+    max_immunity: float
+
+    def refusal(self, command: Any, *, max_payload: int) -> Error | None:
+        """The `bad_request` to answer `command` with, or None if it may go on.
+
+        `max_payload` is the connected server's (it can change on a reconnect).
+        """
+        try:
+            match command:
+                case Prepare():
+                    self._check_prepare(command, max_payload)
+                case EndTransaction():
+                    self._check_txid(command.txid)
+                    _check_token("$.token", command.token)
+                case ListTransactions(states=states):
+                    known = {s.value for s in TxnState}
+                    for i, state in enumerate(states):
+                        if state not in known:
+                            raise _Refused(f"$.states[{i}]", f"one of {', '.join(sorted(known))}")
+                case (
+                    ShowTransaction()
+                    | ResumeTransaction()
+                    | CommitTransaction()
+                    | RollbackTransaction()
+                ):
+                    self._check_txid(command.txid)
+                case _:
+                    raise _Refused("$.type", f"{type(command).__name__} is not served here")
+        except _Refused as refused:
+            return Error(ErrorCode.BAD_REQUEST, str(refused))
+        return None
+
+    def _check_txid(self, txid: str) -> None:
+        _check_name("$.txid", "txid", txid)
+        owner = layout.partition_of(txid, self.partitions)
+        if owner != self.partition:
+            raise _Refused(
+                "$.txid",
+                f"transaction {txid} belongs to partition {owner} (crc32 mod "
+                f"{self.partitions}), not {self.partition}: use txn.coord.{owner}.*",
+            )
+
+    def _check_prepare(self, prepare: Prepare, max_payload: int) -> None:
+        self._check_txid(prepare.txid)
+        _check_name("$.group", "group", prepare.group)
+        _check_name("$.producer", "producer", prepare.producer)
+        if prepare.token is not None:
+            _check_token("$.token", prepare.token)
+        if not 1 <= len(prepare.messages) <= self.max_messages:
+            raise _Refused("$.messages", f"1 to {self.max_messages} messages per prepare")
+        for i, message in enumerate(prepare.messages):
+            self._check_message(f"$.messages[{i}]", prepare, message, max_payload)
+
+    def _check_message(
+        self, path: str, prepare: Prepare, message: OutgoingMessage, max_payload: int
+    ) -> None:
+        _check_name(f"{path}.topic", "topic", message.topic)
+        if message.tag is not None:
+            _check_name(f"{path}.tag", "tag", message.tag)
+            if message.tag == layout.NO_TAG:
+                raise _Refused(f"{path}.tag", f"{layout.NO_TAG!r} means 'no tag': send null")
+        for k, key in enumerate(message.keys):
+            key_path = f"{path}.keys[{k}]"
+            if not key or len(key) > MAX_KEY_LENGTH or "," in key:
+                raise _Refused(key_path, f"1 to {MAX_KEY_LENGTH} characters, no ','")
+            _check_text(key_path, key)
+        for name, value in message.properties.items():
+            property_path = f"{path}.properties[{layout.shown(name)}]"
+            _check_property_name(property_path, name)
+            _check_text(property_path, value)
+        immunity = message.check_immunity
+        if immunity is not None and not (
+            math.isfinite(immunity) and 0 <= immunity <= self.max_immunity
+        ):
+            raise _Refused(
+                f"{path}.check_immunity",
+                f"null or a number of seconds from 0 to {self.max_immunity:g}, not {immunity!r}",
+            )
+        header_bytes = half_header_bytes(prepare, message)
+        if header_bytes > MAX_HALF_HEADER_BYTES:
+            raise _Refused(
+                path,
+                f"its headers (properties, keys and the coordinator's own) take {header_bytes} "
+                f"bytes; at most {MAX_HALF_HEADER_BYTES} (JetStream's header limit is "
+                f"{JETSTREAM_MAX_HEADER_BYTES}, {HEADER_RESERVE} are kept for later headers)",
+            )
+        size = header_bytes + len(message.body)
+        limit = max_payload - HEADER_RESERVE
+        if size > limit:
+            raise _Refused(
+                path,
+                f"body and headers take {size} bytes; at most {limit} (the server's "
+                f"max_payload {max_payload} less {HEADER_RESERVE} kept for later headers)",
+            )
+
+
+def check_answer_problem(answer: CheckResult, *, txid: str, check_id: int) -> str | None:
+    """Why a producer's answer to a check-back cannot decide it (None: it can)."""
+    if answer.txid != txid:
+        return f"$.txid: the answer is about {layout.shown(answer.txid)}, the check about {txid}"
+    if answer.check_id != check_id:
+        return f"$.check_id: the answer is to check {answer.check_id}, not {check_id}"
     return None
+
+
+def half_header_bytes(prepare: Prepare, message: OutgoingMessage) -> int:
+    """The size of the header block of `message`'s half, as NATS frames it, with the
+    coordinator's own headers at their longest (index, birth time, token digest)."""
+    headers = half_headers(
+        txid=prepare.txid,
+        token_digest=_WORST_DIGEST,
+        group=prepare.group,
+        producer=prepare.producer,
+        begins=True,
+        index=_WORST_INDEX,
+        born=_WORST_BORN,
+        message=message,
+    )
+    return header_block_bytes(headers)
+
+
+def header_block_bytes(headers: dict[str, str]) -> int:
+    """`NATS/1.0\\r\\n`, then `Name: Value\\r\\n` per header, then `\\r\\n`."""
+    lines = sum(len(name) + len(value.encode()) + 4 for name, value in headers.items())
+    return _HEADER_BLOCK_START + lines + _HEADER_BLOCK_END
+
+
+def _check_name(path: str, kind: str, name: str) -> None:
+    problem = layout.name_problem(kind, name)
+    if problem is not None:
+        raise _Refused(path, problem)
+
+
+def _check_token(path: str, token: str) -> None:
+    if not tokens.TOKEN_PATTERN.fullmatch(token):
+        raise _Refused(path, "the token a Prepared reply gave: 32 lowercase hex digits")
+
+
+def _check_property_name(path: str, name: str) -> None:
+    if not PROPERTY_NAME.fullmatch(name) or len(name) > MAX_PROPERTY_NAME_LENGTH:
+        raise _Refused(
+            path,
+            f"a property name is 1 to {MAX_PROPERTY_NAME_LENGTH} of {PROPERTY_NAME_GRAMMAR} "
+            "(it travels as a NATS header name)",
+        )
+    if layout.is_reserved_header(name):
+        prefixes = " or ".join(layout.RESERVED_HEADER_PREFIXES)
+        reserved = ", ".join(sorted(layout.RESERVED_HEADER_NAMES))
+        raise _Refused(
+            path,
+            f"reserved: txactors and NATS own headers starting with {prefixes} and the "
+            f"names {reserved}, in any case",
+        )
+
+
+def _check_text(path: str, text: str) -> None:
+    """Keys and property values travel as header values: nats-py trims them and turns
+    line breaks into spaces, so such a value would arrive altered (or end the header)."""
+    if not text.isprintable() or text != text.strip():
+        raise _Refused(path, TEXT_GRAMMAR)
+
+
+def _quoted(name: str) -> str:
+    return layout.shown(name).replace("'", '"') if name.isprintable() else layout.shown(name)
