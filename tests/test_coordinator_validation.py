@@ -397,7 +397,7 @@ def one_bad_field(draw: st.DrawFn) -> tuple[Prepare, str]:
 
 def nats_header_value_survives(value: str) -> bool:
     """nats-py trims values and turns line breaks into spaces when it publishes."""
-    return value == value.strip().translate(str.maketrans({"\r": " ", "\n": " "}))
+    return value == value.strip() and "\r" not in value and "\n" not in value
 
 
 @settings(max_examples=300, deadline=None)
@@ -476,12 +476,13 @@ def test_keys_and_property_names_are_accepted_exactly_up_to_their_limits(
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=200), st.sampled_from(list(Encoding)))
 def test_any_bytes_decode_to_a_command_or_an_error(data: bytes, encoding: Encoding) -> None:
-    decoded = Codec(CoordinatorCommand).decode(data, encoding)
+    codec: Codec[Any] = Codec(CoordinatorCommand)
+    decoded = codec.decode(data, encoding)
     assert isinstance(decoded, Prepare | EndTransaction | Error)
     if isinstance(decoded, Error):
         assert decoded.code in ("bad_request", "unknown_command")
     else:
-        assert isinstance(refusal(decoded), str | None)
+        refusal(decoded)  # whatever decoded, the boundary judges it without raising
 
 
 def test_json_refuses_what_json_cannot_say() -> None:

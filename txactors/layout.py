@@ -92,7 +92,7 @@ def name_problem(kind: str, name: str) -> str | None:
     limit = NAME_MAX_LENGTH[kind]
     if not _NAME.fullmatch(name) or len(name) > limit:
         return (
-            f"{kind} {shown(name)} must be 1 to {limit} of {NAME_GRAMMAR} "
+            f"{kind} {shown(name)} may contain only {NAME_GRAMMAR}, 1 to {limit} of them "
             "(it becomes a NATS subject token and part of a stream name)"
         )
     return None

@@ -33,7 +33,7 @@ class Encoding(enum.StrEnum):
 class ErrorCode(enum.StrEnum):
     """Stable error codes; clients branch on these, never on the message text."""
 
-    BAD_REQUEST = "bad_request"  # malformed bytes, wrong field types, missing fields
+    BAD_REQUEST = "bad_request"  # malformed bytes, wrong types, a value outside the limits
     UNKNOWN_COMMAND = "unknown_command"  # a well-formed payload whose `type` nobody serves
     NOT_FOUND = "not_found"  # the thing named (e.g. a transaction) does not exist
     FORBIDDEN = "forbidden"  # the caller may not do this (e.g. wrong commit token)
@@ -167,9 +167,10 @@ class OutgoingMessage(msgspec.Struct, kw_only=True):
     keys: list[str] = []
     tag: str | None = None
     properties: dict[str, str] = {}
-    """Delivered as headers; names may not start with `Nats-` or `Txn-`."""
+    """Delivered as headers; names are header tokens outside `Nats-`/`Txn-` (docs/protocol.md)."""
     check_immunity: float | None = None
-    """Seconds to leave the transaction alone before a check-back (clamped to [timeout, 1 h])."""
+    """Seconds to leave the transaction alone before a check-back: at least the transaction
+    timeout; more than the coordinator's `max_immunity` (1 h) is refused."""
 
 
 class Prepare(Message, kw_only=True):
