@@ -401,3 +401,24 @@ async def test_a_prepare_for_a_producer_instance_in_another_encoding_round_trips
             private_nc, "prepare", encode(json_prepare(properties={"Txn-Id": "x"}), js), js
         )
         assert bad["code"] == "bad_request" and "properties['Txn-Id']" in bad["message"]
+
+
+async def test_a_transaction_too_large_to_check_back_is_inconclusive_not_fatal(
+    private_nc: Client,
+) -> None:
+    """Each prepare fits max_payload; together they do not fit one CheckTransaction."""
+    checks = await serve_checks(private_nc, _never_called)
+    half = b"x" * (private_nc.max_payload * 6 // 10)
+    config = CoordinatorConfig(check_max=2, **FAST)
+    async with run_coordinator(private_nc, config=config):
+        client = CoordinatorClient(private_nc)
+        first = await client.prepare("big", message(body=half))
+        await client.prepare("big", message(body=half), token=first.token)
+        await wait_until(lambda: _state_is(client, "big", "discarded"))
+        assert checks == [], "no check could be sent"
+        receipt = await client.prepare("after", message())
+        assert (await client.end("after", receipt.token, COMMIT)).state == "committed"
+
+
+async def _never_called(check: CheckTransaction) -> bytes:
+    raise AssertionError(f"unexpected check {check.txid}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+import nats.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
@@ -19,7 +20,7 @@ from txactors.coordinator.streams import checked_message, read_raw_half
 from txactors.coordinator.validation import check_answer_problem
 from txactors.errors import ActorDeadError, AskTimeout, CommandError
 from txactors.logs import get_logger
-from txactors.protocol import CheckResult, CheckTransaction, Decision, ErrorCode
+from txactors.protocol import CheckResult, CheckTransaction, Decision, ErrorCode, encode
 
 log = get_logger(__name__)
 
@@ -31,14 +32,6 @@ async def ask_producer(
     # The table times this check out `timeout` after it was sent; ours must end first, so
     # that its outcome, not a second check, is what follows.
     deadline = time.monotonic() + action.timeout
-    stored = [read_raw_half(await js.get_msg(layout.HALF_STREAM, h.seq)) for h in action.halves]
-    command = CheckTransaction(
-        txid=action.txid,
-        group=action.group,
-        check_id=action.check_id,
-        check_times=action.check_times,
-        messages=[checked_message(s) for s in stored],
-    )
     if action.target is CheckTarget.INSTANCE:
         subject = layout.check_instance_subject(action.group, action.producer)
     else:
@@ -46,6 +39,14 @@ async def ask_producer(
     resolution: Decision | None = None
     failure: CheckFailure | None = None
     try:
+        command = await _check_command(js, action)
+        size = len(encode(command))
+        if size > nc.max_payload:
+            raise CommandError(
+                ErrorCode.BAD_REQUEST,
+                f"the check-back takes {size} bytes, more than max_payload {nc.max_payload}: "
+                "the transaction's messages together are too large to be checked back",
+            )
         result = await RemoteActorRef(nc, subject, CheckResult).ask(
             command, timeout=max(deadline - time.monotonic(), 0.001)
         )
@@ -57,8 +58,10 @@ async def ask_producer(
         failure = CheckFailure.NO_RESPONDERS
     except AskTimeout:
         failure = CheckFailure.TIMEOUT
-    except CommandError as error:
-        log.warning("check_back_error", txid=action.txid, error=str(error))
+    except (CommandError, nats.errors.Error) as error:
+        # One check that cannot be made or answered is inconclusive; it never stops the
+        # partition (its actor would restart into the same check, again and again).
+        log.warning("check_back_error", txid=action.txid, error=str(error) or repr(error))
         failure = CheckFailure.ERROR
     log.info(
         "check_back",
@@ -70,3 +73,14 @@ async def ask_producer(
         failure=failure,
     )
     return resolution, failure
+
+
+async def _check_command(js: JetStreamContext, action: SendCheck) -> CheckTransaction:
+    stored = [read_raw_half(await js.get_msg(layout.HALF_STREAM, h.seq)) for h in action.halves]
+    return CheckTransaction(
+        txid=action.txid,
+        group=action.group,
+        check_id=action.check_id,
+        check_times=action.check_times,
+        messages=[checked_message(s) for s in stored],
+    )
