@@ -76,7 +76,8 @@ class Boundary:
     max_immunity: float
 
     def refusal(self, command: Any, *, max_payload: int) -> Error | None:
-        """The `bad_request` to answer `command` with, or None if it may go on.
+        """The `bad_request` (or `unknown_command`) to answer `command` with, or None if it
+        may go on.
 
         `max_payload` is the connected server's (it can change on a reconnect).
         """
@@ -100,7 +101,8 @@ class Boundary:
                 ):
                     self._check_txid(command.txid)
                 case _:
-                    raise _Refused("$.type", f"{type(command).__name__} is not served here")
+                    name = type(command).__name__
+                    return Error(ErrorCode.UNKNOWN_COMMAND, f"{name} is not served here")
         except _Refused as refused:
             return Error(ErrorCode.BAD_REQUEST, str(refused))
         return None
