@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import nkeys
 import pytest
 
 from txactors.config import NatsConfig
@@ -71,8 +72,12 @@ def test_connect_options_pass_auth_through_and_check_files(tmp_path: Path) -> No
     opts = connect_options(NatsConfig(url="nats://x", user="u", password="p", name="me"))
     assert (opts["user"], opts["password"], opts["name"]) == ("u", "p", "me")
     assert connect_options(NatsConfig(url="nats://x", token="t"))["token"] == "t"
+    seed = nkeys.encode_seed(bytes(32), nkeys.PREFIX_BYTE_USER).decode()
     creds = tmp_path / "user.creds"
-    creds.write_text("creds")
+    creds.write_text(
+        "-----BEGIN NATS USER JWT-----\nhead.claims.sig\n------END NATS USER JWT------\n\n"
+        f"-----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n"
+    )
     assert connect_options(NatsConfig(url="nats://x", creds_file=str(creds)))[
         "user_credentials"
     ] == str(creds)

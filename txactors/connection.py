@@ -8,6 +8,7 @@ started is always stopped when the session ends.
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
@@ -17,6 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import nats.errors
+import nkeys  # type: ignore[import-untyped]  # no stubs; used for two checks
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
@@ -59,9 +61,13 @@ def connect_options(config: NatsConfig) -> dict[str, Any]:
     if config.token is not None:
         opts["token"] = config.token
     if config.creds_file is not None:
-        opts["user_credentials"] = str(_existing_file(config, "creds_file"))
+        creds = _existing_file(config, "creds_file")
+        _check_creds(config, creds)
+        opts["user_credentials"] = str(creds)
     if config.nkeys_seed is not None:
-        opts["nkeys_seed"] = str(_existing_file(config, "nkeys_seed"))
+        seed = _existing_file(config, "nkeys_seed")
+        _check_seed(config, "nkeys_seed", seed.read_bytes().strip())
+        opts["nkeys_seed"] = str(seed)
     tls = tls_context(config)
     if tls is not None:
         opts["tls"] = tls
@@ -204,6 +210,29 @@ def _existing_file(config: NatsConfig, field: str) -> Path:
     if not path.is_file():
         raise ConfigError(f"{setting_name(field)} names {value!r}, which is not a readable file")
     return path
+
+
+def _check_seed(config: NatsConfig, field: str, seed: bytes) -> None:
+    """nats-py reads the seed only while connecting, and then fails with a bare nkeys error."""
+    try:
+        nkeys.from_seed(bytearray(seed))
+    except (nkeys.NkeysError, ValueError) as exc:
+        raise ConfigError(
+            f"{setting_name(field)} names {getattr(config, field)!r}, which is not an nkey seed "
+            f"(nkeys: {exc}); it should hold one line starting with 'SU' (a user seed)"
+        ) from exc
+
+
+def _check_creds(config: NatsConfig, path: Path) -> None:
+    """nats-py loops forever on a creds file without a JWT block, so look before it does."""
+    text = path.read_bytes()
+    seed = re.search(rb"-+BEGIN USER NKEY SEED-+\s*\n\s*(\S+)", text)
+    if b"BEGIN NATS USER JWT" not in text or seed is None:
+        raise ConfigError(
+            f"{setting_name('creds_file')} names {config.creds_file!r}, which is not a creds "
+            "file (it needs a 'BEGIN NATS USER JWT' and a 'BEGIN USER NKEY SEED' block)"
+        )
+    _check_seed(config, "creds_file", seed.group(1))
 
 
 def _redact(url: str | None) -> str:
