@@ -30,9 +30,12 @@ from txactors.consumer import ConsumedMessage, Consumer, apply_once_sqlite
 from txactors.layout import (
     COMMITTED_AT_HEADER,
     DELIVERIES_HEADER,
+    DLQ_OMITTED_HEADER,
     ERROR_HEADER,
     KEYS_HEADER,
     MSG_ID_HEADER,
+    ORIGIN_SEQ_HEADER,
+    ORIGIN_STREAM_HEADER,
     TOPIC_HEADER,
     TXID_HEADER,
     dlq_filter,
@@ -183,6 +186,9 @@ async def test_retry_delays_grow_then_dlq_with_last_error(nc: Client) -> None:
         assert dead.headers[TOPIC_HEADER] == topic
         assert dead.headers[MSG_ID_HEADER] == "tx1:0"
         assert dead.headers["Region"] == "eu"
+        assert dead.headers[ORIGIN_STREAM_HEADER] == topic_stream(topic)
+        assert dead.headers[ORIGIN_SEQ_HEADER] == "1"
+        assert DLQ_OMITTED_HEADER not in dead.headers
         assert dead.subject == f"dlq.{group}.{topic}"
         await dead.ack()
 
@@ -434,5 +440,61 @@ async def test_consumer_survives_a_server_crash(make_nats_server: MakeNatsServer
             await wait_until(lambda: 2 in seen, timeout=10)
         # An ack the crash kept from disk may bring seq 1 back: at least once, never lost.
         assert set(seen) == {1, 2}
+    finally:
+        await client.close()
+
+
+async def test_a_dead_letter_too_big_to_copy_goes_to_the_dlq_by_reference(
+    make_nats_server: MakeNatsServer, tmp_path: Path
+) -> None:
+    max_payload = 64 * 1024
+    conf = tmp_path / "small.conf"
+    conf.write_text(f"max_payload: {max_payload}\n")
+    server = await make_nats_server(extra_args=["-c", str(conf)])
+    client = await nats.connect(server.url, reconnect_time_wait=0.1)
+    seen: list[int] = []
+    reason = "the ledger refused it: " + "x" * 900  # the DLQ copy adds this as a header
+
+    async def handler(msg: ConsumedMessage) -> None:
+        seen.append(msg.stream_seq)
+        if msg.stream_seq == 1:
+            raise ValueError(reason)
+
+    try:
+        async with names(client) as (topic, group):
+            assert client.max_payload == max_payload
+            big = bytes(range(256)) * ((max_payload - 600) // 256)
+            await publish(client, topic, 0, big, Region="eu")
+            async with Consumer(
+                client,
+                topic,
+                group,
+                handler,
+                max_reconsume=1,
+                retry_delays=[0.05],
+                pull_expires=0.2,
+            ):
+                await wait_until(lambda: seen == [1, 1])
+                await publish(client, topic, 1, b"next")
+                await wait_until(lambda: 2 in seen)
+                dlq = await client.jetstream().pull_subscribe(
+                    dlq_filter(group), stream=dlq_stream(group)
+                )
+                [dead] = await dlq.fetch(1, timeout=3)
+            assert client.is_connected
+            assert dead.data == b""
+            headers = dead.headers or {}
+            assert headers[DLQ_OMITTED_HEADER] == "body"
+            assert (headers[ORIGIN_STREAM_HEADER], headers[ORIGIN_SEQ_HEADER]) == (
+                topic_stream(topic),
+                "1",
+            )
+            assert headers[ERROR_HEADER] == f"ValueError: {reason}"
+            assert (headers[MSG_ID_HEADER], headers["Region"]) == ("tx1:0", "eu")
+            assert headers[DELIVERIES_HEADER] == "2"
+            # The body is where the reference points.
+            original = await client.jetstream().get_msg(topic_stream(topic), 1)
+            assert original.data == big
+            assert seen == [1, 1, 2]
     finally:
         await client.close()

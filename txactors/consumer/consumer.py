@@ -332,7 +332,9 @@ class Consumer:
             await self._settle(msg.nak(delay=delay), "nak")
             return
         try:
-            seq = await dead_letter(self._nc.jetstream(), self.group, message, error)
+            seq, entry = await dead_letter(
+                self._nc.jetstream(), self.group, message, error, max_payload=self._nc.max_payload
+            )
         except (nats.errors.Error, OSError, TimeoutError) as exc:
             retry_in = self._policy.delay(1)
             log.error("dead_letter_failed", error=repr(exc), retry_in=retry_in)
@@ -342,6 +344,7 @@ class Consumer:
             "dead_lettered",
             deliveries=message.deliveries,
             dlq_seq=seq,
+            omitted=",".join(entry.omitted) or None,
             error=describe_error(error),
             exc_info=error,
         )

@@ -3,29 +3,47 @@
 One stream per group (`DLQ_<group>`, subjects `dlq.<group>.<topic>`), like RocketMQ's
 `%DLQ%<group>` topic. A dead letter keeps the original body and headers, so an operator can
 read it, fix the cause and publish it again, and adds why and after how many attempts it
-failed. It keeps `Nats-Msg-Id` too: if the consumer dies between dead-lettering and acking,
-the second copy is dropped by the stream's duplicate window.
+failed and where the original is (topic stream and sequence). It keeps `Nats-Msg-Id` too: if
+the consumer dies between dead-lettering and acking, the second copy is dropped by the
+stream's duplicate window.
+
+A copy must fit where the original did, but it is larger (our headers), and NATS closes the
+connection of a client that publishes more than `max_payload`. So a message whose copy would
+not fit is dead-lettered *by reference*: the same headers without the body (`Txn-Omitted:
+body`), and if even those do not fit, only ours (`Txn-Omitted: body,headers`); the original
+stays readable at its stream sequence for as long as the topic stream keeps it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
 
 from nats.js import JetStreamContext
 
 from txactors.consumer.message import ConsumedMessage
 from txactors.layout import (
     DELIVERIES_HEADER,
+    DLQ_OMITTED_HEADER,
     ERROR_HEADER,
     MSG_ID_HEADER,
+    ORIGIN_SEQ_HEADER,
+    ORIGIN_STREAM_HEADER,
     TOPIC_HEADER,
     dlq_filter,
     dlq_stream,
     dlq_subject,
+    topic_stream,
     validate_name,
 )
 from txactors.topics import ensure_stream
 
 MAX_ERROR_CHARS = 1024
 """Headers travel in every copy of the message; a long traceback belongs in the logs."""
+JETSTREAM_MAX_HEADER_BYTES: Final = 65_535
+"""JetStream refuses a message whose header block is larger than this."""
+_HEADER_BLOCK_FRAME: Final = len(b"NATS/1.0\r\n") + len(b"\r\n")
 
 
 async def ensure_dlq_stream(js: JetStreamContext, group: str) -> str:
@@ -41,16 +59,62 @@ def describe_error(error: BaseException) -> str:
     return " ".join(text.split())[:MAX_ERROR_CHARS]
 
 
-async def dead_letter(
-    js: JetStreamContext, group: str, message: ConsumedMessage, error: BaseException
-) -> int:
-    """Store `message` in the group's DLQ with the last error; returns its DLQ sequence."""
-    headers = {
-        **message.headers,
-        MSG_ID_HEADER: message.msg_id,
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """What goes to the DLQ for one message: a full copy, or a reference without the body."""
+
+    body: bytes
+    headers: dict[str, str]
+    omitted: tuple[str, ...]
+    """What was left out: () for a full copy, ("body",) or ("body", "headers")."""
+
+
+def header_block_bytes(headers: Mapping[str, object]) -> int:
+    """Bytes of the header block NATS sends: `NATS/1.0\\r\\n`, `Name: Value\\r\\n`, `\\r\\n`."""
+    lines = sum(len(str(k).encode()) + len(str(v).encode()) + 4 for k, v in headers.items())
+    return _HEADER_BLOCK_FRAME + lines
+
+
+def dead_letter_entry(
+    message: ConsumedMessage, error: BaseException, max_payload: int
+) -> DeadLetter:
+    """The DLQ entry for `message`: the fullest form whose headers and body fit the server's
+    `max_payload` (and JetStream's header limit)."""
+    ours = {
         TOPIC_HEADER: message.topic,
+        ORIGIN_STREAM_HEADER: topic_stream(message.topic),
+        ORIGIN_SEQ_HEADER: str(message.stream_seq),
         ERROR_HEADER: describe_error(error),
         DELIVERIES_HEADER: str(message.deliveries),
     }
-    ack = await js.publish(dlq_subject(group, message.topic), message.body, headers=headers)
-    return ack.seq
+    original = {k: str(v) for k, v in message.headers.items()}
+    with_id = {**original, MSG_ID_HEADER: message.msg_id, **ours}
+    references = {**ours, DLQ_OMITTED_HEADER: "body,headers"}
+    candidates = [
+        DeadLetter(message.body, with_id, ()),
+        DeadLetter(b"", {**with_id, DLQ_OMITTED_HEADER: "body"}, ("body",)),
+        DeadLetter(b"", {MSG_ID_HEADER: message.msg_id, **references}, ("body", "headers")),
+        # Only a foreign publisher's enormous Nats-Msg-Id gets here; the stream's duplicate
+        # window then cannot catch a second copy.
+        DeadLetter(b"", references, ("body", "headers")),
+    ]
+    for entry in candidates:
+        block = header_block_bytes(entry.headers)
+        if block <= JETSTREAM_MAX_HEADER_BYTES and block + len(entry.body) <= max_payload:
+            return entry
+    return candidates[-1]
+
+
+async def dead_letter(
+    js: JetStreamContext,
+    group: str,
+    message: ConsumedMessage,
+    error: BaseException,
+    *,
+    max_payload: int,
+) -> tuple[int, DeadLetter]:
+    """Store `message` in the group's DLQ with the last error, as a copy or by reference
+    (see `dead_letter_entry`); returns its DLQ sequence and what was stored."""
+    entry = dead_letter_entry(message, error, max_payload)
+    ack = await js.publish(dlq_subject(group, message.topic), entry.body, headers=entry.headers)
+    return ack.seq, entry
