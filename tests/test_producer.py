@@ -9,6 +9,7 @@ check-backs driven by its checker, crashes) live with the coordinator.
 from __future__ import annotations
 
 import functools
+import gc
 import itertools
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -527,6 +528,70 @@ async def test_a_check_for_another_group_is_refused(nc: Client) -> None:
         with pytest.raises(CommandError) as caught:
             await ask_instance(nc, p, check_for("someone-else"))
     assert caught.value.code == ErrorCode.BAD_REQUEST
+
+
+async def test_a_check_for_a_transaction_still_in_flight_is_unknown_without_the_checker(
+    nc: Client,
+) -> None:
+    checker = RecordingChecker(Decision.COMMIT)
+    async with coordinator(nc), producer(nc, checker=checker) as p:
+        async with p.begin() as txn:
+            await txn.send(message())
+            during = await ask_instance(nc, p, check_for(p.group, txn.txid))
+            assert checker.views == []
+        after = await ask_instance(nc, p, check_for(p.group, txn.txid))
+    assert during == CheckResult(txid=txn.txid, check_id=7, resolution=Decision.UNKNOWN)
+    assert after.resolution is Decision.COMMIT  # ended and confirmed: the checker answers
+    assert [view.txid for view in checker.views] == [txn.txid]
+
+
+async def test_a_check_while_the_prepare_awaits_its_reply_is_unknown(nc: Client) -> None:
+    checker = RecordingChecker(Decision.COMMIT)
+    failed: list[PrepareFailed] = []
+    async with producer(nc, checker=checker, request_timeout=1.0) as p:
+        txn = p.begin()
+        # No coordinator answers; the test only sees the prepare go out.
+        prepares = await nc.subscribe(prepare_subject(partition_of(txn.txid, 1)))
+
+        async def send() -> None:
+            try:
+                await txn.send(message())
+            except PrepareFailed as error:
+                failed.append(error)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send)
+            await prepares.next_msg(timeout=2)
+            during = await ask_instance(nc, p, check_for(p.group, txn.txid))
+        await prepares.unsubscribe()
+        await txn.rollback()
+        after = await ask_instance(nc, p, check_for(p.group, txn.txid))
+    assert len(failed) == 1
+    assert during.resolution is Decision.UNKNOWN
+    assert after.resolution is Decision.ROLLBACK  # the remembered decision, not the checker
+    assert checker.views == []
+
+
+@pytest.mark.parametrize("how", ["cancelled", "dropped"])
+async def test_an_abandoned_transaction_is_no_longer_in_flight(nc: Client, how: str) -> None:
+    checker = RecordingChecker(Decision.ROLLBACK)
+    async with coordinator(nc), producer(nc, checker=checker) as p:
+        if how == "cancelled":
+            with anyio.CancelScope() as scope:
+                async with p.begin() as txn:
+                    await txn.send(message())
+                    scope.cancel()
+                    await anyio.sleep(1)
+            txid = txn.txid
+        else:
+            dropped = p.begin()
+            await dropped.send(message())
+            txid = dropped.txid
+            del dropped  # never ended, and nothing can end it now
+            gc.collect()
+        reply = await ask_instance(nc, p, check_for(p.group, txid))
+    assert reply.resolution is Decision.ROLLBACK
+    assert [view.txid for view in checker.views] == [txid]
 
 
 # -- TxMessage ---------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from txactors.actors.remote import NatsReply
 from txactors.errors import ActorDeadError
 from txactors.layout import check_group_subject, check_instance_subject
 from txactors.logs import get_logger
+from txactors.producer.inflight import InFlight
 from txactors.producer.outcomes import UnconfirmedOutcomes
 from txactors.protocol import (
     CheckResult,
@@ -104,14 +105,23 @@ to have committed or not, UNKNOWN to be asked again later. Async or plain."""
 
 
 class CheckWorker(Actor):
-    """Answers one check at a time; several run side by side in a `CheckResponder`."""
+    """Answers one check at a time; several run side by side in a `CheckResponder`.
+
+    What the producer itself knows comes first: UNKNOWN while the transaction is still in
+    flight here, then a decision it could not deliver; only then is the checker asked."""
 
     def __init__(
-        self, checker: Checker, group: str, outcomes: UnconfirmedOutcomes, timeout: float
+        self,
+        checker: Checker,
+        group: str,
+        outcomes: UnconfirmedOutcomes,
+        in_flight: InFlight,
+        timeout: float,
     ) -> None:
         self._checker = checker
         self._group = group
         self._outcomes = outcomes
+        self._in_flight = in_flight
         self._timeout = timeout
 
     async def receive(self, message: CheckTransaction) -> CheckResult | Error:
@@ -121,8 +131,7 @@ class CheckWorker(Actor):
                     ErrorCode.BAD_REQUEST,
                     f"this producer answers for group {self._group!r}, not {message.group!r}",
                 )
-            remembered = self._outcomes.get(message.txid)
-            resolution = remembered or await self._ask_checker(CheckView.of(message))
+            source, resolution = await self._resolve(message)
             if isinstance(resolution, Error):
                 return resolution
             log.info(
@@ -130,9 +139,17 @@ class CheckWorker(Actor):
                 resolution=resolution,
                 check_id=message.check_id,
                 check_times=message.check_times,
-                source="unconfirmed end" if remembered else "checker",
+                source=source,
             )
             return CheckResult(txid=message.txid, check_id=message.check_id, resolution=resolution)
+
+    async def _resolve(self, message: CheckTransaction) -> tuple[str, Decision | Error]:
+        if message.txid in self._in_flight:
+            return "in flight", Decision.UNKNOWN
+        remembered = self._outcomes.get(message.txid)
+        if remembered is not None:
+            return "unconfirmed end", remembered
+        return "checker", await self._ask_checker(CheckView.of(message))
 
     async def _ask_checker(self, view: CheckView) -> Decision | Error:
         outcome: object = None

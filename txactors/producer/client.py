@@ -18,6 +18,7 @@ from txactors.actors import RemoteActorRef
 from txactors.errors import ActorDeadError, AskTimeout, CommandError, EndRefused, PrepareFailed
 from txactors.layout import end_subject, partition_of, prepare_subject
 from txactors.logs import get_logger
+from txactors.producer.inflight import InFlight
 from txactors.producer.outcomes import UnconfirmedOutcomes
 from txactors.protocol import (
     Decision,
@@ -51,10 +52,12 @@ class CoordinatorClient:
         partitions: int,
         request_timeout: float,
         outcomes: UnconfirmedOutcomes,
+        in_flight: InFlight,
     ) -> None:
         self.group = group
         self.instance = instance
         self.outcomes = outcomes
+        self.in_flight = in_flight
         self._partitions = partitions
         self._timeout = request_timeout
         self._prepare = [

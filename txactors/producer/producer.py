@@ -26,6 +26,7 @@ from txactors.layout import validate_name
 from txactors.logs import get_logger
 from txactors.producer.checks import Checker, CheckResponder, CheckWorker
 from txactors.producer.client import CoordinatorClient
+from txactors.producer.inflight import InFlight
 from txactors.producer.message import TxMessage
 from txactors.producer.outcomes import UnconfirmedOutcomes
 from txactors.producer.transaction import Transaction, TransactionResult
@@ -52,7 +53,9 @@ class TransactionProducer:
 
     `checker` is called when the coordinator asks about a transaction whose end never
     arrived or said UNKNOWN; it should look the transaction up in the local database and
-    answer COMMIT, ROLLBACK, or UNKNOWN (ask again later). Up to `checker_concurrency`
+    answer COMMIT, ROLLBACK, or UNKNOWN (ask again later). It is not called for a
+    transaction this producer is still working on (prepare, local transaction or end still
+    running): that check is answered UNKNOWN. Up to `checker_concurrency`
     checks run at once, each for at most `check_timeout` seconds. `partitions` must match
     the coordinators' partition count. A producer runs once: enter it a single time.
 
@@ -79,6 +82,7 @@ class TransactionProducer:
         if request_timeout <= 0 or check_timeout <= 0:
             raise ValueError("request_timeout and check_timeout must be positive")
         outcomes = UnconfirmedOutcomes()
+        in_flight = InFlight()
         self._client = CoordinatorClient(
             nc,
             group=self.group,
@@ -86,12 +90,13 @@ class TransactionProducer:
             partitions=partitions,
             request_timeout=request_timeout,
             outcomes=outcomes,
+            in_flight=in_flight,
         )
         self._responder = CheckResponder(
             nc,
             group=self.group,
             instance=self.instance,
-            worker=lambda: CheckWorker(checker, self.group, outcomes, check_timeout),
+            worker=lambda: CheckWorker(checker, self.group, outcomes, in_flight, check_timeout),
             concurrency=checker_concurrency,
         )
         self._running = False

@@ -6,7 +6,10 @@ The rules a caller can rely on, all checked locally before anything is sent:
   was not confirmed (or returns the result), a different decision is refused;
 - after a failed send the transaction can only roll back (or be left unknown): committing
   part of what the caller meant to send would break all-or-nothing;
-- a transaction that sent nothing ends without a request.
+- a transaction that sent nothing ends without a request;
+- from its first prepare until its end is answered, a check-back for it is answered UNKNOWN
+  by this producer (see `inflight`), so the checker never judges a local transaction that
+  is still running.
 
 Used as `async with producer.begin() as txn:`, leaving the block normally commits and an
 exception rolls back. Do the local database work *inside* the block, so it commits before
@@ -108,6 +111,8 @@ class Transaction:
                         f"an earlier send of transaction {self.txid} failed; roll it back",
                         txid=self.txid,
                     ) from self._failed_send
+                # From here until the end, a check-back for it is answered UNKNOWN.
+                self._client.in_flight.add(self.txid, self)
                 try:
                     prepared = await self._client.prepare(self.txid, outgoing, self._token)
                 except PrepareFailed as error:
@@ -149,7 +154,10 @@ class Transaction:
                 if self._result is not None and (self._result.confirmed or self._token is None):
                     return self._result
                 self._decision = decision
-                self._result = await self._send_end(decision)
+                try:
+                    self._result = await self._send_end(decision)
+                finally:
+                    self._client.in_flight.discard(self.txid)
                 return self._result
 
     async def _send_end(self, decision: Decision) -> TransactionResult:
@@ -197,6 +205,7 @@ class Transaction:
                 # Cancelled or interrupted: whether the local work committed is not known
                 # here, so nothing is sent and the check-back asks the checker.
                 self._decision = Decision.UNKNOWN
+                self._client.in_flight.discard(self.txid)
                 log.warning("transaction_interrupted", error=repr(exc), messages=len(self._seqs))
         finally:
             structlog.contextvars.reset_contextvars(**self._context_tokens)

@@ -1,0 +1,42 @@
+"""Transactions this producer is still working on, so that a check-back cannot overtake them.
+
+The coordinator checks a transaction whose end has not come within its timeout, and it may do
+so while the producer is still at work on it: the prepare's reply is on its way, or the local
+transaction runs longer than the timeout. The user's checker would then read a database in
+which the local transaction has not finished, and its answer could contradict the end that
+follows (a COMMIT for a local transaction that then rolls back). For a transaction still in
+flight here the only true answer is UNKNOWN: the coordinator asks again later, when the end
+has arrived or this producer gave up on it.
+
+A transaction is in flight from just before its first prepare is sent until its end was
+answered (or failed), or it was abandoned: interrupted by a cancellation, or dropped without
+an end. The registry holds its transactions weakly, so one that is garbage collected without
+an end stops being in flight and the checker answers for it again.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+
+class InFlight:
+    """txid → the live transaction object, for the transactions still being worked on."""
+
+    __slots__ = ("_open",)
+
+    def __init__(self) -> None:
+        self._open: weakref.WeakValueDictionary[str, object] = weakref.WeakValueDictionary()
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def __contains__(self, txid: object) -> bool:
+        return txid in self._open
+
+    def add(self, txid: str, transaction: object) -> None:
+        """`transaction` (any object that lives as long as the work on it) is at work."""
+        self._open[txid] = transaction
+
+    def discard(self, txid: str) -> None:
+        """The transaction's end was answered or given up: the checker may answer now."""
+        self._open.pop(txid, None)
