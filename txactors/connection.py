@@ -2,7 +2,8 @@
 
 `nats_session()` is what apps, the CLI and tests use, so "no NATS_URL → embedded server, else
 connect there and start nothing" (DESIGN §10) is decided in exactly one place, and a server we
-started is always stopped when the session ends.
+started is always stopped when the session ends. Its client is a `TolerantClient`, which
+survives a malformed header block from any publisher (see txactors.natsclient).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from nats.js import JetStreamContext
 from txactors.config import NatsConfig, setting_name
 from txactors.errors import ConfigError, NatsConnectError
 from txactors.logs import get_logger
+from txactors.natsclient import TolerantClient
 from txactors.server import EmbeddedNatsServer
 
 DRAIN_TIMEOUT = 5.0
@@ -150,7 +152,7 @@ async def _connect(servers: list[str], config: NatsConfig, opts: dict[str, Any])
             await user_disconnected_cb()
 
     opts.setdefault("reconnected_cb", _on_reconnected)
-    nc = Client()
+    nc = TolerantClient()
     # nats-py counts the first connection against max_reconnect_attempts, so a short limit
     # here makes a wrong URL fail in seconds; the real limit is set once connected. The overall
     # bound is because nats-py can hang closing a socket after a failed TLS handshake.

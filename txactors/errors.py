@@ -12,6 +12,7 @@
     │   ├── EndRefused            the coordinator refused the end (conflict, forbidden, …)
     │   └── TransactionStateError this Transaction cannot do that now (ended, or a send failed)
     ├── NatsConnectError          the configured NATS server could not be reached
+    │   └── NatsConnectionLost    the connection closed for good while a role served on it
     └── NatsServerError           the embedded nats-server could not be run
         ├── NatsServerNotFound    no nats-server binary
         ├── PortInUse             the port is taken
@@ -91,6 +92,11 @@ class TransactionStateError(TransactionError):
 
 class NatsConnectError(TxActorsError):
     """The configured NATS server (NATS_URL or config) could not be reached or refused us."""
+
+
+class NatsConnectionLost(NatsConnectError):
+    """A long-lived role's NATS connection closed for good (reconnects given up); the role
+    stops with this rather than stay up serving nothing."""
 
 
 class NatsServerError(TxActorsError):

@@ -76,6 +76,11 @@ class CoordinatorMetrics(Collector):
             ["partition"],
             registry=registry,
         )
+        self.refused_replies = Counter(
+            "txactors_refused_replies_total",
+            "Requests dropped unexecuted: their reply subject was not under the inbox prefix.",
+            registry=registry,
+        )
         registry.register(self)
 
     def track(self, partition: int, table: TransactionTable) -> None:

@@ -1,10 +1,11 @@
 """Actors across processes: serve a local actor on a NATS subject, reach it with a ref.
 
 The serving side decodes at the boundary (bad input is answered with an `Error` and never
-reaches the actor) and only enqueues; the actor's own loop publishes each reply when it is
-done. Nothing waits per request in the subscription callback, so requests pipeline through
-the mailbox and a full mailbox slows the subscription down (backpressure) instead of
-dropping work.
+reaches the actor), answers only inbox reply subjects (`ReplyGuard`: a request whose reply
+subject is anything else is not executed at all), and only enqueues; the actor's own loop
+publishes each reply when it is done. Nothing waits per request in the subscription
+callback, so requests pipeline through the mailbox and a full mailbox slows the subscription
+down (backpressure) instead of dropping work.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from nats.aio.subscription import Subscription
 
 from txactors.actors.envelope import Envelope, unwrap
 from txactors.actors.ref import DEFAULT_ASK_TIMEOUT, LocalActorRef
+from txactors.actors.replies import ReplyGuard, reply_refusal
 from txactors.errors import ActorDeadError, AskTimeout, CommandError
 from txactors.logs import get_logger
+from txactors.natsclient import malformed_headers
 from txactors.protocol import Codec, Encoding, Error, ErrorCode, encode, encoding_of, headers_for
 
 log = get_logger(__name__)
@@ -91,18 +94,22 @@ async def serve(
     *,
     queue: str = "",
     reply_later: bool = False,
+    replies: ReplyGuard | None = None,
 ) -> Subscription:
     """Serve `ref` on `subject`, accepting the Structs of `message_type` (a union).
 
     With `queue`, several processes serve the same subject and NATS spreads requests
     across them. With `reply_later`, the actor receives each message wrapped in a `Request`
     and answers through it whenever it is ready; otherwise its return value is the answer.
+    `replies` says which reply subjects are answered (default: under `_INBOX.`); a request
+    with any other reply subject is dropped before it reaches the actor.
     Unsubscribe (or drain) the returned subscription to stop serving.
     """
     codec: Codec[Any] = Codec(message_type)
+    guard = replies or ReplyGuard()
 
     async def answer(msg: Msg, error: Error, encoding: Encoding) -> None:
-        if msg.reply:
+        if msg.reply and reply_refusal(msg.reply, guard.prefix) is None:
             await NatsReply(nc, msg.reply, encoding).resolve(error)
 
     async def on_request(msg: Msg) -> None:
@@ -113,6 +120,16 @@ async def serve(
             await answer(msg, error_reply(error), Encoding.MSGPACK)
 
     async def dispatch(msg: Msg) -> None:
+        if msg.reply and not guard.allows(msg.reply, subject):
+            return
+        unreadable = malformed_headers(msg)
+        if unreadable is not None:
+            log.info(
+                "request_rejected", subject=subject, code=ErrorCode.BAD_REQUEST, reason=unreadable
+            )
+            problem = f"the header block could not be parsed ({unreadable})"
+            await answer(msg, Error(ErrorCode.BAD_REQUEST, problem), Encoding.MSGPACK)
+            return
         encoding = encoding_of(msg.headers)
         if isinstance(encoding, Error):
             await answer(msg, encoding, Encoding.MSGPACK)

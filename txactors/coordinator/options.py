@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
+from txactors.actors.replies import DEFAULT_INBOX_PREFIX, normalize_prefix
 from txactors.protocol import OutgoingMessage
 
 
@@ -32,8 +33,12 @@ class CoordinatorOptions(msgspec.Struct, frozen=True, kw_only=True):
     """A dead coordinator's partitions are taken over within this many seconds."""
     max_partitions: int = 1 << 16
     """Most partitions this process takes: set it to split partitions across processes."""
+    inbox_prefix: str = DEFAULT_INBOX_PREFIX
+    """Only reply subjects under this prefix are answered (an account's clients may use
+    another `inbox_prefix`); a request with any other reply subject is refused unexecuted."""
 
     def __post_init__(self) -> None:
+        normalize_prefix(self.inbox_prefix)  # ValueError when it cannot prefix a subject
         if self.partitions < 1 or self.max_partitions < 1:
             raise ValueError("partitions and max_partitions must be >= 1")
         if self.lease_ttl <= 0:

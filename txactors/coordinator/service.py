@@ -6,7 +6,9 @@ JetStream layout exists, takes the leases of the partitions that are free (up to
 before it serves) and serves `txn.coord.<p>.prepare`, `.end` and `.admin`. A keeper task renews
 the leases, stops serving a partition whose lease is lost or cannot be renewed in time, and
 takes over partitions whose owner died. Several coordinator processes thus split the
-partitions, or stand by for each other.
+partitions, or stand by for each other. Only inbox reply subjects are answered
+(`options.inbox_prefix`), and a connection closed for good ends the coordinator with
+`NatsConnectionLost` rather than leaving it up serving nothing.
 """
 
 from __future__ import annotations
@@ -16,22 +18,25 @@ import secrets
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 
 import anyio
+import nats.errors
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 
 from txactors import layout
-from txactors.actors import ActorSystem, LocalActorRef, Supervisor, serve
+from txactors.actors import ActorSystem, LocalActorRef, ReplyGuard, Supervisor, serve
 from txactors.coordinator.config import CoordinatorConfig
 from txactors.coordinator.lease import Leases, lease_bucket
 from txactors.coordinator.options import Clock, CoordinatorOptions, OnDiscard
 from txactors.coordinator.partition import PartitionCoordinator
 from txactors.coordinator.streams import ensure_streams
+from txactors.errors import NatsConnectionLost
 from txactors.logs import get_logger
 from txactors.metrics import CoordinatorMetrics
+from txactors.natsclient import watch_connection
 from txactors.protocol import AdminCommand, EndTransaction, Prepare
 
 MAILBOX_SIZE = 8192
@@ -75,8 +80,10 @@ class _PartitionKeeper:
         leases: Leases,
         options: CoordinatorOptions,
         make_partition: Callable[[int], PartitionCoordinator],
+        replies: ReplyGuard,
     ) -> None:
         self._nc = nc
+        self._replies = replies
         self._system = system
         self._leases = leases
         self._options = options
@@ -136,14 +143,17 @@ class _PartitionKeeper:
             (layout.admin_subject(partition), AdminCommand),
         ):
             owned.subscriptions.append(
-                await serve(self._nc, ref, subject, accepts, reply_later=True)
+                await serve(
+                    self._nc, ref, subject, accepts, reply_later=True, replies=self._replies
+                )
             )
         await self._nc.flush()
 
     async def _stop(self, partition: int, *, give_back: bool) -> None:
         owned = self.owned.pop(partition)
         for subscription in owned.subscriptions:
-            await subscription.unsubscribe()
+            with suppress(nats.errors.Error):  # a closed connection has no subscriptions left
+                await subscription.unsubscribe()
         await owned.ref.stop()
         if give_back:
             await self._leases.give_back(partition, owned.revision)
@@ -194,13 +204,21 @@ async def run_coordinator(
             metrics=metrics,
         )
 
-    async with ActorSystem("coordinator") as system, anyio.create_task_group() as tasks:
-        keeper = _PartitionKeeper(nc, system, leases, options, make_partition)
-        await keeper.take_free()
-        tasks.start_soon(keeper.run)
-        try:
-            yield RunningCoordinator(leases.owner, keeper.owned)
-        finally:
-            tasks.cancel_scope.cancel()
-            with anyio.CancelScope(shield=True):
-                await keeper.stop_all()
+    replies = ReplyGuard(
+        options.inbox_prefix,
+        on_refused=metrics.refused_replies.inc if metrics is not None else None,
+    )
+    try:
+        async with ActorSystem("coordinator") as system, anyio.create_task_group() as tasks:
+            keeper = _PartitionKeeper(nc, system, leases, options, make_partition, replies)
+            await keeper.take_free()
+            tasks.start_soon(keeper.run)
+            tasks.start_soon(watch_connection, nc)
+            try:
+                yield RunningCoordinator(leases.owner, keeper.owned)
+            finally:
+                tasks.cancel_scope.cancel()
+                with anyio.CancelScope(shield=True):
+                    await keeper.stop_all()
+    except* NatsConnectionLost as lost:  # the caller sees the error, not a task group's
+        raise lost.exceptions[0] from None

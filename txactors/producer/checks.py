@@ -9,6 +9,10 @@ under load, say), so a small pool of `CheckWorker` actors answers them. A check 
 only to an idle worker: the pool's free list is a bounded stream of worker refs, and while
 every worker is busy the subscription waits, which is the backpressure. Dealing checks out
 blindly (one queue-group member per worker) would park some behind a slow one.
+
+Like every endpoint of ours, it answers only inbox reply subjects (a check whose reply subject
+is anything else is dropped unexecuted) and stops with `NatsConnectionLost` when its
+connection is closed for good.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 import anyio
+import anyio.abc
 import msgspec
 import nats.errors
 import structlog
@@ -32,9 +37,11 @@ from nats.aio.subscription import Subscription
 from txactors.actors import Actor, ActorSystem, LocalActorRef
 from txactors.actors.envelope import Envelope
 from txactors.actors.remote import NatsReply
-from txactors.errors import ActorDeadError
+from txactors.actors.replies import DEFAULT_INBOX_PREFIX, ReplyGuard, reply_refusal
+from txactors.errors import ActorDeadError, NatsConnectionLost
 from txactors.layout import check_group_subject, check_instance_subject
 from txactors.logs import get_logger
+from txactors.natsclient import malformed_headers, watch_connection
 from txactors.producer.inflight import InFlight
 from txactors.producer.outcomes import UnconfirmedOutcomes
 from txactors.protocol import (
@@ -206,7 +213,8 @@ class _ReturnToPool:
 
 class CheckResponder:
     """The check-back side of a producer: `concurrency` workers, served on the instance
-    subject (plain subscription) and the group subject (queue group named after the group)."""
+    subject (plain subscription) and the group subject (queue group named after the group).
+    Checks are answered only on reply subjects under `inbox_prefix`."""
 
     def __init__(
         self,
@@ -216,10 +224,13 @@ class CheckResponder:
         instance: str,
         worker: Callable[[], CheckWorker],
         concurrency: int,
+        inbox_prefix: str = DEFAULT_INBOX_PREFIX,
     ) -> None:
         if concurrency < 1:
             raise ValueError("checker_concurrency must be at least 1")
         self._nc = nc
+        self._replies = ReplyGuard(inbox_prefix)
+        self._watch: anyio.abc.TaskGroup | None = None
         self._group = group
         self._instance = instance
         self._worker = worker
@@ -247,6 +258,9 @@ class CheckResponder:
                     check_group_subject(self._group), queue=self._group, cb=self._on_check
                 ),
             ]
+            self._watch = anyio.create_task_group()
+            await self._watch.__aenter__()
+            self._watch.start_soon(watch_connection, self._nc)
         except BaseException as error:
             await self.__aexit__(type(error), error, error.__traceback__)
             raise
@@ -258,6 +272,7 @@ class CheckResponder:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        lost = await self._stop_watching(exc_type, exc, tb)
         try:
             for subscription in self._subscriptions:
                 with contextlib.suppress(nats.errors.Error):  # the connection may be closed
@@ -267,6 +282,30 @@ class CheckResponder:
         finally:
             self._free_send.close()
             self._free.close()
+        if lost is not None:  # the producer's user sees why it stopped
+            raise lost
+
+    async def _stop_watching(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> NatsConnectionLost | None:
+        """End the connection watch; the error it stopped with, if any."""
+        watch, self._watch = self._watch, None
+        lost: NatsConnectionLost | None = None
+        if watch is not None:
+            watch.cancel_scope.cancel()
+            try:
+                await watch.__aexit__(exc_type, exc, tb)
+            except* NatsConnectionLost as group:
+                error = group.exceptions[0]
+                lost = (
+                    error
+                    if isinstance(error, NatsConnectionLost)
+                    else NatsConnectionLost(str(error))
+                )
+        return lost
 
     async def _on_check(self, msg: Msg) -> None:
         try:
@@ -276,6 +315,17 @@ class CheckResponder:
             await self._answer(msg, Error(ErrorCode.INTERNAL, repr(error)), Encoding.MSGPACK)
 
     async def _dispatch(self, msg: Msg) -> None:
+        if not msg.reply:
+            log.warning("check_without_reply_subject")
+            return
+        if not self._replies.allows(msg.reply, msg.subject):
+            return
+        unreadable = malformed_headers(msg)
+        if unreadable is not None:
+            log.warning("check_rejected", code=ErrorCode.BAD_REQUEST, reason=unreadable)
+            problem = f"the header block could not be parsed ({unreadable})"
+            await self._answer(msg, Error(ErrorCode.BAD_REQUEST, problem), Encoding.MSGPACK)
+            return
         encoding = encoding_of(msg.headers)
         if isinstance(encoding, Error):
             await self._answer(msg, encoding, Encoding.MSGPACK)
@@ -285,9 +335,6 @@ class CheckResponder:
             log.warning("check_rejected", code=check.code, reason=check.message)
             await self._answer(msg, check, encoding)
             return
-        if not msg.reply:
-            log.warning("check_without_reply_subject", txid=check.txid)
-            return
         worker = await self._free.receive()  # waits while every worker is busy
         reply = NatsReply(self._nc, msg.reply, encoding)
         try:
@@ -296,5 +343,5 @@ class CheckResponder:
             await reply.fail(error)
 
     async def _answer(self, msg: Msg, error: Error, encoding: Encoding) -> None:
-        if msg.reply:
+        if msg.reply and reply_refusal(msg.reply, self._replies.prefix) is None:
             await NatsReply(self._nc, msg.reply, encoding).resolve(error)

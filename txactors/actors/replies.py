@@ -1,0 +1,109 @@
+"""Which reply subjects a served endpoint answers: inboxes only.
+
+A served endpoint publishes its answer to the reply subject the requester chose, with the
+server's permissions, not the requester's. Answering a reply subject such as `topic.x.y`,
+`$KV.TXN_LEASE.0` or `$JS.API.STREAM.PURGE.X` would let any client write into a topic, a
+lease or the JetStream API through us. So only subjects under the inbox prefix (`_INBOX.` by
+default, as nats-py's `request` makes them) are answered; a request with any other reply
+subject is not executed at all, counted, and logged at most once a minute per pattern.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Final
+
+from txactors.logs import get_logger
+
+DEFAULT_INBOX_PREFIX: Final = "_INBOX."
+LOG_EVERY: Final = 60.0
+"""Seconds between two log lines about the same refused reply pattern."""
+MAX_PATTERNS: Final = 1024
+"""Patterns remembered for rate limiting; beyond that the memory starts over (bounded)."""
+_FORBIDDEN_CHARS: Final = frozenset("*> \t\r\n\f\v")
+
+log = get_logger(__name__)
+
+
+def reply_refusal(reply: str, prefix: str = DEFAULT_INBOX_PREFIX) -> str | None:
+    """Why `reply` may not be answered, or None when it is a proper inbox subject."""
+    if not reply.startswith(prefix) or len(reply) == len(prefix):
+        return f"the reply subject is not under the inbox prefix {prefix!r}"
+    if any(char in _FORBIDDEN_CHARS for char in reply):
+        return "the reply subject holds a wildcard or whitespace"
+    if "" in reply.split("."):
+        return "the reply subject has an empty token"
+    return None
+
+
+def normalize_prefix(prefix: str) -> str:
+    """`prefix` ending in a dot (nats-py's `inbox_prefix` option is given without one).
+
+    Raises ValueError when no subject could be under it (empty, wildcards, whitespace).
+    """
+    prefix = prefix if prefix.endswith(".") else f"{prefix}."
+    if prefix == "." or reply_refusal(f"{prefix}x", prefix) is not None:
+        raise ValueError(f"the inbox prefix {prefix!r} must be subject tokens without wildcards")
+    return prefix
+
+
+def reply_pattern(reply: str) -> str:
+    """What log lines are rate-limited by: the first token (`topic.x.y` → `topic.>`).
+
+    Truncated, so a client cannot fill the log (or our memory) with long subjects.
+    """
+    first = reply.split(".", 1)[0][:64]
+    return f"{first}.>" if "." in reply else first
+
+
+class ReplyGuard:
+    """Decides whether a reply subject may be answered, and reports those that may not.
+
+    One guard may serve many subscriptions (a coordinator shares one across its partitions),
+    so a pattern is logged once per process and interval, not once per subscription.
+    `on_refused` is called for every refusal (a metric's `inc`).
+    """
+
+    def __init__(
+        self,
+        prefix: str = DEFAULT_INBOX_PREFIX,
+        *,
+        on_refused: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        prefix = normalize_prefix(prefix)
+        self.prefix = prefix
+        self._on_refused = on_refused
+        self._clock = clock
+        self._logged: dict[tuple[str, str], tuple[float, int]] = {}
+        """(served subject, pattern) → (when last logged, refusals not logged since)."""
+
+    def allows(self, reply: str, served: str) -> bool:
+        """True when `reply` may be answered; otherwise counts and (rate-limited) logs it."""
+        reason = reply_refusal(reply, self.prefix)
+        if reason is None:
+            return True
+        if self._on_refused is not None:
+            self._on_refused()
+        self._report(served, reply, reason)
+        return False
+
+    def _report(self, served: str, reply: str, reason: str) -> None:
+        now = self._clock()
+        key = (served, reply_pattern(reply))
+        last = self._logged.get(key)
+        if last is not None and now - last[0] < LOG_EVERY:
+            self._logged[key] = (last[0], last[1] + 1)
+            return
+        if len(self._logged) >= MAX_PATTERNS:
+            self._logged.clear()
+        self._logged[key] = (now, 0)
+        log.warning(
+            "reply_subject_refused",
+            subject=served,
+            reply_pattern=key[1],
+            reply=reply[:200],
+            reason=reason,
+            suppressed=0 if last is None else last[1],
+        )
