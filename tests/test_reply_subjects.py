@@ -1,0 +1,214 @@
+"""Replies go only to inboxes: a request whose reply subject is anything else is not executed.
+
+The rule itself is pure (`reply_refusal`, `ReplyGuard`); the coordinator and the producer's
+check endpoint are then shown, on a real nats-server, to leave topics, leases and the
+JetStream API untouched when a request names them as its reply subject.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+import anyio
+import pytest
+import structlog
+from hypothesis import given
+from hypothesis import strategies as st
+from nats.aio.client import Client
+from prometheus_client import CollectorRegistry
+
+from tests.support.txn import CoordinatorClient, message, topic_ids
+from tests.test_producer import RecordingChecker, ask_instance, check_for, producer
+from txactors import layout
+from txactors.actors.replies import (
+    LOG_EVERY,
+    ReplyGuard,
+    normalize_prefix,
+    reply_pattern,
+    reply_refusal,
+)
+from txactors.coordinator.options import CoordinatorOptions
+from txactors.coordinator.service import run_coordinator
+from txactors.errors import CommandError
+from txactors.metrics import CoordinatorMetrics
+from txactors.protocol import (
+    CheckResult,
+    Decision,
+    EndTransaction,
+    Prepare,
+    ShowTransaction,
+    encode,
+)
+
+HOSTILE_REPLIES = [
+    "topic.orders._",
+    f"$KV.{layout.LEASE_BUCKET}.0",
+    "txn.op.0",
+    "txn.coord.0.prepare",
+    f"$JS.API.STREAM.PURGE.{layout.topic_stream('orders')}",
+    "_INBOX",
+    "_INBOX.",
+    "_INBOX.*",
+    "_INBOX.>",
+    "_INBOX.a.*",
+    "_INBOX..a",
+    "_INBOXES.a",
+    "my_INBOX.a",
+]
+
+
+# -- the rule ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reply", HOSTILE_REPLIES)
+def test_anything_but_an_inbox_subject_is_refused(reply: str) -> None:
+    assert reply_refusal(reply) is not None
+
+
+@pytest.mark.parametrize("reply", ["_INBOX.abc", "_INBOX.Zx9.17", "_INBOX.a-b_c"])
+def test_inbox_subjects_are_answered(reply: str) -> None:
+    assert reply_refusal(reply) is None
+
+
+@given(st.text(min_size=1, max_size=40).filter(lambda s: not s.startswith("_INBOX.")))
+def test_no_subject_outside_the_prefix_is_answered(reply: str) -> None:
+    assert reply_refusal(reply) is not None
+
+
+@given(st.text(max_size=20), st.sampled_from("*> \t\r\n"), st.text(max_size=20))
+def test_wildcards_and_whitespace_are_refused_even_under_the_prefix(
+    head: str, bad: str, tail: str
+) -> None:
+    assert reply_refusal(f"_INBOX.{head}{bad}{tail}") is not None
+
+
+def test_another_inbox_prefix_replaces_the_default() -> None:
+    guard = ReplyGuard("_ACCOUNT_A_INBOX")  # nats-py's inbox_prefix is given without the dot
+    assert guard.prefix == "_ACCOUNT_A_INBOX."
+    assert guard.allows("_ACCOUNT_A_INBOX.xyz", "s")
+    assert not guard.allows("_INBOX.xyz", "s")
+
+
+@pytest.mark.parametrize("prefix", ["", ".", "a.*", "a.>", "a b", "a..b"])
+def test_a_prefix_that_cannot_start_a_subject_is_a_value_error(prefix: str) -> None:
+    with pytest.raises(ValueError):
+        normalize_prefix(prefix)
+    with pytest.raises(ValueError):
+        CoordinatorOptions(inbox_prefix=prefix)
+
+
+def test_refusals_are_all_counted_but_logged_once_per_pattern_and_interval() -> None:
+    now = [1000.0]
+    counted: list[None] = []
+    guard = ReplyGuard(on_refused=lambda: counted.append(None), clock=lambda: now[0])
+    with structlog.testing.capture_logs() as logs:
+        for index in range(50):
+            assert not guard.allows(f"topic.orders.t{index}", "txn.coord.0.prepare")
+        assert not guard.allows("$KV.TXN_LEASE.0", "txn.coord.0.prepare")
+        now[0] += LOG_EVERY + 1
+        assert not guard.allows("topic.orders.late", "txn.coord.0.prepare")
+    lines = [entry for entry in logs if entry["event"] == "reply_subject_refused"]
+    assert len(counted) == 52
+    assert [(e["reply_pattern"], e["suppressed"]) for e in lines] == [
+        ("topic.>", 0),
+        ("$KV.>", 0),
+        ("topic.>", 49),
+    ]
+
+
+@given(st.text(max_size=500))
+def test_a_log_pattern_is_short_whatever_the_subject(reply: str) -> None:
+    assert len(reply_pattern(reply)) <= 66
+
+
+# -- the coordinator ---------------------------------------------------------------------------
+
+
+def counter(registry: CollectorRegistry) -> Callable[[], float]:
+    return lambda: registry.get_sample_value("txactors_refused_replies_total") or 0.0
+
+
+async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.01)
+
+
+async def test_a_coordinator_never_writes_to_a_reply_subject_outside_the_inbox(
+    private_nc: Client,
+) -> None:
+    registry = CollectorRegistry()
+    refused = counter(registry)
+    metrics = CoordinatorMetrics(registry=registry)
+    js = private_nc.jetstream()
+    async with run_coordinator(private_nc, metrics=metrics):
+        client = CoordinatorClient(private_nc)
+        first = await client.prepare("t0", message())
+        await client.end("t0", first.token, Decision.COMMIT)
+        open_ = await client.prepare("open", message())
+        leases = await js.key_value(layout.LEASE_BUCKET)
+        lease = await leases.get("0")
+        stream = layout.topic_stream("orders")
+
+        for index, reply in enumerate(HOSTILE_REPLIES):
+            txid = f"evil-{index}"
+            prepare = Prepare(txid=txid, group="g", producer="p1", messages=[message()])
+            end = EndTransaction(txid="open", token=open_.token, decision=Decision.COMMIT)
+            await private_nc.publish(layout.prepare_subject(0), encode(prepare), reply=reply)
+            await private_nc.publish(layout.end_subject(0), encode(end), reply=reply)
+            await private_nc.publish(
+                layout.admin_subject(0), encode(ShowTransaction(txid="t0")), reply=reply
+            )
+        await wait_for(lambda: refused() == 3 * len(HOSTILE_REPLIES))
+
+        assert await topic_ids(private_nc, "orders") == ["t0:0"], "no phantom, no purge"
+        assert (await js.stream_info(stream)).state.messages == 1
+        after = await leases.get("0")
+        assert (after.revision, after.value) == (lease.revision, lease.value), "lease untouched"
+        for index in range(len(HOSTILE_REPLIES)):
+            with pytest.raises(CommandError) as unknown:
+                await client.admin(ShowTransaction(txid=f"evil-{index}"))
+            assert unknown.value.code == "not_found", "a refused prepare wrote no halves"
+        shown = await client.admin(ShowTransaction(txid="open"))
+        assert shown.state == "prepared", "a refused end was not applied"
+
+        # ... and it still serves everyone else.
+        assert (await client.end("open", open_.token, Decision.COMMIT)).state == "committed"
+        later = await client.prepare("t1", message())
+        assert (await client.end("t1", later.token, Decision.COMMIT)).state == "committed"
+        assert await topic_ids(private_nc, "orders") == ["t0:0", "open:0", "t1:0"]
+        assert refused() == 3 * len(HOSTILE_REPLIES)
+
+
+async def test_a_coordinator_answers_the_inbox_prefix_it_is_configured_with(
+    private_nc: Client, make_nats_server: object
+) -> None:
+    server = await make_nats_server()  # type: ignore[operator]
+    from txactors.natsclient import connect
+
+    custom = await connect(server.url, inbox_prefix="_ACCOUNT_INBOX")
+    try:
+        options = CoordinatorOptions(inbox_prefix="_ACCOUNT_INBOX")
+        async with run_coordinator(custom, options=options):
+            client = CoordinatorClient(custom)
+            receipt = await client.prepare("t1", message())
+            assert (await client.end("t1", receipt.token, Decision.COMMIT)).state == "committed"
+    finally:
+        await custom.close()
+
+
+# -- the producer's check endpoint -------------------------------------------------------------
+
+
+async def test_a_check_with_a_reply_subject_outside_the_inbox_is_not_asked(nc: Client) -> None:
+    checker = RecordingChecker(Decision.COMMIT)
+    async with producer(nc, checker=checker) as p:
+        subject = layout.check_instance_subject(p.group, p.instance)
+        hostile = check_for(p.group, txid=f"evil-{uuid.uuid4().hex}")
+        for reply in HOSTILE_REPLIES:
+            await nc.publish(subject, encode(hostile), reply=reply)
+        good = check_for(p.group)
+        result = await ask_instance(nc, p, good)  # one subscription: the hostile ones came first
+        assert isinstance(result, CheckResult) and result.resolution is Decision.COMMIT
+        assert [view.txid for view in checker.views] == [good.txid]
