@@ -20,6 +20,8 @@ instead of staying up serving nothing.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Final
 
 import anyio
@@ -111,3 +113,19 @@ async def watch_connection(nc: Client, interval: float = WATCH_INTERVAL) -> None
             )
         await revive_if_dead(nc)
         await anyio.sleep(interval)
+
+
+@contextmanager
+def raising_connection_lost() -> Iterator[None]:
+    """Let a `NatsConnectionLost` out of a task group as itself, not inside an exception
+    group, so a role's caller can catch it (the group rides along as its cause)."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        matched, _ = group.split(NatsConnectionLost)
+        if matched is None:
+            raise
+        leaf: BaseException = matched
+        while isinstance(leaf, BaseExceptionGroup):
+            leaf = leaf.exceptions[0]
+        raise leaf from group

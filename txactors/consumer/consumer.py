@@ -37,10 +37,9 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from txactors.consumer.dlq import dead_letter, describe_error, ensure_dlq_stream
 from txactors.consumer.message import ConsumedMessage
 from txactors.consumer.retry import DEFAULT_MAX_RECONSUME, DEFAULT_RETRY_DELAYS, RetryPolicy
-from txactors.errors import NatsConnectionLost
 from txactors.layout import topic_filter, topic_subject, validate_name
 from txactors.logs import get_logger
-from txactors.natsclient import watch_connection
+from txactors.natsclient import raising_connection_lost, watch_connection
 from txactors.topics import ensure_topic_stream
 
 Handler = Callable[[ConsumedMessage], Awaitable[None]]
@@ -135,7 +134,7 @@ class Consumer:
             try:
                 task_status.started()
                 self._log.info("consumer_started", concurrency=self._concurrency)
-                try:
+                with raising_connection_lost():  # stop with the error, never pull in vain
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(self._keep_alive)
                         tg.start_soon(self._receive, sub, tg)
@@ -143,8 +142,6 @@ class Consumer:
                         await self._pull_loop(sub)
                         await self._drain()
                         tg.cancel_scope.cancel()
-                except* NatsConnectionLost as lost:  # stop with the error, never pull in vain
-                    raise lost.exceptions[0] from None
             finally:
                 with anyio.CancelScope(shield=True):
                     await self._close(sub)

@@ -33,10 +33,9 @@ from txactors.coordinator.lease import Leases, lease_bucket
 from txactors.coordinator.options import Clock, CoordinatorOptions, OnDiscard
 from txactors.coordinator.partition import PartitionCoordinator
 from txactors.coordinator.streams import ensure_streams
-from txactors.errors import NatsConnectionLost
 from txactors.logs import get_logger
 from txactors.metrics import CoordinatorMetrics
-from txactors.natsclient import watch_connection
+from txactors.natsclient import raising_connection_lost, watch_connection
 from txactors.protocol import AdminCommand, EndTransaction, Prepare
 
 MAILBOX_SIZE = 8192
@@ -208,7 +207,7 @@ async def run_coordinator(
         options.inbox_prefix,
         on_refused=metrics.refused_replies.inc if metrics is not None else None,
     )
-    try:
+    with raising_connection_lost():
         async with ActorSystem("coordinator") as system, anyio.create_task_group() as tasks:
             keeper = _PartitionKeeper(nc, system, leases, options, make_partition, replies)
             await keeper.take_free()
@@ -220,5 +219,3 @@ async def run_coordinator(
                 tasks.cancel_scope.cancel()
                 with anyio.CancelScope(shield=True):
                     await keeper.stop_all()
-    except* NatsConnectionLost as lost:  # the caller sees the error, not a task group's
-        raise lost.exceptions[0] from None

@@ -41,7 +41,7 @@ from txactors.actors.replies import DEFAULT_INBOX_PREFIX, ReplyGuard, reply_refu
 from txactors.errors import ActorDeadError, NatsConnectionLost
 from txactors.layout import check_group_subject, check_instance_subject
 from txactors.logs import get_logger
-from txactors.natsclient import malformed_headers, watch_connection
+from txactors.natsclient import malformed_headers, raising_connection_lost, watch_connection
 from txactors.producer.inflight import InFlight
 from txactors.producer.outcomes import UnconfirmedOutcomes
 from txactors.protocol import (
@@ -293,19 +293,15 @@ class CheckResponder:
     ) -> NatsConnectionLost | None:
         """End the connection watch; the error it stopped with, if any."""
         watch, self._watch = self._watch, None
-        lost: NatsConnectionLost | None = None
-        if watch is not None:
-            watch.cancel_scope.cancel()
-            try:
+        if watch is None:
+            return None
+        watch.cancel_scope.cancel()
+        try:
+            with raising_connection_lost():
                 await watch.__aexit__(exc_type, exc, tb)
-            except* NatsConnectionLost as group:
-                error = group.exceptions[0]
-                lost = (
-                    error
-                    if isinstance(error, NatsConnectionLost)
-                    else NatsConnectionLost(str(error))
-                )
-        return lost
+        except NatsConnectionLost as lost:
+            return lost
+        return None
 
     async def _on_check(self, msg: Msg) -> None:
         try:
