@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator, Awaitable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-import nats
 import pytest
 import pytest_asyncio
 from nats.aio.client import Client
 
 from txactors.logs import LOG_LEVEL_ENV, configure_logging
+from txactors.natsclient import connect
 from txactors.server import EmbeddedNatsServer
 
 
@@ -46,8 +46,9 @@ async def nats_server(
 
 @pytest_asyncio.fixture
 async def nc(nats_server: EmbeddedNatsServer) -> AsyncIterator[Client]:
-    """A client connected to the session server, closed after the test."""
-    client = await nats.connect(nats_server.url, name="txactors-test")
+    """A client connected to the session server, closed after the test (a `TolerantClient`,
+    as every connection of ours is)."""
+    client = await connect(nats_server.url, name="txactors-test")
     try:
         yield client
     finally:
@@ -82,7 +83,7 @@ async def make_nats_server(tmp_path: Path) -> AsyncIterator[MakeNatsServer]:
 async def private_nc(make_nats_server: MakeNatsServer) -> AsyncIterator[Client]:
     """A client on a server of this test's own: for tests whose streams must start empty."""
     server = await make_nats_server()
-    client = await nats.connect(server.url, name="txactors-test")
+    client = await connect(server.url, name="txactors-test")
     try:
         yield client
     finally:

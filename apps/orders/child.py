@@ -20,7 +20,6 @@ import sys
 
 import anyio
 import msgspec
-import nats
 
 from apps.common.db import Storage
 from apps.common.faults import child_process
@@ -29,6 +28,7 @@ from apps.orders.events import PAID_TAG, PRODUCER_GROUP, TOPIC
 from apps.orders.service import OrderService
 from txactors.consumer import ConsumedMessage, Consumer
 from txactors.logs import configure_logging
+from txactors.natsclient import connect
 from txactors.producer import TransactionProducer
 
 BEFORE_COMMIT = "before-commit"
@@ -80,7 +80,7 @@ async def _kill_at(args: list[str], marker: str, timeout: float) -> str:
 
 
 async def pay(config: ChildConfig, order_id: str, stage: str) -> None:
-    nc = await nats.connect(config.nats_url)
+    nc = await connect(config.nats_url)
     db = await Storage.from_args(config.storage).open(config.db)
     service = OrderService(db, decide_after=config.decide_after)
     async with TransactionProducer(nc, PRODUCER_GROUP, service.check) as producer:
@@ -94,7 +94,7 @@ async def pay(config: ChildConfig, order_id: str, stage: str) -> None:
 
 
 async def consume(config: ChildConfig, group: str) -> None:
-    nc = await nats.connect(config.nats_url)
+    nc = await connect(config.nats_url)
     db = await Storage.from_args(config.storage).open(config.db)
 
     async def hold(message: ConsumedMessage) -> None:
