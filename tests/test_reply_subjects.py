@@ -90,7 +90,9 @@ def test_another_inbox_prefix_replaces_the_default() -> None:
     assert not guard.allows("_INBOX.xyz", "s")
 
 
-@pytest.mark.parametrize("prefix", ["", ".", "a.*", "a.>", "a b", "a..b"])
+@pytest.mark.parametrize(
+    "prefix", ["", ".", "a.*", "a.>", "a b", "a..b", "topic", "txn.x", "$KV.TXN_LEASE", "$js.api"]
+)
 def test_a_prefix_that_cannot_start_a_subject_is_a_value_error(prefix: str) -> None:
     with pytest.raises(ValueError):
         normalize_prefix(prefix)

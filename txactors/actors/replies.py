@@ -22,6 +22,8 @@ LOG_EVERY: Final = 60.0
 MAX_PATTERNS: Final = 1024
 """Patterns remembered for rate limiting; beyond that the memory starts over (bounded)."""
 _FORBIDDEN_CHARS: Final = frozenset("*> \t\r\n\f\v")
+RESERVED_PREFIXES: Final = ("txn.", "topic.", "dlq.", "$KV.", "$JS.", "$SYS.", "$O.")
+"""Namespaces of our streams and of the server: never an inbox prefix, whatever is configured."""
 
 log = get_logger(__name__)
 
@@ -40,11 +42,17 @@ def reply_refusal(reply: str, prefix: str = DEFAULT_INBOX_PREFIX) -> str | None:
 def normalize_prefix(prefix: str) -> str:
     """`prefix` ending in a dot (nats-py's `inbox_prefix` option is given without one).
 
-    Raises ValueError when no subject could be under it (empty, wildcards, whitespace).
+    Raises ValueError when no subject could be under it (empty, wildcards, whitespace) or
+    when it lies in a reserved namespace (a topic, a `txn.*` stream, KV or the JetStream API).
     """
     prefix = prefix if prefix.endswith(".") else f"{prefix}."
     if prefix == "." or reply_refusal(f"{prefix}x", prefix) is not None:
         raise ValueError(f"the inbox prefix {prefix!r} must be subject tokens without wildcards")
+    if prefix.upper().startswith(tuple(p.upper() for p in RESERVED_PREFIXES)):
+        raise ValueError(
+            f"the inbox prefix {prefix!r} is under a namespace replies must never reach: "
+            f"{', '.join(RESERVED_PREFIXES)}"
+        )
     return prefix
 
 
