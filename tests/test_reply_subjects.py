@@ -18,9 +18,11 @@ from hypothesis import strategies as st
 from nats.aio.client import Client
 from prometheus_client import CollectorRegistry
 
+from tests.conftest import MakeNatsServer
 from tests.support.txn import CoordinatorClient, message, topic_ids
 from tests.test_producer import RecordingChecker, ask_instance, check_for, producer
 from txactors import layout
+from txactors.actors import RemoteActorRef
 from txactors.actors.replies import (
     LOG_EVERY,
     ReplyGuard,
@@ -30,13 +32,15 @@ from txactors.actors.replies import (
 )
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import run_coordinator
-from txactors.errors import CommandError
+from txactors.errors import AskTimeout, CommandError
 from txactors.metrics import CoordinatorMetrics
+from txactors.natsclient import connect
 from txactors.protocol import (
     CheckResult,
     Decision,
     EndTransaction,
     Prepare,
+    Prepared,
     ShowTransaction,
     encode,
 )
@@ -184,20 +188,26 @@ async def test_a_coordinator_never_writes_to_a_reply_subject_outside_the_inbox(
 
 
 async def test_a_coordinator_answers_the_inbox_prefix_it_is_configured_with(
-    private_nc: Client, make_nats_server: object
+    make_nats_server: MakeNatsServer,
 ) -> None:
-    server = await make_nats_server()  # type: ignore[operator]
-    from txactors.natsclient import connect
-
+    server = await make_nats_server()
     custom = await connect(server.url, inbox_prefix="_ACCOUNT_INBOX")
+    default = await connect(server.url)
     try:
         options = CoordinatorOptions(inbox_prefix="_ACCOUNT_INBOX")
         async with run_coordinator(custom, options=options):
             client = CoordinatorClient(custom)
             receipt = await client.prepare("t1", message())
             assert (await client.end("t1", receipt.token, Decision.COMMIT)).state == "committed"
+            ref = RemoteActorRef(default, layout.prepare_subject(0), Prepared)
+            with pytest.raises(AskTimeout):  # `_INBOX.` is not this account's prefix
+                await ref.ask(
+                    Prepare(txid="t2", group="g", producer="p", messages=[message()]), 0.5
+                )
+            assert await topic_ids(custom, "orders") == ["t1:0"]
     finally:
         await custom.close()
+        await default.close()
 
 
 # -- the producer's check endpoint -------------------------------------------------------------

@@ -179,8 +179,10 @@ async def _run_coordinator(
     from txactors.coordinator.service import run_coordinator
 
     async def serve(stop: asyncio.Event) -> None:
+        # Its own requests (check-backs) use the inbox prefix it answers, as the account's do.
+        inbox_prefix = settings.options.inbox_prefix.removesuffix(".")
         async with (
-            nats_session() as session,
+            nats_session(inbox_prefix=inbox_prefix) as session,
             run_coordinator(
                 session.nc, config=settings.config, options=settings.options, metrics=metrics
             ),
