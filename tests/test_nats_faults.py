@@ -172,10 +172,17 @@ async def test_a_coordinator_on_a_plain_client_is_revived_after_its_read_loop_di
 ) -> None:
     """A caller may hand run_coordinator nats-py's own client: the watch revives it."""
     url = private_nc.connected_url.geturl()  # type: ignore[union-attr]
-    plain = await nats.connect(url, reconnect_time_wait=0.1)
+    reconnected = anyio.Event()
+
+    async def on_reconnect() -> None:
+        reconnected.set()
+
+    plain = await nats.connect(url, reconnect_time_wait=0.1, reconnected_cb=on_reconnect)
     try:
         async with run_coordinator(plain):
             await raw_hpub(url, layout.prepare_subject(0), "_INBOX.x", b"ab")
+            with anyio.fail_after(5):
+                await reconnected.wait()
             client = CoordinatorClient(private_nc)
             receipt = await client.prepare_once_up("t1", message())
             assert (await client.end("t1", receipt.token, Decision.COMMIT)).state == "committed"
