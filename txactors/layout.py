@@ -36,6 +36,12 @@ def discard_subject_filter() -> str:
     return "txn.discard.*"
 
 
+def quarantine_subject() -> str:
+    """Where the coordinator keeps records JetStream refused or it could not read (in
+    TXN_DISCARD; `$` keeps it apart from every group's `txn.discard.<group>`)."""
+    return "txn.discard.$quarantine"
+
+
 def op_subject(partition: int) -> str:
     return f"txn.op.{partition}"
 
@@ -170,6 +176,14 @@ ORIGIN_SEQ_HEADER: Final = "Txn-Origin-Seq"
 """On a dead-lettered message: where the original is (topic stream and sequence)."""
 DLQ_OMITTED_HEADER: Final = "Txn-Omitted"
 """On a dead letter by reference: what it leaves out (`body`, or `body,headers`)."""
+QUARANTINE_REASON_HEADER: Final = "Txn-Quarantine-Reason"
+"""On a quarantined copy: why the record was refused or could not be read."""
+ORIGINAL_SUBJECT_HEADER: Final = "Txn-Original-Subject"
+ORIGINAL_SEQ_HEADER: Final = "Txn-Original-Seq"
+"""On a quarantined copy of a record read from a stream: its stream and sequence there."""
+ORIGINAL_STREAM_HEADER: Final = "Txn-Original-Stream"
+BODY_DROPPED_HEADER: Final = "Txn-Body-Dropped"
+"""On a quarantined copy too large to keep whole: the size of the body left out."""
 ERROR_HEADER: Final = "Txn-Error"
 """On a dead-lettered message: the last error the consumer's handler raised."""
 DELIVERIES_HEADER: Final = "Txn-Deliveries"

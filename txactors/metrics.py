@@ -51,6 +51,10 @@ _COUNTED: dict[str, tuple[str, str]] = {
         "Answers that came after their check timed out, and still decided.",
     ),
     "txactors_refusals_total": ("refusals", "Requests refused (forbidden, conflict, ...)."),
+    "txactors_quarantined_total": (
+        "quarantined",
+        "Records JetStream refused for good, or recovery could not read (see TXN_DISCARD).",
+    ),
 }
 
 

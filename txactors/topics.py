@@ -4,7 +4,7 @@ Either side may run first: a consumer group can subscribe before anything was ev
 and the coordinator publishes to topics no consumer has seen. So both call
 `ensure_topic_stream`, which creates the stream or widens an existing one, and is safe to call
 from many processes at once. It never narrows what someone else declared (a shorter duplicate
-window, fewer subjects), because another role may depend on it.
+window, fewer subjects, fewer replicas), because another role may depend on it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Final
 
 from nats.js import JetStreamContext
 from nats.js.api import StorageType, StreamConfig
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import APIError, BadRequestError, NotFoundError
 
 from txactors.errors import ConfigError
 from txactors.layout import topic_filter, topic_stream, validate_name
@@ -25,6 +25,21 @@ restarted within this window is dropped by the server; a later replay is caught 
 consumer's idempotent helper. The coordinator passes its own recovery horizon."""
 
 _STREAM_NAME_IN_USE: Final = 10058
+_REPLICAS_NOT_SUPPORTED: Final = 10074
+"""JetStream's answer to replicas > 1 on a server that is not part of a cluster."""
+
+
+def replicas_error(what: str, replicas: int, error: APIError) -> ConfigError:
+    """The error for a replica count the server cannot give, naming the setting to change."""
+    return ConfigError(
+        f"{what} needs {replicas} replicas but JetStream says: {error.description}; "
+        "lower the `replicas` setting (`--replicas` of `txactors coordinator`, "
+        "`replicas=` of CoordinatorOptions or Consumer) or run a cluster with enough servers"
+    )
+
+
+def is_replicas_error(error: APIError) -> bool:
+    return error.err_code == _REPLICAS_NOT_SUPPORTED
 
 
 async def ensure_stream(
@@ -34,11 +49,13 @@ async def ensure_stream(
     *,
     duplicate_window: float = DEFAULT_DUPLICATE_WINDOW,
     storage: StorageType = StorageType.FILE,
+    replicas: int = 1,
 ) -> None:
-    """Create stream `name`, or update it to also cover `subjects` and `duplicate_window`.
+    """Create stream `name`, or update it to also cover `subjects`, `duplicate_window` and
+    `replicas` (an existing stream with more replicas keeps them).
 
     Raises ConfigError when the stream exists with another storage type, which JetStream
-    cannot change in place.
+    cannot change in place, or when the server cannot hold `replicas` copies.
     """
     for _ in range(3):  # lost a create race → read what the winner made, then widen it
         try:
@@ -49,11 +66,14 @@ async def ensure_stream(
                 subjects=list(subjects),
                 storage=storage,
                 duplicate_window=duplicate_window,
+                num_replicas=replicas,
             )
             try:
                 await js.add_stream(config)
                 return
             except BadRequestError as exc:
+                if is_replicas_error(exc):
+                    raise replicas_error(f"stream {name}", replicas, exc) from exc
                 if exc.err_code != _STREAM_NAME_IN_USE:
                     raise
                 continue
@@ -69,18 +89,46 @@ async def ensure_stream(
         have = list(current.subjects or [])
         missing = [s for s in subjects if s not in have]
         window = current.duplicate_window or 0.0
-        if missing or window < duplicate_window:
+        have_replicas = current.num_replicas or 1
+        if missing or window < duplicate_window or have_replicas < replicas:
             current.subjects = have + missing
             current.duplicate_window = max(window, duplicate_window)
-            await js.update_stream(current)
+            current.num_replicas = max(have_replicas, replicas)
+            try:
+                await js.update_stream(current)
+            except BadRequestError as exc:
+                if is_replicas_error(exc):
+                    raise replicas_error(f"stream {name}", replicas, exc) from exc
+                raise
         return
     raise ConfigError(f"stream {name} kept appearing and disappearing while declaring it")
 
 
+async def ensure_replicas(js: JetStreamContext, name: str, replicas: int) -> None:
+    """Raise stream `name` (a KV bucket's is `KV_<bucket>`) to at least `replicas` copies."""
+    current = (await js.stream_info(name)).config
+    if (current.num_replicas or 1) >= replicas:
+        return
+    current.num_replicas = replicas
+    try:
+        await js.update_stream(current)
+    except BadRequestError as exc:
+        if is_replicas_error(exc):
+            raise replicas_error(f"stream {name}", replicas, exc) from exc
+        raise
+
+
 async def ensure_topic_stream(
-    js: JetStreamContext, topic: str, *, duplicate_window: float = DEFAULT_DUPLICATE_WINDOW
+    js: JetStreamContext,
+    topic: str,
+    *,
+    duplicate_window: float = DEFAULT_DUPLICATE_WINDOW,
+    replicas: int = 1,
 ) -> str:
-    """Declare `TOPIC_<topic>` on `topic.<topic>.>` (file storage); returns the stream name."""
+    """Declare `TOPIC_<topic>` on `topic.<topic>.>` (file storage, `replicas` copies);
+    returns the stream name."""
     name = topic_stream(validate_name("topic", topic))
-    await ensure_stream(js, name, [topic_filter(topic)], duplicate_window=duplicate_window)
+    await ensure_stream(
+        js, name, [topic_filter(topic)], duplicate_window=duplicate_window, replicas=replicas
+    )
     return name

@@ -82,7 +82,10 @@ class Consumer:
         max_ack_pending: int | None = None,
         pull_expires: float = 1.0,
         stop_timeout: float = 30.0,
+        replicas: int = 1,
     ) -> None:
+        if replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {replicas}")
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         if not ack_wait > 0 or not pull_expires > 0:
@@ -100,6 +103,7 @@ class Consumer:
         self._max_ack_pending = max_ack_pending or concurrency + RETRY_BACKLOG
         self._pull_expires = pull_expires
         self._stop_timeout = stop_timeout
+        self._replicas = replicas
         self._stream = ""
         self._log = log.bind(topic=topic, group=group)
         self._stopping = False
@@ -182,8 +186,9 @@ class Consumer:
 
     async def _declare(self) -> None:
         js = self._nc.jetstream()
-        self._stream = await ensure_topic_stream(js, self.topic)
-        await ensure_dlq_stream(js, self.group)
+        # The durable consumer inherits its stream's replicas.
+        self._stream = await ensure_topic_stream(js, self.topic, replicas=self._replicas)
+        await ensure_dlq_stream(js, self.group, replicas=self._replicas)
         filters = [topic_subject(self.topic, tag) for tag in self._tags] or [
             topic_filter(self.topic)
         ]

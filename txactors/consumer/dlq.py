@@ -46,10 +46,11 @@ JETSTREAM_MAX_HEADER_BYTES: Final = 65_535
 _HEADER_BLOCK_FRAME: Final = len(b"NATS/1.0\r\n") + len(b"\r\n")
 
 
-async def ensure_dlq_stream(js: JetStreamContext, group: str) -> str:
-    """Declare `DLQ_<group>` on `dlq.<group>.>` (file storage); returns the stream name."""
+async def ensure_dlq_stream(js: JetStreamContext, group: str, *, replicas: int = 1) -> str:
+    """Declare `DLQ_<group>` on `dlq.<group>.>` (file storage, `replicas` copies); returns
+    the stream name."""
     name = dlq_stream(validate_name("group", group))
-    await ensure_stream(js, name, [dlq_filter(group)])
+    await ensure_stream(js, name, [dlq_filter(group)], replicas=replicas)
     return name
 
 

@@ -1,12 +1,21 @@
-"""Carrying out a discard: copy the halves to TXN_DISCARD, say so, call the hook.
+"""Putting records aside in TXN_DISCARD: discarded transactions and quarantined records.
 
-The discard decision is already durable in TXN_OP when this runs. The copies carry a
-`Nats-Msg-Id`, so doing it again after a crash adds nothing.
+`discard` carries out a discard: copy the halves, say so, call the hook. The decision is
+already durable in TXN_OP when it runs. The copies carry a `Nats-Msg-Id`, so doing it again
+after a crash adds nothing.
+
+`quarantine` keeps a record JetStream refused for good (too large, stream gone) or that
+recovery could not read (a garbage record in the coordinator's own streams), so that one bad
+record costs a log line, a metric and a copy for an operator, never a partition.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import anyio
+import nats.errors
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
@@ -14,16 +23,35 @@ from txactors import layout
 from txactors.coordinator.actions import Discard
 from txactors.coordinator.options import DiscardedTransaction, OnDiscard
 from txactors.coordinator.streams import read_raw_half, stored_headers
-from txactors.coordinator.writers import Append, PipelinedWriter
+from txactors.coordinator.writers import (
+    ACK_TIMEOUT,
+    RETRY_INITIAL,
+    RETRY_MAX,
+    Append,
+    Fault,
+    PipelinedWriter,
+    classify,
+    describe,
+    retry_transient,
+)
 from txactors.logs import get_logger
 
 log = get_logger(__name__)
+
+QUARANTINE_ATTEMPTS = 5
+"""Tries per copy of a quarantined record: keeping it must not become a retry forever."""
+MAX_REASON_CHARS = 1024
 
 
 async def discard(
     js: JetStreamContext, writer: PipelinedWriter, action: Discard, on_discard: OnDiscard | None
 ) -> None:
-    raws = [await js.get_msg(layout.HALF_STREAM, h.seq) for h in action.halves]
+    raws = []
+    for half in action.halves:
+        try:
+            raws.append(await retry_transient(js.get_msg, layout.HALF_STREAM, half.seq))
+        except nats.errors.Error as error:  # gone (purged by hand?): nothing left to copy
+            log.error("discarded_half_unreadable", txid=action.txid, seq=half.seq, error=str(error))
     appends = []
     for raw in raws:
         headers = stored_headers(raw)
@@ -34,7 +62,7 @@ async def discard(
         appends.append(Append(layout.discard_subject(action.group), raw.data or b"", headers))
     copied = anyio.Event()
 
-    async def report(_: list[PubAck]) -> None:
+    async def report(_: list[PubAck | None]) -> None:
         copied.set()
 
     await writer.submit(appends, report)
@@ -59,3 +87,64 @@ async def discard(
                 messages=[read_raw_half(raw).message for raw in raws],
             )
         )
+
+
+async def quarantine(
+    js: JetStreamContext,
+    *,
+    partition: int,
+    subject: str,
+    headers: Mapping[str, Any],
+    body: bytes,
+    reason: str,
+    stream: str | None = None,
+    seq: int | None = None,
+) -> None:
+    """Copy a record to TXN_DISCARD (`txn.discard.$quarantine`) with why, and log it.
+
+    Tries a whole copy, then one without the original headers and body (when those are what
+    JetStream refuses), each a few times; gives up with a log line rather than retry forever.
+    """
+    reason = " ".join(reason.split())[:MAX_REASON_CHARS]
+    log.error(
+        "record_quarantined",
+        partition=partition,
+        subject=subject,
+        stream=stream,
+        seq=seq,
+        reason=reason,
+    )
+    ours = {
+        layout.QUARANTINE_REASON_HEADER: reason,
+        layout.ORIGINAL_SUBJECT_HEADER: subject,
+    }
+    if stream is not None and seq is not None:
+        ours[layout.ORIGINAL_STREAM_HEADER] = stream
+        ours[layout.ORIGINAL_SEQ_HEADER] = str(seq)
+        ours[layout.MSG_ID_HEADER] = f"{stream}:{seq}:quarantine"
+    elif isinstance(msg_id := headers.get(layout.MSG_ID_HEADER), str):
+        ours[layout.MSG_ID_HEADER] = f"{msg_id}:quarantine"
+    kept = {k: str(v) for k, v in headers.items() if not k.strip().lower().startswith("nats-")}
+    copies = [
+        ({**kept, **ours}, body),
+        ({**ours, layout.BODY_DROPPED_HEADER: str(len(body))}, b""),
+    ]
+    failure = ""
+    for copy_headers, copy_body in copies:
+        delay = RETRY_INITIAL
+        for _ in range(QUARANTINE_ATTEMPTS):
+            try:
+                await js.publish(
+                    layout.quarantine_subject(),
+                    copy_body,
+                    timeout=ACK_TIMEOUT,
+                    headers=copy_headers,
+                )
+                return
+            except (nats.errors.Error, TimeoutError, OSError, ValueError) as error:
+                failure = describe(error)
+                if isinstance(error, ValueError) or classify(error) is Fault.PERMANENT:
+                    break  # this copy will never fit: try the smaller one
+                await anyio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
+    log.error("quarantine_copy_failed", partition=partition, subject=subject, error=failure)

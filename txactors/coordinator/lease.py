@@ -17,6 +17,7 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
 from txactors import layout
+from txactors.coordinator.streams import ensure_bucket
 from txactors.logs import get_logger
 
 log = get_logger(__name__)
@@ -25,18 +26,16 @@ _LEASE_TROUBLE = (nats.errors.Error, TimeoutError, OSError)
 
 
 async def lease_bucket(js: JetStreamContext, *, ttl: float, replicas: int) -> KeyValue:
-    try:
-        return await js.key_value(layout.LEASE_BUCKET)
-    except nats.js.errors.BucketNotFoundError:
-        return await js.create_key_value(
-            KeyValueConfig(
-                bucket=layout.LEASE_BUCKET,
-                history=1,
-                ttl=ttl,
-                storage=StorageType.FILE,
-                replicas=replicas,
-            )
-        )
+    return await ensure_bucket(
+        js,
+        KeyValueConfig(
+            bucket=layout.LEASE_BUCKET,
+            history=1,
+            ttl=ttl,
+            storage=StorageType.FILE,
+            replicas=replicas,
+        ),
+    )
 
 
 class Leases:

@@ -4,10 +4,15 @@ Requests (prepare, end, admin) and the completions of its own writes arrive as m
 each is turned into events for the table, and the table's actions are carried out against
 JetStream. Writes run beside the loop (`start_task` and the writers), never inside it, so
 many transactions are in flight at once while the table sees one fact at a time.
+
+Completions carry the `epoch` of the instance that started the work: after a supervisor
+restart, the fresh instance (with a fresh table) ignores those still queued in the mailbox
+instead of failing on facts about a table that no longer exists.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +38,7 @@ from txactors.coordinator.actions import (
 )
 from txactors.coordinator.checkback import ask_producer
 from txactors.coordinator.config import CoordinatorConfig
-from txactors.coordinator.discard import discard
+from txactors.coordinator.discard import discard, quarantine
 from txactors.coordinator.events import (
     CheckAnswered,
     CheckFailed,
@@ -53,7 +58,7 @@ from txactors.coordinator.options import (
     OnDiscard,
 )
 from txactors.coordinator.recovery import last_op_seq, recover
-from txactors.coordinator.state import TransactionTable, TxnView
+from txactors.coordinator.state import Checkpoint, TransactionTable, TxnView
 from txactors.coordinator.streams import (
     StoredHalf,
     half_headers,
@@ -63,7 +68,15 @@ from txactors.coordinator.streams import (
     save_checkpoint,
 )
 from txactors.coordinator.validation import Boundary
-from txactors.coordinator.writers import Append, OpLog, PipelinedWriter
+from txactors.coordinator.writers import (
+    LINK_TROUBLE,
+    Append,
+    OpLog,
+    PipelinedWriter,
+    describe,
+    retry_transient,
+)
+from txactors.errors import ConfigError
 from txactors.faults import FaultPoint, crash_if_armed
 from txactors.logs import get_logger
 from txactors.metrics import CoordinatorMetrics
@@ -88,11 +101,14 @@ from txactors.topics import ensure_topic_stream
 
 log = get_logger(__name__)
 
-# -- messages the actor sends itself ---------------------------------------------------------
+_epochs = itertools.count(1)
+
+# -- messages the actor sends itself (each tagged with the sending instance's epoch) -------
 
 
 @dataclass(frozen=True, slots=True)
 class _HalvesAppended:
+    epoch: int
     request_id: str
     txid: str
     token: str
@@ -100,26 +116,34 @@ class _HalvesAppended:
     producer: str
     begins: bool
     stored: tuple[StoredHalf, ...]
+    refused: tuple[str, ...] = ()
+    """Why JetStream refused some of the prepare's halves for good (they were quarantined)."""
 
 
 @dataclass(frozen=True, slots=True)
 class _OpsAppended:
+    epoch: int
     op_ids: list[int]
     seq: int
 
 
 @dataclass(frozen=True, slots=True)
 class _TopicPublished:
+    epoch: int
     txid: str
     index: int
 
 
 @dataclass(frozen=True, slots=True)
 class _CheckReturned:
+    epoch: int
     txid: str
     check_id: int
     resolution: Decision | None
     failure: CheckFailure | None
+
+
+_Completion = _HalvesAppended | _OpsAppended | _TopicPublished | _CheckReturned
 
 
 class _Tick:
@@ -133,7 +157,8 @@ _TICK = _Tick()
 class _Waiting:
     """A request whose answer waits for the table (and so for a durable write)."""
 
-    request: Request
+    request: Request | None
+    """None: the coordinator's own request (a rollback of refused halves), nobody to answer."""
     reply: Callable[[TxnState], Any]
     since: float = field(default_factory=time.perf_counter)
 
@@ -181,8 +206,9 @@ class PartitionCoordinator(Actor):
         self._request_ids = 0
         self._next_index: dict[str, tuple[str, int]] = {}  # txid -> (token digest, next index)
         self._topics: set[str] = set()
-        self._halves = PipelinedWriter(js)
-        self._published = PipelinedWriter(js)
+        self._epoch = next(_epochs)
+        self._halves = PipelinedWriter(nc, js, self._quarantine)
+        self._published = PipelinedWriter(nc, js, self._quarantine)
         self._oplog: OpLog | None = None
         self._last_checkpoint = 0.0
 
@@ -197,7 +223,7 @@ class PartitionCoordinator(Actor):
         if self.metrics is not None:
             self.metrics.track(self.partition, self.table)
         fence = await last_op_seq(self.js, self.partition)
-        self._oplog = OpLog(self.js, self.partition, fence, self._ops_appended)
+        self._oplog = OpLog(self.nc, self.js, self.partition, fence, self._ops_appended)
         log.info(
             "coordinator_recovered",
             partition=self.partition,
@@ -226,6 +252,9 @@ class PartitionCoordinator(Actor):
     # -- the loop ---------------------------------------------------------------------------
 
     async def receive(self, message: Any) -> Any:
+        if isinstance(message, _Completion) and message.epoch != self._epoch:
+            log.info("stale_completion_ignored", completion=type(message).__name__)
+            return
         if isinstance(message, Request):
             refusal = self.boundary.refusal(message.message, max_payload=self.nc.max_payload)
             if refusal is not None:
@@ -279,9 +308,14 @@ class PartitionCoordinator(Actor):
         if now - self._last_checkpoint >= self.options.checkpoint_interval:
             self._last_checkpoint = now
             self._forget_finished()
-            self.start_task(
-                save_checkpoint, self.checkpoints, self.partition, self.table.checkpoint()
-            )
+            self.start_task(self._save_checkpoint, self.table.checkpoint())
+
+    async def _save_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """Best effort: a checkpoint that cannot be saved now is saved at the next interval."""
+        try:
+            await save_checkpoint(self.checkpoints, self.partition, checkpoint)
+        except Exception as error:
+            log.warning("checkpoint_not_saved", partition=self.partition, error=describe(error))
 
     def _forget_finished(self) -> None:
         """Drop kept bodies of transactions that ended without a publish (rolled back,
@@ -308,11 +342,10 @@ class PartitionCoordinator(Actor):
                 return
             view = self.table.show(prepare.txid)
             first_index = len(view.half_seqs) if view is not None else 0
-        for topic in {m.topic for m in prepare.messages} - self._topics:
-            await ensure_topic_stream(
-                self.js, topic, duplicate_window=self.options.topic_duplicate_window
-            )
-            self._topics.add(topic)
+        problem = await self._declare_topics({m.topic for m in prepare.messages})
+        if problem is not None:
+            await request.answer(Error(ErrorCode.INTERNAL, problem))
+            return
         self._next_index[prepare.txid] = (digest, first_index + len(prepare.messages))
         born = self.clock()
         appends = [
@@ -335,12 +368,15 @@ class PartitionCoordinator(Actor):
         request_id = self._new_request_id()
         self._waiting[request_id] = _Waiting(request, lambda state: None)
 
-        async def report(acks: list[PubAck]) -> None:
-            stored = tuple(
-                read_raw_half_from(append, ack) for append, ack in zip(appends, acks, strict=True)
+        async def report(acks: list[PubAck | None]) -> None:
+            pairs = list(zip(appends, acks, strict=True))
+            stored = tuple(read_raw_half_from(a, ack) for a, ack in pairs if ack is not None)
+            refused = tuple(
+                f"message {a.headers.get(layout.INDEX_HEADER)}" for a, ack in pairs if ack is None
             )
             await self.ref.tell(
                 _HalvesAppended(
+                    self._epoch,
                     request_id,
                     prepare.txid,
                     token,
@@ -348,18 +384,39 @@ class PartitionCoordinator(Actor):
                     prepare.producer,
                     begins,
                     stored,
+                    refused,
                 )
             )
 
         await self._halves.submit(appends, report)
 
+    async def _declare_topics(self, topics: set[str]) -> str | None:
+        """Make sure each topic has its stream; why not, if JetStream cannot say so now."""
+        for topic in topics - self._topics:
+            try:
+                await ensure_topic_stream(
+                    self.js,
+                    topic,
+                    duplicate_window=self.options.topic_duplicate_window,
+                    replicas=self.options.replicas,
+                )
+            except (ConfigError, *LINK_TROUBLE) as error:
+                log.warning("topic_stream_not_declared", topic=topic, error=describe(error))
+                return f"the stream of topic {topic} cannot be declared now: {describe(error)}"
+            self._topics.add(topic)
+        return None
+
     async def _halves_appended(self, done: _HalvesAppended) -> None:
         token_and_next = self._next_index.get(done.txid)
-        last_index = max(s.half.index for s in done.stored)
-        if token_and_next is not None and token_and_next[1] == last_index + 1:
-            del self._next_index[done.txid]  # no later prepare of this txid in flight
+        if token_and_next is not None and tokens.same(token_and_next[0], tokens.digest(done.token)):
+            last_index = max((s.half.index for s in done.stored), default=-1)
+            if token_and_next[1] <= last_index + 1 or done.refused:
+                del self._next_index[done.txid]  # no later prepare of this txid in flight
         seqs = [s.half.seq for s in done.stored]
         waiting = self._waiting[done.request_id]
+        if done.refused:
+            await self._halves_refused(done, waiting)
+            return
         waiting.reply = lambda state: Prepared(txid=done.txid, token=done.token, seqs=seqs)
         bodies = self._bodies.setdefault(done.txid, _Bodies(done.group))
         for stored in done.stored:
@@ -375,6 +432,38 @@ class PartitionCoordinator(Actor):
                 request_id=done.request_id,
             )
         )
+
+    async def _halves_refused(self, done: _HalvesAppended, waiting: _Waiting) -> None:
+        """JetStream refused some halves for good: the prepare fails, and nothing of the
+        transaction may ever be delivered, so what did land is rolled back at once."""
+        del self._waiting[done.request_id]
+        if done.stored:
+            await self._handle(
+                HalvesStored(
+                    txid=done.txid,
+                    token=tokens.digest(done.token),
+                    group=done.group,
+                    producer=done.producer,
+                    halves=tuple(s.half for s in done.stored),
+                    begins=done.begins,
+                )
+            )
+        if self.table.outcome(done.txid) is not None:
+            request_id = self._new_request_id()
+            self._waiting[request_id] = _Waiting(None, lambda state: None)  # nobody to answer
+            await self._handle(
+                End(
+                    txid=done.txid,
+                    token=tokens.digest(done.token),
+                    decision=Decision.ROLLBACK,
+                    request_id=request_id,
+                )
+            )
+        reason = "; ".join(done.refused)
+        message = f"JetStream refused {reason} of transaction {done.txid} (quarantined); "
+        message += "the transaction is rolled back"
+        assert waiting.request is not None
+        await waiting.request.answer(Error(ErrorCode.INTERNAL, message))
 
     # -- admin ------------------------------------------------------------------------------
 
@@ -430,10 +519,12 @@ class PartitionCoordinator(Actor):
                     if self.metrics is not None and state is TxnState.COMMITTED:
                         latency = time.perf_counter() - waiting.since
                         self.metrics.commit_latency.labels(self.partition).observe(latency)
-                    await waiting.request.answer(waiting.reply(state))
+                    if waiting.request is not None:
+                        await waiting.request.answer(waiting.reply(state))
                 case Refuse(request_id=request_id, code=code, message=text):
                     waiting = self._waiting.pop(request_id)
-                    await waiting.request.answer(Error(code, text))
+                    if waiting.request is not None:
+                        await waiting.request.answer(Error(code, text))
 
     async def _publish(self, action: Publish) -> None:
         bodies = self._bodies.get(action.txid)
@@ -443,15 +534,23 @@ class PartitionCoordinator(Actor):
             return
         await self._published.submit(
             [self._topic_append(action, bodies.group, message)],
-            lambda _: self.ref.tell(_TopicPublished(action.txid, action.index)),
+            lambda _: self.ref.tell(_TopicPublished(self._epoch, action.txid, action.index)),
         )
 
     async def _publish_from_stream(self, action: Publish) -> None:
         """After a restart the body is only in TXN_HALF: read it back by sequence."""
-        stored = read_raw_half(await self.js.get_msg(layout.HALF_STREAM, action.half_seq))
+        try:
+            raw = await retry_transient(self.js.get_msg, layout.HALF_STREAM, action.half_seq)
+            stored = read_raw_half(raw)
+        except Exception as error:  # gone (purged by hand?) or unreadable: never publishable
+            subject = layout.half_subject(self.partition)
+            reason = f"committed half {action.half_seq} cannot be read: {describe(error)}"
+            await self._quarantine(Append(subject, b"", {}), reason)
+            await self.ref.tell(_TopicPublished(self._epoch, action.txid, action.index))
+            return
         await self._published.submit(
             [self._topic_append(action, stored.group, stored.message)],
-            lambda _: self.ref.tell(_TopicPublished(action.txid, action.index)),
+            lambda _: self.ref.tell(_TopicPublished(self._epoch, action.txid, action.index)),
         )
 
     def _topic_append(self, action: Publish, group: str, message: OutgoingMessage) -> Append:
@@ -468,14 +567,31 @@ class PartitionCoordinator(Actor):
         return Append(layout.topic_subject(message.topic, message.tag), message.body, headers)
 
     async def _check(self, action: SendCheck) -> None:
-        resolution, failure = await ask_producer(self.nc, self.js, action)
-        await self.ref.tell(_CheckReturned(action.txid, action.check_id, resolution, failure))
+        try:
+            resolution, failure = await ask_producer(self.nc, self.js, action)
+        except Exception as error:  # JetStream or the connection failed: an inconclusive check
+            log.warning("check_back_failed", txid=action.txid, error=describe(error))
+            resolution, failure = None, CheckFailure.ERROR
+        await self.ref.tell(
+            _CheckReturned(self._epoch, action.txid, action.check_id, resolution, failure)
+        )
 
     async def _discard(self, action: Discard) -> None:
         await discard(self.js, self._published, action, self.on_discard)
 
     async def _ops_appended(self, op_ids: list[int], seq: int) -> None:
-        await self.ref.tell(_OpsAppended(op_ids, seq))
+        await self.ref.tell(_OpsAppended(self._epoch, op_ids, seq))
+
+    async def _quarantine(self, append: Append, reason: str) -> None:
+        self.table.counters.quarantined += 1
+        await quarantine(
+            self.js,
+            partition=self.partition,
+            subject=append.subject,
+            headers=append.headers,
+            body=append.payload,
+            reason=reason,
+        )
 
     # -- requests ---------------------------------------------------------------------------
 

@@ -147,6 +147,8 @@ class Counters:
     late_check_answers: int = 0
     refusals: int = 0
     replay_skipped: int = 0
+    quarantined: int = 0
+    """Records refused by JetStream for good, or unreadable in recovery (kept by the actor)."""
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
@@ -235,7 +237,9 @@ class TransactionTable:
             raise CoordinatorStateError("finish_recovery without begin_recovery")
         self._replay_op_from = None
         # Metrics count what this process did; re-reading the streams did nothing new.
-        self.counters = Counters(replay_skipped=self.counters.replay_skipped)
+        self.counters = Counters(
+            replay_skipped=self.counters.replay_skipped, quarantined=self.counters.quarantined
+        )
         for txn in self._open.values():
             if txn.state is S.PUBLISHING:
                 self._publish_all(txn)

@@ -24,6 +24,7 @@ from txactors.coordinator import tokens
 from txactors.coordinator.records import Half, OpRecord
 from txactors.coordinator.state import Checkpoint
 from txactors.protocol import CheckedMessage, OutgoingMessage
+from txactors.topics import ensure_replicas, is_replicas_error, replicas_error
 
 DEDUPE_WINDOW: Final = 120.0
 """Seconds JetStream remembers a `Nats-Msg-Id`: covers a retried append after a timeout."""
@@ -72,30 +73,48 @@ async def ensure_streams(
             num_replicas=replicas,
         ),
     )
+    return await ensure_bucket(
+        js,
+        KeyValueConfig(
+            bucket=layout.CHECKPOINT_BUCKET, history=1, storage=StorageType.FILE, replicas=replicas
+        ),
+    )
+
+
+async def ensure_bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
+    """Open KV bucket `config.bucket`, creating it if absent; it gets `config.replicas` copies
+    at least (an existing bucket keeps an operator's other settings)."""
     try:
-        return await js.key_value(layout.CHECKPOINT_BUCKET)
+        kv = await js.key_value(config.bucket)
     except nats.js.errors.BucketNotFoundError:
-        return await js.create_key_value(
-            KeyValueConfig(
-                bucket=layout.CHECKPOINT_BUCKET,
-                history=1,
-                storage=StorageType.FILE,
-                replicas=replicas,
-            )
-        )
+        try:
+            return await js.create_key_value(config)
+        except nats.js.errors.BadRequestError as error:
+            if is_replicas_error(error):
+                raise replicas_error(
+                    f"KV bucket {config.bucket}", config.replicas, error
+                ) from error
+            raise
+    await ensure_replicas(js, f"KV_{config.bucket}", config.replicas)
+    return kv
 
 
 async def _ensure(js: JetStreamContext, config: StreamConfig) -> None:
+    replicas = config.num_replicas or 1
     try:
         await js.add_stream(config)
-    except nats.js.errors.BadRequestError:
-        # Exists with another config (an older version, or an operator's tuning): keep it,
-        # but make sure our subjects are in it.
-        info = await js.stream_info(config.name or "")
-        missing = set(config.subjects or ()) - set(info.config.subjects or ())
-        if missing:
-            info.config.subjects = [*(info.config.subjects or ()), *sorted(missing)]
-            await js.update_stream(info.config)
+        return
+    except nats.js.errors.BadRequestError as error:
+        if is_replicas_error(error):
+            raise replicas_error(f"stream {config.name}", replicas, error) from error
+    # Exists with another config (an older version, or an operator's tuning): keep it, but
+    # make sure our subjects are in it and it has the replicas asked for.
+    info = await js.stream_info(config.name or "")
+    missing = set(config.subjects or ()) - set(info.config.subjects or ())
+    if missing:
+        info.config.subjects = [*(info.config.subjects or ()), *sorted(missing)]
+        await js.update_stream(info.config)
+    await ensure_replicas(js, config.name or "", replicas)
 
 
 # -- halves ---------------------------------------------------------------------------------
