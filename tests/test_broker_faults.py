@@ -8,19 +8,27 @@ once as an idempotent consumer sees it, and no rolled-back one ever.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
+import sys
+import time
 
 import anyio
 import nats
 import pytest
+import structlog
+from anyio.streams.buffered import BufferedByteReceiveStream
 
 from tests.conftest import MakeNatsServer
-from tests.support.txn import FAST, topic_ids
+from tests.support.txn import FAST, CoordinatorClient, message, topic_ids
+from txactors import layout
 from txactors.consumer import ConsumedMessage, Consumer
-from txactors.coordinator import CoordinatorConfig
+from txactors.coordinator import CoordinatorConfig, CoordinatorOptions
+from txactors.coordinator.recovery import read_subject
 from txactors.coordinator.service import run_coordinator
-from txactors.errors import TxActorsError
+from txactors.errors import ActorDeadError, AskTimeout, CommandError, TxActorsError
 from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
+from txactors.protocol import Prepare, Prepared
 
 pytestmark = pytest.mark.slow
 
@@ -86,5 +94,105 @@ async def test_nothing_committed_is_lost_when_the_broker_is_killed_mid_run(
             ids = await topic_ids(nc, "orders")
         assert set(deliveries) == committed, "every committed one, and no rolled-back one"
         assert len(ids) == len(set(ids)) == len(committed), "the topic holds each one once"
+    finally:
+        await nc.close()
+
+
+def _txid_on(partition: int, partitions: int, name: str) -> str:
+    """A txid that hashes to `partition`."""
+    return next(
+        txid
+        for i in itertools.count()
+        if layout.partition_of(txid := f"{name}-{i}", partitions) == partition
+    )
+
+
+async def _commit_once_up(client: CoordinatorClient, txid: str) -> None:
+    """Prepare and commit one transaction, trying again while the partition is not back."""
+    while True:
+        try:
+            prepared = await client.prepare_ref.ask(
+                Prepare(txid=txid, group="g", producer="p1", messages=[message()]), timeout=1.0
+            )
+            ended = await client.end(txid, prepared.token, Decision.COMMIT, timeout=1.0)
+        except (ActorDeadError, AskTimeout, CommandError):
+            await anyio.sleep(0.05)
+            continue
+        assert ended.state == "committed"
+        return
+
+
+async def test_in_flight_writes_resume_within_seconds_of_the_broker_return(
+    make_nats_server: MakeNatsServer,
+) -> None:
+    """1,000 half appends in flight when nats-server is SIGKILLed: after it is back, every
+    partition commits again within seconds (the lost acks fail at once, they do not each
+    wait out a timeout), and the re-issued halves are not stored twice."""
+    partitions, prepares, per_prepare = 2, 10, 100
+    server = await make_nats_server()
+    nc = await nats.connect(server.url, reconnect_time_wait=0.1, max_reconnect_attempts=-1)
+    clients = [CoordinatorClient(nc, p) for p in range(partitions)]
+    answered: list[Prepared] = []
+
+    async def prepare(n: int) -> None:
+        txid = f"inflight-{n}"
+        client = clients[layout.partition_of(txid, partitions)]
+        messages = [message() for _ in range(per_prepare)]
+        command = Prepare(txid=txid, group="g", producer="p1", messages=messages)
+        with contextlib.suppress(ActorDeadError, AskTimeout, CommandError):
+            answered.append(await client.prepare_ref.ask(command, timeout=30))
+
+    try:
+        async with run_coordinator(
+            nc,
+            config=CoordinatorConfig(transaction_timeout=600, max_immunity=600),
+            options=CoordinatorOptions(partitions=partitions),
+        ):
+            freezer = await anyio.open_process(
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.peers.freezer",
+                    server.url,
+                    "txn.half.>",
+                    str(server.pid),
+                ]
+            )
+            assert freezer.stdout is not None
+            lines = BufferedByteReceiveStream(freezer.stdout)
+            with structlog.testing.capture_logs() as logs:
+                async with anyio.create_task_group() as tg:
+                    with anyio.fail_after(10):
+                        assert await lines.receive_until(b"\n", 100) == b"ready"
+                    for n in range(prepares):
+                        tg.start_soon(prepare, n)
+                    with anyio.fail_after(10):
+                        assert await lines.receive_until(b"\n", 100) == b"frozen"
+                    await server.kill()  # acks of the frozen server's appends are lost
+                    await freezer.wait()
+                    await anyio.sleep(0.5)
+                    await server.start()
+                    back = time.monotonic()
+                    with anyio.fail_after(60):
+                        async with anyio.create_task_group() as probes:
+                            for p in range(partitions):
+                                txid = _txid_on(p, partitions, "probe")
+                                probes.start_soon(_commit_once_up, clients[p], txid)
+                    recovered = time.monotonic() - back
+            print(f"every partition committed {recovered:.2f} s after nats-server was back")
+            assert recovered < 15.0
+            reissued = [e for e in logs if e["event"] == "appends_reissued"]
+            assert reissued, "some appends were in flight when the server died"
+            assert max(e["appends"] for e in reissued) > 1, "pending acks failed together"
+            assert answered, "core NATS may lose a request in the dead server, not all of them"
+            js = nc.jetstream()
+            ids = [
+                (m.headers or {})[layout.MSG_ID_HEADER]
+                for p in range(partitions)
+                async for m in read_subject(js, layout.HALF_STREAM, layout.half_subject(p), 1)
+            ]
+            assert len(ids) == len(set(ids)), "a re-issued half was not stored twice"
+            stored = {f"{p.txid}:{i}:half" for p in answered for i in range(per_prepare)}
+            assert stored <= set(ids), "every answered prepare's halves are stored"
     finally:
         await nc.close()
