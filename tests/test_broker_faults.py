@@ -107,9 +107,10 @@ def _txid_on(partition: int, partitions: int, name: str) -> str:
     )
 
 
-async def _commit_once_up(client: CoordinatorClient, txid: str) -> None:
-    """Prepare and commit one transaction, trying again while the partition is not back."""
-    while True:
+async def _commit_once_up(client: CoordinatorClient, partition: int, partitions: int) -> None:
+    """Prepare and commit a transaction, trying again (a new one) until the partition is back."""
+    for attempt in itertools.count():
+        txid = _txid_on(partition, partitions, f"probe-{attempt}")
         try:
             prepared = await client.prepare_ref.ask(
                 Prepare(txid=txid, group="g", producer="p1", messages=[message()]), timeout=1.0
@@ -148,13 +149,16 @@ async def test_in_flight_writes_resume_within_seconds_of_the_broker_return(
             config=CoordinatorConfig(transaction_timeout=600, max_immunity=600),
             options=CoordinatorOptions(partitions=partitions),
         ):
+            with anyio.fail_after(10):  # warm up: the topic stream exists, partitions serve
+                for p in range(partitions):
+                    await _commit_once_up(clients[p], p, partitions)
             freezer = await anyio.open_process(
                 [
                     sys.executable,
                     "-m",
                     "tests.peers.freezer",
                     server.url,
-                    "txn.half.>",
+                    "txn.coord.*.prepare",
                     str(server.pid),
                 ]
             )
@@ -176,8 +180,7 @@ async def test_in_flight_writes_resume_within_seconds_of_the_broker_return(
                     with anyio.fail_after(60):
                         async with anyio.create_task_group() as probes:
                             for p in range(partitions):
-                                txid = _txid_on(p, partitions, "probe")
-                                probes.start_soon(_commit_once_up, clients[p], txid)
+                                probes.start_soon(_commit_once_up, clients[p], p, partitions)
                     recovered = time.monotonic() - back
             print(f"every partition committed {recovered:.2f} s after nats-server was back")
             assert recovered < 15.0

@@ -12,6 +12,7 @@ instead of failing on facts about a table that no longer exists.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Callable
@@ -71,9 +72,11 @@ from txactors.coordinator.validation import Boundary
 from txactors.coordinator.writers import (
     LINK_TROUBLE,
     Append,
+    LinkLost,
     OpLog,
     PipelinedWriter,
     describe,
+    linked,
     retry_transient,
 )
 from txactors.errors import ConfigError
@@ -393,14 +396,16 @@ class PartitionCoordinator(Actor):
     async def _declare_topics(self, topics: set[str]) -> str | None:
         """Make sure each topic has its stream; why not, if JetStream cannot say so now."""
         for topic in topics - self._topics:
+            declare = functools.partial(
+                ensure_topic_stream,
+                self.js,
+                topic,
+                duplicate_window=self.options.topic_duplicate_window,
+                replicas=self.options.replicas,
+            )
             try:
-                await ensure_topic_stream(
-                    self.js,
-                    topic,
-                    duplicate_window=self.options.topic_duplicate_window,
-                    replicas=self.options.replicas,
-                )
-            except (ConfigError, *LINK_TROUBLE) as error:
+                await linked(self.nc, declare)
+            except (ConfigError, LinkLost, *LINK_TROUBLE) as error:
                 log.warning("topic_stream_not_declared", topic=topic, error=describe(error))
                 return f"the stream of topic {topic} cannot be declared now: {describe(error)}"
             self._topics.add(topic)

@@ -103,6 +103,32 @@ def link_generation(nc: Client) -> int:
     return int(nc.stats["reconnects"])
 
 
+class LinkLost(TxActorsError):
+    """The connection dropped while a JetStream call was waiting for its answer."""
+
+
+async def linked(nc: Client, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """`await fn(*args)`, given up with `LinkLost` as soon as the connection drops.
+
+    A request sent to a server that then died is never answered; without this, the caller
+    waits out the request's whole timeout even after the server is back.
+    """
+    generation = link_generation(nc)
+
+    async def watch(scope: anyio.CancelScope) -> None:
+        # nats-py offers callbacks only at connect time, which belong to the application
+        while nc.is_connected and link_generation(nc) == generation:  # noqa: ASYNC110
+            await anyio.sleep(LINK_POLL)
+        scope.cancel()
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(watch, tasks.cancel_scope)
+        result = await fn(*args)
+        tasks.cancel_scope.cancel()
+        return result
+    raise LinkLost("the connection to NATS dropped while waiting for JetStream")
+
+
 async def wait_connected(nc: Client) -> None:
     while not nc.is_connected:
         if nc.is_closed:
