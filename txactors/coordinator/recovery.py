@@ -2,12 +2,16 @@
 
 Reads only from the checkpointed offsets, so the cost follows what was still open at the
 last checkpoint, not the whole history (RocketMQ keeps the same two consume offsets).
+A record that cannot be read (a half without its headers, an op message that does not
+decode, a record the table refuses) is quarantined and skipped: one bad record in the
+coordinator's own streams must not keep a partition from starting.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 
+import msgspec
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
@@ -15,8 +19,9 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from txactors import layout
+from txactors.coordinator.discard import quarantine
 from txactors.coordinator.events import HalvesStored, OpReplayed
-from txactors.coordinator.state import Checkpoint, TransactionTable
+from txactors.coordinator.state import Checkpoint, CoordinatorStateError, TransactionTable
 from txactors.coordinator.streams import StoredHalf, decode_ops, read_half
 from txactors.logs import get_logger
 
@@ -65,32 +70,61 @@ async def recover(
     `remember` sees every replayed half (the actor keeps the bodies of open transactions).
     The caller then calls `table.finish_recovery(now)` and carries out its actions.
     """
-    table.begin_recovery(half_from=checkpoint.half_seq, op_from=checkpoint.op_seq)
+    table.begin_recovery(
+        half_from=checkpoint.half_seq, op_from=checkpoint.op_seq, discarded=checkpoint.discarded
+    )
     halves = ops = 0
+
+    async def unreadable(msg: Msg, stream: str, error: Exception) -> None:
+        table.counters.quarantined += 1
+        await quarantine(
+            js,
+            partition=partition,
+            subject=msg.subject,
+            headers=msg.headers or {},
+            body=msg.data,
+            reason=f"unreadable in recovery: {type(error).__name__}: {error}",
+            stream=stream,
+            seq=msg.metadata.sequence.stream,
+        )
+
     async for msg in read_subject(
         js, layout.HALF_STREAM, layout.half_subject(partition), checkpoint.half_seq
     ):
-        stored = read_half(msg.metadata.sequence.stream, msg.headers or {}, msg.data)
-        table.handle(
-            HalvesStored(
-                txid=stored.txid,
-                token=stored.token,
-                group=stored.group,
-                producer=stored.producer,
-                halves=(stored.half,),
-                begins=stored.begins,
-            ),
-            now,
-        )
-        remember(stored)
         halves += 1
+        try:
+            stored = read_half(msg.metadata.sequence.stream, msg.headers or {}, msg.data)
+            table.handle(_stored_event(stored), now)
+        except _UNREADABLE as error:
+            await unreadable(msg, layout.HALF_STREAM, error)
+            continue
+        remember(stored)
     async for msg in read_subject(
         js, layout.OP_STREAM, layout.op_subject(partition), checkpoint.op_seq
     ):
-        seq = msg.metadata.sequence.stream
-        table.handle(OpReplayed(seq=seq, records=tuple(decode_ops(msg.data))), now)
         ops += 1
+        seq = msg.metadata.sequence.stream
+        try:
+            table.handle(OpReplayed(seq=seq, records=tuple(decode_ops(msg.data))), now)
+        except _UNREADABLE as error:
+            await unreadable(msg, layout.OP_STREAM, error)
     return halves, ops
+
+
+_UNREADABLE = (KeyError, ValueError, TypeError, msgspec.DecodeError, CoordinatorStateError)
+"""What reading a garbage record raises: a missing header, a bad number, bytes that do not
+decode, or a record the table refuses (it leaves the table as it was)."""
+
+
+def _stored_event(stored: StoredHalf) -> HalvesStored:
+    return HalvesStored(
+        txid=stored.txid,
+        token=stored.token,
+        group=stored.group,
+        producer=stored.producer,
+        halves=(stored.half,),
+        begins=stored.begins,
+    )
 
 
 async def last_op_seq(js: JetStreamContext, partition: int) -> int:

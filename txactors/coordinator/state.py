@@ -102,11 +102,31 @@ class CoordinatorStateError(TxActorsError):
     """The actor fed an event that only a bug can produce; nothing was changed."""
 
 
+MAX_PARKED = 1000
+"""Most discarded transactions a checkpoint carries; any beyond pin the offsets as before."""
+
+
+class ParkedTxn(msgspec.Struct, frozen=True, kw_only=True):
+    """A DISCARDED transaction as the checkpoint keeps it: it may wait for an operator until
+    retention, and carrying it here spares recovery from re-reading everything since it."""
+
+    txid: str
+    token: str
+    group: str
+    producer: str
+    halves: tuple[Half, ...]
+    check_times: int
+    reason: DiscardReason
+    last_check: str | None = None
+
+
 class Checkpoint(msgspec.Struct, frozen=True):
-    """First sequences of TXN_HALF and TXN_OP that recovery must read."""
+    """First sequences of TXN_HALF and TXN_OP that recovery must read, and the discarded
+    transactions it restores without reading (they do not hold the offsets back)."""
 
     half_seq: int
     op_seq: int
+    discarded: tuple[ParkedTxn, ...] = ()
 
 
 class TxnView(msgspec.Struct, frozen=True, kw_only=True):
@@ -222,14 +242,34 @@ class TransactionTable:
             self._on_deadline(self._open[txid], now)
         return self._end_step()
 
-    def begin_recovery(self, *, half_from: int, op_from: int) -> None:
-        """Start replaying: feed `HalvesStored` from TXN_HALF `half_from`, then `OpReplayed`
-        from TXN_OP `op_from` (a `checkpoint()` saved earlier), then `finish_recovery`."""
+    def begin_recovery(
+        self, *, half_from: int, op_from: int, discarded: Iterable[ParkedTxn] = ()
+    ) -> None:
+        """Start replaying: restore the `discarded` transactions, feed `HalvesStored` from
+        TXN_HALF `half_from`, then `OpReplayed` from TXN_OP `op_from` (all three from a
+        `checkpoint()` saved earlier), then `finish_recovery`."""
         if self._open or self._ops_in_flight or self._half_tail or self._op_tail:
             raise CoordinatorStateError("recovery must start on a fresh table")
         self._replay_op_from = op_from
         self._half_tail = half_from - 1
         self._op_tail = op_from - 1
+        for parked in discarded:
+            if not parked.halves:
+                continue
+            self._open[parked.txid] = _Txn(
+                txid=parked.txid,
+                token=parked.token,
+                group=parked.group,
+                producer=parked.producer,
+                state=S.DISCARDED,
+                halves={h.index: h for h in parked.halves},
+                first_seq=min(h.seq for h in parked.halves),
+                born=min(h.born for h in parked.halves),
+                op_floor=op_from,
+                check_times=parked.check_times,
+                last_check=parked.last_check,
+                discard_reason=parked.reason,
+            )
 
     def finish_recovery(self, now: float) -> list[Action]:
         """Resume work: republish commits without `done`, schedule every pending check."""
@@ -303,13 +343,17 @@ class TransactionTable:
 
         OP: no record of a transaction stored after the oldest open one can precede the OP
         tail we knew when that one was stored; older finished ones are not replayed at all.
-        Costs O(open transactions).
+        DISCARDED ones (up to MAX_PARKED) travel in the checkpoint instead of holding the
+        offsets back: their records are final until an operator acts, and an operator's
+        record comes after the checkpoint. Costs O(transactions in memory).
         """
-        if not self._open:
-            return Checkpoint(self._half_tail + 1, self._op_tail + 1)
+        parked = [t for t in self._open.values() if t.state is S.DISCARDED][:MAX_PARKED]
+        parked_ids = {t.txid for t in parked}
+        pinning = [t for t in self._open.values() if t.txid not in parked_ids]
         return Checkpoint(
-            min(t.first_seq for t in self._open.values()),
-            min(t.op_floor for t in self._open.values()),
+            min((t.first_seq for t in pinning), default=self._half_tail + 1),
+            min((t.op_floor for t in pinning), default=self._op_tail + 1),
+            tuple(_parked(t) for t in parked),
         )
 
     def next_deadline(self) -> float | None:
@@ -764,3 +808,16 @@ class TransactionTable:
             next_check_at=txn.next_check_at if txn.state is S.PREPARED else None,
             discard_reason=txn.discard_reason,
         )
+
+
+def _parked(txn: _Txn) -> ParkedTxn:
+    return ParkedTxn(
+        txid=txn.txid,
+        token=txn.token,
+        group=txn.group,
+        producer=txn.producer,
+        halves=txn.ordered_halves(),
+        check_times=txn.check_times,
+        reason=txn.discard_reason or DiscardReason.CHECK_MAX,
+        last_check=txn.last_check,
+    )
