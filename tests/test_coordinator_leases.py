@@ -3,14 +3,19 @@ a partition whose lease they lost."""
 
 from __future__ import annotations
 
+import itertools
+from typing import Any
+
 import anyio
 import nats
+import nats.js.errors
 import pytest
 from anyio.abc import TaskStatus
 from nats.aio.client import Client
 
 from tests.support.txn import CoordinatorClient, message, topic_ids
 from txactors import layout
+from txactors.coordinator import partition as partition_module
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import RunningCoordinator, run_coordinator
 from txactors.errors import ActorDeadError
@@ -110,3 +115,42 @@ async def test_an_owner_that_lost_its_lease_stops_serving(private_nc: Client) ->
                 await anyio.sleep(0.05)
         with pytest.raises(ActorDeadError):
             await client.admin(ListTransactions())
+
+
+async def test_a_coordinator_keeps_its_lease_while_a_partition_recovers_for_long(
+    private_nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recovery is made to take three lease TTLs (a delay injected before the real one):
+    the lease must be renewed meanwhile, or a standby could take the partition."""
+    options = CoordinatorOptions(lease_ttl=1.0, tick_interval=0.05)
+    async with run_coordinator(private_nc, options=options):
+        pass  # creates the lease bucket with this TTL
+    real_recover = partition_module.recover
+
+    async def slow_recover(*args: Any, **kwargs: Any) -> tuple[int, int]:
+        await anyio.sleep(3 * options.lease_ttl)
+        return await real_recover(*args, **kwargs)
+
+    monkeypatch.setattr(partition_module, "recover", slow_recover)
+    kv = await private_nc.jetstream().key_value(layout.LEASE_BUCKET)
+    holders: list[bytes | None] = []
+
+    async def watch_lease() -> None:
+        while True:
+            try:
+                holders.append((await kv.get("0")).value)
+            except nats.js.errors.KeyNotFoundError:
+                holders.append(None)
+            await anyio.sleep(0.05)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch_lease)
+        async with run_coordinator(private_nc, options=options, owner="slow") as slow:
+            assert slow.partitions == [0]
+            client = CoordinatorClient(private_nc)
+            receipt = await client.prepare("t1", message())
+            assert (await client.end("t1", receipt.token, Decision.COMMIT)).state == "committed"
+            tg.cancel_scope.cancel()
+    held = list(itertools.dropwhile(lambda h: h is None, holders))
+    assert len(held) > 40, "watched through the whole recovery"
+    assert set(held) == {b"slow"}, "the lease never lapsed while the partition recovered"

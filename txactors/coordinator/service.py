@@ -3,12 +3,14 @@
 `run_coordinator` is what an application (or `txactors coordinator`) starts. It makes sure the
 JetStream layout exists, takes the leases of the partitions that are free (up to
 `max_partitions`), and for each one spawns a `PartitionCoordinator` (which recovers its state
-before it serves) and serves `txn.coord.<p>.prepare`, `.end` and `.admin`. A keeper task renews
+before it serves) and serves `txn.coord.<p>.prepare`, `.end` and `.admin`. A keeper renews
 the leases, stops serving a partition whose lease is lost or cannot be renewed in time, and
-takes over partitions whose owner died. Several coordinator processes thus split the
-partitions, or stand by for each other. Only inbox reply subjects are answered
-(`options.inbox_prefix`), and a connection closed for good ends the coordinator with
-`NatsConnectionLost` rather than leaving it up serving nothing.
+takes over partitions whose owner died. Renewing runs in a task of its own, from before the
+first partition is taken: a partition that is still recovering (however long that takes)
+keeps its lease. Several coordinator processes thus split the partitions, or stand by for
+each other. Only inbox reply subjects are answered (`options.inbox_prefix`), and a
+connection closed for good ends the coordinator with `NatsConnectionLost` rather than
+leaving it up serving nothing.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ log = get_logger(__name__)
 class _Owned:
     revision: int
     renewed_at: float
-    ref: LocalActorRef
+    ref: LocalActorRef | None = None
+    """None while the partition actor starts (recovers); its lease is renewed meanwhile."""
     subscriptions: list[Subscription] = field(default_factory=list)
 
 
@@ -64,7 +67,8 @@ class RunningCoordinator:
 
     @property
     def partitions(self) -> list[int]:
-        return sorted(self.owned)
+        """The partitions served now (not those whose lease is held while they recover)."""
+        return sorted(p for p, owned in self.owned.items() if owned.subscriptions)
 
 
 def default_owner_id() -> str:
@@ -89,10 +93,15 @@ class _PartitionKeeper:
         self._make_partition = make_partition
         self.owned: dict[int, _Owned] = {}
 
-    async def run(self) -> None:
+    async def renew(self) -> None:
+        """Keep the leases held, forever (apart from taking, which may wait on recoveries)."""
         while True:
             await anyio.sleep(self._options.lease_ttl * RENEW_FRACTION)
             await self.keep_owned()
+
+    async def take(self) -> None:
+        while True:
+            await anyio.sleep(self._options.lease_ttl * RENEW_FRACTION)
             await self.take_free()
 
     async def take_free(self) -> None:
@@ -107,7 +116,7 @@ class _PartitionKeeper:
 
     async def keep_owned(self) -> None:
         for partition, owned in list(self.owned.items()):
-            if not owned.ref.is_alive:
+            if owned.ref is not None and not owned.ref.is_alive:
                 log.error("partition_actor_died", partition=partition)
                 await self._stop(partition, give_back=True)
                 continue
@@ -128,32 +137,38 @@ class _PartitionKeeper:
 
     async def _start(self, partition: int, revision: int) -> None:
         log.info("lease_taken", partition=partition, owner=self._leases.owner)
+        owned = _Owned(revision, time.monotonic())
+        self.owned[partition] = owned  # renewed from now on, while the actor recovers
         ref = await self._system.spawn(
             lambda: self._make_partition(partition),
             name=f"coordinator-{partition}",
             mailbox_size=MAILBOX_SIZE,
             supervisor=Supervisor(max_restarts=5, within=60.0, backoff_initial=0.5),
         )
-        owned = _Owned(revision, time.monotonic(), ref)
-        self.owned[partition] = owned
-        for subject, accepts in (
-            (layout.prepare_subject(partition), Prepare),
-            (layout.end_subject(partition), EndTransaction),
-            (layout.admin_subject(partition), AdminCommand),
-        ):
-            owned.subscriptions.append(
-                await serve(
-                    self._nc, ref, subject, accepts, reply_later=True, replies=self._replies
-                )
+        owned.ref = ref
+        if self.owned.get(partition) is not owned:  # the lease was lost while it recovered
+            await ref.stop()
+            return
+        subscriptions = [
+            await serve(self._nc, ref, subject, accepts, reply_later=True, replies=self._replies)
+            for subject, accepts in (
+                (layout.prepare_subject(partition), Prepare),
+                (layout.end_subject(partition), EndTransaction),
+                (layout.admin_subject(partition), AdminCommand),
             )
+        ]
         await self._nc.flush()
+        owned.subscriptions = subscriptions  # serving from now on
 
     async def _stop(self, partition: int, *, give_back: bool) -> None:
-        owned = self.owned.pop(partition)
+        owned = self.owned.pop(partition, None)
+        if owned is None:
+            return  # stopped meanwhile by the other loop
         for subscription in owned.subscriptions:
             with suppress(nats.errors.Error):  # a closed connection has no subscriptions left
                 await subscription.unsubscribe()
-        await owned.ref.stop()
+        if owned.ref is not None:
+            await owned.ref.stop()
         if give_back:
             await self._leases.give_back(partition, owned.revision)
         log.info("partition_released", partition=partition, given_back=give_back)
@@ -210,8 +225,9 @@ async def run_coordinator(
     with raising_connection_lost():
         async with ActorSystem("coordinator") as system, anyio.create_task_group() as tasks:
             keeper = _PartitionKeeper(nc, system, leases, options, make_partition, replies)
+            tasks.start_soon(keeper.renew)
             await keeper.take_free()
-            tasks.start_soon(keeper.run)
+            tasks.start_soon(keeper.take)
             tasks.start_soon(watch_connection, nc)
             try:
                 yield RunningCoordinator(leases.owner, keeper.owned)
