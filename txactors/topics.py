@@ -14,7 +14,7 @@ from typing import Final
 
 from nats.js import JetStreamContext
 from nats.js.api import StorageType, StreamConfig
-from nats.js.errors import APIError, BadRequestError, NotFoundError
+from nats.js.errors import APIError, NotFoundError
 
 from txactors.errors import ConfigError
 from txactors.layout import topic_filter, topic_stream, validate_name
@@ -71,7 +71,7 @@ async def ensure_stream(
             try:
                 await js.add_stream(config)
                 return
-            except BadRequestError as exc:
+            except APIError as exc:
                 if is_replicas_error(exc):
                     raise replicas_error(f"stream {name}", replicas, exc) from exc
                 if exc.err_code != _STREAM_NAME_IN_USE:
@@ -96,7 +96,7 @@ async def ensure_stream(
             current.num_replicas = max(have_replicas, replicas)
             try:
                 await js.update_stream(current)
-            except BadRequestError as exc:
+            except APIError as exc:
                 if is_replicas_error(exc):
                     raise replicas_error(f"stream {name}", replicas, exc) from exc
                 raise
@@ -112,7 +112,7 @@ async def ensure_replicas(js: JetStreamContext, name: str, replicas: int) -> Non
     current.num_replicas = replicas
     try:
         await js.update_stream(current)
-    except BadRequestError as exc:
+    except APIError as exc:
         if is_replicas_error(exc):
             raise replicas_error(f"stream {name}", replicas, exc) from exc
         raise

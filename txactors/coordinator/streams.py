@@ -89,7 +89,7 @@ async def ensure_bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValu
     except nats.js.errors.BucketNotFoundError:
         try:
             return await js.create_key_value(config)
-        except nats.js.errors.BadRequestError as error:
+        except nats.js.errors.APIError as error:
             if is_replicas_error(error):
                 raise replicas_error(
                     f"KV bucket {config.bucket}", config.replicas, error
@@ -104,9 +104,11 @@ async def _ensure(js: JetStreamContext, config: StreamConfig) -> None:
     try:
         await js.add_stream(config)
         return
-    except nats.js.errors.BadRequestError as error:
+    except nats.js.errors.APIError as error:
         if is_replicas_error(error):
             raise replicas_error(f"stream {config.name}", replicas, error) from error
+        if not isinstance(error, nats.js.errors.BadRequestError):
+            raise
     # Exists with another config (an older version, or an operator's tuning): keep it, but
     # make sure our subjects are in it and it has the replicas asked for.
     info = await js.stream_info(config.name or "")

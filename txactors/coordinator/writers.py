@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import enum
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -121,11 +122,19 @@ async def linked(nc: Client, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
             await anyio.sleep(LINK_POLL)
         scope.cancel()
 
+    outcome: list[T] = []
+    failure: list[Exception] = []
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(watch, tasks.cancel_scope)
-        result = await fn(*args)
+        try:
+            outcome.append(await fn(*args))
+        except Exception as error:  # raised below as itself, not wrapped in a group
+            failure.append(error)
         tasks.cancel_scope.cancel()
-        return result
+    if failure:
+        raise failure[0]
+    if outcome:
+        return outcome[0]
     raise LinkLost("the connection to NATS dropped while waiting for JetStream")
 
 
@@ -243,7 +252,9 @@ class PipelinedWriter:
             if not self._nc.is_connected or link_generation(self._nc) != slot.generation:
                 raise _Troubled("connection lost")
             if time.monotonic() - slot.issued_at > ACK_TIMEOUT:
-                raise _Troubled(f"no ack in {ACK_TIMEOUT:g} s")
+                future.cancel()
+                await self._ask_again(slot)
+                return
             await asyncio.wait({future}, timeout=LINK_POLL)
         if future.cancelled():
             raise _Troubled("cancelled")
@@ -254,6 +265,26 @@ class PipelinedWriter:
             await self._quarantine(slot.append, describe(error))
         else:
             raise _Troubled(describe(error))
+        slot.settled = True
+
+    async def _ask_again(self, slot: _Slot) -> None:
+        """Settle an overdue append with a plain request (same `Nats-Msg-Id`).
+
+        nats-py 2.16 loses JetStream's refusal of an async publish (its reply handler raises
+        instead of failing the future), so an overdue ack may be an error nobody reported.
+        """
+        a = slot.append
+        try:
+            slot.ack = await linked(
+                self._nc,
+                functools.partial(
+                    self._js.publish, a.subject, a.payload, timeout=ACK_TIMEOUT, headers=a.headers
+                ),
+            )
+        except (*LINK_TROUBLE, LinkLost) as error:
+            if not await self._permanent(a, error):
+                raise _Troubled(describe(error)) from error
+            await self._quarantine(a, describe(error))
         slot.settled = True
 
     async def _permanent(self, append: Append, error: BaseException) -> bool:

@@ -1,0 +1,104 @@
+"""What JetStream refuses costs one record, not a partition; replicas reach every stream."""
+
+from __future__ import annotations
+
+import anyio
+import nats.js.errors
+import pytest
+import structlog
+from nats.aio.client import Client
+from nats.js.api import StreamConfig
+from prometheus_client import CollectorRegistry
+
+from tests.support.txn import CoordinatorClient, message, topic_ids
+from txactors import layout
+from txactors.consumer import Consumer
+from txactors.coordinator import CoordinatorOptions
+from txactors.coordinator.partition import _OpsAppended
+from txactors.coordinator.recovery import read_subject
+from txactors.coordinator.service import run_coordinator
+from txactors.errors import ConfigError
+from txactors.metrics import CoordinatorMetrics
+from txactors.protocol import Decision
+
+
+async def test_a_message_its_topic_refuses_for_good_is_quarantined_and_the_partition_goes_on(
+    private_nc: Client,
+) -> None:
+    js = private_nc.jetstream()
+    # An operator's misconfiguration: the topic stream takes no message over 512 bytes.
+    await js.add_stream(
+        StreamConfig(name="TOPIC_orders", subjects=["topic.orders.>"], max_msg_size=512)
+    )
+    registry = CollectorRegistry()
+    async with run_coordinator(private_nc, metrics=CoordinatorMetrics(registry)):
+        client = CoordinatorClient(private_nc)
+        big = await client.prepare("big", message(body=b"x" * 1000))
+        with structlog.testing.capture_logs() as logs, anyio.fail_after(20):
+            ended = await client.end("big", big.token, Decision.COMMIT, timeout=15)
+        assert ended.state == "committed", "decided, and not retried forever"
+        small = await client.prepare("small", message(body=b"fits"))
+        assert (await client.end("small", small.token, Decision.COMMIT)).state == "committed"
+        assert await topic_ids(private_nc, "orders") == ["small:0"]
+    [event] = [e for e in logs if e["event"] == "record_quarantined"]
+    assert event["subject"] == "topic.orders._" and "10054" in event["reason"]
+    assert registry.get_sample_value("txactors_quarantined_total", {"partition": "0"}) == 1
+    [copy] = [
+        m async for m in read_subject(js, layout.DISCARD_STREAM, layout.quarantine_subject(), 1)
+    ]
+    headers = copy.headers or {}
+    assert (headers[layout.TXID_HEADER], copy.data) == ("big", b"x" * 1000)
+    assert headers[layout.ORIGINAL_SUBJECT_HEADER] == "topic.orders._"
+    assert "maximum" in headers[layout.QUARANTINE_REASON_HEADER]
+
+
+async def test_a_restarted_partition_ignores_completions_of_its_previous_incarnation(
+    private_nc: Client,
+) -> None:
+    async with run_coordinator(private_nc) as coordinator:
+        ref = coordinator.owned[0].ref
+        assert ref is not None
+        with structlog.testing.capture_logs() as logs:
+            # As if a write of an instance that has since been restarted reported late:
+            # its op id means nothing to the fresh table.
+            await ref.tell(_OpsAppended(epoch=0, op_ids=[12345], seq=1))
+            client = CoordinatorClient(private_nc)
+            receipt = await client.prepare("t1", message())
+            assert (await client.end("t1", receipt.token, Decision.COMMIT)).state == "committed"
+        events = [e["event"] for e in logs]
+        assert "actor_message_failed" not in events and "actor_restarting" not in events
+        assert ref.is_alive
+
+
+async def test_replicas_reach_every_stream_the_coordinator_and_consumer_declare(
+    private_nc: Client,
+) -> None:
+    """A single server holds one replica only, so what it can show is the plumbing: a
+    request for three is refused with an error naming the setting, on every stream."""
+    options = CoordinatorOptions(replicas=3)
+    assert options.replicas == 3
+    with pytest.raises(ConfigError, match="replicas") as refused:
+        async with run_coordinator(private_nc, options=options):
+            pass
+    assert "--replicas" in str(refused.value)
+
+    async def handler(_: object) -> None:
+        pass
+
+    with pytest.raises(ExceptionGroup) as group:
+        async with Consumer(private_nc, "orders", "audit", handler, replicas=3):
+            pass
+    assert group.value.subgroup(ConfigError) is not None
+    assert "TOPIC_orders needs 3 replicas" in str(group.value.exceptions[0])
+
+    # With 1, what was declared is there with 1 replica, the topic stream included.
+    async with run_coordinator(private_nc, options=CoordinatorOptions(replicas=1)):
+        client = CoordinatorClient(private_nc)
+        receipt = await client.prepare("t1", message())
+        await client.end("t1", receipt.token, Decision.COMMIT)
+    js = private_nc.jetstream()
+    for stream in ("TXN_HALF", "TXN_OP", "TXN_DISCARD", "KV_TXN_CHECKPOINT", "KV_TXN_LEASE"):
+        assert (await js.stream_info(stream)).config.num_replicas == 1
+    assert (await js.stream_info("TOPIC_orders")).config.num_replicas == 1
+    with pytest.raises(nats.js.errors.NotFoundError):
+        await js.stream_info("DLQ_audit")  # the refused consumer declared nothing after it
