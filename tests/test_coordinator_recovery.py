@@ -100,7 +100,7 @@ async def test_garbage_in_the_coordinators_own_streams_is_quarantined_not_fatal(
     for copy in copies:
         headers = copy.headers or {}
         assert headers[layout.QUARANTINE_REASON_HEADER].startswith("unreadable in recovery")
-        assert headers[layout.ORIGINAL_STREAM_HEADER] in ("TXN_HALF", "TXN_OP")
+        assert headers[layout.ORIGIN_STREAM_HEADER] in ("TXN_HALF", "TXN_OP")
 
     # A second restart copies nothing twice (the copies are deduplicated by stream and seq).
     async with run_coordinator(private_nc, options=OPTIONS):

@@ -48,7 +48,7 @@ async def test_a_message_its_topic_refuses_for_good_is_quarantined_and_the_parti
     ]
     headers = copy.headers or {}
     assert (headers[layout.TXID_HEADER], copy.data) == ("big", b"x" * 1000)
-    assert headers[layout.ORIGINAL_SUBJECT_HEADER] == "topic.orders._"
+    assert headers[layout.ORIGIN_SUBJECT_HEADER] == "topic.orders._"
     assert "maximum" in headers[layout.QUARANTINE_REASON_HEADER]
 
 

@@ -116,11 +116,11 @@ async def quarantine(
     )
     ours = {
         layout.QUARANTINE_REASON_HEADER: reason,
-        layout.ORIGINAL_SUBJECT_HEADER: subject,
+        layout.ORIGIN_SUBJECT_HEADER: subject,
     }
     if stream is not None and seq is not None:
-        ours[layout.ORIGINAL_STREAM_HEADER] = stream
-        ours[layout.ORIGINAL_SEQ_HEADER] = str(seq)
+        ours[layout.ORIGIN_STREAM_HEADER] = stream
+        ours[layout.ORIGIN_SEQ_HEADER] = str(seq)
         ours[layout.MSG_ID_HEADER] = f"{stream}:{seq}:quarantine"
     elif isinstance(msg_id := headers.get(layout.MSG_ID_HEADER), str):
         ours[layout.MSG_ID_HEADER] = f"{msg_id}:quarantine"
