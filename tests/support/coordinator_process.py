@@ -79,15 +79,8 @@ class CoordinatorProcess:
         self._log = self.log_dir / f"coordinator-{self.starts}.log"
         env = {**os.environ, "NATS_URL": self.url, "PYTHONPATH": str(ROOT)}
         env.pop("TXACTORS_LOG_LEVEL", None)
-        with self._log.open("wb") as log:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "txactors.cli", "coordinator", *self.args],
-                cwd=ROOT,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        env["_TYPER_STANDARD_TRACEBACK"] = "1"  # plain tracebacks: readable in a log tail
+        self._proc = _spawn([*COMMAND, *self.args], env, self._log)
         deadline = time.monotonic() + ready_timeout
         while READY_LINE not in self._log.read_text(errors="replace"):
             if not self.alive():
@@ -122,3 +115,14 @@ class CoordinatorProcess:
                 return False
             await anyio.sleep(0.02)
         return True
+
+
+COMMAND = (sys.executable, "-m", "txactors.cli", "coordinator")
+
+
+def _spawn(cmd: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """Popen returns at once (the child runs on its own); output goes to `log_path`."""
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+        )

@@ -433,7 +433,7 @@ def judge(expect: Expect, reply: Reply | None) -> str | None:
     return None
 
 
-# -- the invariants ---------------------------------------------------------------------------------
+# -- the invariants -------------------------------------------------------------------------
 
 
 def coordinator_is_alive(coordinator: CoordinatorProcess) -> list[str]:
@@ -508,7 +508,8 @@ def accepted_transactions_arrive_intact(harness: Harness) -> list[str]:
             keys = ",".join(sent.get("keys", []))
             if keys and got.get(layout.KEYS_HEADER) != keys:
                 problems.append(
-                    f"committed {txid}:{index}: keys {keys!r} arrived as {got.get(layout.KEYS_HEADER)!r}"
+                    f"committed {txid}:{index}: keys {keys!r} arrived as "
+                    f"{got.get(layout.KEYS_HEADER)!r}"
                 )
     harness.ledger.must_arrive.clear()
     return problems
@@ -554,4 +555,5 @@ async def restart_recovers_every_partition(harness: Harness, *, kill: bool) -> l
             if anyio.current_time() > deadline or not harness.coordinator.alive():
                 problems.append(f"after restart, not recovered in {RECOVERY_DEADLINE}s: {problem}")
                 break
+            await anyio.sleep(0.2)
     return problems

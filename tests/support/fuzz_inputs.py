@@ -429,7 +429,7 @@ def command_requests(partitions: int, max_payload: int) -> st.SearchStrategy[Req
             subject_of = draw(st.sampled_from(others))
             expect = Expect.REJECTED if verdict is not Verdict.BAD else Expect.BAD_REQUEST
         return Request(
-            label=f"{verb} {fields.get('type')} ({verdict.name}, {'json' if headers else 'msgpack'})",
+            label=f"{verb} {fields.get('type')} ({verdict.name}, {'json' if headers else 'mp'})",
             subject=subject_of(partition),
             payload=payload,
             headers=headers,
