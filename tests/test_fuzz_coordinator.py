@@ -27,7 +27,6 @@ import anyio
 import anyio.from_thread
 import anyio.to_thread
 import msgspec
-import nats
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
@@ -35,11 +34,20 @@ from tests.conftest import MakeNatsServer
 from tests.support.coordinator_process import CoordinatorProcess
 from tests.support.fuzz_harness import (
     PROBE_TOPIC,
+    REPLY_TIMEOUT,
+    BusRecorder,
     Harness,
+    Reply,
+    decode_reply,
     every_partition_commits,
+    topics_hold_only_committed_messages,
 )
 from tests.support.fuzz_inputs import (
     JSON,
+    MAX_IMMUNITY,
+    MAX_KEY,
+    MAX_PROPERTY_NAME,
+    NAME_LIMITS,
     CheckAnswer,
     Expect,
     Flow,
@@ -48,12 +56,16 @@ from tests.support.fuzz_inputs import (
     Request,
     Verdict,
     batches,
+    encode_json,
     hostile_replies,
     invalid_utf8,
+    long_name,
     nested,
 )
 from txactors import layout
+from txactors.natsclient import connect
 from txactors.producer import Decision
+from txactors.protocol import Prepared, TransactionInfo
 
 PARTITIONS = 3
 
@@ -90,9 +102,9 @@ def open_bus(make_nats_server: MakeNatsServer, tmp_path: Path) -> OpenBus:
         async def quiet(error: Exception) -> None:
             pass
 
-        nc = await nats.connect(server.url, name="fuzzer", error_cb=quiet)
+        nc = await connect(server.url, name="fuzzer", error_cb=quiet)
         try:
-            async with Harness(nc, coordinator, server.host, server.port) as harness:
+            async with Harness(nc, coordinator) as harness:
                 assert await every_partition_commits(harness.probe) == [], coordinator.log_tail()
                 yield harness
         finally:
@@ -148,15 +160,14 @@ async def test_fuzzed_batches_long_run(open_bus: OpenBus) -> None:
 # -- targeted: each class of attack the issue names ------------------------------------------------
 
 
-def prepare(txid: str, **message: object) -> dict[str, object]:
-    body = {"topic": "fz", "body": b"x", **message}
-    return {
-        "type": "Prepare",
-        "txid": txid,
-        "group": "fzgroup",
-        "producer": "fzprod",
-        "messages": [body],
-    }
+def prepare(txid: str, **fields: object) -> dict[str, object]:
+    """A first Prepare of one message; `group` and `producer` among `fields` go to the
+    command, the rest to the message."""
+    command: dict[str, object] = {"type": "Prepare", "txid": txid}
+    command["group"] = fields.pop("group", "fzgroup")
+    command["producer"] = fields.pop("producer", "fzprod")
+    command["messages"] = [{"topic": "fz", "body": b"x", **fields}]
+    return command
 
 
 def request(
@@ -165,66 +176,104 @@ def request(
     return Request(label, subject, msgspec.msgpack.encode(command), expect, command=command, **kw)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(
-    "reply", hostile_replies(1, PROBE_TOPIC), ids=lambda r: r.replace("$", "").replace(".", "_")
-)
-async def test_replies_never_leave_the_inbox(open_bus: OpenBus, reply: str) -> None:
-    """Requests of every verb answered (they must not be) to a subject that is not an inbox."""
-    async with open_bus() as bus:
-        p0 = 0
-        batch: list[FuzzInput] = [
-            request(
-                "valid prepare",
-                layout.prepare_subject(p0),
-                prepare("r0"),
-                Expect.NO_ANSWER,
-                reply=reply,
-            ),
-            request(
-                "bad prepare",
-                layout.prepare_subject(p0),
-                {"type": "Prepare"},
-                Expect.NO_ANSWER,
-                reply=reply,
-            ),
-            request(
-                "end",
-                layout.end_subject(p0),
-                {"type": "EndTransaction", "txid": "r0", "token": "0" * 32, "decision": "commit"},
-                Expect.NO_ANSWER,
-                reply=reply,
-            ),
-            request(
-                "admin",
-                layout.admin_subject(p0),
-                {"type": "ListTransactions"},
-                Expect.NO_ANSWER,
-                reply=reply,
-            ),
-            Request("garbage", layout.admin_subject(p0), b"\xc1", Expect.NO_ANSWER, reply=reply),
-        ]
-        await assert_survives(bus, batch, restart="term")
+async def ask(bus: Harness, subject: str, command: dict[str, object]) -> Reply | None:
+    msg = await bus.nc.request(subject, msgspec.msgpack.encode(command), timeout=REPLY_TIMEOUT)
+    return decode_reply(msg.data)
 
 
-@pytest.mark.parametrize(
-    "block",
-    [b"NATS", b"NATS/1.0\r\nX\r\n\r\n", b"NATS/1.0\r\n\xff\xfe: \xff\r\n\r\n"],
-    ids=["four-bytes", "no-colon", "not-utf8"],
-)
-async def test_malformed_header_block_is_contained(open_bus: OpenBus, block: bytes) -> None:
-    """A raw HPUB whose header block nats-py's parser chokes on, on every command subject:
-    the coordinator keeps serving, and still stops on SIGTERM."""
+async def state_of(bus: Harness, txid: str) -> str:
+    subject = layout.admin_subject(layout.partition_of(txid, PARTITIONS))
+    info = await ask(bus, subject, {"type": "ShowTransaction", "txid": txid})
+    return info.state if isinstance(info, TransactionInfo) else repr(info)
+
+
+async def test_replies_never_leave_the_inbox(open_bus: OpenBus) -> None:
+    """Requests of every verb with a reply subject that is not an inbox (a topic, a lease,
+    the op and half streams, the JetStream API, the checkpoint) are neither answered nor
+    executed: no transaction is prepared, an open one is not ended (even with its right
+    token), and nothing about either is written or published anywhere."""
+    async with open_bus() as bus:
+        opened: list[str] = []
+        for n, reply in enumerate(hostile_replies(1, PROBE_TOPIC)):
+            opened.append(await _refused_reply_leaves_no_trace(bus, reply, n))
+        await assert_survives(bus, [], restart="term")
+        assert [await state_of(bus, txid) for txid in opened] == ["prepared"] * len(opened)
+
+
+async def _refused_reply_leaves_no_trace(bus: Harness, reply: str, n: int) -> str:
+    """One hostile `reply` on every verb; the txid left open (it must stay prepared)."""
+    opened, fresh = f"hostileopen{n}", f"hostilefresh{n}"
+    immune = prepare(opened, check_immunity=600.0)  # no check-back during the test
+    own = layout.partition_of(opened, PARTITIONS)
+    prepared = await ask(bus, layout.prepare_subject(own), immune)
+    assert isinstance(prepared, Prepared), prepared
+    bus.ledger.store(opened, immune["messages"])  # type: ignore[arg-type]
+    recorder = BusRecorder([opened, fresh])
+    await recorder.start(bus.nc)
+
+    def hostile(label: str, subject: str, command: dict[str, object]) -> Request:
+        return request(f"{reply}: {label}", subject, command, Expect.NO_ANSWER, reply=reply)
+
+    end: dict[str, object] = {
+        "type": "EndTransaction",
+        "txid": opened,
+        "token": prepared.token,
+        "decision": "commit",
+    }
+    batch: list[FuzzInput] = [
+        Request(
+            f"{reply}: valid prepare",
+            layout.prepare_subject(layout.partition_of(fresh, PARTITIONS)),
+            msgspec.msgpack.encode(prepare(fresh)),
+            Expect.NO_ANSWER,
+            reply=reply,
+            never_prepared=fresh,
+        ),
+        hostile("bad prepare", layout.prepare_subject(own), {"type": "Prepare"}),
+        hostile("end with the right token", layout.end_subject(own), end),
+        hostile(
+            "admin commit", layout.admin_subject(own), {"type": "CommitTransaction", "txid": opened}
+        ),
+        hostile(
+            "admin rollback",
+            layout.admin_subject(own),
+            {"type": "RollbackTransaction", "txid": opened},
+        ),
+        hostile("admin list", layout.admin_subject(own), {"type": "ListTransactions"}),
+        Request("garbage", layout.admin_subject(own), b"\xc1", Expect.NO_ANSWER, reply=reply),
+    ]
+    try:
+        await assert_survives(bus, batch)  # the probe on every partition: time to act
+        assert await state_of(bus, opened) == "prepared"
+    finally:
+        await recorder.stop()
+    assert recorder.seen == [], "\n".join(recorder.seen)
+    return opened
+
+
+async def test_malformed_header_blocks_are_contained(open_bus: OpenBus) -> None:
+    """A raw HPUB whose header block nats-py's parser may choke on, on every command subject,
+    with an inbox reply (answered `bad_request`) and without one: the coordinator keeps
+    serving, and still stops on SIGTERM."""
     async with open_bus() as bus:
         batch: list[FuzzInput] = [
-            RawFrame("raw", subject(p), block, b"")
+            RawFrame(f"raw {block!r}", subject(p), block, b"", answered, Expect.BAD_REQUEST)
+            for block in (
+                b"NATS",
+                b"NATS/1.0",
+                b"NATS/1.0\r\nX\r\n\r\n",
+                b"NATS/1.0\r\n\xff: \xff\r\n\r\n",
+            )
             for p in range(PARTITIONS)
             for subject in (layout.prepare_subject, layout.end_subject, layout.admin_subject)
+            for answered in (True, False)
         ]
         await assert_survives(bus, batch, restart="term")
 
 
 async def test_properties_spelling_control_headers_are_refused(open_bus: OpenBus) -> None:
-    """`Nats-…`/`Txn-…` in any case or with blanks, colons, spaces: bad_request, nothing stored."""
+    """`Nats-…`/`Txn-…` in any case or with blanks, `Status`, colons, spaces, non-ASCII:
+    bad_request, nothing stored."""
     async with open_bus() as bus:
         names = [
             "Nats-Msg-Id",
@@ -235,8 +284,11 @@ async def test_properties_spelling_control_headers_are_refused(open_bus: OpenBus
             "Nats-Msg-Id ",
             "txn-id",
             "TXN-TOKEN",
+            "status",
+            "KV-Operation",
             "a b",
             "a:b",
+            "café",
         ]
         batch: list[FuzzInput] = [
             request(
@@ -250,47 +302,51 @@ async def test_properties_spelling_control_headers_are_refused(open_bus: OpenBus
         await assert_survives(bus, batch, restart="kill")
 
 
-@pytest.mark.parametrize(
-    "message",
-    [{"properties": {"note": "café"}}, {"properties": {"café": "x"}}, {"keys": ["café"]}],
-    ids=["property-value", "property-name", "key"],
-)
-async def test_non_ascii_properties_and_keys_work_end_to_end_or_are_refused(
-    open_bus: OpenBus, message: dict[str, object]
-) -> None:
-    """`café`, committed directly, then left to a check-back that answers COMMIT: refused at
-    prepare, or delivered intact both ways; never accepted and then fatal later."""
+NON_ASCII: dict[str, dict[str, object]] = {
+    "value": {"properties": {"note": "café 日本語 🙂"}},
+    "key": {"keys": ["café", "键 a"]},
+}
+
+
+async def test_non_ascii_values_and_keys_work_end_to_end(open_bus: OpenBus) -> None:
+    """`café` in a property value or a key: accepted, and delivered intact when committed
+    directly and when a check-back commits it, before and after a restart."""
     async with open_bus() as bus:
-        direct, checked = (layout.partition_of(t, PARTITIONS) for t in ("na-direct", "na-check"))
-        await assert_survives(
-            bus,
-            [
+        batch: list[FuzzInput] = []
+        checked: list[str] = []
+        for kind, message in NON_ASCII.items():
+            direct, check = f"na-direct-{kind}", f"na-check-{kind}"
+            checked.append(check)
+            batch += [
                 Flow(
                     "commit",
-                    direct,
-                    prepare("na-direct", **message),
-                    Verdict.MAYBE,
+                    layout.partition_of(direct, PARTITIONS),
+                    prepare(direct, **message),
+                    Verdict.OK,
                     Decision.COMMIT,
-                )
-            ],
-        )
-        checks = bus.fake.checks
-        await assert_survives(
-            bus,
-            [
+                ),
                 CheckAnswer("check commits", "echo", resolution="commit"),
-                Flow("check-back", checked, prepare("na-check", **message), Verdict.MAYBE, None),
-            ],
-        )
-        with anyio.move_on_after(5):  # the check-back is due after 0.3 s
-            while bus.fake.checks == checks:
-                await anyio.sleep(0.05)
+                Flow(
+                    "check-back",
+                    layout.partition_of(check, PARTITIONS),
+                    prepare(check, **message),
+                    Verdict.OK,
+                    None,
+                ),
+            ]
+        await assert_survives(bus, batch)
+        with anyio.fail_after(10):  # the check-backs are due after 0.3 s
+            while any(layout.message_id(txid, 0) not in bus._found for txid in checked):
+                assert await topics_hold_only_committed_messages(bus) == []
+                await anyio.sleep(0.1)
+        for txid in checked:
+            bus.ledger.must_arrive[txid] = bus.ledger.stored[txid]
         await assert_survives(bus, [], restart="term")
 
 
 async def test_the_same_txid_on_two_partitions(open_bus: OpenBus) -> None:
-    """Prepared on its own partition, then with other content on another one: refused there,
-    and only the first content is ever delivered."""
+    """Prepared on its own partition, then with other content on another one: bad_request
+    there (naming the owner), and only the first content is ever delivered."""
     async with open_bus() as bus:
         txid = "twice"
         own = layout.partition_of(txid, PARTITIONS)
@@ -308,7 +364,7 @@ async def test_the_same_txid_on_two_partitions(open_bus: OpenBus) -> None:
                     "other partition",
                     layout.prepare_subject(other),
                     prepare(txid, body=b"B"),
-                    Expect.REFUSED,
+                    Expect.BAD_REQUEST,
                 ),
                 request(
                     "other partition, end",
@@ -319,6 +375,12 @@ async def test_the_same_txid_on_two_partitions(open_bus: OpenBus) -> None:
                         "token": "0" * 32,
                         "decision": "commit",
                     },
+                    Expect.BAD_REQUEST,
+                ),
+                request(
+                    "own partition, a second first prepare",
+                    layout.prepare_subject(own),
+                    prepare(txid, body=b"C"),
                     Expect.REFUSED,
                 ),
                 CheckAnswer("check commits", "echo", resolution="commit"),
@@ -327,72 +389,96 @@ async def test_the_same_txid_on_two_partitions(open_bus: OpenBus) -> None:
         )
 
 
-@pytest.mark.parametrize("as_json", [False, True], ids=["msgpack", "json"])
-async def test_undecodable_input_is_a_bad_request(open_bus: OpenBus, as_json: bool) -> None:
-    """Invalid UTF-8, deep nesting and non-finite numbers: bad_request, never internal."""
+async def test_undecodable_input_is_a_bad_request(open_bus: OpenBus) -> None:
+    """Invalid UTF-8, deep nesting and numbers out of range, in both encodings: bad_request,
+    never internal."""
     async with open_bus() as bus:
-        headers = dict(JSON) if as_json else None
-        subject = layout.prepare_subject(0)
-        nan_immunity = prepare("nf", check_immunity=float("nan"))
-        inf_immunity = prepare("nf2", check_immunity=float("inf"))
-        from tests.support.fuzz_inputs import encode_json
-
-        def encoded(command: dict[str, object]) -> bytes:
-            return encode_json(command) if as_json else msgspec.msgpack.encode(command)
-
-        batch: list[FuzzInput] = [
-            Request("invalid UTF-8", subject, invalid_utf8(as_json), Expect.BAD_REQUEST, headers),
-            *(
-                Request(
-                    f"nested {d}", subject, nested(d, as_json=as_json), Expect.BAD_REQUEST, headers
-                )
-                for d in (1000, 100_000)
-            ),
-            Request(
-                "NaN immunity",
-                layout.prepare_subject(layout.partition_of("nf", PARTITIONS)),
-                encoded(nan_immunity),
-                Expect.BAD_REQUEST,
-                headers,
-            ),
-            Request(
-                "inf immunity",
-                layout.prepare_subject(layout.partition_of("nf2", PARTITIONS)),
-                encoded(inf_immunity),
-                Expect.BAD_REQUEST,
-                headers,
-            ),
-        ]
-        await assert_survives(bus, batch)
+        await assert_survives(bus, [*_undecodable(as_json=False), *_undecodable(as_json=True)])
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        "body near max_payload",
-        "headers near 64 KiB",
-        "headers over 64 KiB",
-        "key over 64 KiB",
-        "long names",
-    ],
-)
-async def test_sizes_at_the_limits(open_bus: OpenBus, case: str) -> None:
-    """Refused with bad_request, or accepted and then committed and delivered intact."""
-    async with open_bus() as bus:
-        limit = bus.nc.max_payload
-        txid = {"long names": "L" * 4000}.get(case, f"size-{case.split()[0]}")
-        message = {
-            "body near max_payload": {"body": b"b" * (limit - 600)},
-            "headers near 64 KiB": {"properties": {"p": "v" * 60_000}},
-            "headers over 64 KiB": {"properties": {"p": "v" * 40_000, "q": "w" * 40_000}},
-            "key over 64 KiB": {"keys": ["k" * 70_000]},
-            "long names": {"topic": "T" * 3000, "tag": "g" * 3000},
-        }[case]
-        flow = Flow(
-            case,
-            layout.partition_of(txid, PARTITIONS),
-            prepare(txid, **message),
-            Verdict.MAYBE,
-            Decision.COMMIT,
+def _undecodable(*, as_json: bool) -> list[FuzzInput]:
+    """Payloads no decoder may crash on, and immunities outside [0, max_immunity]."""
+    headers = dict(JSON) if as_json else None
+    subject = layout.prepare_subject(0)
+
+    def encoded(command: dict[str, object]) -> bytes:
+        return encode_json(command) if as_json else msgspec.msgpack.encode(command)
+
+    def immunity(txid: str, value: float) -> Request:
+        txid += "j" if as_json else "m"
+        return Request(
+            f"immunity {value} ({'json' if as_json else 'mp'})",
+            layout.prepare_subject(layout.partition_of(txid, PARTITIONS)),
+            encoded(prepare(txid, check_immunity=value)),
+            Expect.BAD_REQUEST,
+            headers,
         )
-        await assert_survives(bus, [flow], restart="kill")
+
+    batch: list[FuzzInput] = [
+        Request("invalid UTF-8", subject, invalid_utf8(as_json), Expect.BAD_REQUEST, headers),
+        *(
+            Request(f"nested {d}", subject, nested(d, as_json=as_json), Expect.BAD_REQUEST, headers)
+            for d in (1000, 100_000)
+        ),
+        immunity("nf", float("nan")),
+        immunity("nf2", float("inf")),
+        immunity("nf3", -1.0),
+        immunity("nf4", MAX_IMMUNITY + 1),
+    ]
+    return batch
+
+
+def _sized_cases(max_payload: int) -> dict[str, tuple[dict[str, object], Verdict]]:
+    """Each limit of docs/protocol.md#limits at its value (accepted) and past it (refused)."""
+    at = {kind: long_name(limit) for kind, limit in NAME_LIMITS.items()}
+    past = {kind: long_name(limit + 1) for kind, limit in NAME_LIMITS.items()}
+    return {
+        "body well within max_payload": ({"body": b"b" * (max_payload - 4096)}, Verdict.OK),
+        "body near max_payload": ({"body": b"b" * (max_payload - 600)}, Verdict.BAD),
+        "headers near 64 KiB": ({"properties": {"p": "v" * 60_000}}, Verdict.OK),
+        "headers over 64 KiB": (
+            {"properties": {"p": "v" * 40_000, "q": "w" * 40_000}},
+            Verdict.BAD,
+        ),
+        "key at its limit": ({"keys": ["k" * MAX_KEY]}, Verdict.OK),
+        "key past its limit": ({"keys": ["k" * (MAX_KEY + 1)]}, Verdict.BAD),
+        "key over 64 KiB": ({"keys": ["k" * 70_000]}, Verdict.BAD),
+        "property name at its limit": (
+            {"properties": {"p" * MAX_PROPERTY_NAME: "v"}},
+            Verdict.OK,
+        ),
+        "property name past its limit": (
+            {"properties": {"p" * (MAX_PROPERTY_NAME + 1): "v"}},
+            Verdict.BAD,
+        ),
+        "names at their limits": (
+            {
+                "txid": at["txid"],
+                "group": at["group"],
+                "producer": at["producer"],
+                "topic": at["topic"],
+                "tag": at["tag"],
+            },
+            Verdict.OK,
+        ),
+        **{f"{kind} past its limit": ({kind: past[kind]}, Verdict.BAD) for kind in NAME_LIMITS},
+        "txid of 4000": ({"txid": "L" * 4000}, Verdict.BAD),
+    }
+
+
+async def test_sizes_at_the_limits(open_bus: OpenBus) -> None:
+    """At a documented limit: accepted, committed and delivered intact. Past it: bad_request,
+    nothing stored. Either way every partition goes on serving and recovers."""
+    async with open_bus() as bus:
+        batch: list[FuzzInput] = []
+        for n, (case, (fields, verdict)) in enumerate(_sized_cases(bus.nc.max_payload).items()):
+            txid = str(fields.pop("txid", f"size{n}"))
+            flow = Flow(
+                case,
+                layout.partition_of(txid, PARTITIONS),
+                prepare(txid, **fields),
+                verdict,
+                Decision.COMMIT,
+            )
+            batch.append(flow)
+        await assert_survives(bus, batch, restart="kill")

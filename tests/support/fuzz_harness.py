@@ -9,8 +9,6 @@ problems it found (empty: it holds), so a failing batch reports every broken rul
 
 from __future__ import annotations
 
-import asyncio
-import json
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +34,7 @@ from tests.support.fuzz_inputs import (
     encode_json,
     hostile_replies,
 )
+from tests.support.rawnats import raw_hpub
 from txactors import layout
 from txactors.consumer import ConsumedMessage, Consumer
 from txactors.coordinator.recovery import read_subject
@@ -67,9 +66,10 @@ def decode_reply(data: bytes) -> Reply | None:
     """A protocol reply in either encoding, or None: how a leaked reply is recognised."""
     for decoder in (_reply_msgpack, _reply_json):
         try:
-            return decoder.decode(data)
+            reply: Reply = decoder.decode(data)
         except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
             continue
+        return reply
     return None
 
 
@@ -178,9 +178,12 @@ class Spies:
 class FakeProducer:
     """Answers check-backs of every group but the probe's, as the queued `CheckAnswer`s say."""
 
-    def __init__(self, nc: Client, ledger: Ledger) -> None:
+    def __init__(self, nc: Client, ledger: Ledger, never_prepared: set[str]) -> None:
         self.nc = nc
         self.ledger = ledger
+        self.never_prepared = never_prepared
+        self.unexpected: list[str] = []
+        """Check-backs of transactions whose prepare was not to be executed."""
         self.answers: deque[CheckAnswer] = deque()
         self.checks = 0
         self._sub: Subscription | None = None
@@ -202,6 +205,8 @@ class FakeProducer:
         except (msgspec.DecodeError, UnicodeDecodeError):
             return
         txid, check_id = check.txid, check.check_id
+        if txid in self.never_prepared:
+            self.unexpected.append(f"a check-back for {txid}, prepared with a refused reply")
         payload: bytes
         headers = None
         if answer.kind == "none":
@@ -223,31 +228,30 @@ class FakeProducer:
         await self.nc.publish(msg.reply, payload, headers=headers)
 
 
-# -- raw frames ---------------------------------------------------------------------------------
+class BusRecorder:
+    """Every message on the bus that mentions one of `markers` (in its body or a header),
+    except requests to the coordinator and answers to inboxes: what a request that was not
+    to be executed must never cause (a write to a stream is a publish too)."""
 
+    def __init__(self, markers: list[str]) -> None:
+        self.markers = [m.encode() for m in markers]
+        self.seen: list[str] = []
+        self._sub: Subscription | None = None
 
-async def publish_raw(host: str, port: int, frame: RawFrame) -> None:
-    """HPUB with `frame.header_block` as is, on a connection of its own (PING/PONG: flushed)."""
-    reader, writer = await asyncio.open_connection(host, port)
-    try:
-        await reader.readline()  # INFO
-        connect = {"verbose": False, "pedantic": False, "headers": True, "lang": "raw"}
-        writer.write(b"CONNECT " + json.dumps(connect).encode() + b"\r\n")
-        hdr = len(frame.header_block)
-        total = hdr + len(frame.payload)
-        writer.write(
-            f"HPUB {frame.subject} _INBOX.raw {hdr} {total}\r\n".encode()
-            + frame.header_block
-            + frame.payload
-            + b"\r\nPING\r\n"
-        )
-        await writer.drain()
-        with anyio.fail_after(5):
-            while (line := await reader.readline()) and not line.startswith(b"PONG"):
-                if line.startswith(b"-ERR"):
-                    break
-    finally:
-        writer.close()
+    async def start(self, nc: Client) -> None:
+        async def seen(msg: Msg) -> None:
+            if msg.subject.startswith(("_INBOX.", "txn.coord.")):
+                return
+            text = msg.data + repr(msg.headers).encode()
+            if any(marker in text for marker in self.markers):
+                self.seen.append(f"{msg.subject}: {msg.data[:80]!r} {msg.headers!r}"[:300])
+
+        self._sub = await nc.subscribe(">", cb=seen)
+        await nc.flush()
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
 
 
 # -- one batch ------------------------------------------------------------------------------------
@@ -262,15 +266,18 @@ class Outcome:
 class Harness:
     """The bus as the tests see it; `run(batch)` sends a batch, `check()` runs the invariants."""
 
-    def __init__(self, nc: Client, coordinator: CoordinatorProcess, host: str, port: int) -> None:
+    def __init__(self, nc: Client, coordinator: CoordinatorProcess) -> None:
         self.nc = nc
         self.coordinator = coordinator
         self.partitions = coordinator.partitions
-        self.host, self.port = host, port
+        self.url = coordinator.url
         self.ledger = Ledger()
+        self.never_prepared: set[str] = set()
+        """Txids of valid prepares sent with a refused reply subject: they must not exist."""
+        self._unverified: list[str] = []
         self.probe = Probe(nc, self.ledger, self.partitions)
         self.spies = Spies()
-        self.fake = FakeProducer(nc, self.ledger)
+        self.fake = FakeProducer(nc, self.ledger, self.never_prepared)
         self.outcomes: list[Outcome] = []
         self.history: deque[list[str]] = deque(maxlen=3)
         self._topic_seen: dict[str, int] = {}
@@ -304,7 +311,7 @@ class Harness:
         elif isinstance(item, Flow):
             self.outcomes.append(Outcome(item.label, await self._flow(item)))
         elif isinstance(item, RawFrame):
-            await publish_raw(self.host, self.port, item)
+            self.outcomes.append(Outcome(item.label, await self._raw(item)))
         else:
             self.fake.answers.append(item)
 
@@ -312,6 +319,9 @@ class Harness:
         if len(item.payload) > self.nc.max_payload:
             return None  # the client cannot send it; nothing to learn
         if item.reply is not None:
+            if item.never_prepared:
+                self.never_prepared.add(item.never_prepared)
+                self._unverified.append(item.never_prepared)
             await self.nc.publish(
                 item.subject, item.payload, reply=item.reply, headers=item.headers
             )
@@ -330,12 +340,34 @@ class Harness:
             self.ledger.store(reply.txid, _messages(item.command))
         return f"{item.label}: {problem}" if problem else None
 
+    async def _raw(self, frame: RawFrame) -> str | None:
+        """A raw HPUB; with an inbox reply, it is owed the answer `frame.expect` says."""
+        if not frame.answered:
+            await raw_hpub(
+                self.url, frame.subject, "_INBOX.nobody", frame.header_block, frame.payload
+            )
+            return None
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox, max_msgs=1)
+        try:
+            await self.nc.flush()
+            await raw_hpub(self.url, frame.subject, inbox, frame.header_block, frame.payload)
+            msg = await sub.next_msg(timeout=REPLY_TIMEOUT)
+        except nats.errors.TimeoutError:
+            return f"{frame.label}: no answer in {REPLY_TIMEOUT}s on {frame.subject}"
+        finally:
+            await sub.unsubscribe()
+        problem = judge(frame.expect, decode_reply(msg.data))
+        return f"{frame.label}: {problem}" if problem else None
+
     async def _flow(self, flow: Flow) -> str | None:
         prepare = Request(
             flow.label,
             layout.prepare_subject(flow.partition),
             msgspec.msgpack.encode(flow.prepare),
-            Expect.BAD_REQUEST if flow.verdict is Verdict.BAD else Expect.ANSWER,
+            {Verdict.OK: Expect.ACCEPTED, Verdict.MAYBE: Expect.ANSWER}.get(
+                flow.verdict, Expect.BAD_REQUEST
+            ),
             command=flow.prepare,
         )
         if len(prepare.payload) > self.nc.max_payload:
@@ -382,6 +414,7 @@ class Harness:
         if self.coordinator.alive():
             problems += await every_partition_commits(self.probe)
         problems += no_reply_left_the_inbox(self.spies)  # after the probe: leaks have landed
+        problems += await refused_replies_were_not_executed(self)
         problems += await topics_hold_only_committed_messages(self)
         problems += accepted_transactions_arrive_intact(self)
         problems += await leases_are_the_coordinators(self)
@@ -418,19 +451,24 @@ def judge(expect: Expect, reply: Reply | None) -> str | None:
             return f"unknown error code {reply.code!r}"
         if reply.code == ErrorCode.INTERNAL:
             return f"answered internal: {reply.message[:200]}"
+    if expect is Expect.ACCEPTED and not isinstance(reply, Prepared):
+        return f"expected {expect.value}, got {_shown(reply)}"
+    if expect is Expect.VALID and isinstance(reply, Error) and reply.code == "bad_request":
+        return f"expected {expect.value}, got {_shown(reply)}"
     wanted = {
         Expect.BAD_REQUEST: {ErrorCode.BAD_REQUEST},
         Expect.REJECTED: {ErrorCode.BAD_REQUEST, ErrorCode.UNKNOWN_COMMAND},
-        Expect.REFUSED: set(ErrorCode) - {ErrorCode.INTERNAL},
+        Expect.REFUSED: set(ErrorCode) - {ErrorCode.INTERNAL, ErrorCode.BAD_REQUEST},
     }.get(expect)
     if wanted is not None and not (isinstance(reply, Error) and reply.code in wanted):
-        got = (
-            f"{reply.code}: {reply.message[:160]}"
-            if isinstance(reply, Error)
-            else repr(reply)[:160]
-        )
-        return f"expected {expect.value}, got {got}"
+        return f"expected {expect.value}, got {_shown(reply)}"
     return None
+
+
+def _shown(reply: Reply) -> str:
+    if isinstance(reply, Error):
+        return f"{reply.code}: {reply.message[:160]}"
+    return repr(reply)[:160]
 
 
 # -- the invariants -------------------------------------------------------------------------
@@ -448,6 +486,27 @@ def every_request_was_answered(outcomes: list[Outcome]) -> list[str]:
 
 def no_reply_left_the_inbox(spies: Spies) -> list[str]:
     return list(spies.leaks)
+
+
+async def refused_replies_were_not_executed(harness: Harness) -> list[str]:
+    """A valid prepare whose reply subject was refused left no transaction and no check-back."""
+    problems = list(harness.fake.unexpected)
+    harness.fake.unexpected.clear()
+    if not harness.coordinator.alive():
+        return problems
+    unverified, harness._unverified = harness._unverified, []
+    for txid in unverified:
+        subject = layout.admin_subject(layout.partition_of(txid, harness.partitions))
+        show = msgspec.msgpack.encode({"type": "ShowTransaction", "txid": txid})
+        try:
+            msg = await harness.nc.request(subject, show, timeout=REPLY_TIMEOUT)
+        except nats.errors.Error as error:
+            problems.append(f"ShowTransaction {txid} got no answer ({error!r})")
+            continue
+        reply = decode_reply(msg.data)
+        if not (isinstance(reply, Error) and reply.code == ErrorCode.NOT_FOUND):
+            problems.append(f"{txid}, prepared with a refused reply subject, exists: {reply!r}")
+    return problems
 
 
 async def every_partition_commits(probe: Probe) -> list[str]:

@@ -17,7 +17,9 @@ from typing import Any
 import msgspec
 from hypothesis import strategies as st
 
+from tests.support.rawnats import MALFORMED_BLOCKS
 from txactors import layout
+from txactors.coordinator.lifecycle import TxnState
 from txactors.protocol import Decision
 
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
@@ -42,7 +44,9 @@ class Verdict(enum.IntEnum):
 
 class Expect(enum.Enum):
     ANSWER = "any answer that is not `internal`"
-    REFUSED = "an Error that is not `internal`"
+    VALID = "any answer but `bad_request` or `internal` (the input is within every limit)"
+    ACCEPTED = "Prepared"
+    REFUSED = "an Error other than `bad_request` or `internal` (valid, but not allowed)"
     BAD_REQUEST = "Error bad_request"
     REJECTED = "Error bad_request or unknown_command"
     NO_ANSWER = "nothing (hostile reply subject or raw frame)"
@@ -60,6 +64,8 @@ class Request:
     reply: str | None = None
     command: dict[str, Any] | None = field(default=None, compare=False)
     """The command as built, when it was one: the ledger learns what a Prepared stands for."""
+    never_prepared: str | None = None
+    """A txid that must not exist after the batch: this request was not to be executed."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,10 @@ class RawFrame:
     subject: str
     header_block: bytes
     payload: bytes
+    answered: bool = True
+    """Sent with an inbox reply subject and owed an answer (`bad_request` if the block cannot
+    be parsed); otherwise sent with a reply subject nobody serves."""
+    expect: Expect = Expect.ANSWER
 
 
 @dataclass(frozen=True)
@@ -114,36 +124,54 @@ def bad(strategy: st.SearchStrategy[Any]) -> Field:
 
 
 # -- scalar values ------------------------------------------------------------------------
+# The limits below are docs/protocol.md#limits, restated here rather than imported: the suite
+# checks the coordinator against the documented table, not against its own constants.
+
+NAME_LIMITS = {"txid": 128, "group": 64, "producer": 128, "topic": 64, "tag": 64}
+MAX_KEY = 256
+MAX_PROPERTY_NAME = 128
+MAX_IMMUNITY = 3600.0
+MAX_MESSAGES = 1000
+MAX_HALF_HEADERS = HEADER_LIMIT - 1 - 1024
+"""JetStream's 65,535-byte header limit less the 1 KiB the coordinator keeps for later."""
+PAYLOAD_RESERVE = 1024
+"""A half's body and headers must fit in max_payload less this."""
+COORDINATOR_HEADERS = (150, 1024)
+"""Bounds on the bytes of the coordinator's own headers in a half (Txn-*, Nats-Msg-Id, with
+names at their limits): a size within this band of a limit may go either way."""
 
 NAME_CHARS = "abcXYZ019_-"
 valid_names = st.text(NAME_CHARS, min_size=1, max_size=12).filter(lambda s: s != layout.NO_TAG)
 
 wrong_types: st.SearchStrategy[Any] = st.one_of(
-    st.integers(),
+    st.integers(-(2**63), 2**64 - 1),
     st.floats(),
     st.booleans(),
-    st.binary(max_size=8),
-    st.lists(st.integers(), max_size=2),
-    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    st.lists(st.integers(0, 9), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(0, 9), max_size=2),
 )
-"""Values of a type no string field takes (None is a value some fields accept)."""
+"""Values of a type no string field takes (None is a value some fields accept). No bytes:
+JSON carries them as base64 text, which a string field may well accept."""
 
 
 def long_name(length: int) -> str:
     return ("abc-_XYZ019" * (length // 11 + 1))[:length]
 
 
-def names(pool: tuple[str, ...] = ()) -> Field:
-    """A txid, group, producer id, topic or tag: valid, at a length boundary, or not a name."""
+def names(kind: str, pool: tuple[str, ...] = ()) -> Field:
+    """A txid, group, producer id, topic or tag: valid, at its documented length limit, one
+    past it, or not a name at all (other characters, empty, another type)."""
+    limit = NAME_LIMITS[kind]
     return st.one_of(
         ok(st.sampled_from(pool) if pool else valid_names),
         ok(valid_names),
-        maybe(st.sampled_from([64, 128, 255, 256, 1000, 4096]).map(long_name)),
-        bad(st.sampled_from([20_000, 70_000, 300_000]).map(long_name)),
+        ok(st.just(long_name(limit))),
+        bad(st.sampled_from([limit + 1, 255, 1000, 4096, 20_000, 70_000]).map(long_name)),
         bad(st.just("")),
         bad(
             st.tuples(
-                valid_names, st.sampled_from([".", " ", "*", ">", "\n", "\r\n", "\x00", "é", "/"])
+                valid_names,
+                st.sampled_from([".", " ", "*", ">", "\n", "\r\n", "\x00", "é", "/", ":"]),
             ).map("".join)
         ),
         bad(st.text(min_size=1, max_size=6).filter(lambda s: not s.isascii())),
@@ -151,6 +179,20 @@ def names(pool: tuple[str, ...] = ()) -> Field:
     )
 
 
+def tags() -> Field:
+    return st.one_of(ok(st.none()), names("tag"), bad(st.just(layout.NO_TAG)))
+
+
+def _reserved(name: str) -> bool:
+    folded = name.strip().lower()
+    return folded.startswith(("nats-", "txn-")) or folded in {
+        "status",
+        "description",
+        "kv-operation",
+    }
+
+
+TOKEN_CHARS = "!#$%&'*+-.^_`|~0123456789abcXYZ"
 RESERVED_SPELLINGS = (
     "Nats-Msg-Id",
     " nats-expected-stream",
@@ -163,37 +205,49 @@ RESERVED_SPELLINGS = (
     "txn-id",
     "TXN-TOKEN",
     " Txn-Topic",
-    "Content-Type",
+    "Status",
+    "description",
+    "KV-Operation",
 )
-"""Property names that spell a NATS/JetStream or txactors header (or the encoding header)."""
+"""Property names that spell a NATS/JetStream or txactors control header, in any case."""
 
 property_names: Field = st.one_of(
-    ok(st.text("abcXYZ019_-", min_size=1, max_size=10)),
-    maybe(st.sampled_from(["café", "名前", "Ünïcode"])),
+    ok(st.text(TOKEN_CHARS, min_size=1, max_size=10).filter(lambda s: not _reserved(s))),
+    ok(st.sampled_from(["Content-Type", "x-trace", "a.b", "~|`^"])),
+    ok(st.just("p" * MAX_PROPERTY_NAME)),
     bad(st.sampled_from(RESERVED_SPELLINGS)),
-    bad(st.sampled_from(["a b", "a:b", "a\r\nNats-Msg-Id", "", ":", "x\x00", "a\tb"])),
-    bad(st.sampled_from([HEADER_LIMIT, 100_000]).map(long_name)),
+    bad(st.sampled_from(["café", "名前", "Ünïcode", "a b", "a:b", "a\r\nNats-Msg-Id", ""])),
+    bad(st.sampled_from([":", "x\x00", "a\tb", "(x)", "a,b", "a/b", "a@b"])),
+    bad(st.sampled_from([MAX_PROPERTY_NAME + 1, HEADER_LIMIT]).map(lambda n: "p" * n)),
 )
 
+printable_text = st.text(
+    st.characters(categories=["L", "M", "N", "P", "S"]) | st.just(" "), max_size=20
+).filter(lambda s: s == s.strip())
+"""Printable UTF-8 (non-ASCII included) without leading or trailing blanks."""
+
 property_values: Field = st.one_of(
-    ok(st.text("abc XYZ019_-=/", max_size=20)),
-    maybe(st.sampled_from(["café", "日本語", "\u00a0nbsp", "emoji 🙂"])),
-    maybe(st.sampled_from(["x\r\nNats-Msg-Id: forged", "a\nb", "\r\n\r\n", "x\x00y"])),
-    maybe(st.sampled_from([1000, 30_000, HEADER_LIMIT - 2048]).map(lambda n: "v" * n)),
-    bad(st.sampled_from([HEADER_LIMIT, HEADER_LIMIT + 1, 200_000]).map(lambda n: "v" * n)),
+    ok(printable_text),
+    ok(st.sampled_from(["", "café", "日本語", "emoji 🙂", "a: b", "x=1; y=2"])),
+    ok(st.sampled_from([1000, 30_000]).map(lambda n: "v" * n)),
+    ok(st.just("v" * (MAX_HALF_HEADERS - 512))),  # near the limit: `_sized` judges
+    bad(st.sampled_from(["x\r\nNats-Msg-Id: forged", "a\nb", "\r\n\r\n", "x\x00y"])),
+    bad(st.sampled_from([" lead", "trail ", "\tx", "\u00a0nbsp", "a\u2028b", "\x7f"])),
+    bad(st.sampled_from([HEADER_LIMIT, 200_000]).map(lambda n: "v" * n)),
 )
 
 keys: Field = st.one_of(
-    ok(st.text("abc019-_", min_size=1, max_size=8)),
-    maybe(st.sampled_from(["café", "键", "a b", "x\r\ny"])),
-    bad(st.sampled_from(["a,b", ","])),
-    bad(st.sampled_from([HEADER_LIMIT, 100_000]).map(lambda n: "k" * n)),
+    ok(printable_text.filter(lambda s: s and "," not in s and len(s) <= MAX_KEY)),
+    ok(st.sampled_from(["café", "键", "a b", "k" * MAX_KEY])),
+    bad(st.sampled_from(["a,b", ",", "", " a", "a ", "x\r\ny", "a\x00"])),
+    bad(st.sampled_from([MAX_KEY + 1, HEADER_LIMIT]).map(lambda n: "k" * n)),
 )
 
 immunities: Field = st.one_of(
     ok(st.none()),
-    ok(st.floats(min_value=0, max_value=3600)),
-    maybe(st.sampled_from([-1.0, -1e308, 1e308, 3601.0, 0.0])),
+    ok(st.floats(min_value=0, max_value=MAX_IMMUNITY)),
+    ok(st.sampled_from([0.0, MAX_IMMUNITY])),
+    bad(st.sampled_from([-1.0, -1e-9, -1e308, 1e308, MAX_IMMUNITY + 0.5])),
     bad(st.sampled_from([math.nan, math.inf, -math.inf])),
     bad(st.text(max_size=3)),
 )
@@ -204,13 +258,17 @@ decisions: Field = st.one_of(
     bad(wrong_types),
 )
 
+HEX = "0123456789abcdef"
 tokens: Field = st.one_of(
     ok(st.none()),
-    maybe(st.text("0123456789abcdef", min_size=32, max_size=32)),
-    maybe(st.text(max_size=40)),
-    maybe(st.just("x" * 100_000)),
-    bad(wrong_types.filter(lambda v: v is not None)),
+    ok(st.text(HEX, min_size=32, max_size=32)),
+    bad(st.text(HEX.upper(), min_size=32, max_size=32).filter(lambda t: t != t.lower())),
+    bad(st.text(max_size=40).filter(lambda t: not (len(t) == 32 and set(t) <= set(HEX)))),
+    bad(st.sampled_from([HEX * 2 + "0", "x" * 100_000])),
+    bad(wrong_types),
 )
+"""A token is null (a first prepare) or 32 lowercase hex digits; a well-formed one that is
+not the transaction's is `forbidden` or `not_found`, never `bad_request`."""
 
 
 def combine(**fields: Field) -> st.SearchStrategy[tuple[dict[str, Any], Verdict]]:
@@ -231,38 +289,73 @@ def listed(element: Field, *, min_size: int = 0, max_size: int = 3) -> Field:
 
 
 def properties() -> Field:
+    """A dict of drawn pairs; the verdict is judged on the pairs the dict kept."""
+
     def join(pairs: list[tuple[tuple[Any, Verdict], tuple[Any, Verdict]]]) -> tuple[Any, Verdict]:
-        verdict = max((max(n[1], v[1]) for n, v in pairs), default=Verdict.OK)
-        return {n[0]: v[0] for n, v in pairs}, Verdict(verdict)
+        kept = {n[0]: (n[1], v) for n, v in pairs}
+        verdict = max((max(nv, vv[1]) for nv, vv in kept.values()), default=Verdict.OK)
+        return {name: value[0] for name, (_, value) in kept.items()}, Verdict(verdict)
 
     return st.lists(st.tuples(property_names, property_values), max_size=3).map(join)
 
 
 def bodies(max_payload: int) -> Field:
-    """Bytes, at most a few of them drawn: big bodies are a size and a fill byte."""
-    near = [max_payload - 4096, max_payload - 2048, max_payload - 1024]
+    """Bytes, at most a few of them drawn: big bodies are a size and a fill byte (whether one
+    fits beside its headers is for `_sized` to judge)."""
+    near = [max_payload - 4096, max_payload - 2048, max_payload - 1024, max_payload - 300]
     return st.one_of(
         ok(st.binary(max_size=64)),
-        maybe(st.sampled_from(near).map(lambda n: b"b" * n)),
-        bad(st.sampled_from([max_payload - 300, max_payload - 64]).map(lambda n: b"b" * n)),
-        bad(wrong_types.filter(lambda v: not isinstance(v, bytes))),
+        ok(st.sampled_from(near).map(lambda n: b"b" * n)),
+        bad(wrong_types),
     )
+
+
+def user_header_bytes(message: dict[str, Any]) -> int:
+    """What the user's properties and keys add to a half's header block (`Name: Value\\r\\n`)."""
+    total = sum(len(n.encode()) + len(v.encode()) + 4 for n, v in message["properties"].items())
+    if message["keys"]:
+        total += len("Txn-Keys") + len(",".join(message["keys"]).encode()) + 4
+    return total
+
+
+def _sized(
+    max_payload: int, drawn: tuple[dict[str, Any], Verdict]
+) -> tuple[dict[str, Any], Verdict]:
+    """A well-typed message's verdict on the two size rules of the limits table: its headers
+    (ours included) within MAX_HALF_HEADERS, its body and headers within max_payload less
+    PAYLOAD_RESERVE. Certain when far from a limit, MAYBE within COORDINATOR_HEADERS of it."""
+    message, verdict = drawn
+    if verdict is Verdict.BAD or not isinstance(message["body"], bytes):
+        return drawn
+    low, high = COORDINATOR_HEADERS
+    headers = user_header_bytes(message)
+    total = headers + len(message["body"])
+    payload_limit = max_payload - PAYLOAD_RESERVE
+    if headers + low > MAX_HALF_HEADERS or total + low > payload_limit:
+        return message, Verdict.BAD
+    if headers + high > MAX_HALF_HEADERS or total + high > payload_limit:
+        return message, max(verdict, Verdict.MAYBE)
+    return drawn
 
 
 def outgoing(max_payload: int) -> st.SearchStrategy[tuple[dict[str, Any], Verdict]]:
-    return combine(
-        topic=names(TOPIC_POOL),
+    fields = combine(
+        topic=names("topic", TOPIC_POOL),
         body=bodies(max_payload),
         keys=listed(keys),
-        tag=st.one_of(ok(st.none()), names()),
+        tag=tags(),
         properties=properties(),
         check_immunity=immunities,
     )
+    return fields.map(lambda drawn: _sized(max_payload, drawn))
 
 
 def message_lists(max_payload: int) -> Field:
-    many = st.sampled_from([1000, 1001, 5000]).map(
-        lambda n: ([{"topic": "fz", "body": b""}] * n, Verdict.MAYBE if n <= 1000 else Verdict.BAD)
+    many = st.sampled_from([MAX_MESSAGES, MAX_MESSAGES + 1, 5000]).map(
+        lambda n: (
+            [{"topic": "fz", "body": b""}] * n,
+            Verdict.OK if n <= MAX_MESSAGES else Verdict.BAD,
+        )
     )
     return st.one_of(
         listed(outgoing(max_payload), min_size=1, max_size=3),
@@ -277,9 +370,9 @@ def message_lists(max_payload: int) -> Field:
 
 def prepare_commands(max_payload: int) -> st.SearchStrategy[tuple[dict[str, Any], Verdict]]:
     return combine(
-        txid=names(TXID_POOL),
-        group=names(("fzgroup",)),
-        producer=names(("fzprod",)),
+        txid=names("txid", TXID_POOL),
+        group=names("group", ("fzgroup",)),
+        producer=names("producer", ("fzprod",)),
         messages=message_lists(max_payload),
         token=tokens,
     ).map(lambda cv: ({"type": "Prepare", **cv[0]}, cv[1]))
@@ -287,7 +380,9 @@ def prepare_commands(max_payload: int) -> st.SearchStrategy[tuple[dict[str, Any]
 
 def end_commands() -> st.SearchStrategy[tuple[dict[str, Any], Verdict]]:
     return combine(
-        txid=names(TXID_POOL), token=tokens.filter(lambda tv: tv[0] is not None), decision=decisions
+        txid=names("txid", TXID_POOL),
+        token=tokens.filter(lambda tv: tv[0] is not None),
+        decision=decisions,
     ).map(lambda cv: ({"type": "EndTransaction", **cv[0]}, cv[1]))
 
 
@@ -297,13 +392,13 @@ def admin_commands() -> st.SearchStrategy[tuple[dict[str, Any], Verdict]]:
     )
     states = listed(
         st.one_of(
-            ok(st.sampled_from(["prepared", "checking", "discarded", "committed"])),
-            maybe(st.text(max_size=8)),
+            ok(st.sampled_from([s.value for s in TxnState])),
+            bad(st.text(max_size=8).filter(lambda s: s not in set(TxnState))),
         )
     )
     return st.one_of(
         combine(states=states).map(lambda cv: ({"type": "ListTransactions", **cv[0]}, cv[1])),
-        st.tuples(by_txid, combine(txid=names(TXID_POOL))).map(
+        st.tuples(by_txid, combine(txid=names("txid", TXID_POOL))).map(
             lambda t: ({"type": t[0], **t[1][0]}, t[1][1])
         ),
     )
@@ -396,8 +491,15 @@ def invalid_utf8(as_json: bool) -> bytes:
 # -- whole inputs -----------------------------------------------------------------------------
 
 
-def _expect_for(verdict: Verdict) -> Expect:
-    return Expect.BAD_REQUEST if verdict is Verdict.BAD else Expect.ANSWER
+def _expect_for(verb: str, fields: dict[str, Any], verdict: Verdict) -> Expect:
+    """What a command on its own verb's subject and its txid's own partition is owed."""
+    if verdict is Verdict.BAD:
+        return Expect.BAD_REQUEST
+    if verdict is Verdict.MAYBE:
+        return Expect.ANSWER
+    if verb == "end" or (verb == "prepare" and fields.get("token") is not None):
+        return Expect.REFUSED  # a drawn token is never the one the coordinator made
+    return Expect.VALID
 
 
 def command_requests(partitions: int, max_payload: int) -> st.SearchStrategy[Request]:
@@ -413,17 +515,13 @@ def command_requests(partitions: int, max_payload: int) -> st.SearchStrategy[Req
         verb, subject_of, command = draw(st.sampled_from(verbs))
         payload, headers, fields, verdict = draw(encoded(command))
         txid = fields.get("txid")
-        own = (
-            layout.partition_of(txid, partitions)
-            if isinstance(txid, str) and txid.isascii()
-            else None
-        )
+        own = layout.partition_of(txid, partitions) if isinstance(txid, str) else None
         partition = draw(st.integers(0, partitions - 1))
-        expect = _expect_for(verdict)
-        if verb == "prepare" and own is not None and partition != own and expect is Expect.ANSWER:
-            expect = Expect.REFUSED  # a txid prepared on a partition that does not own it
-        elif verb == "end" and expect is Expect.ANSWER:
-            expect = Expect.REFUSED  # a drawn token is never the one the coordinator made
+        if own is not None and draw(st.integers(0, 3)):
+            partition = own  # mostly: the boundary's other rules get a chance too
+        expect = _expect_for(verb, fields, verdict)
+        if own is not None and partition != own:
+            expect = Expect.BAD_REQUEST  # a txid sent to a partition that does not own it
         if draw(st.integers(0, 9)) == 0:  # a well-formed command on another verb's subject
             others = [s for v, s, _ in verbs if v != verb]
             subject_of = draw(st.sampled_from(others))
@@ -510,10 +608,11 @@ def hostile_replies(partitions: int, topic: str) -> list[str]:
 
 
 def reply_injections(partitions: int, max_payload: int, topic: str) -> st.SearchStrategy[Request]:
-    """Any request, answered (it must not be) to a subject that is not an inbox."""
+    """Any request, answered (it must not be) to a subject that is not an inbox; and a valid
+    first prepare of a fresh txid so aimed, which must leave no transaction behind."""
     replies = st.sampled_from(hostile_replies(partitions, topic))
     inner = st.one_of(command_requests(partitions, max_payload), raw_requests(partitions))
-    return st.builds(
+    anything = st.builds(
         lambda r, reply: Request(
             f"reply={reply} on {r.label}",
             r.subject,
@@ -526,6 +625,28 @@ def reply_injections(partitions: int, max_payload: int, topic: str) -> st.Search
         inner,
         replies,
     )
+
+    def unexecuted(suffix: str, reply: str) -> Request:
+        txid = f"hr{suffix}"
+        command = {
+            "type": "Prepare",
+            "txid": txid,
+            "group": "fzgroup",
+            "producer": "fzprod",
+            "messages": [{"topic": "fz", "body": b"never"}],
+        }
+        return Request(
+            f"reply={reply} on a valid prepare",
+            layout.prepare_subject(layout.partition_of(txid, partitions)),
+            msgspec.msgpack.encode(command),
+            Expect.NO_ANSWER,
+            reply=reply,
+            command=command,
+            never_prepared=txid,
+        )
+
+    valid = st.builds(unexecuted, st.text(HEX, min_size=12, max_size=12), replies)
+    return st.one_of(anything, valid)
 
 
 def flows(partitions: int, max_payload: int) -> st.SearchStrategy[Flow]:
@@ -566,6 +687,7 @@ def _well_typed(messages: list[dict[str, Any]]) -> bool:
 
 
 MALFORMED_HEADER_BLOCKS = (
+    *MALFORMED_BLOCKS,
     b"\r\n\r\n",
     b"NATS",
     b"NATS/1.0\r\n",
@@ -581,13 +703,25 @@ MALFORMED_HEADER_BLOCKS = (
 
 def raw_frames(partitions: int) -> st.SearchStrategy[RawFrame]:
     subjects = st.sampled_from(
-        [f(p) for p in range(partitions) for f in (layout.prepare_subject, layout.admin_subject)]
+        [
+            f(p)
+            for p in range(partitions)
+            for f in (layout.prepare_subject, layout.end_subject, layout.admin_subject)
+        ]
     )
     return st.builds(
-        lambda s, h, b: RawFrame(f"raw header block {h!r}", s, h, b),
+        lambda s, h, b, a: RawFrame(
+            f"raw header block {h!r}",
+            s,
+            h,
+            b,
+            a,
+            Expect.ANSWER if b else Expect.BAD_REQUEST,  # no body: nothing to serve
+        ),
         subjects,
         st.sampled_from(MALFORMED_HEADER_BLOCKS),
         st.sampled_from([b"", msgspec.msgpack.encode({"type": "ListTransactions"})]),
+        st.booleans(),
     )
 
 
