@@ -10,7 +10,7 @@ problems it found (empty: it holds), so a failing batch reports every broken rul
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -275,6 +275,7 @@ class Harness:
         self.never_prepared: set[str] = set()
         """Txids of valid prepares sent with a refused reply subject: they must not exist."""
         self._unverified: list[str] = []
+        self._flow_txids: set[str] = set()
         self.probe = Probe(nc, self.ledger, self.partitions)
         self.spies = Spies()
         self.fake = FakeProducer(nc, self.ledger, self.never_prepared)
@@ -360,7 +361,22 @@ class Harness:
         problem = judge(frame.expect, decode_reply(msg.data))
         return f"{frame.label}: {problem}" if problem else None
 
+    def _fresh(self, flow: Flow) -> Flow:
+        """`flow` under a txid no earlier flow used: a txid names one transaction, and
+        Hypothesis draws the same few txids again and again."""
+        txid = original = flow.prepare["txid"]
+        n = 0
+        while txid in self._flow_txids:
+            n += 1
+            txid = f"{original}-{n}"
+        self._flow_txids.add(txid)
+        if txid == original:
+            return flow
+        partition = layout.partition_of(txid, self.partitions)
+        return replace(flow, partition=partition, prepare={**flow.prepare, "txid": txid})
+
     async def _flow(self, flow: Flow) -> str | None:
+        flow = self._fresh(flow)
         prepare = Request(
             flow.label,
             layout.prepare_subject(flow.partition),
@@ -525,8 +541,11 @@ async def topics_hold_only_committed_messages(harness: Harness) -> list[str]:
             continue
         start = harness._topic_seen.get(stream, 0) + 1
         topic = stream.removeprefix("TOPIC_")
-        if info.state.last_seq >= start:
+        last = info.state.last_seq  # later commits (check-backs) are judged next time
+        if last >= start:
             async for msg in read_subject(js, stream, layout.topic_filter(topic), start):
+                if msg.metadata.sequence.stream > last:
+                    continue
                 harness._topic_seen[stream] = msg.metadata.sequence.stream
                 harness._topic_count[stream] = harness._topic_count.get(stream, 0) + 1
                 txid = header(msg, layout.TXID_HEADER)
@@ -538,7 +557,7 @@ async def topics_hold_only_committed_messages(harness: Harness) -> list[str]:
                 msg_id = header(msg, layout.MSG_ID_HEADER)
                 if msg_id:
                     harness._found[msg_id] = msg
-        kept = (await js.stream_info(stream)).state.messages
+        kept = info.state.messages
         if kept != harness._topic_count.get(stream, 0):
             problems.append(
                 f"{stream} holds {kept} messages, {harness._topic_count.get(stream, 0)} were "
