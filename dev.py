@@ -8,8 +8,10 @@ The justfile and `.ci/run` call this script, so there is one way to do each thin
 
 from __future__ import annotations
 
+import ctypes.util
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -38,6 +40,28 @@ def ensure_env(extras: str = EXTRAS) -> None:
     stamp.write_text(digest)
 
 
+def ensure_fuse() -> None:
+    """The power-cut tests mount a FUSE disk: install libfuse3 and fusermount3 (Debian's
+    fuse3) where /dev/fuse exists and they are missing, when we are root with apt-get.
+    Otherwise leave it: the tests then skip, saying why (or fail, in CI)."""
+    if not Path("/dev/fuse").exists() or (
+        ctypes.util.find_library("fuse3") and shutil.which("fusermount3")
+    ):
+        return
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("apt-get") is None:
+        print("note: libfuse3 is missing; the power-cut tests cannot run", flush=True)
+        return
+    print("installing fuse3 (libfuse3) for the power-cut tests", flush=True)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (
+        ["apt-get", "update", "-qq"],
+        ["apt-get", "install", "-y", "-qq", "fuse3", "libfuse3-3"],
+    ):
+        if subprocess.call(cmd, env=env, stdout=subprocess.DEVNULL) != 0:
+            print(f"note: {' '.join(cmd)} failed; the power-cut tests cannot run", flush=True)
+            return
+
+
 def run(cmd: list[str]) -> None:
     code = subprocess.call(cmd, cwd=ROOT)
     if code != 0:
@@ -57,6 +81,7 @@ def main(argv: list[str]) -> None:
         run([str(PYTHON), "-m", "apps.transfer", *rest])  # the bank transfer, with faults
     elif command == "test":
         ensure_env()
+        ensure_fuse()
         run([tool("pytest"), *rest])
     elif command == "lint":
         ensure_env()
