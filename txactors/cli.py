@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 
-from txactors.config import DATA_DIR_ENV
+from txactors.config import DATA_DIR_ENV, FSYNC_ENV, FSYNC_INTERVAL_ENV
 from txactors.errors import ConfigError, NatsServerError
 from txactors.logs import configure_logging, get_logger
 from txactors.settings import CONFIG_ENV, SETTINGS, CoordinatorSettings, load_settings
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from txactors.metrics import CoordinatorMetrics
     from txactors.protocol import Ended, TransactionInfo
+    from txactors.server import Fsync
 
 T = TypeVar("T")
 
@@ -58,31 +59,74 @@ def server(
         ),
     ] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    fsync: Annotated[
+        str,
+        typer.Option(
+            metavar="[always|interval]",
+            help="always: every JetStream write is on disk before it is acknowledged. "
+            "interval: acknowledged at once, flushed every --fsync-interval seconds (faster; "
+            "a power cut or kernel crash loses acknowledged writes).",
+            envvar=FSYNC_ENV,
+        ),
+    ] = "always",
+    fsync_interval: Annotated[
+        float,
+        typer.Option(
+            help="Seconds between flushes with --fsync interval.", envvar=FSYNC_INTERVAL_ENV
+        ),
+    ] = 120.0,
 ) -> None:
     """Run an embedded nats-server with JetStream in the foreground until Ctrl-C or SIGTERM.
 
     The first line on stdout is the URL to connect to (e.g. NATS_URL for other processes).
     """
+    from txactors.server import check_fsync, check_fsync_interval
+
+    try:
+        check_fsync(fsync)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--fsync") from None
+    try:
+        check_fsync_interval(fsync_interval)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--fsync-interval") from None
     configure_logging()
     try:
-        code = asyncio.run(_run_server(port=port, data_dir=data_dir, host=host))
+        code = asyncio.run(
+            _run_server(
+                port=port,
+                data_dir=data_dir,
+                host=host,
+                fsync=fsync,  # type: ignore[arg-type]  # checked above
+                fsync_interval=fsync_interval,
+            )
+        )
     except NatsServerError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
     raise typer.Exit(code)
 
 
-async def _run_server(*, port: int, data_dir: Path | None, host: str) -> int:
+async def _run_server(
+    *, port: int, data_dir: Path | None, host: str, fsync: Fsync, fsync_interval: float
+) -> int:
     from txactors.server import EmbeddedNatsServer
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with EmbeddedNatsServer(data_dir, port=port, host=host) as nats_server:
+    async with EmbeddedNatsServer(
+        data_dir, port=port, host=host, fsync=fsync, fsync_interval=fsync_interval
+    ) as nats_server:
         typer.echo(nats_server.url)
         kept = "" if data_dir is not None else " (temporary; --data-dir to keep it)"
-        typer.echo(f"data dir: {nats_server.data_dir}{kept}; Ctrl-C to stop", err=True)
+        flushed = (
+            "fsync before every ack"
+            if fsync == "always"
+            else f"fsync every {fsync_interval:g}s (acked writes can be lost on a power cut)"
+        )
+        typer.echo(f"data dir: {nats_server.data_dir}{kept}; {flushed}; Ctrl-C to stop", err=True)
         while not stop.is_set():
             if not nats_server.running:
                 typer.echo(
@@ -175,14 +219,18 @@ STOP_CUT = 0.5
 async def _run_coordinator(
     settings: CoordinatorSettings, metrics: CoordinatorMetrics | None
 ) -> None:
+    from txactors.config import NatsConfig
     from txactors.connection import nats_session
     from txactors.coordinator.service import run_coordinator
+
+    process = settings.process
+    nats_config = NatsConfig.from_env(fsync=process.fsync, fsync_interval=process.fsync_interval)
 
     async def serve(stop: asyncio.Event) -> None:
         # Its own requests (check-backs) use the inbox prefix it answers, as the account's do.
         inbox_prefix = settings.options.inbox_prefix.removesuffix(".")
         async with (
-            nats_session(inbox_prefix=inbox_prefix) as session,
+            nats_session(nats_config, inbox_prefix=inbox_prefix) as session,
             run_coordinator(
                 session.nc, config=settings.config, options=settings.options, metrics=metrics
             ),

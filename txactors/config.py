@@ -15,8 +15,17 @@ from typing import Any
 import msgspec
 
 from txactors.errors import ConfigError
+from txactors.server import (
+    DEFAULT_FSYNC,
+    DEFAULT_FSYNC_INTERVAL,
+    Fsync,
+    check_fsync,
+    check_fsync_interval,
+)
 
 DATA_DIR_ENV = "TXACTORS_DATA_DIR"
+FSYNC_ENV = "TXACTORS_FSYNC"
+FSYNC_INTERVAL_ENV = "TXACTORS_FSYNC_INTERVAL"
 
 # Field -> environment variable; also how error messages name a setting.
 ENV_VARS: dict[str, str] = {
@@ -30,6 +39,8 @@ ENV_VARS: dict[str, str] = {
     "tls_cert": "NATS_TLS_CERT",
     "tls_key": "NATS_TLS_KEY",
     "data_dir": DATA_DIR_ENV,
+    "fsync": FSYNC_ENV,
+    "fsync_interval": FSYNC_INTERVAL_ENV,
 }
 
 _SECRET_FIELDS = ("password", "token")
@@ -41,7 +52,10 @@ class NatsConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     `url` may list several servers separated by commas. `creds_file` and `nkeys_seed` are paths
     to files. Auth and TLS settings apply only to a configured `url`; the embedded server has
-    no auth and listens on 127.0.0.1 only.
+    no auth and listens on 127.0.0.1 only. `fsync` and `fsync_interval` (seconds) apply only to
+    the embedded server: `always` (the default) flushes every write to disk before the server
+    acknowledges it; `interval` flushes every `fsync_interval` and loses acknowledged writes
+    on a power cut (a server you run yourself takes `sync_interval` in its own configuration).
     """
 
     url: str | None = None
@@ -54,6 +68,8 @@ class NatsConfig(msgspec.Struct, kw_only=True, frozen=True):
     tls_cert: str | None = None
     tls_key: str | None = None
     data_dir: str | None = None
+    fsync: Fsync = DEFAULT_FSYNC
+    fsync_interval: float = DEFAULT_FSYNC_INTERVAL
     name: str = "txactors"
     connect_timeout: float = 2.0
     # Initial connection: retries per server before NatsConnectError (nats-py's default is 60,
@@ -81,6 +97,11 @@ class NatsConfig(msgspec.Struct, kw_only=True, frozen=True):
         if self.connect_retries < 1:
             # nats-py reads a limit of 0 as "retry forever".
             raise ConfigError(f"connect_retries must be >= 1, got {self.connect_retries}")
+        for field, check in (("fsync", check_fsync), ("fsync_interval", check_fsync_interval)):
+            try:
+                check(getattr(self, field))
+            except ValueError as exc:
+                raise ConfigError(f"{exc} (the {setting_name(field)} setting)") from None
 
     def __repr__(self) -> str:
         """Only the settings that differ from the defaults, secrets masked: safe to log."""
@@ -115,7 +136,7 @@ class NatsConfig(msgspec.Struct, kw_only=True, frozen=True):
         for field, var in ENV_VARS.items():
             raw = env.get(var, "").strip()
             if raw:
-                values[field] = raw
+                values[field] = _number(var, raw) if field in _NUMBER_FIELDS else raw
         values.update({k: v for k, v in overrides.items() if v is not None})
         try:
             return cls(**values)
@@ -127,6 +148,16 @@ def setting_name(field: str) -> str:
     """How messages name a setting: the field and its environment variable."""
     var = ENV_VARS.get(field)
     return f"{field} ({var})" if var else field
+
+
+_NUMBER_FIELDS = ("fsync_interval",)
+
+
+def _number(var: str, raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{var}={raw!r} is not a number (seconds, e.g. 120)") from None
 
 
 def _together(config: NatsConfig, a: str, b: str) -> None:

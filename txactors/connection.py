@@ -111,7 +111,9 @@ async def nats_session(
     config = NatsConfig.from_env() if config is None else config
     server: EmbeddedNatsServer | None = None
     if config.embedded:
-        server = EmbeddedNatsServer(config.data_dir)
+        server = EmbeddedNatsServer(
+            config.data_dir, fsync=config.fsync, fsync_interval=config.fsync_interval
+        )
         await server.start()
         servers = [server.url]
         # The embedded server has no auth or TLS; only name and timeouts apply.

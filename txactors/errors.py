@@ -17,6 +17,7 @@
         ├── NatsServerNotFound    no nats-server binary
         ├── PortInUse             the port is taken
         ├── DataDirNotWritable    the JetStream store directory cannot be written
+        ├── DataDirLocked         another server runs on that data directory
         └── ServerExitedEarly     the process died before it was ready (log tail attached)
 
 Callers catch the precise class they can act on; `TxActorsError` catches them all.
@@ -113,6 +114,10 @@ class PortInUse(NatsServerError):
 
 class DataDirNotWritable(NatsServerError):
     """The JetStream data directory cannot be created or written."""
+
+
+class DataDirLocked(NatsServerError):
+    """Another embedded server holds the data directory; two would corrupt one store."""
 
 
 class ServerExitedEarly(NatsServerError):

