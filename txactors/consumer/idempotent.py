@@ -13,6 +13,16 @@ first attempt commits (and then applies nothing) or rolls back (and then applies
 
 The table is created on first use. Both backends nest: called while the connection already
 has a transaction open, the work runs in a savepoint and the caller's commit makes it durable.
+
+Durable before the ack: the consumer acks once the helper returns, so the commit must be on
+disk by then, or a power cut after the ack loses a change whose message is gone for good.
+SQLite: the helper raises the connection's `synchronous` to FULL (WAL with FULL is durable; the
+common WAL-with-NORMAL is not) before its own transaction. PostgreSQL: it sets
+`synchronous_commit = on` for its transaction (`off` or `local` would ack before the WAL is
+flushed). When nested, your transaction commits, so your connection needs the same: SQLite
+`PRAGMA synchronous=FULL` (it cannot change inside a transaction), PostgreSQL
+`synchronous_commit=on` (and `fsync=on` on the server, its default). A database of your own
+that your handler writes besides these needs them too.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ Work = Callable[[C], Awaitable[object]]
 # runs handlers concurrently.
 _sqlite_locks: weakref.WeakKeyDictionary[object, anyio.Lock] = weakref.WeakKeyDictionary()
 _sqlite_tables: weakref.WeakSet[object] = weakref.WeakSet()
+_SQLITE_FULL: Final = 2  # PRAGMA synchronous: 0 OFF, 1 NORMAL, 2 FULL, 3 EXTRA
 
 
 async def apply_once_sqlite(
@@ -47,10 +58,13 @@ async def apply_once_sqlite(
 
     Returns False, and runs nothing, when the message was already applied. If `work` raises,
     the transaction (record included) is rolled back and the error propagates, so the consumer
-    retries the message later.
+    retries the message later. Unless nested, the commit is durable (`synchronous` is raised
+    to FULL first); nested, the caller's connection setting decides.
     """
     lock = _sqlite_locks.setdefault(conn, anyio.Lock())
     async with lock:
+        if not conn.in_transaction:
+            await _sqlite_durable(conn)
         if conn not in _sqlite_tables:
             await conn.execute(
                 f"CREATE TABLE IF NOT EXISTS {TABLE} (consumer_group TEXT NOT NULL, "
@@ -79,6 +93,17 @@ async def apply_once_sqlite(
             raise
         await _sqlite_end(conn, nested, commit=fresh)
         return fresh
+
+
+async def _sqlite_durable(conn: aiosqlite.Connection) -> None:
+    """FULL (or EXTRA, if chosen) so a commit is fsynced before it returns, WAL mode included.
+
+    Looked at on every call: it costs a pragma read, and a connection's owner may lower it.
+    """
+    cursor = await conn.execute("PRAGMA synchronous")
+    row = await cursor.fetchone()
+    if row is None or row[0] < _SQLITE_FULL:
+        await conn.execute("PRAGMA synchronous=FULL")
 
 
 async def _sqlite_end(conn: aiosqlite.Connection, nested: bool, *, commit: bool) -> None:
@@ -139,6 +164,7 @@ async def apply_once_postgres(
     `db` is an asyncpg connection or pool (a pool lets concurrent handlers use several
     connections). Returns False, and runs nothing, when the message was already applied; if
     `work` raises, the transaction (record included) is rolled back and the error propagates.
+    The transaction runs with `synchronous_commit = on`, so its commit is durable on return.
     """
     if isinstance(db, PgConnection):
         return await _apply_postgres(db, group, msg_id, work)
@@ -165,6 +191,9 @@ async def _apply_postgres_once(
     conn: PgConnection, group: str, msg_id: str, work: Work[PgConnection]
 ) -> bool:
     async with conn.transaction():
+        # SET LOCAL: this transaction only (the enclosing one, when nested), whatever the
+        # server, database, role or session default says.
+        await conn.execute("SET LOCAL synchronous_commit = on")
         status = await conn.execute(
             f"INSERT INTO {TABLE} (consumer_group, msg_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
             group,
