@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from bench import actors, spark, transactions, transfer
+from bench import actors, fsync, spark, transactions, transfer
 
 BENCHMARKS = {
     "actors": actors.main,
+    "fsync": fsync.main,
     "transactions": transactions.main,
     "transfer": transfer.main,
     "spark": spark.main,
