@@ -23,6 +23,7 @@ from txactors.consumer.idempotent import PgConnection
 
 PG_DSN = os.environ.get("TXACTORS_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 SQLITE_FULL = 2
+SQLITE_EXTRA = 3
 
 
 async def _synchronous(conn: aiosqlite.Connection) -> int:
@@ -75,6 +76,26 @@ async def test_the_sqlite_helper_leaves_extra_alone(lax_sqlite: aiosqlite.Connec
 
     assert await apply_once_sqlite(lax_sqlite, "bank-b", "tx1:0", nothing)
     assert await _synchronous(lax_sqlite) == 3
+
+
+async def test_with_a_rollback_journal_the_sqlite_helper_commits_with_extra(
+    tmp_path: Path,
+) -> None:
+    """FULL does not sync a rollback journal's deletion: a power cut just after the commit can
+    bring the journal back and undo it (tests/test_powercut.py shows it). EXTRA does."""
+    conn = await aiosqlite.connect(tmp_path / "journal.db", isolation_level=None)
+    try:
+        await conn.execute("PRAGMA journal_mode=DELETE")
+        await conn.execute("PRAGMA synchronous=FULL")
+        seen: list[int] = []
+
+        async def look(c: aiosqlite.Connection) -> None:
+            seen.append(await _synchronous(c))
+
+        assert await apply_once_sqlite(conn, "bank-b", "tx1:0", look)
+        assert seen == [SQLITE_EXTRA]
+    finally:
+        await conn.close()
 
 
 async def test_nested_the_callers_setting_decides(lax_sqlite: aiosqlite.Connection) -> None:

@@ -16,13 +16,15 @@ has a transaction open, the work runs in a savepoint and the caller's commit mak
 
 Durable before the ack: the consumer acks once the helper returns, so the commit must be on
 disk by then, or a power cut after the ack loses a change whose message is gone for good.
-SQLite: the helper raises the connection's `synchronous` to FULL (WAL with FULL is durable; the
-common WAL-with-NORMAL is not) before its own transaction. PostgreSQL: it sets
-`synchronous_commit = on` for its transaction (`off` or `local` would ack before the WAL is
-flushed). When nested, your transaction commits, so your connection needs the same: SQLite
-`PRAGMA synchronous=FULL` (it cannot change inside a transaction), PostgreSQL
-`synchronous_commit=on` (and `fsync=on` on the server, its default). A database of your own
-that your handler writes besides these needs them too.
+SQLite: the helper raises the connection's `synchronous` before its own transaction: to FULL in
+WAL mode (the common WAL-with-NORMAL is not durable), to EXTRA with a rollback journal, where
+FULL does not sync the journal's deletion and a power cut right after a commit can bring the
+journal back and undo it (the power-cut tests in tests/test_powercut.py show both).
+PostgreSQL: it sets `synchronous_commit = on` for its transaction (`off` or `local` would ack
+before the WAL is flushed). When nested, your transaction commits, so your connection needs the
+same: SQLite `PRAGMA synchronous=FULL` in WAL mode, EXTRA otherwise (it cannot change inside a
+transaction), PostgreSQL `synchronous_commit=on` (and `fsync=on` on the server, its default).
+A database of your own that your handler writes besides these needs them too.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ Work = Callable[[C], Awaitable[object]]
 _sqlite_locks: weakref.WeakKeyDictionary[object, anyio.Lock] = weakref.WeakKeyDictionary()
 _sqlite_tables: weakref.WeakSet[object] = weakref.WeakSet()
 _SQLITE_FULL: Final = 2  # PRAGMA synchronous: 0 OFF, 1 NORMAL, 2 FULL, 3 EXTRA
+_SQLITE_EXTRA: Final = 3
 
 
 async def apply_once_sqlite(
@@ -96,14 +99,18 @@ async def apply_once_sqlite(
 
 
 async def _sqlite_durable(conn: aiosqlite.Connection) -> None:
-    """FULL (or EXTRA, if chosen) so a commit is fsynced before it returns, WAL mode included.
+    """The least `synchronous` level at which a commit is on disk when it returns: FULL in WAL
+    mode, EXTRA with a rollback journal (see the module docstring). A higher level is kept.
 
-    Looked at on every call: it costs a pragma read, and a connection's owner may lower it.
+    Looked at on every call: it costs two pragma reads, and a connection's owner may change it.
     """
+    cursor = await conn.execute("PRAGMA journal_mode")
+    mode = await cursor.fetchone()
+    needed = _SQLITE_FULL if mode is not None and str(mode[0]).lower() == "wal" else _SQLITE_EXTRA
     cursor = await conn.execute("PRAGMA synchronous")
     row = await cursor.fetchone()
-    if row is None or row[0] < _SQLITE_FULL:
-        await conn.execute("PRAGMA synchronous=FULL")
+    if row is None or row[0] < needed:
+        await conn.execute(f"PRAGMA synchronous={needed}")
 
 
 async def _sqlite_end(conn: aiosqlite.Connection, nested: bool, *, commit: bool) -> None:
