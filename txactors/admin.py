@@ -1,4 +1,4 @@
-"""Operator access to running coordinators: list, show, resume, commit and roll back transactions.
+"""Operator access to running coordinators: find, show, resume, commit and roll back transactions.
 
 The `txactors txn` commands are thin; the work is here so tests (and scripts) use it without a
 CLI: async functions that ask the coordinator's admin subject (`txn.coord.<p>.admin`) and return
@@ -11,6 +11,10 @@ Only a configured NATS server makes sense here: an embedded one would be fresh a
 from __future__ import annotations
 
 import asyncio
+import enum
+import math
+import re
+import secrets
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -31,6 +35,7 @@ from txactors.coordinator.lifecycle import TxnState
 from txactors.errors import (
     ActorDeadError,
     AskTimeout,
+    CommandError,
     ConfigError,
     NatsConnectError,
     TxActorsError,
@@ -151,6 +156,35 @@ def _partition(txid: str, partitions: int) -> int:
     return layout.partition_of(txid, partitions)
 
 
+async def find_transactions(
+    nc: Client,
+    where: ListTransactions,
+    *,
+    partitions: int = 1,
+    timeout: float = ADMIN_TIMEOUT,
+) -> TransactionList:
+    """Every partition's answer to `where` (its filters are applied by the coordinators),
+    merged oldest first; at most `where.limit` of them, `more` counting the rest."""
+    if partitions < 1:
+        raise ValueError(f"partitions must be >= 1, got {partitions}")
+    replies = await asyncio.gather(
+        *(_ask(nc, p, where, TransactionList, timeout) for p in range(partitions)),
+        return_exceptions=True,
+    )
+    merged: list[TransactionInfo] = []
+    more = 0
+    for reply in replies:  # every partition answered or failed: report the lowest failing one
+        if isinstance(reply, BaseException):
+            raise reply
+        merged.extend(reply.transactions)
+        more += reply.more
+    merged.sort(key=lambda info: (info.born, info.txid))
+    if where.limit is not None and len(merged) > where.limit:
+        more += len(merged) - where.limit
+        merged = merged[: where.limit]
+    return TransactionList(transactions=merged, more=more)
+
+
 async def list_transactions(
     nc: Client,
     *,
@@ -160,19 +194,9 @@ async def list_transactions(
 ) -> list[TransactionInfo]:
     """Open and discarded transactions of every partition (optionally only in `states`),
     oldest first. Finished (committed, rolled back) ones are not kept, so never listed."""
-    if partitions < 1:
-        raise ValueError(f"partitions must be >= 1, got {partitions}")
-    command = ListTransactions(states=list(states))
-    replies = await asyncio.gather(
-        *(_ask(nc, p, command, TransactionList, timeout) for p in range(partitions)),
-        return_exceptions=True,
-    )
-    merged: list[TransactionInfo] = []
-    for reply in replies:  # every partition answered or failed: report the lowest failing one
-        if isinstance(reply, BaseException):
-            raise reply
-        merged.extend(reply.transactions)
-    return sorted(merged, key=lambda info: (info.born, info.txid))
+    where = ListTransactions(states=list(states))
+    found = await find_transactions(nc, where, partitions=partitions, timeout=timeout)
+    return found.transactions
 
 
 async def show(
@@ -184,27 +208,128 @@ async def show(
 
 
 async def resume(
-    nc: Client, txid: str, *, partitions: int = 1, timeout: float = ADMIN_TIMEOUT
+    nc: Client,
+    txid: str,
+    *,
+    partitions: int = 1,
+    batch: str | None = None,
+    timeout: float = ADMIN_TIMEOUT,
 ) -> Ended:
     """Back to PREPARED with a fresh check count, so the checker asks the producer again."""
-    command = ResumeTransaction(txid=txid)
+    command = ResumeTransaction(txid=txid, batch=batch)
     return await _ask(nc, _partition(txid, partitions), command, Ended, timeout)
 
 
 async def commit(
-    nc: Client, txid: str, *, partitions: int = 1, timeout: float = ADMIN_TIMEOUT
+    nc: Client,
+    txid: str,
+    *,
+    partitions: int = 1,
+    batch: str | None = None,
+    timeout: float = ADMIN_TIMEOUT,
 ) -> Ended:
     """Commit without the producer's token; answered once every message is published."""
-    command = CommitTransaction(txid=txid)
+    command = CommitTransaction(txid=txid, batch=batch)
     return await _ask(nc, _partition(txid, partitions), command, Ended, timeout)
 
 
 async def rollback(
-    nc: Client, txid: str, *, partitions: int = 1, timeout: float = ADMIN_TIMEOUT
+    nc: Client,
+    txid: str,
+    *,
+    partitions: int = 1,
+    batch: str | None = None,
+    timeout: float = ADMIN_TIMEOUT,
 ) -> Ended:
     """Roll back without the producer's token; nothing of it is ever delivered."""
-    command = RollbackTransaction(txid=txid)
+    command = RollbackTransaction(txid=txid, batch=batch)
     return await _ask(nc, _partition(txid, partitions), command, Ended, timeout)
+
+
+# -- bulk -----------------------------------------------------------------------------------
+
+
+class Resolution(enum.StrEnum):
+    """What a bulk `txactors txn resolve` does to each transaction it matched."""
+
+    RESUME = "resume"
+    COMMIT = "commit"
+    ROLLBACK = "rollback"
+
+
+_RESOLVERS: Final = {
+    Resolution.RESUME: resume,
+    Resolution.COMMIT: commit,
+    Resolution.ROLLBACK: rollback,
+}
+
+BULK_CONCURRENCY: Final = 16
+"""Commands in flight at once: a commit is answered only once published, so a bulk commit of
+thousands overlaps them, without flooding the coordinator's mailbox."""
+
+
+class Resolved(msgspec.Struct, kw_only=True):
+    """The outcome of one transaction of a bulk action: its new `state`, or why not."""
+
+    txid: str
+    state: str | None = None
+    error: str | None = None
+    """`<code>: <message>` as the coordinator refused it, or why it could not be asked."""
+
+
+def new_batch_id() -> str:
+    """The id a bulk action sends with each command (`batch`), logged by the coordinator."""
+    return f"bulk-{secrets.token_hex(6)}"
+
+
+async def resolve_all(
+    nc: Client,
+    txids: Iterable[str],
+    resolution: Resolution,
+    *,
+    partitions: int = 1,
+    batch: str | None = None,
+    timeout: float = ADMIN_TIMEOUT,
+) -> list[Resolved]:
+    """Apply `resolution` to each transaction, BULK_CONCURRENCY at a time; one outcome per
+    txid, in the order given. A refusal or an unreachable partition fails only its own."""
+    act = _RESOLVERS[resolution]
+    gate = asyncio.Semaphore(BULK_CONCURRENCY)
+
+    async def one(txid: str) -> Resolved:
+        async with gate:
+            try:
+                ended = await act(nc, txid, partitions=partitions, batch=batch, timeout=timeout)
+            except CommandError as exc:
+                return Resolved(txid=txid, error=f"{exc.code}: {exc.message}")
+            except CoordinatorUnavailable as exc:
+                return Resolved(txid=txid, error=str(exc))
+            return Resolved(txid=txid, state=ended.state)
+
+    return list(await asyncio.gather(*(one(txid) for txid in txids)))
+
+
+_DURATION_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION: Final = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in `90`, `90s`, `10m`, `1h30m`, `2d 3h` (what `human_duration` prints);
+    ValueError saying how to write one."""
+    spaced = text.strip().lower()
+    try:
+        seconds = float(spaced)
+    except ValueError:
+        parts = _DURATION.findall(spaced)
+        if not parts or _DURATION.sub("", spaced).strip():
+            raise ValueError(
+                f"{text!r} is not a duration: write seconds (90) or a number and a unit, "
+                "s m h d, e.g. 10m, 1h30m, 2d"
+            ) from None
+        seconds = sum(float(number) * _DURATION_UNITS[unit] for number, unit in parts)
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise ValueError(f"{text!r} is not a duration: it must be a finite number >= 0")
+    return seconds
 
 
 # -- rendering ------------------------------------------------------------------------------

@@ -186,6 +186,11 @@ BODY_DROPPED_HEADER: Final = "Txn-Body-Dropped"
 ERROR_HEADER: Final = "Txn-Error"
 """On a dead-lettered message: the last error the consumer's handler raised."""
 DELIVERIES_HEADER: Final = "Txn-Deliveries"
+REPLAY_GROUP_HEADER: Final = "Txn-Replay-Group"
+"""On a dead letter replayed to its topic (`txactors dlq replay`): the one group meant to
+handle it; every other group's consumer acks it unhandled (it had the original)."""
+REPLAY_OF_HEADER: Final = "Txn-Replay-Of"
+"""On a replayed dead letter: the `Nats-Msg-Id` of the message first delivered."""
 
 RESERVED_HEADER_PREFIXES: Final = ("Nats-", "Txn-")
 """User properties travel as headers and may not use these prefixes (in any case)."""

@@ -240,9 +240,19 @@ class CheckResult(Message, kw_only=True):
 
 
 class ListTransactions(Message, kw_only=True):
-    """Open (prepared, checking, deciding) and discarded transactions; `states` filters."""
+    """Open (prepared, checking, deciding) and discarded transactions, oldest first.
+
+    Every filter given must hold: `states` (any of them), `group`, `topic` (one of its
+    messages goes there), `older_than` (seconds since the first half, by the coordinator's
+    clock). `limit` keeps the reply within `max_payload` on a big table; `TransactionList.more`
+    says how many matched beyond it.
+    """
 
     states: list[str] = []
+    group: str | None = None
+    topic: str | None = None
+    older_than: float | None = None
+    limit: int | None = None
 
 
 class ShowTransaction(Message, kw_only=True):
@@ -253,18 +263,22 @@ class ResumeTransaction(Message, kw_only=True):
     """Back to PREPARED with a fresh check count (a discarded or pending transaction)."""
 
     txid: str
+    batch: str | None = None
+    """Set by a bulk action, the same on each of its commands: the coordinator logs it."""
 
 
 class CommitTransaction(Message, kw_only=True):
     """Operator: commit without the token (after checking the producer's database)."""
 
     txid: str
+    batch: str | None = None
 
 
 class RollbackTransaction(Message, kw_only=True):
     """Operator: roll back without the token."""
 
     txid: str
+    batch: str | None = None
 
 
 class TransactionInfo(Message, kw_only=True):
@@ -284,6 +298,8 @@ class TransactionInfo(Message, kw_only=True):
 
 class TransactionList(Message, kw_only=True):
     transactions: list[TransactionInfo]
+    more: int = 0
+    """Transactions that matched but were left out by the request's `limit`."""
 
 
 CoordinatorCommand = Prepare | EndTransaction

@@ -37,7 +37,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from txactors.consumer.dlq import dead_letter, describe_error, ensure_dlq_stream
 from txactors.consumer.message import ConsumedMessage
 from txactors.consumer.retry import DEFAULT_MAX_RECONSUME, DEFAULT_RETRY_DELAYS, RetryPolicy
-from txactors.layout import topic_filter, topic_subject, validate_name
+from txactors.layout import REPLAY_GROUP_HEADER, topic_filter, topic_subject, validate_name
 from txactors.logs import get_logger
 from txactors.natsclient import raising_connection_lost, watch_connection
 from txactors.topics import ensure_topic_stream
@@ -303,6 +303,11 @@ class Consumer:
     async def _handle(self, key: int, msg: Msg) -> None:
         try:
             message = ConsumedMessage.from_nats(msg)
+            if message.headers.get(REPLAY_GROUP_HEADER, self.group) != self.group:
+                # A dead letter replayed for another group (`txactors dlq replay`): we had it.
+                self._handling.pop(key, None)
+                await self._settle(msg.ack(), "ack")
+                return
             with structlog.contextvars.bound_contextvars(
                 topic=self.topic, group=self.group, msg_id=message.msg_id, txid=message.txid
             ):

@@ -37,6 +37,7 @@ from txactors.coordinator.actions import (
     Refuse,
     SendCheck,
 )
+from txactors.coordinator.audit import audited
 from txactors.coordinator.checkback import ask_producer
 from txactors.coordinator.config import CoordinatorConfig
 from txactors.coordinator.discard import discard, quarantine
@@ -53,6 +54,7 @@ from txactors.coordinator.events import (
     Resume,
 )
 from txactors.coordinator.lifecycle import FINAL, TxnState
+from txactors.coordinator.listing import select
 from txactors.coordinator.options import (
     Clock,
     CoordinatorOptions,
@@ -473,12 +475,13 @@ class PartitionCoordinator(Actor):
     # -- admin ------------------------------------------------------------------------------
 
     async def _admin(self, request: Request) -> None:
+        request = audited(request, self.partition)  # actions log `operator_action` when answered
         command = request.message
         match command:
-            case ListTransactions(states=states):
-                wanted = {TxnState(s) for s in states} or None  # the boundary checked them
-                views = self.table.transactions(wanted)
-                await request.answer(TransactionList(transactions=[_info(v) for v in views]))
+            case ListTransactions():
+                views, more = select(self.table.transactions(), command, self.clock())
+                infos = [_info(v) for v in views]
+                await request.answer(TransactionList(transactions=infos, more=more))
             case ShowTransaction(txid=txid):
                 view = self.table.show(txid)
                 if view is None:

@@ -52,6 +52,10 @@ TEXT_GRAMMAR: Final = (
     "printable UTF-8 text (no control characters or line breaks) without leading or trailing blanks"
 )
 
+MAX_LIST_LIMIT: Final = 100_000
+BATCH: Final = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+BATCH_GRAMMAR: Final = "1 to 64 of letters, digits, '_', '-', '.' and ':'"
+
 # Worst cases for the header values only known when the half is written.
 _WORST_BORN: Final = -2.2250738585072014e-308
 _WORST_INDEX: Final = 2**63 - 1
@@ -88,18 +92,14 @@ class Boundary:
                 case EndTransaction():
                     self._check_txid(command.txid)
                     _check_token("$.token", command.token)
-                case ListTransactions(states=states):
-                    known = {s.value for s in TxnState}
-                    for i, state in enumerate(states):
-                        if state not in known:
-                            raise _Refused(f"$.states[{i}]", f"one of {', '.join(sorted(known))}")
-                case (
-                    ShowTransaction()
-                    | ResumeTransaction()
-                    | CommitTransaction()
-                    | RollbackTransaction()
-                ):
+                case ListTransactions():
+                    _check_listing(command)
+                case ShowTransaction():
                     self._check_txid(command.txid)
+                case ResumeTransaction() | CommitTransaction() | RollbackTransaction():
+                    self._check_txid(command.txid)
+                    if command.batch is not None and not BATCH.fullmatch(command.batch):
+                        raise _Refused("$.batch", f"null or {BATCH_GRAMMAR}")
                 case _:
                     name = type(command).__name__
                     return Error(ErrorCode.UNKNOWN_COMMAND, f"{name} is not served here")
@@ -169,6 +169,24 @@ class Boundary:
                 f"body and headers take {size} bytes; at most {limit} (the server's "
                 f"max_payload {max_payload} less {HEADER_RESERVE} kept for later headers)",
             )
+
+
+def _check_listing(command: ListTransactions) -> None:
+    known = {s.value for s in TxnState}
+    for i, state in enumerate(command.states):
+        if state not in known:
+            raise _Refused(f"$.states[{i}]", f"one of {', '.join(sorted(known))}")
+    if command.group is not None:
+        _check_name("$.group", "group", command.group)
+    if command.topic is not None:
+        _check_name("$.topic", "topic", command.topic)
+    older_than = command.older_than
+    if older_than is not None and not (math.isfinite(older_than) and older_than >= 0):
+        raise _Refused(
+            "$.older_than", f"null or a finite number of seconds >= 0, not {older_than!r}"
+        )
+    if command.limit is not None and not 1 <= command.limit <= MAX_LIST_LIMIT:
+        raise _Refused("$.limit", f"null (no limit) or 1 to {MAX_LIST_LIMIT}")
 
 
 def check_answer_problem(answer: CheckResult, *, txid: str, check_id: int) -> str | None:

@@ -1,0 +1,35 @@
+"""Which transactions a `ListTransactions` asks for: its filters and its limit.
+
+Filtering happens in the coordinator, so an operator looking for the discarded transactions of
+one group gets those and not the whole table over the wire. Pure: the coordinator hands in its
+table's views (oldest first) and its clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from txactors.coordinator.lifecycle import TxnState
+from txactors.coordinator.state import TxnView
+from txactors.protocol import ListTransactions
+
+
+def select(
+    views: Iterable[TxnView], command: ListTransactions, now: float
+) -> tuple[list[TxnView], int]:
+    """The views matching every filter of `command`, in the order given, at most its `limit`;
+    and how many more matched beyond that limit."""
+    states = {TxnState(s) for s in command.states}  # the boundary checked them
+
+    def wanted(view: TxnView) -> bool:
+        return (
+            (not states or view.state in states)
+            and (command.group is None or view.group == command.group)
+            and (command.topic is None or command.topic in view.topics)
+            and (command.older_than is None or now - view.born >= command.older_than)
+        )
+
+    matching = [view for view in views if wanted(view)]
+    if command.limit is None or len(matching) <= command.limit:
+        return matching, 0
+    return matching[: command.limit], len(matching) - command.limit
