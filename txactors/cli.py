@@ -20,14 +20,14 @@ import typer
 
 from txactors.config import DATA_DIR_ENV, FSYNC_ENV, FSYNC_INTERVAL_ENV
 from txactors.errors import ConfigError, NatsServerError
-from txactors.logs import configure_logging, get_logger
+from txactors.logs import LOG_FORMAT_ENV, LogFormat, configure_logging, get_logger
 from txactors.settings import CONFIG_ENV, SETTINGS, CoordinatorSettings, load_settings
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
 
     from txactors.metrics import CoordinatorMetrics
-    from txactors.protocol import Ended, TransactionInfo
+    from txactors.protocol import Ended, ListTransactions, TransactionInfo
     from txactors.server import Fsync
 
 T = TypeVar("T")
@@ -41,9 +41,42 @@ app = typer.Typer(
 )
 
 
+# -- options of every command: --version, --log-format ------------------------------------
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"txactors {version('txactors')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            typer.echo("txactors (not installed: no version)")
+        raise typer.Exit()
+
+
 @app.callback()
-def _main() -> None:
-    """Keeps `txactors <command>` form even while there is only one command."""
+def _main(
+    log_format: Annotated[
+        LogFormat | None,
+        typer.Option(
+            envvar=LOG_FORMAT_ENV,
+            case_sensitive=False,
+            help="Log lines as JSON or for the console. Default: JSON unless stderr is a terminal.",
+        ),
+    ] = None,
+    _version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version."
+        ),
+    ] = False,
+) -> None:
+    """Options of every command, given before it: `txactors --log-format json coordinator`."""
+    if log_format is not None:
+        # Every command configures its own logging (and its children inherit the
+        # environment): the variable is how the choice reaches them all.
+        os.environ[LOG_FORMAT_ENV] = log_format.value
 
 
 @app.command()
@@ -292,19 +325,36 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON, for script
 YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
 
 
-@txn_app.command("list")
-def txn_list(
-    state: Annotated[
-        list[str] | None,
-        typer.Option(help="Only transactions in this state (repeatable), e.g. discarded."),
-    ] = None,
-    partitions: PartitionsOption = 1,
-    as_json: JsonOption = False,
-    url: UrlOption = None,
-) -> None:
-    """List open (prepared, checking, being decided) and discarded transactions, oldest first."""
-    from txactors import admin
+StateFilter = Annotated[
+    list[str] | None,
+    typer.Option(help="Only transactions in this state (repeatable), e.g. discarded."),
+]
+GroupFilter = Annotated[str | None, typer.Option(help="Only transactions of this producer group.")]
+TopicFilter = Annotated[
+    str | None, typer.Option(help="Only transactions with a message for this topic.")
+]
+OlderThanFilter = Annotated[
+    str | None,
+    typer.Option(
+        metavar="AGE", help="Only transactions at least this old, e.g. 90s, 10m, 1h30m, 2d."
+    ),
+]
+LimitOption = Annotated[
+    int, typer.Option(help="At most this many, oldest first.", min=1, max=100_000)
+]
+
+
+def _filters(
+    state: list[str] | None,
+    group: str | None,
+    topic: str | None,
+    older_than: str | None,
+    limit: int,
+) -> ListTransactions:
+    """The coordinator's query for these options; a bad one is a usage error naming it."""
+    from txactors import admin, layout
     from txactors.coordinator.lifecycle import TxnState
+    from txactors.protocol import ListTransactions
 
     states = state or []
     known = [s.value for s in TxnState]
@@ -313,15 +363,56 @@ def txn_list(
         raise typer.BadParameter(
             f"{', '.join(unknown)}; states are {', '.join(known)}", param_hint="--state"
         )
-    found = _admin_call(
-        url, lambda nc: admin.list_transactions(nc, partitions=partitions, states=states)
-    )
+    for hint, kind, name in (("--group", "group", group), ("--topic", "topic", topic)):
+        problem = None if name is None else layout.name_problem(kind, name)
+        if problem is not None:
+            raise typer.BadParameter(problem, param_hint=hint)
+    try:
+        age = None if older_than is None else admin.parse_duration(older_than)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--older-than") from None
+    return ListTransactions(states=states, group=group, topic=topic, older_than=age, limit=limit)
+
+
+def _described(where: ListTransactions) -> str:
+    """The filters in words, for "no transaction matches (…)"."""
+    from txactors.admin import human_duration
+
+    parts = [" or ".join(where.states)] if where.states else []
+    parts += [f"group {where.group}"] if where.group else []
+    parts += [f"topic {where.topic}"] if where.topic else []
+    if where.older_than is not None:
+        parts.append(f"older than {human_duration(where.older_than)}")
+    return ", ".join(parts) or "no filter"
+
+
+@txn_app.command("list")
+def txn_list(
+    state: StateFilter = None,
+    group: GroupFilter = None,
+    topic: TopicFilter = None,
+    older_than: OlderThanFilter = None,
+    limit: LimitOption = 1000,
+    partitions: PartitionsOption = 1,
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+) -> None:
+    """List open (prepared, checking, being decided) and discarded transactions, oldest first.
+
+    Filters (--state, --group, --topic, --older-than) are applied by the coordinator.
+    """
+    from txactors import admin
+
+    where = _filters(state, group, topic, older_than, limit)
+    found = _admin_call(url, lambda nc: admin.find_transactions(nc, where, partitions=partitions))
     if as_json:
-        typer.echo(admin.to_json(found))
-    elif found:
-        _print(admin.render_list(found))
+        typer.echo(admin.to_json(found.transactions))
+    elif found.transactions:
+        _print(admin.render_list(found.transactions))
     else:
-        typer.echo("no open or discarded transactions")
+        typer.echo(f"no open or discarded transaction matches ({_described(where)})")
+    if found.more:
+        typer.echo(f"{found.more} more match: raise --limit or narrow the filters", err=True)
 
 
 @txn_app.command("show")
@@ -395,10 +486,97 @@ def txn_rollback(
     _print_ended(ended, as_json)
 
 
+_EFFECTS: dict[str, str] = {
+    "resume": "puts them back to prepared: the checker asks their producers again",
+    "commit": "publishes their messages to their topics",
+    "rollback": "means none of their messages is ever delivered",
+}
+
+
+@txn_app.command("resolve")
+def txn_resolve(
+    commit: Annotated[bool, typer.Option("--commit", help="Commit each one.")] = False,
+    rollback: Annotated[bool, typer.Option("--rollback", help="Roll each one back.")] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Resume each one (fresh check count).")
+    ] = False,
+    state: StateFilter = None,
+    group: GroupFilter = None,
+    topic: TopicFilter = None,
+    older_than: OlderThanFilter = None,
+    limit: LimitOption = 1000,
+    yes: YesOption = False,
+    partitions: PartitionsOption = 1,
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+) -> None:
+    """Resume, commit or roll back every transaction the filters match, e.g. all discarded ones
+    of a group: shows them, asks (unless --yes), then prints each one's outcome.
+
+    At least one filter is required. Exit 1 if any of them failed (the others are done).
+    """
+    from rich.console import Console
+
+    from txactors import admin
+
+    flags = {
+        admin.Resolution.RESUME: resume,
+        admin.Resolution.COMMIT: commit,
+        admin.Resolution.ROLLBACK: rollback,
+    }
+    chosen = [resolution for resolution, on in flags.items() if on]
+    if len(chosen) != 1:
+        raise typer.BadParameter("give exactly one of --commit, --rollback, --resume")
+    [resolution] = chosen
+    if not (state or group or topic or older_than):
+        raise typer.BadParameter(
+            "give at least one of --state, --group, --topic, --older-than (every open "
+            "transaction at once is too easy to regret)"
+        )
+    where = _filters(state, group, topic, older_than, limit)
+    found = _admin_call(url, lambda nc: admin.find_transactions(nc, where, partitions=partitions))
+    if not found.transactions:
+        typer.echo(f"no transaction matches ({_described(where)}): nothing to do", err=True)
+        if as_json:
+            typer.echo("[]")
+        return
+    Console(stderr=True, width=None if sys.stderr.isatty() else 200).print(
+        admin.render_list(found.transactions)
+    )
+    if found.more:
+        typer.echo(f"{found.more} more match beyond --limit {limit}: not touched", err=True)
+    count = len(found.transactions)
+    question = f"{resolution.value.capitalize()} these {count} transaction(s)? "
+    if not yes and not _yes(f"{question}This {_EFFECTS[resolution]} [y/N] "):
+        typer.echo("not done: nothing was changed", err=True)
+        raise typer.Exit(1)
+    batch = admin.new_batch_id()
+    txids = [info.txid for info in found.transactions]
+    results = _admin_call(
+        url,
+        lambda nc: admin.resolve_all(nc, txids, resolution, partitions=partitions, batch=batch),
+    )
+    failed = [r for r in results if r.error is not None]
+    if as_json:
+        typer.echo(admin.to_json(results))
+    else:
+        for result in results:
+            typer.echo(f"{result.txid}: {result.state or result.error}")
+    typer.echo(
+        f"{batch}: {len(results) - len(failed)} done, {len(failed)} failed "
+        "(the coordinator logs each as operator_action with this batch)",
+        err=True,
+    )
+    if failed:
+        raise typer.Exit(1)
+
+
 def _admin_call(url: str | None, work: Callable[[Client], Awaitable[T]]) -> T:
     """One exchange with the coordinator; exit 1 when it refuses, 2 when it cannot be asked."""
     from txactors.admin import CoordinatorUnavailable, admin_session
+    from txactors.dlq_admin import DeadLetterError
     from txactors.errors import CommandError, ConfigError, NatsConnectError
+    from txactors.lease_admin import NoLeases
 
     # Operator output stays clean; connection trouble is reported once, below.
     configure_logging(default="ERROR")
@@ -411,6 +589,9 @@ def _admin_call(url: str | None, work: Callable[[Client], Awaitable[T]]) -> T:
         return asyncio.run(run())
     except CommandError as exc:
         typer.echo(f"{exc.code}: {exc.message}", err=True)
+        raise typer.Exit(1) from exc
+    except (DeadLetterError, NoLeases) as exc:
+        typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
     except (ConfigError, NatsConnectError, CoordinatorUnavailable) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -435,13 +616,16 @@ def _confirm(url: str | None, txid: str, partitions: int, action: str, effect: s
         typer.echo(f"note: {found}", err=True)
     else:
         Console(stderr=True).print(admin.render_detail(found))
-    # Not typer.confirm: click's prompt writes a space to stdout, which would spoil --json.
-    typer.echo(
-        f"{action.capitalize()} transaction {txid}? This {effect} [y/N] ", nl=False, err=True
-    )
-    if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+    if not _yes(f"{action.capitalize()} transaction {txid}? This {effect} [y/N] "):
         typer.echo(f"not done: {txid} was left as it is", err=True)
         raise typer.Exit(1)
+
+
+def _yes(question: str) -> bool:
+    """Ask on stderr; only `y` or `yes` is a yes."""
+    # Not typer.confirm: click's prompt writes a space to stdout, which would spoil --json.
+    typer.echo(question, nl=False, err=True)
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
 
 
 def _print(renderable: object) -> None:
@@ -455,6 +639,147 @@ def _print_ended(ended: Ended, as_json: bool) -> None:
     from txactors.admin import to_json
 
     typer.echo(to_json(ended) if as_json else f"{ended.txid}: {ended.state}")
+
+
+# -- txactors dlq: dead letters of consumer groups ------------------------------------------
+
+dlq_app = typer.Typer(
+    help="Inspect and replay dead letters: messages a consumer group gave up on (DLQ_<group>).",
+    no_args_is_help=True,
+)
+app.add_typer(dlq_app, name="dlq")
+
+GroupArgument = Annotated[str, typer.Argument(help="The consumer group.", show_default=False)]
+NatsUrlOption = Annotated[
+    str | None, typer.Option(help="The NATS server. Default: NATS_URL (one is required).")
+]
+
+
+@dlq_app.command("list")
+def dlq_list(
+    group: Annotated[
+        str | None,
+        typer.Argument(help="The consumer group. Without it: every group's DLQ and its size."),
+    ] = None,
+    start: Annotated[int, typer.Option("--from", help="First DLQ sequence to show.", min=1)] = 1,
+    limit: Annotated[int, typer.Option(help="At most this many entries.", min=1)] = 100,
+    as_json: JsonOption = False,
+    url: NatsUrlOption = None,
+) -> None:
+    """List a group's dead letters, oldest first (or, without GROUP, the groups that have some)."""
+    from txactors import admin, dlq_admin
+
+    if group is None:
+        summaries = _admin_call(url, dlq_admin.dlq_summaries)
+        if as_json:
+            typer.echo(admin.to_json(summaries))
+        elif summaries:
+            _print(dlq_admin.render_summaries(summaries))
+        else:
+            typer.echo("no dead-letter streams on this server")
+        return
+    page = _admin_call(
+        url, lambda nc: dlq_admin.list_dead_letters(nc, group, start=start, limit=limit)
+    )
+    if as_json:
+        typer.echo(admin.to_json(page))
+    elif page.entries:
+        _print(dlq_admin.render_list(page))
+    else:
+        typer.echo(f"no dead letters of group {group} from seq {start} on")
+
+
+@dlq_app.command("show")
+def dlq_show(
+    group: GroupArgument,
+    seq: Annotated[int, typer.Argument(help="The entry's DLQ sequence.", min=1)],
+    as_json: JsonOption = False,
+    url: NatsUrlOption = None,
+) -> None:
+    """Show one dead letter in full: the error, every header and the body."""
+    from txactors import admin, dlq_admin
+
+    entry = _admin_call(url, lambda nc: dlq_admin.show_dead_letter(nc, group, seq))
+    if as_json:
+        typer.echo(admin.to_json(entry))
+    else:
+        _print(dlq_admin.render_detail(entry))
+
+
+@dlq_app.command("replay")
+def dlq_replay(
+    group: GroupArgument,
+    seqs: Annotated[
+        list[int] | None, typer.Argument(help="DLQ sequences to replay.", show_default=False)
+    ] = None,
+    replay_all: Annotated[
+        bool, typer.Option("--all", help="Replay every entry now in the DLQ.")
+    ] = False,
+    yes: YesOption = False,
+    as_json: JsonOption = False,
+    url: NatsUrlOption = None,
+) -> None:
+    """Publish dead letters again to their topics, for GROUP only, and delete them from the DLQ.
+
+    Fix the cause first: a replayed message that fails again is dead-lettered again. A replay
+    repeated soon after (the entry was not deleted) is dropped by the topic stream. Exit 1 if
+    any entry could not be replayed (it stays in the DLQ).
+    """
+    from txactors import admin, dlq_admin
+
+    if bool(seqs) == replay_all:
+        raise typer.BadParameter("give the DLQ sequences to replay, or --all (not both)")
+    if replay_all:
+        wanted = _admin_call(url, lambda nc: dlq_admin.all_sequences(nc, group))
+        if not wanted:
+            typer.echo(f"no dead letters of group {group}: nothing to replay", err=True)
+            if as_json:
+                typer.echo("[]")
+            return
+        question = f"Replay all {len(wanted)} dead letter(s) of group {group} to their topics? "
+        if not yes and not _yes(f"{question}[y/N] "):
+            typer.echo("not done: nothing was replayed", err=True)
+            raise typer.Exit(1)
+    else:
+        wanted = list(seqs or [])
+    results = _admin_call(url, lambda nc: dlq_admin.replay(nc, group, wanted))
+    if as_json:
+        typer.echo(admin.to_json(results))
+    else:
+        for line in dlq_admin.replay_lines(results, group):
+            typer.echo(line)
+    if any(result.error is not None for result in results):
+        raise typer.Exit(1)
+
+
+# -- txactors lease: who owns which partition -----------------------------------------------
+
+lease_app = typer.Typer(
+    help="See which coordinator owns which partition (the TXN_LEASE bucket).",
+    no_args_is_help=True,
+)
+app.add_typer(lease_app, name="lease")
+
+
+@lease_app.command("list")
+def lease_list(
+    partitions: Annotated[
+        int | None,
+        typer.Option(help="The coordinators' --partitions: also list the free ones.", min=1),
+    ] = None,
+    as_json: JsonOption = False,
+    url: NatsUrlOption = None,
+) -> None:
+    """List each partition's lease: owner, revision, last renewal and when it expires."""
+    from txactors import admin, lease_admin
+
+    leases = _admin_call(url, lambda nc: lease_admin.list_leases(nc, partitions=partitions))
+    if as_json:
+        typer.echo(admin.to_json(leases))
+    elif leases.leases:
+        _print(lease_admin.render_leases(leases))
+    else:
+        typer.echo("no partition is leased: no coordinator is running")
 
 
 # -- txactors sink: committed topics into Spark tables (spark_sinks/, the `spark` extra) ----

@@ -1,12 +1,15 @@
 """Logging configured in one place.
 
-JSON lines when stderr is not a terminal (services, CI), a readable console otherwise.
-The level comes from `TXACTORS_LOG_LEVEL` (default INFO). Context such as `actor` and
-`txid` is bound with structlog's contextvars, so it follows a task through every log line.
+JSON lines when stderr is not a terminal (services, CI), a readable console otherwise;
+`TXACTORS_LOG_FORMAT` (`json` or `console`; `txactors --log-format`) forces one, e.g. JSON
+on a terminal that a log shipper reads. The level comes from `TXACTORS_LOG_LEVEL` (default
+INFO). Context such as `actor` and `txid` is bound with structlog's contextvars, so it
+follows a task through every log line.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import sys
@@ -18,6 +21,12 @@ from txactors.errors import ConfigError
 
 LOG_LEVEL_ENV = "TXACTORS_LOG_LEVEL"
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMAT_ENV = "TXACTORS_LOG_FORMAT"
+
+
+class LogFormat(enum.StrEnum):
+    JSON = "json"
+    CONSOLE = "console"
 
 
 def level_number(name: str, *, source: str = "log level") -> int:
@@ -32,14 +41,16 @@ def configure_logging(
 ) -> None:
     """Configure structlog; safe to call more than once (the last call wins).
 
-    The level is `level`, else TXACTORS_LOG_LEVEL, else `default`. A bad one is a ConfigError:
-    commands report it in one line rather than run with logs the operator did not ask for.
+    The level is `level`, else TXACTORS_LOG_LEVEL, else `default`; the format JSON if `json`,
+    else as TXACTORS_LOG_FORMAT says, else JSON unless stderr is a terminal. A bad level or
+    format is a ConfigError: commands report it in one line rather than run with logs the
+    operator did not ask for.
     """
     if level is not None:
         numeric = level_number(level)
     else:
         numeric = level_number(os.environ.get(LOG_LEVEL_ENV) or default, source=LOG_LEVEL_ENV)
-    use_json = (not sys.stderr.isatty()) if json is None else json
+    use_json = _use_json() if json is None else json
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer()
     )
@@ -56,6 +67,19 @@ def configure_logging(
         logger_factory=structlog.PrintLoggerFactory(cast(TextIO, _CurrentStderr())),
         cache_logger_on_first_use=False,
     )
+
+
+def _use_json() -> bool:
+    chosen = os.environ.get(LOG_FORMAT_ENV, "").strip().lower()
+    if not chosen:
+        return not sys.stderr.isatty()
+    try:
+        return LogFormat(chosen) is LogFormat.JSON
+    except ValueError:
+        formats = ", ".join(f.value for f in LogFormat)
+        raise ConfigError(
+            f"{LOG_FORMAT_ENV}={chosen!r} is not a log format; use {formats}"
+        ) from None
 
 
 class _CurrentStderr:
@@ -76,8 +100,8 @@ def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
     """A logger that carries the module name as `module`.
 
     If the application has not configured structlog, txactors applies its own defaults
-    (level from TXACTORS_LOG_LEVEL, INFO if that is not a level), so library users do not get
-    structlog's print-all.
+    (level and format from TXACTORS_LOG_LEVEL and TXACTORS_LOG_FORMAT, INFO and the terminal's
+    default if either is bad), so library users do not get structlog's print-all.
     """
     if not structlog.is_configured():
         try:
@@ -86,6 +110,6 @@ def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
             # Loggers are made at import time, where raising would break any program that
             # imports txactors (and a warning here would garble a command's one-line error);
             # commands configure logging themselves, which checks the variable and stops on it.
-            configure_logging("INFO")
+            configure_logging("INFO", json=not sys.stderr.isatty())
     logger: structlog.typing.FilteringBoundLogger = structlog.get_logger(module=name)
     return logger
