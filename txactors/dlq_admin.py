@@ -62,12 +62,13 @@ DLQ_ONLY_HEADERS: Final = frozenset(
         ERROR_HEADER,
         DELIVERIES_HEADER,
         DLQ_OMITTED_HEADER,
-        MSG_ID_HEADER,
         REPLAY_GROUP_HEADER,
         REPLAY_OF_HEADER,
     }
 )
-"""Headers the dead letter (or an earlier replay) added: not carried into the replayed copy."""
+"""Headers the dead letter (or an earlier replay) added: not carried into the replayed copy,
+nor any other `Nats-` header (JetStream would act on them again)."""
+_NATS_PREFIX: Final = "Nats-"
 DEFAULT_LIMIT: Final = 100
 _STREAM_NOT_FOUND: Final = 10059
 
@@ -219,7 +220,11 @@ async def _replay_one(
         or info.msg_id
         or f"{info.origin_stream or topic_stream(info.topic)}:{info.origin_seq}"
     )
-    copy = {name: value for name, value in headers.items() if name not in DLQ_ONLY_HEADERS}
+    copy = {
+        name: value
+        for name, value in headers.items()
+        if name not in DLQ_ONLY_HEADERS and not name.startswith(_NATS_PREFIX)
+    }
     copy[MSG_ID_HEADER] = replay_id(group, seq, original_id)
     copy[REPLAY_GROUP_HEADER] = group
     copy[REPLAY_OF_HEADER] = original_id
@@ -230,7 +235,9 @@ async def _replay_one(
             f"server's max_payload {nc.max_payload}"
         )
     try:
-        ack = await js.publish(subject, body, headers=copy, stream=topic_stream(info.topic))
+        # No expected-stream header: the copy keeps its headers, and one that failed again
+        # would carry it into the DLQ, which would refuse it.
+        ack = await js.publish(subject, body, headers=copy)
     except (nats.errors.Error, TimeoutError) as exc:
         raise DeadLetterError(
             f"{_where(group, seq)}: not replayed, publishing to {subject} failed: {exc!r}"
