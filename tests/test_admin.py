@@ -11,12 +11,15 @@ import asyncio
 import io
 import os
 import sys
+import time
+from typing import Any
 
 import anyio
 import msgspec
 import pytest
 from nats.aio.client import Client
 from rich.console import Console
+from structlog.testing import capture_logs
 from typer.testing import CliRunner
 
 from tests.support.txn import FAST, CoordinatorClient, message, topic_ids
@@ -26,10 +29,13 @@ from txactors.coordinator import CoordinatorConfig, TxnState
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import CommandError, ConfigError
-from txactors.protocol import TransactionInfo
+from txactors.logs import configure_logging
+from txactors.protocol import ListTransactions, TransactionInfo
 
 PENDING = 600.0
 """Check immunity that keeps a transaction prepared (unchecked) for the whole test."""
+LONG = 20_000.0
+"""A check immunity that outlasts an hour's jump of the coordinator's clock."""
 
 
 async def _wait_for_state(nc: Client, txid: str, state: str) -> TransactionInfo:
@@ -128,10 +134,86 @@ async def test_list_merges_partitions_and_commands_find_the_owner(private_nc: Cl
             )
         found = await admin.list_transactions(private_nc, partitions=partitions)
         assert [t.txid for t in found] == txids
+        first = await admin.find_transactions(
+            private_nc, ListTransactions(limit=3), partitions=partitions
+        )
+        assert ([t.txid for t in first.transactions], first.more) == (txids[:3], 5)
         for txid in txids:
             assert (await admin.show(private_nc, txid, partitions=partitions)).txid == txid
         assert (await admin.commit(private_nc, "t5", partitions=partitions)).state == "committed"
         assert await topic_ids(private_nc, "orders") == ["t5:0"]
+
+
+async def test_filters_are_applied_by_the_coordinator(private_nc: Client) -> None:
+    later = 0.0  # the coordinator's clock runs `later` seconds ahead of the wall clock
+    config = CoordinatorConfig(check_max=1, max_immunity=LONG, **FAST)
+    async with run_coordinator(private_nc, config=config, clock=lambda: time.time() + later):
+        client = CoordinatorClient(private_nc)
+        await client.prepare("old-g", message(check_immunity=LONG))
+        await client.prepare("old-b", message("payments", check_immunity=LONG), group="billing")
+        later = 3600.0
+        await client.prepare("new-g", message(check_immunity=LONG))
+        await client.prepare("lost-g1", message())
+        await client.prepare("lost-g2", message())
+        await client.prepare("lost-b", message("payments"), group="billing")
+        for txid in ("lost-g1", "lost-g2", "lost-b"):
+            await _wait_for_state(private_nc, txid, "discarded")
+
+        async def found(**where: Any) -> tuple[list[str], int]:
+            reply = await admin.find_transactions(private_nc, ListTransactions(**where))
+            return [t.txid for t in reply.transactions], reply.more
+
+        assert await found(older_than=1800) == (["old-g", "old-b"], 0)
+        assert await found(group="g") == (["old-g", "new-g", "lost-g1", "lost-g2"], 0)
+        assert await found(topic="payments") == (["old-b", "lost-b"], 0)
+        assert await found(group="g", states=["discarded"]) == (["lost-g1", "lost-g2"], 0)
+        assert await found(group="billing", older_than=1800, topic="orders") == ([], 0)
+        assert await found(limit=2) == (["old-g", "old-b"], 4)
+        with pytest.raises(CommandError, match=r"\$\.older_than"):
+            await admin.find_transactions(private_nc, ListTransactions(older_than=-1))
+
+
+async def test_bulk_resolution_reports_each_and_every_action_is_logged(
+    private_nc: Client,
+) -> None:
+    config = CoordinatorConfig(check_max=1, **FAST)
+    async with run_coordinator(private_nc, config=config):
+        client = CoordinatorClient(private_nc)
+        await client.prepare("pending", message(check_immunity=PENDING))
+        for txid in ("lost-1", "lost-2"):
+            await client.prepare(txid, message())
+            await _wait_for_state(private_nc, txid, "discarded")
+        configure_logging("INFO")  # the conftest's WARNING would drop the successful ones
+        with capture_logs() as logs:
+            results = await admin.resolve_all(
+                private_nc,
+                ["lost-1", "nope", "lost-2"],
+                admin.Resolution.COMMIT,
+                batch="bulk-1",
+            )
+            assert (await admin.rollback(private_nc, "pending")).state == "rolled_back"
+            with pytest.raises(CommandError):
+                await admin.resume(private_nc, "lost-1")
+        assert [(r.txid, r.state, r.error) for r in results] == [
+            ("lost-1", "committed", None),
+            ("nope", None, "not_found: no transaction nope"),
+            ("lost-2", "committed", None),
+        ]
+        assert sorted(await topic_ids(private_nc, "orders")) == ["lost-1:0", "lost-2:0"]
+    actions = [
+        (e["txid"], e["action"], e["result"], e["batch"], e["partition"])
+        for e in logs
+        if e["event"] == "operator_action"
+    ]
+    assert sorted(actions[:3]) == [
+        ("lost-1", "commit", "committed", "bulk-1", 0),
+        ("lost-2", "commit", "committed", "bulk-1", 0),
+        ("nope", "commit", "not_found", "bulk-1", 0),
+    ]
+    assert actions[3:] == [
+        ("pending", "rollback", "rolled_back", None, 0),
+        ("lost-1", "resume", "conflict", None, 0),
+    ]
 
 
 async def test_no_coordinator_is_reported_as_such(private_nc: Client) -> None:

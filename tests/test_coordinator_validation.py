@@ -36,6 +36,8 @@ from txactors.protocol import (
     ListTransactions,
     OutgoingMessage,
     Prepare,
+    ResumeTransaction,
+    RollbackTransaction,
     ShowTransaction,
     encode,
 )
@@ -196,6 +198,36 @@ def test_ends_and_admin_commands_are_checked_too() -> None:
     assert "$.txid" in (refusal(ShowTransaction(txid="x" * 1000)) or "")
     assert refusal(ListTransactions(states=["prepared", "discarded"])) is None
     assert "$.states[1]" in (refusal(ListTransactions(states=["prepared", "nope"])) or "")
+
+
+@pytest.mark.parametrize(
+    ("command", "path"),
+    [
+        (ListTransactions(group="a.b"), "$.group"),
+        (ListTransactions(topic="x" * 65), "$.topic"),
+        (ListTransactions(older_than=-1.0), "$.older_than"),
+        (ListTransactions(older_than=math.nan), "$.older_than"),
+        (ListTransactions(limit=0), "$.limit"),
+        (ListTransactions(limit=100_001), "$.limit"),
+        (CommitTransaction(txid="t1", batch=""), "$.batch"),
+        (ResumeTransaction(txid="t1", batch="b" * 65), "$.batch"),
+        (RollbackTransaction(txid="t1", batch="two words"), "$.batch"),
+    ],
+)
+def test_admin_filters_and_batch_ids_are_checked(command: Any, path: str) -> None:
+    assert path in (refusal(command) or "")
+
+
+def test_admin_filters_and_batch_ids_within_the_rules_pass() -> None:
+    listing = ListTransactions(group="g", topic="orders", older_than=0.0, limit=100_000)
+    assert refusal(listing) is None
+    assert refusal(RollbackTransaction(txid="t1", batch="bulk-0a1b2c:x.y")) is None
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True))
+def test_older_than_is_a_finite_non_negative_number(seconds: float) -> None:
+    explanation = refusal(ListTransactions(older_than=seconds))
+    assert (explanation is None) == (math.isfinite(seconds) and seconds >= 0), explanation
 
 
 def test_a_check_answer_must_be_about_the_check_asked() -> None:
