@@ -17,6 +17,8 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 from nats.aio.client import Client
 from rich.console import Console
 from structlog.testing import capture_logs
@@ -296,6 +298,28 @@ def test_admin_config_needs_a_url_and_takes_it_from_the_environment() -> None:
 )
 def test_human_duration(seconds: float, text: str) -> None:
     assert admin.human_duration(seconds) == text
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("90", 90), ("90s", 90), ("10m", 600), ("1h30m", 5400), ("2d 3h", 183_600), (" 1.5H ", 5400)],
+)
+def test_durations_are_read_as_operators_write_them(text: str, seconds: float) -> None:
+    assert admin.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "soon", "10x", "-5", "nan", "inf", "5m soon", "m", "1e400"])
+def test_what_is_no_duration_says_how_to_write_one(text: str) -> None:
+    with pytest.raises(ValueError, match="is not a duration"):
+        admin.parse_duration(text)
+
+
+@given(st.floats(0, 10**8))
+def test_a_duration_as_shown_reads_back_within_its_precision(seconds: float) -> None:
+    shown = admin.human_duration(seconds)
+    assume(shown != "<1s")
+    precision = 1 if seconds < 3600 else 60 if seconds < 86_400 else 3600
+    assert admin.parse_duration(shown) <= seconds < admin.parse_duration(shown) + precision
 
 
 def test_rendering_is_relative_to_now_and_every_state_is_explained() -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import anyio
 import msgspec
+import pytest
 from nats.aio.client import Client
 
 from tests.support.txn import FAST, CoordinatorClient, message, topic_ids
@@ -23,6 +24,8 @@ from txactors.consumer.dlq import dead_letter, ensure_dlq_stream
 from txactors.coordinator import CoordinatorConfig
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import run_coordinator
+from txactors.errors import ConfigError
+from txactors.logs import LOG_FORMAT_ENV, configure_logging
 from txactors.protocol import TransactionInfo
 from txactors.topics import ensure_topic_stream
 
@@ -206,6 +209,14 @@ async def test_version_and_a_bad_log_format() -> None:
     )
     assert (code, out) == (0, f"txactors {version('txactors')}\n")
     assert bad == 2 and "--log-format" in err, err
+
+
+def test_a_bad_log_format_variable_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(LOG_FORMAT_ENV, "xml")
+    with pytest.raises(ConfigError, match="TXACTORS_LOG_FORMAT='xml' is not a log format"):
+        configure_logging()
+    monkeypatch.setenv(LOG_FORMAT_ENV, "JSON")
+    configure_logging()  # any case
 
 
 async def test_log_format_json_is_kept_on_a_terminal(tmp_path: Path) -> None:
