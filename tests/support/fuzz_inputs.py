@@ -281,6 +281,38 @@ immunities = Spec(
     ),
 )
 
+MAX_LIST_LIMIT = 100_000
+BATCH_CHARS = "abcXYZ019_-.:"
+MAX_BATCH = 64
+
+ages = Spec(
+    oks=(st.none(), st.floats(min_value=0, max_value=1e12), st.just(0.0)),
+    bads=(
+        st.sampled_from([-1.0, -1e-9, -1e308]),
+        st.sampled_from([math.nan, math.inf, -math.inf]),
+        st.text(max_size=3),
+    ),
+)
+
+list_limits = Spec(
+    oks=(st.none(), st.integers(1, MAX_LIST_LIMIT), st.sampled_from([1, MAX_LIST_LIMIT])),
+    bads=(st.sampled_from([0, -1, MAX_LIST_LIMIT + 1, 2**40]), st.floats(), st.text(max_size=3)),
+)
+
+batch_ids = Spec(
+    oks=(
+        st.none(),
+        st.text(BATCH_CHARS, min_size=1, max_size=12),
+        st.just("b" * MAX_BATCH),
+    ),
+    bads=(
+        st.just(""),
+        st.just("b" * (MAX_BATCH + 1)),
+        st.text(min_size=1, max_size=6).filter(lambda s: not set(s) <= set(BATCH_CHARS)),
+        wrong_types,
+    ),
+)
+
 decisions = Spec(
     oks=(st.sampled_from([d.value for d in Decision]),),
     bads=(
@@ -424,20 +456,26 @@ def end_commands(*, valid: bool = False) -> st.SearchStrategy[tuple[dict[str, An
 
 
 def admin_commands(*, valid: bool = False) -> st.SearchStrategy[tuple[dict[str, Any], Verdict]]:
-    by_txid = st.sampled_from(
-        ["ShowTransaction", "ResumeTransaction", "CommitTransaction", "RollbackTransaction"]
-    )
+    by_action = st.sampled_from(["ResumeTransaction", "CommitTransaction", "RollbackTransaction"])
     states = listed(
         Spec(
             oks=(st.sampled_from([s.value for s in TxnState]),),
             bads=(st.text(max_size=8).filter(lambda s: s not in set(TxnState)),),
         )(valid)
     )
+    listing = combine(
+        states=states,
+        group=st.one_of(ok(st.none()), names("group", valid=valid)),
+        topic=st.one_of(ok(st.none()), names("topic", TOPIC_POOL, valid=valid)),
+        older_than=ages(valid),
+        limit=list_limits(valid),
+    )
+    show = combine(txid=names("txid", TXID_POOL, valid=valid))
+    action = combine(txid=names("txid", TXID_POOL, valid=valid), batch=batch_ids(valid))
     return st.one_of(
-        combine(states=states).map(lambda cv: ({"type": "ListTransactions", **cv[0]}, cv[1])),
-        st.tuples(by_txid, combine(txid=names("txid", TXID_POOL, valid=valid))).map(
-            lambda t: ({"type": t[0], **t[1][0]}, t[1][1])
-        ),
+        listing.map(lambda cv: ({"type": "ListTransactions", **cv[0]}, cv[1])),
+        show.map(lambda cv: ({"type": "ShowTransaction", **cv[0]}, cv[1])),
+        st.tuples(by_action, action).map(lambda t: ({"type": t[0], **t[1][0]}, t[1][1])),
     )
 
 
@@ -452,7 +490,9 @@ def drop_or_add_fields(
         how = draw(st.sampled_from(["as is", "as is", "as is", "drop", "extra"]))
         if how == "drop" and len(fields) > 1:
             name = draw(st.sampled_from(sorted(k for k in fields if k != "type")))
-            optional = {"token", "states", "keys", "tag", "properties", "check_immunity"}
+            optional = {"token", "states", "keys", "tag", "properties", "check_immunity", "batch"}
+            if fields.get("type") == "ListTransactions":
+                optional |= {"group", "topic", "older_than", "limit"}
             return {k: v for k, v in fields.items() if k != name}, (
                 verdict if name in optional else Verdict.BAD
             )
