@@ -27,7 +27,7 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import RawStreamMsg
+from nats.js.api import RawStreamMsg, StreamState
 from rich import box
 from rich.table import Table
 from rich.text import Text
@@ -70,7 +70,6 @@ DLQ_ONLY_HEADERS: Final = frozenset(
 nor any other `Nats-` header (JetStream would act on them again)."""
 _NATS_PREFIX: Final = "Nats-"
 DEFAULT_LIMIT: Final = 100
-_STREAM_NOT_FOUND: Final = 10059
 
 
 class DeadLetterError(TxActorsError):
@@ -152,26 +151,23 @@ async def list_dead_letters(
     if limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
     js = nc.jetstream()
-    stream = await _dlq_stream(js, group)
-    info = await js.stream_info(stream)
+    stream, state = await _dlq_stream(js, group)
     entries: list[DeadLetterInfo] = []
     seq = max(start, 1)
-    while len(entries) < limit and seq <= info.state.last_seq:
+    while len(entries) < limit and seq <= state.last_seq:
         raw = await _next_entry(js, stream, group, seq)
         if raw is None or raw.seq is None:
             break
         entries.append(_info(group, raw, with_body=False))
         seq = raw.seq + 1
-    more = seq <= info.state.last_seq and len(entries) == limit
-    return DeadLetterPage(
-        entries=entries, total=info.state.messages, next_seq=seq if more else None
-    )
+    more = seq <= state.last_seq and len(entries) == limit
+    return DeadLetterPage(entries=entries, total=state.messages, next_seq=seq if more else None)
 
 
 async def show_dead_letter(nc: Client, group: str, seq: int) -> DeadLetterInfo:
     """One entry in full, body included."""
     js = nc.jetstream()
-    stream = await _dlq_stream(js, group)
+    stream, _ = await _dlq_stream(js, group)
     return _info(group, await _entry(js, stream, seq), with_body=True)
 
 
@@ -182,7 +178,7 @@ async def replay(nc: Client, group: str, seqs: Iterable[int]) -> list[Replayed]:
     """Replay each entry in turn (in the order given); one outcome per sequence. A failure
     fails only its own entry, which then stays in the DLQ."""
     js = nc.jetstream()
-    stream = await _dlq_stream(js, group)
+    stream, _ = await _dlq_stream(js, group)
     results = []
     for seq in seqs:
         try:
@@ -196,8 +192,8 @@ async def all_sequences(nc: Client, group: str) -> list[int]:
     """The sequences in the group's DLQ now. Entries dead-lettered later (a replayed message
     that fails again) are not among them, so `replay --all` ends."""
     js = nc.jetstream()
-    stream = await _dlq_stream(js, group)
-    last = (await js.stream_info(stream)).state.last_seq
+    stream, state = await _dlq_stream(js, group)
+    last = state.last_seq
     seqs: list[int] = []
     seq = 1
     while seq <= last:
@@ -290,19 +286,20 @@ async def _original(
 # -- JetStream access -----------------------------------------------------------------------
 
 
-async def _dlq_stream(js: JetStreamContext, group: str) -> str:
+async def _dlq_stream(js: JetStreamContext, group: str) -> tuple[str, StreamState]:
+    """The name of the group's DLQ stream and what it holds now."""
     try:
         stream = dlq_stream(validate_name("group", group))
     except ValueError as exc:
         raise DeadLetterError(str(exc)) from None
     try:
-        await js.stream_info(stream)
+        info = await js.stream_info(stream)
     except nats.js.errors.NotFoundError:
         raise DeadLetterError(
             f"group {group} has no dead-letter stream ({stream}): none of its consumers has "
             "run on this server (see `txactors dlq list` for the groups that have one)"
         ) from None
-    return stream
+    return stream, info.state
 
 
 async def _entry(js: JetStreamContext, stream: str, seq: int) -> RawStreamMsg:
