@@ -55,6 +55,23 @@ def test_a_small_message_is_copied_whole() -> None:
     assert DLQ_OMITTED_HEADER not in entry.headers
 
 
+def test_no_jetstream_control_header_of_the_original_reaches_the_copy() -> None:
+    """Anyone may publish to a topic subject: a copied `Nats-Expected-*` or `Nats-Rollup` would
+    make the DLQ refuse the copy for good, or purge it."""
+    hostile = {
+        "Nats-Expected-Last-Sequence": "0",
+        " nats-rollup": "sub",
+        "NATS-TTL": "1s",
+        "Nats-Expected-Stream": "ELSEWHERE",
+        "Region": "eu",
+    }
+    entry = dead_letter_entry(consumed(b"body", hostile, msg_id="tx9:0"), ValueError("no"), MiB)
+    control = [k for k in entry.headers if k.strip().lower().startswith("nats-")]
+    assert control == [MSG_ID_HEADER]
+    assert entry.headers[MSG_ID_HEADER] == "tx9:0"
+    assert entry.headers["Region"] == "eu"
+
+
 def test_a_body_near_max_payload_goes_by_reference() -> None:
     message = consumed(b"x" * (MiB - 200), {"Region": "eu"})
     entry = dead_letter_entry(message, ValueError("y" * 500), MiB)
