@@ -78,6 +78,17 @@ async def test_bad_input_gets_an_error_code_and_the_actor_keeps_serving(
         assert await calculator.ask(Add(1, 2)) == Sum(3)
 
 
+async def test_an_answer_too_large_for_nats_is_an_error_reply_not_a_timeout(nc: Client) -> None:
+    """NATS refuses a publish over `max_payload`: the requester must still hear back."""
+    name = "n" * (nc.max_payload - 100)  # the request fits; "hello, " + name does not
+    async with serving_calculator(nc) as calculator:
+        with pytest.raises(CommandError) as too_large:
+            await calculator.ask(Greet(name), timeout=5)
+        assert too_large.value.code == "bad_request"
+        assert "ask for less" in too_large.value.message
+        assert await calculator.ask(Add(1, 2)) == Sum(3)
+
+
 async def test_json_clients_get_json_replies_and_json_errors(nc: Client) -> None:
     headers = {CONTENT_TYPE_HEADER: "application/json"}
     async with serving_calculator(nc):

@@ -27,6 +27,9 @@ from txactors.protocol import Codec, Encoding, Error, ErrorCode, encode, encodin
 
 log = get_logger(__name__)
 
+_REPLY_HEADROOM = 512
+"""Bytes of `max_payload` kept for the reply's headers and subject."""
+
 
 class NatsReply:
     """Publishes an actor's answer to the requester's reply subject."""
@@ -45,6 +48,18 @@ class NatsReply:
             log.error("reply_not_encodable", reply_type=type(value).__name__, error=str(error))
             payload = encode(
                 Error(ErrorCode.INTERNAL, f"the reply could not be encoded: {error}"),
+                self._encoding,
+            )
+        room = self._nc.max_payload - _REPLY_HEADROOM
+        if len(payload) > room:
+            # NATS would refuse it and the requester would only see a timeout.
+            log.warning("reply_too_large", reply_type=type(value).__name__, size=len(payload))
+            payload = encode(
+                Error(
+                    ErrorCode.BAD_REQUEST,
+                    f"the answer is {len(payload)} bytes, over the {room} a reply may carry "
+                    "here; ask for less (e.g. a `limit` or a filter)",
+                ),
                 self._encoding,
             )
         await self._publish(payload)
