@@ -79,7 +79,7 @@ async def test_a_waiting_coordinator_takes_over_within_the_lease_ttl(private_nc:
 async def test_coordinators_split_partitions_and_serve_them_all(private_nc: Client) -> None:
     url = private_nc.connected_url.geturl() if private_nc.connected_url else ""
     other_nc = await nats.connect(url)
-    split = CoordinatorOptions(partitions=2, max_partitions=1, lease_ttl=0.6)
+    split = CoordinatorOptions(partitions=2, max_partitions=1, lease_ttl=3.0)
     try:
         async with (
             run_coordinator(private_nc, options=split, owner="a") as a,

@@ -35,7 +35,7 @@ from tests.peers.powercut_producer import TOPIC
 from tests.support.powercut.fixture import REQUIRE_ENV, PowerCut, unavailable
 from tests.support.powercut.machine import Machine
 from tests.support.txn import topic_ids
-from txactors.admin import list_transactions
+from txactors.admin import CoordinatorUnavailable, list_transactions
 
 SEED = int(os.environ.get("TXACTORS_POWERCUT_SEED", "20261122"))
 CUTS = int(os.environ.get("TXACTORS_POWERCUT_CUTS", "3"))
@@ -162,7 +162,13 @@ async def _settled_transactions(
     try:
         deadline = time.monotonic() + SETTLE
         while True:
-            listed: list[object] = list(await list_transactions(nc))
+            try:
+                listed: list[object] = list(await list_transactions(nc))
+            except CoordinatorUnavailable:  # its partitions wait for the dead one's lease
+                if time.monotonic() > deadline:
+                    raise
+                await anyio.sleep(0.2)
+                continue
             on_topic = {msg_id.split(":")[0] for msg_id in await topic_ids(nc, TOPIC)}
             local = _ledger(ledger)
             if (not listed and on_topic == local) or time.monotonic() > deadline:

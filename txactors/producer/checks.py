@@ -272,7 +272,7 @@ class CheckResponder:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        lost = await self._stop_watching(exc_type, exc, tb)
+        lost = await self._stop_watching()
         try:
             for subscription in self._subscriptions:
                 with contextlib.suppress(nats.errors.Error):  # the connection may be closed
@@ -285,12 +285,7 @@ class CheckResponder:
         if lost is not None:  # the producer's user sees why it stopped
             raise lost
 
-    async def _stop_watching(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> NatsConnectionLost | None:
+    async def _stop_watching(self) -> NatsConnectionLost | None:
         """End the connection watch; the error it stopped with, if any."""
         watch, self._watch = self._watch, None
         if watch is None:
@@ -298,7 +293,9 @@ class CheckResponder:
         watch.cancel_scope.cancel()
         try:
             with raising_connection_lost():
-                await watch.__aexit__(exc_type, exc, tb)
+                # Not the caller's exception: handed in, the group would raise it here, and the
+                # actor system below would never be left (its cancel scope stuck on the task).
+                await watch.__aexit__(None, None, None)
         except NatsConnectionLost as lost:
             return lost
         return None
