@@ -1,10 +1,12 @@
 """txactors: transactional messages on NATS JetStream, built from asyncio actors.
 
 The names most programs need are here; each role's module has the rest
-(`txactors.producer`, `txactors.coordinator`, `txactors.consumer`, `txactors.actors`).
+(`txactors.producer`, `txactors.coordinator`, `txactors.consumer`, `txactors.actors`);
+`txactors.testing` is a pytest plugin for testing your own code against them.
 """
 
 from txactors.actors import Actor, ActorSystem, RemoteActorRef, serve
+from txactors.app import TxApp
 from txactors.config import NatsConfig
 from txactors.connection import nats_session
 from txactors.consumer import ConsumedMessage, Consumer, apply_once_postgres, apply_once_sqlite
@@ -24,6 +26,7 @@ from txactors.errors import (
     NatsConnectionLost,
     NatsServerError,
     NatsServerNotFound,
+    PoisonMessage,
     PortInUse,
     PrepareFailed,
     ServerExitedEarly,
@@ -55,6 +58,7 @@ __all__ = [
     "NatsConnectionLost",
     "NatsServerError",
     "NatsServerNotFound",
+    "PoisonMessage",
     "PortInUse",
     "PrepareFailed",
     "RemoteActorRef",
@@ -63,6 +67,7 @@ __all__ = [
     "TransactionProducer",
     "TransactionStateError",
     "TxActorsError",
+    "TxApp",
     "TxMessage",
     "apply_once_postgres",
     "apply_once_sqlite",

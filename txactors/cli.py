@@ -865,6 +865,44 @@ def _sink_errors() -> Iterator[None]:
 
 # -- every command line of ours: foreseen failures are one line and an exit code ------------
 
+# -- txactors run: a TxApp as a worker process ----------------------------------------------
+
+
+@app.command()
+def run(
+    target: Annotated[
+        str,
+        typer.Argument(
+            metavar="MODULE:APP",
+            help="The TxApp to run, e.g. `orders.service:app` (`:app` may be left out).",
+            show_default=False,
+        ),
+    ],
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(help="Serve the consumers' Prometheus metrics on this port.", min=0),
+    ] = None,
+) -> None:
+    """Run a TxApp's consumers on NATS_URL (or an embedded server) until Ctrl-C or SIGTERM.
+
+    A signal stops them gracefully: running handlers finish and ack, then exit 0. A second
+    signal stops at once (their messages are redelivered).
+    """
+    from txactors.metrics import serve_metrics
+    from txactors.worker import load_app, run_worker
+
+    configure_logging()
+    worker = load_app(target)
+    http = None if metrics_port is None else serve_metrics(worker.metrics.registry, metrics_port)
+    try:
+        code = asyncio.run(run_worker(worker))
+    finally:
+        if http is not None:
+            http.shutdown()
+            http.server_close()
+    raise typer.Exit(code)
+
+
 # The parser's own errors (a bad or unknown flag): click's ClickException, which typer vendors.
 _ParserError: type[Exception] = next(
     c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"

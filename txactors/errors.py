@@ -7,6 +7,7 @@
     │   └── AskTimeout            no reply in time (also a builtin TimeoutError)
     ├── CommandError              the actor replied with a protocol Error (code + message)
     ├── ConfigError               a setting is missing, inconsistent or names a missing file
+    ├── PoisonMessage             no retry can help this message: dead-letter it at once
     ├── TransactionError          a transactional send went wrong (carries the txid)
     │   ├── PrepareFailed         the halves were not stored; the local transaction did not run
     │   ├── EndRefused            the coordinator refused the end (conflict, forbidden, …)
@@ -60,6 +61,12 @@ class ConfigError(TxActorsError, ValueError):
 
     Also a `ValueError`, so generic validation handlers work.
     """
+
+
+class PoisonMessage(TxActorsError):
+    """A consumed message no retry can help (its body does not decode as the handler's type,
+    say). Raised from a handler, the message goes to the group's dead-letter stream at once,
+    with this error's text, instead of being retried `max_reconsume` times."""
 
 
 class TransactionError(TxActorsError):

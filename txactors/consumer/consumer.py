@@ -15,11 +15,15 @@ the whole wait. Here each message is handed to a handler the moment it arrives, 
 Stopping is graceful: no new pull is issued, the open one runs out (at most `pull_expires`),
 in-flight handlers finish and their acks are flushed to the server. A handler still running
 after `stop_timeout` is cancelled and its message naked for immediate redelivery.
+
+A handler that raises `PoisonMessage` (e.g. a body that does not decode) is dead-lettered at
+once: no retry can help it. Lag, retries, dead letters and handler time go to `metrics`.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, suppress
 from types import TracebackType
@@ -37,8 +41,10 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from txactors.consumer.dlq import dead_letter, describe_error, ensure_dlq_stream
 from txactors.consumer.message import ConsumedMessage
 from txactors.consumer.retry import DEFAULT_MAX_RECONSUME, DEFAULT_RETRY_DELAYS, RetryPolicy
+from txactors.errors import PoisonMessage
 from txactors.layout import REPLAY_GROUP_HEADER, topic_filter, topic_subject, validate_name
 from txactors.logs import get_logger
+from txactors.metrics import ConsumerMetrics
 from txactors.natsclient import raising_connection_lost, watch_connection
 from txactors.topics import ensure_topic_stream
 
@@ -83,6 +89,7 @@ class Consumer:
         pull_expires: float = 1.0,
         stop_timeout: float = 30.0,
         replicas: int = 1,
+        metrics: ConsumerMetrics | None = None,
     ) -> None:
         if replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {replicas}")
@@ -117,6 +124,10 @@ class Consumer:
         self._handling: dict[int, Msg] = {}  # messages whose handler runs: kept alive
         self._next_key = 0
         self._exit_stack: AsyncExitStack | None = None
+        self.metrics = metrics or ConsumerMetrics()
+        """Where this consumer's series go (a registry of its own unless one was given)."""
+        self.metrics.track(self.topic, self.group)
+        self._lag = self.metrics.lag.labels(self.topic, self.group)
 
     @property
     def durable_name(self) -> str:
@@ -206,7 +217,8 @@ class Consumer:
         else:
             config.filter_subjects = filters
         # Creates the durable, or updates it when this instance's settings differ.
-        await js.add_consumer(self._stream, config)
+        info = await js.add_consumer(self._stream, config)
+        self._lag.set(info.num_pending or 0)
 
     async def _close(self, sub: Subscription) -> None:
         with suppress(nats.errors.Error, OSError, TimeoutError):
@@ -303,6 +315,7 @@ class Consumer:
     async def _handle(self, key: int, msg: Msg) -> None:
         try:
             message = ConsumedMessage.from_nats(msg)
+            self._lag.set(msg.metadata.num_pending or 0)
             if message.headers.get(REPLAY_GROUP_HEADER, self.group) != self.group:
                 # A dead letter replayed for another group (`txactors dlq replay`): we had it.
                 self._handling.pop(key, None)
@@ -318,6 +331,7 @@ class Consumer:
             self._wake.set()
 
     async def _process(self, key: int, msg: Msg, message: ConsumedMessage) -> None:
+        started = time.perf_counter()
         try:
             await self._handler(message)
         except anyio.get_cancelled_exc_class():
@@ -326,15 +340,19 @@ class Consumer:
                 await self._settle(msg.nak(), "nak")  # another instance may take it now
             raise
         except Exception as exc:
+            self._observe_latency(started)
             self._handling.pop(key, None)
             await self._failed(msg, message, exc)
             return
+        self._observe_latency(started)
         self._handling.pop(key, None)
         await self._settle(msg.ack(), "ack")
 
     async def _failed(self, msg: Msg, message: ConsumedMessage, error: Exception) -> None:
-        delay = self._policy.after_failure(message.deliveries)
+        poison = isinstance(error, PoisonMessage)
+        delay = None if poison else self._policy.after_failure(message.deliveries)
         if delay is not None:
+            self.metrics.retries.labels(self.topic, self.group).inc()
             log.warning(
                 "consume_failed",
                 deliveries=message.deliveries,
@@ -353,8 +371,10 @@ class Consumer:
             log.error("dead_letter_failed", error=repr(exc), retry_in=retry_in)
             await self._settle(msg.nak(delay=retry_in), "nak")
             return
+        self.metrics.dead_letters.labels(self.topic, self.group).inc()
         log.error(
             "dead_lettered",
+            poison=poison,
             deliveries=message.deliveries,
             dlq_seq=seq,
             omitted=",".join(entry.omitted) or None,
@@ -362,6 +382,10 @@ class Consumer:
             exc_info=error,
         )
         await self._settle(msg.ack(), "ack")
+
+    def _observe_latency(self, started: float) -> None:
+        elapsed = time.perf_counter() - started
+        self.metrics.handler_latency.labels(self.topic, self.group).observe(elapsed)
 
     async def _settle(self, action: Awaitable[None], what: str) -> None:
         """Send an ack or nak; if the connection is gone the server redelivers anyway."""
