@@ -159,7 +159,7 @@ def test_load_app_says_what_is_wrong_with_the_target(tmp_path: Path) -> None:
     cwd = Path.cwd()
     os.chdir(tmp_path)
     try:
-        with pytest.raises(ConfigError, match=r"not_an_app.app is a int, not a TxApp"):
+        with pytest.raises(ConfigError, match=r"not_an_app.app is 42, not a TxApp"):
             load_app("not_an_app")
         with pytest.raises(ConfigError, match=r"cannot import 'no_such_module_xyz'"):
             load_app("no_such_module_xyz:app")

@@ -41,7 +41,7 @@ def load_app(target: str) -> TxApp:
         raise  # the module exists, one of its own imports failed: show the traceback
     app = getattr(module, attribute, None)
     if not isinstance(app, TxApp):
-        found = "nothing" if app is None else f"a {type(app).__name__}"
+        found = "missing" if app is None else repr(app)[:80]
         raise ConfigError(f"{target}: {module_name}.{attribute} is {found}, not a TxApp")
     return app
 
