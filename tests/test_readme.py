@@ -29,7 +29,7 @@ def block_named(filename: str) -> str:
 
 def user_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("NATS_")}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env
 
 

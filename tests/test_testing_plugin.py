@@ -88,7 +88,7 @@ def test_a_users_tests_pass_with_the_plugins_fixtures(tmp_path: Path) -> None:
     ini = "[pytest]\nasyncio_default_fixture_loop_scope = function\n"
     (tmp_path / "pytest.ini").write_text(ini)
     env = {k: v for k, v in os.environ.items() if not k.startswith("NATS_")}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     result = subprocess.run(
         [sys.executable, "-m", "pytest", *plugin_args(), "-p", "no:cacheprovider", "-q"],
         cwd=tmp_path,
