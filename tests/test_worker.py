@@ -111,19 +111,20 @@ async def test_run_serves_metrics_and_finishes_in_flight_handlers_on_sigterm(
     command = [sys.executable, "-m", "txactors.cli", "run", "jobs_app:app"]
     nc = await connect(server.url)
     worker: Process | None = None
-    stderr = (tmp_path / "stderr").open("wb")  # read on failure; a pipe nobody reads can fill
+    stderr_path = tmp_path / "stderr"  # read on failure; a pipe nobody reads can fill
     try:
         async with (
             run_coordinator(nc),
             TransactionProducer(nc, "shop", lambda view: Decision.COMMIT) as producer,
         ):
-            worker = await anyio.open_process(
-                [*command, "--metrics-port", str(port)],
-                cwd=tmp_path,
-                env=env,
-                stdout=None,
-                stderr=stderr,
-            )
+            with stderr_path.open("wb") as stderr:
+                worker = await anyio.open_process(
+                    [*command, "--metrics-port", str(port)],
+                    cwd=tmp_path,
+                    env=env,
+                    stdout=None,
+                    stderr=stderr,
+                )
             text = await scrape(port)
             labels = 'group="workers",topic="jobs"'
             assert f"txactors_consumer_dead_letters_total{{{labels}}} 0.0" in text
@@ -137,7 +138,7 @@ async def test_run_serves_metrics_and_finishes_in_flight_handlers_on_sigterm(
             worker.send_signal(signal.SIGTERM)
             with anyio.fail_after(WORK_SECONDS + 10):
                 code = await worker.wait()
-            assert code == 0, (tmp_path / "stderr").read_text()
+            assert code == 0, stderr_path.read_text()
             assert log.read_text().splitlines() == ["start 1", "done 1"]
 
             info = await nc.jetstream().consumer_info(topic_stream("jobs"), "workers")
@@ -148,7 +149,6 @@ async def test_run_serves_metrics_and_finishes_in_flight_handlers_on_sigterm(
                 worker.kill()
             await worker.aclose()
         await nc.close()
-        stderr.close()
 
 
 def test_load_app_says_what_is_wrong_with_the_target(tmp_path: Path) -> None:
