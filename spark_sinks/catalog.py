@@ -1,21 +1,27 @@
-"""Where the sink's data lives in the warehouse, and the names it has in Spark's catalog.
+"""Where the sink's data lives in the warehouse, and the tables that name it in the metastore.
 
     <warehouse>/<topic>/topic=<topic>/event_date=<date>/part-….parquet   one store per topic
     <warehouse>/<topic>/_spark_metadata/                                 the file sink's commit log
     <warehouse>/_checkpoints/<topic>/                                    the query's offsets
-    <warehouse>/_metastore/                                              Derby: the Hive catalog
+    <warehouse>/_metastore/                                              Derby: the Hive metastore
 
 Each topic is written by its own streaming query to its own store, holding the decoded rows
 and the rejects side by side (a reject has `_error` set): one query per store is what lets
-Spark's file sink commit a batch's rows and rejects together, exactly once. The catalog then
-names what users query, as views that read the store through its commit log:
+Spark's file sink commit a batch's rows and rejects together, exactly once.
 
-    <topic>     the decoded rows (or raw `payload` for a topic without a schema)
-    _rejects    every topic's undecodable messages: metadata, `payload`, `error`
+Each store is registered as a real table, `<topic>`: a partitioned Parquet table (PARTITIONED
+BY topic, event_date) whose LOCATION is the store, with its partitions added to the metastore
+as batches create them. Spark, `spark-sql` and other engines reading the same metastore (Hive,
+Trino) find it by name. `_rejects` is a Spark view over those tables (every topic's
+undecodable messages). Registering costs a metastore round trip per topic, so a small marker
+(`_catalog/<topic>.json`) records what the metastore already has: a run that added neither
+columns nor batches leaves the metastore alone.
 """
 
 from __future__ import annotations
 
+import json
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -27,16 +33,130 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 CHECKPOINTS: Final = "_checkpoints"
+METASTORE_DIR: Final = "_metastore"
 REJECTS_VIEW: Final = "_rejects"
+PARTITION_COLUMNS: Final = ("topic", "event_date")
 _COMMIT_LOG: Final = "_spark_metadata"
+_MARKERS: Final = "_catalog"
 
 
 def store_dir(warehouse: Path, topic: str) -> Path:
     return warehouse / topic
 
 
-def checkpoint_dir(warehouse: Path, topic: str) -> Path:
-    return warehouse / CHECKPOINTS / topic
+def checkpoint_dir(checkpoints: Path, topic: str) -> Path:
+    """A topic's query checkpoint under the `checkpointLocation` of a run (one per topic)."""
+    return checkpoints / topic
+
+
+def default_checkpoints(warehouse: Path) -> Path:
+    return warehouse / CHECKPOINTS
+
+
+def last_commit(warehouse: Path, topic: str) -> int | None:
+    """The store's last committed batch (its commit log's newest entry), None before any."""
+    log = store_dir(warehouse, topic) / _COMMIT_LOG
+    if not log.is_dir():
+        return None
+    ids = [int(p.name.removesuffix(".compact")) for p in log.iterdir() if _is_entry(p.name)]
+    return max(ids, default=None)
+
+
+def _is_entry(name: str) -> bool:
+    return name.removesuffix(".compact").isdigit()
+
+
+def needs_registering(warehouse: Path, topic: str, schema: StructType) -> bool:
+    """True unless the marker says the metastore has this schema and every committed batch."""
+    batch = last_commit(warehouse, topic)
+    if batch is None:
+        return False  # nothing committed: no table yet
+    if not (warehouse / METASTORE_DIR).is_dir():
+        return True
+    try:
+        marker = json.loads((warehouse / _MARKERS / f"{topic}.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return True
+    return bool(marker != {"columns": schema.simpleString(), "batch": batch})
+
+
+def register_tables(
+    spark: SparkSession, warehouse: Path, schemas: Mapping[str, StructType]
+) -> list[str]:
+    """Create or update the table of each topic in `schemas` that needs it; returns them.
+
+    A new table is created with the query's schema (no read of the store); an existing one
+    gains the columns a grown Struct added; then the metastore learns the store's partitions
+    (`ALTER TABLE … RECOVER PARTITIONS`, Spark's `MSCK REPAIR TABLE`). A view of the same name,
+    left by an earlier version of the sink, is replaced by the table.
+    """
+    warehouse = warehouse.resolve()
+    done = []
+    for topic, schema in schemas.items():
+        if not needs_registering(warehouse, topic, schema):
+            continue
+        batch = last_commit(warehouse, topic)
+        _create_or_update(spark, warehouse, topic, schema)
+        spark.sql(f"ALTER TABLE {_quote(topic)} RECOVER PARTITIONS")
+        markers = warehouse / _MARKERS
+        markers.mkdir(exist_ok=True)
+        marker = {"columns": schema.simpleString(), "batch": batch}
+        (markers / f"{topic}.json").write_text(json.dumps(marker))
+        done.append(topic)
+    if done or not spark.catalog.tableExists(REJECTS_VIEW):
+        _rejects_view(spark, warehouse)
+    return done
+
+
+def _create_or_update(spark: SparkSession, warehouse: Path, topic: str, schema: StructType) -> None:
+    if spark.catalog.tableExists(topic):
+        if spark.catalog.getTable(topic).tableType == "VIEW":
+            spark.sql(f"DROP VIEW {_quote(topic)}")
+        else:
+            have = {c.name for c in spark.catalog.listColumns(topic)}
+            added = [f for f in schema.fields if f.name not in have]
+            if added:
+                columns = ", ".join(f"{_quote(f.name)} {f.dataType.simpleString()}" for f in added)
+                spark.sql(f"ALTER TABLE {_quote(topic)} ADD COLUMNS ({columns})")
+            return
+    _create(spark, warehouse, topic, schema)
+
+
+def _create(spark: SparkSession, warehouse: Path, topic: str, schema: StructType) -> None:
+    """CREATE TABLE … USING parquet PARTITIONED BY (topic, event_date) LOCATION <store>.
+
+    Created over an empty directory, then moved to the store: over a directory holding a file
+    sink commit log, Spark's CREATE TABLE reads the log's files, finds the partition columns
+    absent from them, and falls back to a table with no partitions in a Spark-only format that
+    Hive and Trino cannot read. Spark's reads of the table still go through the commit log.
+    """
+    columns = ", ".join(f"{_quote(f.name)} {f.dataType.simpleString()}" for f in schema.fields)
+    name = _quote(topic)
+    (warehouse / _MARKERS).mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=warehouse / _MARKERS) as empty:
+        spark.sql(
+            f"CREATE TABLE {name} ({columns}) USING parquet "
+            f"PARTITIONED BY ({', '.join(PARTITION_COLUMNS)}) LOCATION {_string(empty)}"
+        )
+        spark.sql(f"ALTER TABLE {name} SET LOCATION {_string(store_dir(warehouse, topic))}")
+
+
+def _string(path: str | Path) -> str:
+    return "'" + str(path).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _rejects_view(spark: SparkSession, warehouse: Path) -> None:
+    """`_rejects`: every topic's undecodable messages, one union over the topics' tables."""
+    tables = [t for t in stored_topics(warehouse) if spark.catalog.tableExists(t)]
+    if not tables:
+        return
+    columns = ", ".join(_quote(c) for c in [*_METADATA_ORDER, PAYLOAD_COLUMN])
+    union = " UNION ALL ".join(
+        f"SELECT {columns}, {ERROR_COLUMN} AS error FROM {_quote(t)} "
+        f"WHERE {ERROR_COLUMN} IS NOT NULL"
+        for t in tables
+    )
+    spark.sql(f"CREATE OR REPLACE VIEW {_quote(REJECTS_VIEW)} AS {union}")
 
 
 def stored_topics(warehouse: Path) -> list[str]:
@@ -46,72 +166,8 @@ def stored_topics(warehouse: Path) -> list[str]:
     return sorted(p.name for p in warehouse.iterdir() if (p / _COMMIT_LOG).is_dir())
 
 
-def register_views(
-    spark: SparkSession, warehouse: Path, current: Mapping[str, StructType] | None = None
-) -> list[str]:
-    """(Re)create the `<topic>` views and `_rejects` for every store that has data.
-
-    A topic in `current` (topic → the schema its query writes) whose view already shows
-    those columns is left alone: creating a view reads the store's schema, which costs
-    seconds per run. Returns the views created. A store whose first batch has not committed
-    yet is skipped (Spark cannot read a schema from it); the next run registers it.
-    """
-    from pyspark.errors import AnalysisException
-
-    warehouse = warehouse.resolve()
-    topics = stored_topics(warehouse)
-    created = []
-    for topic in topics:
-        schema = (current or {}).get(topic)
-        if schema is not None and _up_to_date(spark, topic, schema):
-            continue
-        try:
-            columns = spark.read.parquet(str(store_dir(warehouse, topic))).columns
-        except AnalysisException:
-            continue
-        typed = [c for c in columns if c not in _STORE_ONLY and c not in _METADATA]
-        shown = [c for c in columns if c != ERROR_COLUMN and (c != PAYLOAD_COLUMN or not typed)]
-        spark.sql(
-            f"CREATE OR REPLACE VIEW {_quote(topic)} AS SELECT {_columns(shown)} "
-            f"FROM {_source(warehouse, topic)} WHERE {ERROR_COLUMN} IS NULL"
-        )
-        created.append(topic)
-    if created or not spark.catalog.tableExists(REJECTS_VIEW):
-        rejects = [
-            f"SELECT {_columns([*_METADATA_ORDER, PAYLOAD_COLUMN])}, {ERROR_COLUMN} AS error "
-            f"FROM {_source(warehouse, topic)} WHERE {ERROR_COLUMN} IS NOT NULL"
-            for topic in topics
-            if spark.catalog.tableExists(topic)
-        ]
-        if rejects:
-            union = " UNION ALL ".join(rejects)
-            spark.sql(f"CREATE OR REPLACE VIEW {_quote(REJECTS_VIEW)} AS {union}")
-            created.append(REJECTS_VIEW)
-    return created
-
-
-def _up_to_date(spark: SparkSession, topic: str, schema: StructType) -> bool:
-    """The view exists and shows the columns the query writes (a Struct may gain fields)."""
-    if not spark.catalog.tableExists(topic):
-        return False
-    names = set(schema.fieldNames()) - {ERROR_COLUMN}
-    if names - _METADATA - _STORE_ONLY:
-        names.discard(PAYLOAD_COLUMN)
-    return {c.name for c in spark.catalog.listColumns(topic)} == names
-
-
-def _source(warehouse: Path, topic: str) -> str:
-    return f"parquet.`{store_dir(warehouse, topic)}`"
-
-
 _METADATA_ORDER: Final = [f.name for f in METADATA_FIELDS]
-_METADATA: Final = frozenset(_METADATA_ORDER)
-_STORE_ONLY: Final = frozenset({PAYLOAD_COLUMN, ERROR_COLUMN})
 
 
 def _quote(name: str) -> str:
     return f"`{name}`"
-
-
-def _columns(names: list[str]) -> str:
-    return ", ".join(_quote(n) for n in names)

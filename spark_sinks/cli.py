@@ -17,39 +17,74 @@ from typing import TYPE_CHECKING
 import typer
 
 from spark_sinks.errors import SinkError
-from spark_sinks.job import BatchProgress, Schema
+from spark_sinks.job import (
+    BatchProgress,
+    BatchRunning,
+    BatchStarted,
+    CaughtUp,
+    Progress,
+    Schema,
+    Skipped,
+)
 from txactors.config import NatsConfig
+from txactors.layout import name_problem
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
 def parse_schemas(topics: Sequence[str], schemas: Sequence[str]) -> dict[str, Schema]:
-    """`--topics a,b` and `--schema a=pkg.mod:Struct` → {topic: schema path or None}."""
+    """`--topics a,b` and `--schema a=pkg.mod:Struct` → {topic: schema path or None}.
+
+    A `--schema` must name a topic of `--topics`: a typo there must not become a new topic.
+    """
     found: dict[str, Schema] = {}
     for item in topics:
         for topic in item.split(","):
             if topic.strip():
+                problem = name_problem("topic", topic.strip())
+                if problem is not None:
+                    raise SinkError(f"--topics: {problem}")
                 found[topic.strip()] = None
-    for item in schemas:
-        topic, sep, path = item.partition("=")
-        if not sep or not path:
-            raise typer.BadParameter(
-                f"{item!r}: expected TOPIC=module:Struct", param_hint="--schema"
-            )
-        found[topic.strip()] = path.strip()
     if not found:
-        raise typer.BadParameter("name at least one topic", param_hint="--topics")
+        raise SinkError("--topics: name at least one topic")
+    for item in schemas:
+        topic, sep, path = (part.strip() for part in item.partition("="))
+        if not sep or not path or not topic:
+            raise SinkError(f"--schema {item!r}: expected TOPIC=module:Struct")
+        if topic not in found:
+            raise SinkError(
+                f"--schema {item!r}: topic {topic!r} is not in --topics ({', '.join(found)})"
+            )
+        found[topic] = path
     return found
 
 
-def print_progress(progress: BatchProgress) -> None:
-    lag = "?" if progress.lag is None else f"{progress.lag:,}"
-    typer.echo(
-        f"{progress.topic} batch {progress.batch_id}: {progress.rows:,} rows in "
-        f"{progress.seconds:.1f} s, up to seq {progress.end_seq:,}, lag {lag}",
-        err=True,
-    )
+def print_progress(event: Progress) -> None:
+    """One line per event on stderr: what a batch reads, how it went, and when all is read."""
+    match event:
+        case BatchStarted():
+            count = event.last - event.first + 1
+            line = (
+                f"{event.topic} batch {event.batch_id}: reading seq {event.first:,}.."
+                f"{event.last:,} ({count:,} messages)"
+            )
+        case BatchRunning():
+            line = f"{event.topic} batch {event.batch_id}: still running, {event.seconds:.0f} s"
+        case BatchProgress():
+            lag = "?" if event.lag is None else f"{event.lag:,}"
+            line = (
+                f"{event.topic} batch {event.batch_id}: {event.rows:,} rows in "
+                f"{event.seconds:.1f} s, up to seq {event.end_seq:,}, lag {lag}"
+            )
+        case CaughtUp():
+            seqs = ", ".join(f"{topic} {seq:,}" for topic, seq in event.seqs.items())
+            line = f"caught up at {seqs}" + (
+                "; waiting for new messages — Ctrl-C to stop" if event.waiting else ""
+            )
+        case Skipped():
+            line = f"warning: {event.message} (--no-fail-on-data-loss)"
+    typer.echo(line, err=True)
 
 
 @contextlib.contextmanager
@@ -80,30 +115,51 @@ def sink_and_show(
     config: NatsConfig | None = None,
     once: bool = True,
     interval: float = 10.0,
-    max_rows_per_batch: int | None = None,
+    checkpoint_location: Path | None = None,
+    starting_offsets: str | None = None,
+    fail_on_data_loss: bool = True,
+    max_offsets_per_trigger: int | None = None,
     sql: str | None = None,
     limit: int = 20,
 ) -> int:
     """Sink `topics` (printing progress), then print `sql`'s result; returns rows written.
 
-    What `txactors sink run` does, callable from the demos after a run.
+    What `txactors sink run` does, callable from the demos after a run. Everything that can
+    be checked without Spark is checked first (`job.plan`); a catch-up run that finds nothing
+    new and no tables to update starts no JVM at all (unless `sql` needs one).
     """
-    from spark_sinks.job import run_sink
+    from spark_sinks.job import plan, run_sink
     from spark_sinks.session import local_session
 
     config = NatsConfig.from_env() if config is None else config
     with nats_for_sink(config) as nats:
+        planned = plan(
+            warehouse,
+            topics,
+            nats=nats,
+            checkpoint_location=checkpoint_location,
+            starting_offsets=starting_offsets,
+            fail_on_data_loss=fail_on_data_loss,
+        )
+        if once and planned.caught_up and not planned.needs_registering():
+            for message in planned.skipped:
+                print_progress(Skipped(message))
+            print_progress(CaughtUp(planned.seqs(), waiting=False))
+            if sql is not None:
+                show(local_session(warehouse), sql, limit)
+            return 0
         spark = local_session(warehouse)
         stop = threading.Event()
         with _stop_on_signals(stop):
             rows = run_sink(
                 spark,
                 warehouse,
-                topics,
+                planned,
                 nats=nats,
                 once=once,
                 interval=interval,
-                max_rows_per_batch=max_rows_per_batch,
+                fail_on_data_loss=fail_on_data_loss,
+                max_offsets_per_trigger=max_offsets_per_trigger,
                 on_progress=print_progress,
                 stop=stop,
             )

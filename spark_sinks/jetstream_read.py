@@ -1,7 +1,7 @@
 """Reading committed messages from topic streams by stream sequence, for the Spark source.
 
 The source's offsets are stream sequences, so everything it needs from JetStream is here: the
-head of each stream, and every message in a sequence range. A range is read with an ephemeral
+bounds of each stream, and every message in a sequence range. A range is read with an ephemeral
 pull consumer (no acks, in-memory consumer state) starting at the range's first sequence,
 fetching large batches; `bench/spark.py` measured it against direct gets by sequence
 (`$JS.API.STREAM.MSG.GET`, pipelined) and it was 2-3x faster, since one fetch request
@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Final, TypeVar
 
 import nats
@@ -55,20 +56,31 @@ async def connect(config: NatsConfig) -> Client:
         ) from exc
 
 
-async def stream_heads(config: NatsConfig, streams: Sequence[str]) -> dict[str, int]:
-    """The last sequence of each stream; 0 for a stream that does not exist (yet)."""
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """A stream's first and last sequence; first = last + 1 when it holds nothing (any more)."""
+
+    first: int
+    last: int
+
+
+async def stream_bounds(config: NatsConfig, streams: Sequence[str]) -> dict[str, Bounds | None]:
+    """Each stream's bounds; None for a stream that does not exist.
+
+    Only `stream_info`: the sink reads, it never creates a stream (a typo must not make one).
+    """
     nc = await connect(config)
     try:
         js = nc.jetstream()
-        heads = {}
+        found: dict[str, Bounds | None] = {}
         for stream in streams:
             try:
-                info = await js.stream_info(stream)
+                state = (await js.stream_info(stream)).state
             except NotFoundError:
-                heads[stream] = 0
+                found[stream] = None
                 continue
-            heads[stream] = info.state.last_seq
-        return heads
+            found[stream] = Bounds(first=state.first_seq, last=state.last_seq)
+        return found
     finally:
         await nc.close()
 

@@ -6,11 +6,14 @@ Three things fail late and vaguely if not set before the JVM starts, so they are
   Spark reports only "Python worker failed to connect back".
 - The catalog: Spark's Hive catalog with its embedded Derby metastore, kept in the warehouse
   directory, so tables registered by one run are there for the next process (the default
-  in-memory catalog forgets them). Derby allows one JVM per metastore at a time.
+  in-memory catalog forgets them). Derby allows one JVM per metastore at a time, and a second
+  one fails with thousands of lines of stack traces: `check_catalog_free` says so in one line
+  before a JVM starts.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -19,7 +22,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from spark_sinks.errors import JavaNotFound
+from spark_sinks.catalog import METASTORE_DIR
+from spark_sinks.errors import CatalogBusy, JavaNotFound
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -31,7 +35,8 @@ INSTALL_JAVA: Final = (
     "or set JAVA_HOME"
 )
 PROJECT_ROOT: Final = Path(__file__).resolve().parent.parent
-METASTORE_DIR: Final = "_metastore"
+_DERBY_LOCK: Final = "dbex.lck"
+"""Derby holds an exclusive file lock on this file while a JVM has the database open."""
 
 
 def java_version() -> int:
@@ -73,6 +78,31 @@ def prepare_python_workers() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *paths])
 
 
+def check_catalog_free(warehouse: Path) -> None:
+    """CatalogBusy if another process has the warehouse's Derby metastore open.
+
+    Derby's lock is a POSIX record lock (Java's FileChannel.tryLock), which another process
+    can probe without disturbing it: taking it succeeds only if nobody holds it.
+    """
+    lock = warehouse / METASTORE_DIR / _DERBY_LOCK
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except OSError:
+        return  # no metastore yet, or one we cannot open: Derby will say
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        raise CatalogBusy(
+            f"the catalog in {warehouse / METASTORE_DIR} is open in another process (a running "
+            "`txactors sink run` or `query`; Derby allows one at a time): stop it first, or "
+            f"read a store directly with spark.read.parquet('{warehouse}/<topic>')"
+        ) from exc
+    else:
+        fcntl.lockf(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 def local_session(
     warehouse: Path, *, master: str | None = None, app_name: str = "txactors-sink"
 ) -> SparkSession:
@@ -88,6 +118,8 @@ def local_session(
     from spark_sinks.source import register
 
     warehouse = warehouse.resolve()
+    if SparkSession.getActiveSession() is None:  # else our own JVM holds the catalog
+        check_catalog_free(warehouse)
     warehouse.mkdir(parents=True, exist_ok=True)
     metastore = warehouse / METASTORE_DIR
     builder = (

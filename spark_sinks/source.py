@@ -14,18 +14,22 @@ Spark pickles the reader and runs `read` in Python workers, and `latestOffset` i
 driver-side Python process: so the reader holds only plain options, and every call opens its
 own NATS connection (jetstream_read).
 
-Options (keys are case-insensitive; Spark lower-cases them):
-    servers             NATS URL(s), comma separated (required)
-    topics              topic names, comma separated (required)
-    schema              `module:Struct` for the payload; omitted → a raw `payload` column
-    max_rows_per_batch  upper bound on sequences per micro-batch (default: no bound)
-    parallelism         input partitions a batch is split into at most (default 2)
+Options (keys are case-insensitive; Spark lower-cases them), named as Kafka's source names them
+where they mean the same:
+    servers                NATS URL(s), comma separated (required)
+    topics                 topic names, comma separated (required); each stream must exist
+    schema                 `module:Struct` for the payload; omitted → a raw `payload` column
+    startingOffsets        earliest (default) | latest | {"topic": first seq, ...} (offsets.py)
+    failOnDataLoss         true (default): purged sequences fail the query; false: skip, log
+    maxOffsetsPerTrigger   upper bound on sequences per micro-batch (default: no bound)
+    parallelism            input partitions a batch is split into at most (default 2)
     user, password, token, creds_file, nkeys_seed, tls_ca, tls_cert, tls_key: NATS auth
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,16 +45,37 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from spark_sinks.errors import SinkError
-from spark_sinks.jetstream_read import fetch_range, nats_config, run_sync, stream_heads
+from spark_sinks.errors import DataLoss, SinkError
+from spark_sinks.jetstream_read import (
+    AUTH_OPTIONS,
+    Bounds,
+    fetch_range,
+    nats_config,
+    run_sync,
+    stream_bounds,
+)
+from spark_sinks.offsets import (
+    Starting,
+    check_not_rewound,
+    data_loss_error,
+    initial_offsets,
+    lost,
+    parse_starting,
+    require,
+)
 from spark_sinks.schema import BatchBuilder, load_struct, spark_schema
 from txactors.layout import topic_stream, validate_name
 
 SOURCE_NAME: Final = "txactors"
+STARTING_OFFSETS: Final = "startingOffsets"
+FAIL_ON_DATA_LOSS: Final = "failOnDataLoss"
+MAX_OFFSETS_PER_TRIGGER: Final = "maxOffsetsPerTrigger"
 DEFAULT_PARALLELISM: Final = 2
 MIN_PARTITION_SIZE: Final = 5_000
 """Sequences below which splitting a range further costs more (a connection and a consumer
 per partition) than reading it in parallel saves."""
+
+_log = logging.getLogger("spark_sinks.source")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +85,9 @@ class SourceOptions:
     topics: tuple[str, ...]
     schema: str | None
     nats: dict[str, str]
-    max_rows_per_batch: int | None
+    starting: Starting
+    fail_on_data_loss: bool
+    max_offsets_per_trigger: int | None
     parallelism: int
 
     @classmethod
@@ -73,22 +100,28 @@ class SourceOptions:
             validate_name("topic", topic)
         if not opts.get("servers"):
             raise SinkError("the txactors source needs option 'servers' (the NATS URL)")
-        max_rows = _positive(opts, "max_rows_per_batch")
-        parallelism = _positive(opts, "parallelism") or DEFAULT_PARALLELISM
         return cls(
             topics=topics,
             schema=opts.get("schema") or None,
-            nats={k: v for k, v in opts.items() if k not in _NOT_NATS},
-            max_rows_per_batch=max_rows,
-            parallelism=parallelism,
+            nats={k: v for k, v in opts.items() if k in AUTH_OPTIONS or k == "servers"},
+            starting=parse_starting(opts.get(STARTING_OFFSETS.lower()), topics),
+            fail_on_data_loss=_boolean(opts, FAIL_ON_DATA_LOSS, default=True),
+            max_offsets_per_trigger=_positive(opts, MAX_OFFSETS_PER_TRIGGER),
+            parallelism=_positive(opts, "parallelism") or DEFAULT_PARALLELISM,
         )
 
 
-_NOT_NATS: Final = frozenset({"topics", "schema", "max_rows_per_batch", "parallelism", "path"})
+def _boolean(opts: Mapping[str, str], name: str, *, default: bool) -> bool:
+    raw = opts.get(name.lower())
+    if raw is None or raw == "":
+        return default
+    if raw.strip().lower() not in ("true", "false"):
+        raise SinkError(f"option {name!r} must be true or false, not {raw!r}")
+    return raw.strip().lower() == "true"
 
 
 def _positive(opts: Mapping[str, str], name: str) -> int | None:
-    raw = opts.get(name)
+    raw = opts.get(name.lower())
     if raw is None or raw == "":
         return None
     try:
@@ -129,31 +162,39 @@ class TxactorsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self.streams = [topic_stream(t) for t in options.topics]
         self._target: dict[str, int] | None = None
+        self._reported: set[tuple[str, int]] = set()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        """availableNow: read up to today's heads in batches of max_rows_per_batch, then stop.
+        """availableNow: read up to today's heads in batches of maxOffsetsPerTrigger, then stop.
 
         (Without this, Spark asks a Python source for everything in one batch.)
         """
-        self._target = self._heads()
+        self._target = self._heads(self._bounds())
 
     def initialOffset(self) -> dict[str, int]:
-        return dict.fromkeys(self.streams, 0)
+        """Where a query without a checkpoint starts: `startingOffsets` against the streams."""
+        return initial_offsets(self.options.starting, self.options.topics, self._bounds())
 
     def latestOffset(
         self, start: dict[str, int] | None = None, limit: ReadLimit | None = None
     ) -> dict[str, int]:
-        """The streams' heads, at most `limit` sequences past `start` (max_rows_per_batch
-        comes back as the limit, via getDefaultReadLimit); Spark < 4.2 passes neither."""
-        heads = self._heads()
+        """The streams' heads, at most `limit` sequences past `start` (maxOffsetsPerTrigger
+        comes back as the limit, via getDefaultReadLimit); Spark < 4.2 passes neither.
+
+        Planning a batch is where purged sequences are noticed, as Kafka's source does.
+        """
+        bounds = self._bounds()
+        heads = self._heads(bounds)
         if self._target is not None:
             heads = {s: min(seq, self._target.get(s, 0)) for s, seq in heads.items()}
         if start is None:
             return heads
+        begun = {s: int(start.get(s, 0)) for s in self.streams}
+        self._check_losses(begun, bounds)
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         end = {}
         for stream in self.streams:
-            begin = int(start.get(stream, 0))
+            begin = begun[stream]
             head = max(heads[stream], begin)
             if budget is not None:
                 head = min(head, begin + budget)
@@ -161,12 +202,22 @@ class TxactorsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end[stream] = head
         return end
 
+    def _check_losses(self, start: dict[str, int], bounds: Mapping[str, Bounds | None]) -> None:
+        check_not_rewound(start, bounds)
+        losses = lost(start, bounds)
+        if losses and self.options.fail_on_data_loss:
+            raise DataLoss(data_loss_error(losses))
+        for loss in losses:
+            if (loss.stream, loss.last) not in self._reported:  # once per purge, not per poll
+                self._reported.add((loss.stream, loss.last))
+                _log.warning("%s; skipped (failOnDataLoss=false)", loss.describe())
+
     def getDefaultReadLimit(self) -> ReadLimit:
-        rows = self.options.max_rows_per_batch
+        rows = self.options.max_offsets_per_trigger
         return ReadMaxRows(rows) if rows is not None else ReadAllAvailable()
 
     def reportLatestOffset(self) -> dict[str, int]:
-        return self._heads()
+        return self._heads(self._bounds())
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[SequenceRange]:
         ranges = []
@@ -187,8 +238,15 @@ class TxactorsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def commit(self, end: dict[str, int]) -> None:
         """Nothing to release: the source holds no consumer between batches."""
 
-    def _heads(self) -> dict[str, int]:
-        return asyncio.run(stream_heads(nats_config(self.options.nats), self.streams))
+    def _bounds(self) -> dict[str, Bounds | None]:
+        return asyncio.run(stream_bounds(nats_config(self.options.nats), self.streams))
+
+    def _heads(self, bounds: Mapping[str, Bounds | None]) -> dict[str, int]:
+        """Each stream's last sequence; a stream gone while the query runs is an error."""
+        return {
+            s: require(bounds, s, t).last
+            for s, t in zip(self.streams, self.options.topics, strict=True)
+        }
 
 
 def split_range(topic: str, first: int, last: int, parallelism: int) -> list[SequenceRange]:

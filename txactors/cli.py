@@ -812,12 +812,29 @@ def sink_run(
         bool, typer.Option("--once", help="Catch up with the streams, then stop.")
     ] = False,
     interval: Annotated[float, typer.Option(help="Seconds between micro-batches.")] = 10.0,
-    max_rows_per_batch: Annotated[int | None, typer.Option(min=1)] = None,
+    checkpoint_location: Annotated[
+        Path | None,
+        typer.Option(help="Query checkpoints, one per topic [default: WAREHOUSE/_checkpoints]."),
+    ] = None,
+    starting_offsets: Annotated[
+        str,
+        typer.Option(
+            help='Where a new query starts: earliest, latest or {"topic": first seq} (JSON).'
+        ),
+    ] = "earliest",
+    fail_on_data_loss: Annotated[
+        bool,
+        typer.Option(help="Fail when retention purged sequences not yet sunk (else skip)."),
+    ] = True,
+    max_offsets_per_trigger: Annotated[
+        int | None, typer.Option(min=1, help="At most this many sequences per micro-batch.")
+    ] = None,
     query: Annotated[str | None, typer.Option(help="SQL to show after the run.")] = None,
 ) -> None:
     """Sink topics from NATS_URL (or an embedded server over TXACTORS_DATA_DIR) into tables.
 
-    Prints each batch's rows and lag; a rerun continues where the last one stopped.
+    Prints each batch's rows and lag; a rerun continues where the last one stopped. Options
+    are those of Structured Streaming's Kafka source (docs/spark.md).
     """
     configure_logging(default="WARNING")
     with _sink_errors():
@@ -828,7 +845,10 @@ def sink_run(
             warehouse,
             once=once,
             interval=interval,
-            max_rows_per_batch=max_rows_per_batch,
+            checkpoint_location=checkpoint_location,
+            starting_offsets=starting_offsets,
+            fail_on_data_loss=fail_on_data_loss,
+            max_offsets_per_trigger=max_offsets_per_trigger,
             sql=query,
         )
 

@@ -1,0 +1,75 @@
+"""What a topic's query checkpoint says, read before Spark starts.
+
+Spark keeps, per query, `offsets/<batch>` (written before the batch runs) and `commits/<batch>`
+(written once its output is committed); each offsets file is `v1`, a metadata line, then the
+source's offset as JSON (ours: `{"TOPIC_transfers": 1200}`). Reading them lets the job tell,
+without starting a JVM, whether a topic is caught up (nothing planned, nothing new) or lost
+sequences, and lets `txactors sink run` show what a running batch reads.
+
+The job also pins a query's resolved `startingOffsets` here (`txactors-start.json`): Spark asks
+a Python source for its initial offset again when the query's first batch is re-run after a
+crash, and `latest` must mean the same then as it did the first time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+PINNED_START: Final = "txactors-start.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """A query's last committed batch and offsets, and a batch planned after it, if any."""
+
+    committed_batch: int | None
+    committed: dict[str, int] | None
+    planned_batch: int | None
+    planned: dict[str, int] | None
+
+
+def position(checkpoint: Path) -> Position:
+    """Where the query of `checkpoint` stands (all None for a query that never ran)."""
+    done = _latest(checkpoint / "commits")
+    last = _latest(checkpoint / "offsets")
+    committed = None if done is None else offsets_of(checkpoint, done)
+    pending = last if last is not None and (done is None or last > done) else None
+    planned = None if pending is None else offsets_of(checkpoint, pending)
+    return Position(done, committed, pending, planned)
+
+
+def offsets_of(checkpoint: Path, batch: int) -> dict[str, int] | None:
+    """The end offsets of `batch` (None if its file is gone or not ours)."""
+    try:
+        lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
+        found = json.loads(lines[2])
+    except (OSError, IndexError, json.JSONDecodeError):
+        return None
+    if not isinstance(found, dict):
+        return None
+    return {str(k): int(v) for k, v in found.items()}
+
+
+def _latest(log: Path) -> int | None:
+    if not log.is_dir():
+        return None
+    ids = [int(p.name) for p in log.iterdir() if p.name.isdigit()]
+    return max(ids, default=None)
+
+
+def pinned_start(checkpoint: Path) -> dict[str, int] | None:
+    try:
+        found = json.loads((checkpoint / PINNED_START).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return {str(k): int(v) for k, v in found.items()} if isinstance(found, dict) else None
+
+
+def pin_start(checkpoint: Path, starting: dict[str, int]) -> None:
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    tmp = checkpoint / f".{PINNED_START}.tmp"
+    tmp.write_text(json.dumps(starting))
+    tmp.replace(checkpoint / PINNED_START)
