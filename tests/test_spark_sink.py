@@ -27,9 +27,18 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from spark_sinks.catalog import checkpoint_dir, store_dir
-from spark_sinks.errors import JavaNotFound, SchemaError
-from spark_sinks.job import BatchProgress, run_sink
+from spark_sinks.catalog import checkpoint_dir, default_checkpoints, store_dir
+from spark_sinks.errors import DataLoss, JavaNotFound, SchemaError, SinkError
+from spark_sinks.job import (
+    BatchProgress,
+    BatchStarted,
+    CaughtUp,
+    Progress,
+    Skipped,
+    plan,
+    run_sink,
+)
+from spark_sinks.offsets import initial_offsets, lost, parse_starting
 from spark_sinks.schema import BatchBuilder, Committed, payload_columns, spark_schema
 from spark_sinks.session import check_java
 from spark_sinks.source import split_range
@@ -72,9 +81,9 @@ def sink(
     spark: Any, warehouse: Path, url: str, topics: dict[str, Any], **kw: Any
 ) -> list[BatchProgress]:
     """run_sink, collecting each batch's progress. Call it on a thread: it runs an event loop."""
-    seen: list[BatchProgress] = []
+    seen: list[Progress] = []
     run_sink(spark, warehouse, topics, nats=NatsConfig(url=url), on_progress=seen.append, **kw)
-    return seen
+    return [p for p in seen if isinstance(p, BatchProgress)]
 
 
 async def publish_raw(nc: Client, topic: str, bodies: list[bytes], *, prefix: str) -> None:
@@ -241,7 +250,18 @@ async def test_the_table_holds_every_committed_message_once_and_no_rolled_back_o
         )
         assert row.producer_group == "bank" and row.keys == [sent.transfer_id]
         assert row.msg_id == f"{row.txid}:0" and row.event_date == row.committed_at.date()
-    assert "payload" not in spark.table(topic).columns
+    # A real table in the metastore, partitioned, in a format Hive and Trino read.
+    described = {
+        r.col_name: r.data_type for r in spark.sql(f"describe table extended {topic}").collect()
+    }
+    assert described["Type"] == "EXTERNAL" and described["Provider"] == "parquet"
+    assert described["Location"].endswith(f"/{topic}")
+    assert "ParquetHiveSerDe" in described["Serde Library"]
+    assert "# Partition Information" in described
+    partitions = [r.partition for r in spark.sql(f"show partitions {topic}").collect()]
+    assert partitions == [f"topic={topic}/event_date={d}" for d in sorted(
+        {r.event_date.isoformat() for r in rows}
+    )]  # fmt: skip
 
 
 async def test_every_type_lands_typed_and_undecodable_payloads_land_in_rejects(
@@ -282,7 +302,8 @@ async def test_every_type_lands_typed_and_undecodable_payloads_land_in_rejects(
     topics = {"everything": Everything, "rawbytes": None}
     await asyncio.to_thread(sink, spark, warehouse, url, topics)
 
-    rows = sorted(spark.table("everything").collect(), key=lambda r: r.stream_seq)
+    decoded = spark.sql("select * from everything where _error is null").collect()
+    rows = sorted(decoded, key=lambda r: r.stream_seq)
     assert len(rows) == 3
     for row, value in zip(rows, values, strict=True):
         assert row.number == value.number and row.ratio == value.ratio and row.name == value.name
@@ -330,7 +351,7 @@ async def test_a_run_killed_mid_batch_is_finished_by_the_next_without_loss_or_du
     own = tmp_path / "warehouse"  # Derby: one JVM per metastore, so not the module's
     env = {**os.environ, "NATS_URL": url, "TXACTORS_WAREHOUSE": str(own)}
     run = [
-        "run", "--topics", topic, "--once", "--max-rows-per-batch", "5000",
+        "run", "--topics", topic, "--once", "--max-offsets-per-trigger", "5000",
         "--schema", f"{topic}=tests.support.spark_models:Transfer",
     ]  # fmt: skip
 
@@ -339,8 +360,8 @@ async def test_a_run_killed_mid_batch_is_finished_by_the_next_without_loss_or_du
         victim = await asyncio.create_subprocess_exec(
             TXACTORS, "sink", *run, env=env, cwd=ROOT, stdout=log_file, stderr=log_file
         )
-    offsets = checkpoint_dir(own, topic) / "offsets"
-    commits = checkpoint_dir(own, topic) / "commits"
+    offsets = checkpoint_dir(default_checkpoints(own), topic) / "offsets"
+    commits = checkpoint_dir(default_checkpoints(own), topic) / "commits"
     deadline = time.monotonic() + 240
     try:
         # Kill once batch 0 is committed and batch 1 planned but not committed: mid-batch.
@@ -365,42 +386,220 @@ async def test_a_run_killed_mid_batch_is_finished_by_the_next_without_loss_or_du
         t.transfer_id for t in transfers
     }
 
-    # The catalog outlives the process: a fresh one finds the table by name.
-    query = await asyncio.to_thread(
-        run_cli, "query", f"select count(*) as n, count(distinct txid) as d from {topic}", env=env
-    )
-    assert query.returncode == 0, query.stderr
-    assert query.stdout.count(str(count)) == 2, query.stdout
+    # Nothing new: the run checks the stream and the checkpoint and starts no JVM.
+    started = time.monotonic()
+    idle = await asyncio.to_thread(run_cli, *run, env=env)
+    assert idle.returncode == 0, idle.stderr
+    assert idle.stderr.strip() == f"caught up at {topic} {count:,}"
+    assert time.monotonic() - started < 15
+
+    # The catalog outlives the process: a fresh session (spark-sql, as in docs/spark.md)
+    # finds the table by name in the metastore and reads it through the commit log.
+    sql = await asyncio.to_thread(
+        spark_sql, own, f"select count(*), count(distinct txid) from {topic}; "
+        f"show partitions {topic}",
+    )  # fmt: skip
+    assert sql.returncode == 0, sql.stderr
+    assert f"{count}\t{count}" in sql.stdout
+    assert f"topic={topic}/event_date=" in sql.stdout
+
+
+def spark_sql(warehouse: Path, sql: str) -> subprocess.CompletedProcess[str]:
+    """The spark-sql command of docs/spark.md, on `warehouse`'s metastore."""
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run(
+        [
+            str(bin_dir / "spark-sql"),
+            "--conf", f"spark.sql.warehouse.dir={warehouse}",
+            "--conf",
+            f"spark.hadoop.javax.jdo.option.ConnectionURL=jdbc:derby:;databaseName={warehouse}/_metastore",
+            "--driver-java-options", f"-Dderby.system.home={warehouse}",
+            "-e", sql,
+        ],
+        env=env, cwd=warehouse, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
 
 
 async def test_continuous_mode_sinks_new_commits_as_they_come_until_stopped(
     make_nats_server: MakeNatsServer, spark: Any, warehouse: Path
 ) -> None:
     url, nc = await connect(make_nats_server)
+    await ensure_topic_stream(nc.jetstream(), "live")
     stop = threading.Event()
-    seen: list[BatchProgress] = []
+    events: list[Progress] = []
+
+    def batches() -> list[BatchProgress]:
+        return [p for p in events if isinstance(p, BatchProgress)]
 
     async def rows_reach(count: int) -> None:
         deadline = time.monotonic() + 120
-        while sum(p.rows for p in seen) < count:
-            assert time.monotonic() < deadline, seen
+        while sum(p.rows for p in batches()) < count:
+            assert time.monotonic() < deadline, events
             await asyncio.sleep(0.2)
 
     job = asyncio.ensure_future(
         asyncio.to_thread(
             run_sink, spark, warehouse, {"live": None}, nats=NatsConfig(url=url), once=False,
-            interval=0.5, on_progress=seen.append, stop=stop,
+            interval=0.5, on_progress=events.append, stop=stop,
         )
     )  # fmt: skip
     try:
+        deadline = time.monotonic() + 120
+        while CaughtUp({"live": 0}, waiting=True) not in events:  # idle before any message
+            assert time.monotonic() < deadline and not job.done(), events
+            await asyncio.sleep(0.2)
         await publish_raw(nc, "live", [b"a", b"b"], prefix="first")
         await rows_reach(2)
         await publish_raw(nc, "live", [b"c"], prefix="second")
         await rows_reach(3)
+        deadline = time.monotonic() + 120
+        while CaughtUp({"live": 3}, waiting=True) not in events:
+            assert time.monotonic() < deadline and not job.done(), events
+            await asyncio.sleep(0.2)
     finally:
         stop.set()
         await job
         await nc.close()
-    assert seen[-1].lag == 0
+    assert batches()[-1].lag == 0
+    assert any(isinstance(e, BatchStarted) and e.last == 3 for e in events), events
     payloads = spark.sql("select payload from live order by stream_seq").collect()
     assert [bytes(r.payload) for r in payloads] == [b"a", b"b", b"c"]
+
+
+async def test_starting_offsets_and_purged_sequences_as_kafka_users_know_them(
+    make_nats_server: MakeNatsServer, spark: Any, warehouse: Path
+) -> None:
+    url, nc = await connect(make_nats_server)
+    nats_config = NatsConfig(url=url)
+    js = nc.jetstream()
+
+    def seqs(topic: str) -> list[int]:
+        found = spark.sql(f"select stream_seq from {topic} order by stream_seq").collect()
+        return [r.stream_seq for r in found]
+
+    try:
+        await publish_raw(nc, "lossy", [b"x"] * 10, prefix="a")
+        await publish_raw(nc, "later", [b"x"] * 3, prefix="b")
+        topics = {"lossy": None, "later": None}
+        starting = '{"lossy": 4, "later": -1}'
+        first = await asyncio.to_thread(
+            sink, spark, warehouse, url, topics, starting_offsets=starting
+        )
+        assert [(p.topic, p.rows) for p in first] == [("lossy", 7)]  # "later": from its head
+        assert seqs("lossy") == list(range(4, 11))
+
+        # Retention purges 11..14 before they are sunk: the run fails before Spark starts.
+        await publish_raw(nc, "lossy", [b"y"] * 10, prefix="c")
+        await publish_raw(nc, "later", [b"y"] * 2, prefix="d")
+        planned = await asyncio.to_thread(plan, warehouse, {"lossy": None}, nats=nats_config)
+        await js.purge_stream(layout.topic_stream("lossy"), seq=15)
+        with pytest.raises(DataLoss, match=r"TOPIC_lossy: sequences 11\.\.14 were purged"):
+            await asyncio.to_thread(plan, warehouse, topics, nats=nats_config)
+
+        # The same check inside the source, for a purge while a query runs: one line too.
+        await js.purge_stream(layout.topic_stream("lossy"), seq=17)
+        with pytest.raises(DataLoss, match=r"sequences 11\.\.16 were purged") as raised:
+            await asyncio.to_thread(
+                run_sink, spark, warehouse, planned, nats=nats_config, fail_on_data_loss=True
+            )
+        assert "\n" not in str(raised.value)
+
+        events: list[Progress] = []
+        await asyncio.to_thread(
+            run_sink, spark, warehouse, topics, nats=nats_config, fail_on_data_loss=False,
+            on_progress=events.append,
+        )  # fmt: skip
+        assert any(isinstance(e, Skipped) and "11..16" in e.message for e in events), events
+        assert events[-1] == CaughtUp({"lossy": 20, "later": 5}, waiting=False)
+    finally:
+        await nc.close()
+    assert seqs("lossy") == [*range(4, 11), *range(17, 21)]
+    assert seqs("later") == [4, 5]
+    assert (checkpoint_dir(default_checkpoints(warehouse), "later") / "commits").is_dir()
+
+
+def test_starting_offsets_resolve_against_the_streams() -> None:
+    from spark_sinks.jetstream_read import Bounds
+
+    bounds = {"TOPIC_a": Bounds(5, 9), "TOPIC_b": Bounds(0, 0)}
+    assert initial_offsets("earliest", ["a", "b"], bounds) == {"TOPIC_a": 4, "TOPIC_b": 0}
+    assert initial_offsets("latest", ["a", "b"], bounds) == {"TOPIC_a": 9, "TOPIC_b": 0}
+    explicit = parse_starting('{"a": 7, "b": -2}', ["a", "b"])
+    assert initial_offsets(explicit, ["a", "b"], bounds) == {"TOPIC_a": 6, "TOPIC_b": 0}
+    assert lost({"TOPIC_a": 2}, bounds)[0].describe().startswith("TOPIC_a: sequences 3..4 ")
+    assert (
+        lost({"TOPIC_a": 4}, bounds) == []
+        and lost({"TOPIC_a": 9}, {"TOPIC_a": Bounds(10, 9)}) == []
+    )
+    for bad in ("first", '{"a": 1}', '{"a": 1, "b": 1, "c": 1}', '{"a": 0, "b": 1}', "[1]"):
+        with pytest.raises(SinkError, match="startingOffsets"):
+            parse_starting(bad, ["a", "b"])
+
+
+async def test_sink_mistakes_are_one_line_before_spark_starts(
+    make_nats_server: MakeNatsServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    import spark_sinks.session
+    from txactors.cli import app
+
+    url, nc = await connect(make_nats_server)
+    try:
+        await publish_raw(nc, "transfers", [b"x"], prefix="t")
+    finally:
+        await nc.close()
+
+    def no_spark(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("Spark was started")
+
+    monkeypatch.setattr(spark_sinks.session, "local_session", no_spark)
+    monkeypatch.setenv("NATS_URL", url)
+    models = "tests.support.spark_models"
+    cases = {
+        "no module": (["--schema", "transfers=no_such.module:X"], "cannot import schema"),
+        "no attribute": (["--schema", f"transfers={models}:Nope"], "has no attribute 'Nope'"),
+        "not a Struct": (["--schema", f"transfers={models}:Currency"], "not a msgspec.Struct"),
+        "bad field": (["--schema", "transfers=tests.test_spark_sink:Untyped"], "Untyped.anything"),
+        "not in --topics": (["--schema", f"transfer={models}:Transfer"], "not in --topics"),
+        "no stream": (["--topics", "transfer"], "no stream TOPIC_transfer on the server"),
+        "bad start": (["--starting-offsets", "{}"], "startingOffsets"),
+    }
+    for name, (args, message) in cases.items():
+        result = await asyncio.to_thread(
+            CliRunner().invoke,
+            app,
+            ["sink", "run", "--topics", "transfers", "--once", *args,
+             "--warehouse", str(tmp_path)],
+        )  # fmt: skip
+        assert result.exit_code == 2, (name, result.output)
+        assert result.output.startswith("error: ") and message in result.output, name
+        assert result.output.count("\n") == 1, (name, result.output)
+
+    check = await nats.connect(url)
+    try:  # the typo made no stream
+        with pytest.raises(nats.js.errors.NotFoundError):
+            await check.jetstream().stream_info(layout.topic_stream("transfer"))
+    finally:
+        await check.close()
+
+
+class Untyped(msgspec.Struct):
+    """A Struct with a field no Spark column can hold (a module attribute, for --schema)."""
+
+    anything: Any
+
+
+def test_a_catalog_held_by_another_process_is_one_line(spark: Any, warehouse: Path) -> None:
+    spark.catalog.listTables()  # this session's JVM has the Derby metastore open
+    started = time.monotonic()
+    result = run_cli(
+        "query",
+        "select count(*) from transfers",
+        env={**os.environ, "TXACTORS_WAREHOUSE": str(warehouse)},
+    )
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and result.stdout == ""
+    assert result.stderr.startswith("error: the catalog in ") and "another process" in result.stderr
+    assert time.monotonic() - started < 30  # no JVM was started to find out
