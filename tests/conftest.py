@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import pytest
 import pytest_asyncio
+from hypothesis import settings
 from nats.aio.client import Client
 
 from txactors.logs import LOG_LEVEL_ENV, configure_logging
@@ -28,6 +29,11 @@ def _configure_test_logging() -> None:
 
 
 _configure_test_logging()
+
+# No per-example deadline: the suite runs on loaded 2-core machines, and a slow example is not a
+# failed property (speed is measured in bench/, never asserted in tests).
+settings.register_profile("txactors", deadline=None)
+settings.load_profile("txactors")
 
 
 @pytest.fixture(autouse=True)
