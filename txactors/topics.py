@@ -50,9 +50,11 @@ async def ensure_stream(
     duplicate_window: float = DEFAULT_DUPLICATE_WINDOW,
     storage: StorageType = StorageType.FILE,
     replicas: int = 1,
+    allow_atomic: bool = False,
 ) -> None:
     """Create stream `name`, or update it to also cover `subjects`, `duplicate_window` and
-    `replicas` (an existing stream with more replicas keeps them).
+    `replicas` (an existing stream with more replicas keeps them), and to take atomic batches
+    if `allow_atomic` (an existing stream that takes them keeps doing so).
 
     Raises ConfigError when the stream exists with another storage type, which JetStream
     cannot change in place, or when the server cannot hold `replicas` copies.
@@ -67,6 +69,7 @@ async def ensure_stream(
                 storage=storage,
                 duplicate_window=duplicate_window,
                 num_replicas=replicas,
+                allow_atomic=allow_atomic or None,
             )
             try:
                 await js.add_stream(config)
@@ -90,10 +93,17 @@ async def ensure_stream(
         missing = [s for s in subjects if s not in have]
         window = current.duplicate_window or 0.0
         have_replicas = current.num_replicas or 1
-        if missing or window < duplicate_window or have_replicas < replicas:
+        atomic = bool(current.allow_atomic)
+        if (
+            missing
+            or window < duplicate_window
+            or have_replicas < replicas
+            or atomic < allow_atomic
+        ):
             current.subjects = have + missing
             current.duplicate_window = max(window, duplicate_window)
             current.num_replicas = max(have_replicas, replicas)
+            current.allow_atomic = atomic or allow_atomic or None
             try:
                 await js.update_stream(current)
             except APIError as exc:
@@ -125,10 +135,16 @@ async def ensure_topic_stream(
     duplicate_window: float = DEFAULT_DUPLICATE_WINDOW,
     replicas: int = 1,
 ) -> str:
-    """Declare `TOPIC_<topic>` on `topic.<topic>.>` (file storage, `replicas` copies);
-    returns the stream name."""
+    """Declare `TOPIC_<topic>` on `topic.<topic>.>` (file storage, `replicas` copies, atomic
+    batches allowed so the coordinator can write a commit's messages in one write); returns
+    the stream name."""
     name = topic_stream(validate_name("topic", topic))
     await ensure_stream(
-        js, name, [topic_filter(topic)], duplicate_window=duplicate_window, replicas=replicas
+        js,
+        name,
+        [topic_filter(topic)],
+        duplicate_window=duplicate_window,
+        replicas=replicas,
+        allow_atomic=True,
     )
     return name

@@ -367,6 +367,7 @@ class PartitionCoordinator(Actor):
                     born=born,
                     message=message,
                 ),
+                layout.HALF_STREAM,
             )
             for offset, message in enumerate(prepare.messages)
         ]
@@ -572,7 +573,8 @@ class PartitionCoordinator(Actor):
             headers[layout.TAG_HEADER] = message.tag
         if message.keys:
             headers[layout.KEYS_HEADER] = ",".join(message.keys)
-        return Append(layout.topic_subject(message.topic, message.tag), message.body, headers)
+        subject = layout.topic_subject(message.topic, message.tag)
+        return Append(subject, message.body, headers, layout.topic_stream(message.topic))
 
     async def _check(self, action: SendCheck) -> None:
         try:

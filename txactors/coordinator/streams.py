@@ -47,6 +47,7 @@ async def ensure_streams(
             max_age=retention,
             duplicate_window=DEDUPE_WINDOW,
             allow_direct=True,
+            allow_atomic=True,  # halves queued meanwhile are written as one batch
             storage=StorageType.FILE,
             num_replicas=replicas,
         ),
@@ -110,11 +111,14 @@ async def _ensure(js: JetStreamContext, config: StreamConfig) -> None:
         if not isinstance(error, nats.js.errors.BadRequestError):
             raise
     # Exists with another config (an older version, or an operator's tuning): keep it, but
-    # make sure our subjects are in it and it has the replicas asked for.
+    # make sure our subjects are in it, it takes atomic batches if we write them, and it has
+    # the replicas asked for.
     info = await js.stream_info(config.name or "")
     missing = set(config.subjects or ()) - set(info.config.subjects or ())
-    if missing:
+    atomic = bool(config.allow_atomic) and not info.config.allow_atomic
+    if missing or atomic:
         info.config.subjects = [*(info.config.subjects or ()), *sorted(missing)]
+        info.config.allow_atomic = info.config.allow_atomic or config.allow_atomic
         await js.update_stream(info.config)
     await ensure_replicas(js, config.name or "", replicas)
 

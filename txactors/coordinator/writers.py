@@ -1,20 +1,29 @@
-"""The coordinator's two ways of writing to JetStream, both surviving broker faults.
+"""The coordinator's two ways of writing to JetStream, both group commits surviving broker faults.
 
-- `PipelinedWriter` (TXN_HALF, topic streams, TXN_DISCARD): many appends in flight at once,
-  completions reported in the order the appends were issued. One connection delivers them
-  to the server in that order, so issue order is stream order: the state machine sees
-  halves in TXN_HALF order, as its checkpoint rule wants.
-- `OpLog` (TXN_OP): one append in flight, carrying every op record queued meanwhile (group
-  commit), fenced with `Nats-Expected-Last-Subject-Sequence` so a second coordinator
-  writing the same partition is detected instead of interleaving decisions.
+With `sync_interval: always` (the durable default) nats-server flushes to disk once per write
+it receives, so the number of writes, not of messages, sets the pace; both writers therefore
+carry as many records as are waiting in each write.
+
+- `PipelinedWriter` (TXN_HALF, topic streams, TXN_DISCARD): appends queue while a few writes
+  await their acks; the next write carries everything queued for one stream, as an atomic
+  batch (`allow_atomic`: stored all or nothing, one ack, consecutive sequences) where the
+  stream allows it. Completions are reported in the order the appends were submitted. One
+  connection delivers the writes in issue order, so submit order is stream order: the state
+  machine sees halves in TXN_HALF order, as its checkpoint rule wants.
+- `OpLog` (TXN_OP): one append in flight, carrying every op record queued meanwhile, fenced
+  with `Nats-Expected-Last-Subject-Sequence` so a second coordinator writing the same
+  partition is detected instead of interleaving decisions.
 
 Faults (see `classify`): when the connection drops, or an ack is overdue, or JetStream
 answers with a transient error, *every* pending ack is given up at once and the unfinished
 appends are issued again, in order and with the same `Nats-Msg-Id`, once the connection is
-back (so JetStream drops a copy whose first attempt did land). A lost ack thus costs one
-reconnect, not one ack timeout per append. A permanent error (too large, stream gone or
-refusing the write) is not retried: the append is handed to `quarantine` and reported as
-`None`, so the partition goes on. Nothing is reported before its append is settled.
+back. A lost ack thus costs one reconnect, not one ack timeout per append. JetStream refuses
+a whole batch if any of its `Nats-Msg-Id`s is already stored (a re-sent batch whose first
+attempt did land), or if one message is refused: then each append of it is written alone,
+where a duplicate is answered with its first sequence and a bad one is refused by itself.
+A permanent error (too large, stream gone or refusing the write) is not retried: the append
+is handed to `quarantine` and reported as `None`, so the partition goes on. Nothing is
+reported before its append is settled.
 """
 
 from __future__ import annotations
@@ -23,6 +32,8 @@ import asyncio
 import collections
 import enum
 import functools
+import itertools
+import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -32,8 +43,10 @@ import anyio
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import PubAck
+from nats.js.api import Header, PubAck
+from nats.nuid import NUID
 
 from txactors import layout
 from txactors.coordinator.records import OpRecord
@@ -55,6 +68,17 @@ WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code when `Nats-Expected-Last-Subject-Sequence` does not match."""
 OP_BATCH_BYTES = 256 * 1024
 """Most bytes of op records in one TXN_OP message: a group commit never nears `max_payload`."""
+
+MAX_WRITES_IN_FLIGHT = 2
+"""Writes of a `PipelinedWriter` awaiting acks before appends wait to join the next one."""
+BATCH_MESSAGES = 1000
+"""JetStream's most messages in one atomic batch."""
+BATCH_BYTES = 1024 * 1024
+"""Most bytes in one atomic batch: the server holds a batch in memory until its commit."""
+ATOMIC_DISABLED = 10174
+"""JetStream's error code for an atomic batch sent to a stream without `allow_atomic`."""
+
+NO_RESPONDERS = "503"
 
 LINK_TROUBLE = (nats.errors.Error, TimeoutError, OSError)
 """What a NATS or JetStream call raises when the broker, not our code, is the problem."""
@@ -145,11 +169,66 @@ async def wait_connected(nc: Client) -> None:
         await anyio.sleep(LINK_POLL)
 
 
+class AckInbox:
+    """Acks of our writes, on a reply subject of our own.
+
+    nats-py 2.16's `publish_async` loses JetStream's refusal of a write (its reply handler
+    raises instead of failing the future), which would leave a refused batch waiting for an
+    ack until `ACK_TIMEOUT`; here every answer settles its future: an ack, an `APIError`, or
+    `NoStreamResponseError` when no stream took the subject.
+    """
+
+    def __init__(self, nc: Client) -> None:
+        self._nc = nc
+        self._prefix = nc.new_inbox()
+        self._subscribed = False
+        self._futures: dict[str, asyncio.Future[PubAck]] = {}
+        self._tokens = itertools.count()
+
+    async def publish(
+        self, subject: str, payload: bytes, headers: dict[str, str]
+    ) -> asyncio.Future[PubAck]:
+        """Send the write now; the future settles with JetStream's answer."""
+        if not self._subscribed:
+            await self._nc.subscribe(f"{self._prefix}.*", cb=self._answered)
+            self._subscribed = True
+        token = str(next(self._tokens))
+        future: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
+        self._futures[token] = future
+        future.add_done_callback(lambda _: self._futures.pop(token, None))
+        try:
+            await self._nc.publish(
+                subject, payload, reply=f"{self._prefix}.{token}", headers=headers
+            )
+        except BaseException:
+            future.cancel()
+            raise
+        return future
+
+    async def _answered(self, msg: Msg) -> None:
+        future = self._futures.get(msg.subject[len(self._prefix) + 1 :])
+        if future is None or future.done():
+            return
+        if (msg.headers or {}).get(Header.STATUS) == NO_RESPONDERS:
+            future.set_exception(nats.js.errors.NoStreamResponseError())
+            return
+        try:
+            answer = json.loads(msg.data)
+            if "error" in answer:
+                nats.js.errors.APIError.from_error(answer["error"])  # raises the typed error
+            future.set_result(PubAck.from_response(answer))
+        except Exception as error:  # the typed refusal, or an answer we cannot read
+            future.set_exception(error)
+
+
 @dataclass(frozen=True, slots=True)
 class Append:
     subject: str
     payload: bytes
     headers: dict[str, str]
+    stream: str = ""
+    """The stream holding `subject` if it takes atomic batches (`allow_atomic`): appends to
+    it issued together go as one batch. Empty: each append is a publish of its own."""
 
 
 Quarantine = Callable[[Append, str], Awaitable[None]]
@@ -163,11 +242,20 @@ class _Troubled(Exception):
 @dataclass(slots=True)
 class _Slot:
     append: Append
-    future: asyncio.Future[PubAck] | None = None
-    generation: int = -1
-    issued_at: float = 0.0
+    batch: _Batch | None = None
+    """The write that carries this append, once issued."""
     settled: bool = False
     ack: PubAck | None = None
+
+
+@dataclass(eq=False, slots=True)
+class _Batch:
+    """One write: a single publish, or an atomic batch (one ack, for its last message)."""
+
+    slots: list[_Slot]
+    generation: int
+    issued_at: float = field(default_factory=time.monotonic)
+    future: asyncio.Future[PubAck] | None = None
 
 
 @dataclass(slots=True)
@@ -177,33 +265,49 @@ class _Job:
 
 
 class PipelinedWriter:
-    """Appends issued at once, reported in issue order (see the module docstring)."""
+    """Appends written in few, large writes, reported in issue order (see the module docstring).
 
-    def __init__(self, nc: Client, js: JetStreamContext, quarantine: Quarantine) -> None:
+    Appends queue up while `max_in_flight` writes wait for their acks; the next write then
+    carries everything queued to one stream, as an atomic batch where the stream allows it.
+    """
+
+    def __init__(
+        self,
+        nc: Client,
+        js: JetStreamContext,
+        quarantine: Quarantine,
+        *,
+        max_in_flight: int = MAX_WRITES_IN_FLIGHT,
+    ) -> None:
         self._nc = nc
         self._js = js
         self._quarantine = quarantine
+        self._max_in_flight = max_in_flight
+        self._inbox = AckInbox(nc)
         self._jobs: collections.deque[_Job] = collections.deque()
+        self._queued: collections.deque[_Slot] = collections.deque()
+        """Slots not yet issued, in submit order."""
+        self._open: set[_Batch] = set()
+        self._unbatched: set[str] = set()
+        """Streams that refused an atomic batch as not allowed: written one by one."""
         self._wakeup = anyio.Event()
         self._issuing = anyio.Lock()
         self._gap = False
-        """Some slot was left unissued: later ones wait for the collector to issue it first."""
+        """A write failed to go out: nothing more is issued until the collector re-issues."""
 
     async def submit(
         self, appends: list[Append], report: Callable[[list[PubAck | None]], Awaitable[None]]
     ) -> None:
-        """Issue the appends now; `report(acks)` runs once all are settled (None: quarantined).
+        """Queue the appends; `report(acks)` runs once all are settled (None: quarantined).
 
-        Waits only when nats-py's window of pending async publishes is full (backpressure).
-        While the connection is down nothing is issued; the collector does it on reconnect.
+        They go out at once if fewer than `max_in_flight` writes await their acks, else with
+        the next write. While the connection is down nothing is issued.
         """
         job = _Job([_Slot(a) for a in appends], report)
-        async with self._issuing:
-            self._jobs.append(job)
-            if self._nc.is_connected and not self._gap:
-                for slot in job.slots:
-                    if not await self._issue(slot):
-                        break
+        self._jobs.append(job)
+        self._queued.extend(job.slots)
+        if len(self._open) < self._max_in_flight:
+            await self._issue_queued()
         self._wakeup.set()
 
     async def run(self) -> None:
@@ -226,53 +330,136 @@ class PipelinedWriter:
             self._jobs.popleft()
             await job.report([slot.ack for slot in job.slots])
 
-    async def _issue(self, slot: _Slot) -> bool:
-        """Send one append; False (and a gap) if the connection refused it."""
-        slot.generation = link_generation(self._nc)
-        slot.issued_at = time.monotonic()
-        a = slot.append
+    # -- issuing ----------------------------------------------------------------------------
+
+    async def _issue_queued(self) -> None:
+        """Issue every queued slot: one write per stream (batches bounded by size)."""
+        async with self._issuing:
+            while self._queued and not self._gap and self._nc.is_connected:
+                batch = self._next_batch()
+                if not await self._issue(batch):
+                    self._queued.extendleft(reversed(batch.slots))
+                    self._gap = True
+
+    def _next_batch(self) -> _Batch:
+        """Take the first queued slot and the queued slots of its stream that may join it."""
+        first = self._queued.popleft()
+        taken = [first]
+        stream = first.append.stream
+        if stream and stream not in self._unbatched and self._fits(first.append):
+            size = _size(first.append)
+            kept: list[_Slot] = []
+            while self._queued and len(taken) < BATCH_MESSAGES:
+                slot = self._queued.popleft()
+                a = slot.append
+                if a.stream == stream and self._fits(a) and size + _size(a) <= BATCH_BYTES:
+                    taken.append(slot)
+                    size += _size(a)
+                else:
+                    kept.append(slot)
+            self._queued.extendleft(reversed(kept))
+        return _Batch(taken, link_generation(self._nc))
+
+    def _fits(self, append: Append) -> bool:
+        """Whether nats-py will send it: a refused message must not leave a batch unfinished."""
+        return len(append.payload) <= self._nc.max_payload
+
+    async def _issue(self, batch: _Batch) -> bool:
+        """Send one write; False if the connection refused it (nothing of it counts as sent)."""
+        *head, last = batch.slots
         try:
-            slot.future = await self._js.publish_async(a.subject, a.payload, headers=a.headers)
+            if head:
+                batch_id = _nuid.next().decode()
+                for number, slot in enumerate(head, 1):
+                    a = slot.append
+                    headers = {**a.headers, Header.BATCH_ID: batch_id}
+                    headers[Header.BATCH_SEQUENCE] = str(number)
+                    await self._nc.publish(a.subject, a.payload, headers=headers)
+                headers = {**last.append.headers, Header.BATCH_ID: batch_id}
+                headers[Header.BATCH_SEQUENCE] = str(len(batch.slots))
+                headers[Header.BATCH_COMMIT] = "1"
+            else:
+                headers = last.append.headers
+            a = last.append
+            batch.future = await self._inbox.publish(a.subject, a.payload, headers)
         except nats.errors.MaxPayloadError as error:  # permanent: settled as refused
-            slot.future = asyncio.get_running_loop().create_future()
-            slot.future.set_exception(error)
+            batch.future = asyncio.get_running_loop().create_future()
+            batch.future.set_exception(error)
         except LINK_TROUBLE:
-            slot.future = None
-            self._gap = True
             return False
+        for slot in batch.slots:
+            slot.batch = batch
+        self._open.add(batch)
         return True
+
+    # -- settling ---------------------------------------------------------------------------
 
     async def _settle(self, slot: _Slot) -> None:
         if slot.settled:
             return
-        future = slot.future
-        if future is None:
-            raise _Troubled("not sent while the connection was down")
+        if slot.batch is None:
+            if self._gap or not self._nc.is_connected:
+                raise _Troubled("not sent while the connection was down")
+            await self._issue_queued()  # everything before it is settled: room to issue
+            if slot.batch is None:
+                raise _Troubled("not sent while the connection was down")
+        batch = slot.batch
+        await self._settle_batch(batch)
+        if self._queued and len(self._open) < self._max_in_flight:
+            await self._issue_queued()
+
+    async def _settle_batch(self, batch: _Batch) -> None:
+        future = batch.future
+        assert future is not None
         while not future.done():
-            if not self._nc.is_connected or link_generation(self._nc) != slot.generation:
+            if not self._nc.is_connected or link_generation(self._nc) != batch.generation:
                 raise _Troubled("connection lost")
-            if time.monotonic() - slot.issued_at > ACK_TIMEOUT:
+            if time.monotonic() - batch.issued_at > ACK_TIMEOUT:
                 future.cancel()
-                await self._ask_again(slot)
+                self._open.discard(batch)
+                await self._one_by_one(batch)
                 return
             await asyncio.wait({future}, timeout=LINK_POLL)
+        self._open.discard(batch)
         if future.cancelled():
             raise _Troubled("cancelled")
         error = future.exception()
         if error is None:
-            slot.ack = future.result()
-        elif await self._permanent(slot.append, error):
+            ack = future.result()
+            if len(batch.slots) == 1:
+                batch.slots[0].ack = ack
+                batch.slots[0].settled = True
+                return
+            if ack.batch_size == len(batch.slots):
+                first = ack.seq - len(batch.slots) + 1
+                for offset, slot in enumerate(batch.slots):
+                    slot.ack = PubAck(stream=ack.stream, seq=first + offset, domain=ack.domain)
+                    slot.settled = True
+                return
+            error = ValueError(f"batch ack for {ack.batch_size} of {len(batch.slots)} messages")
+        if len(batch.slots) > 1:
+            # Refused as a whole (not allowed on the stream, one message refused or already
+            # stored, the stream gone): each append alone gets its own answer.
+            if _atomic_disabled(error):
+                self._unbatched.add(batch.slots[0].append.stream)
+            log.warning("batch_refused", appends=len(batch.slots), error=describe(error))
+            await self._one_by_one(batch)
+            return
+        slot = batch.slots[0]
+        if await self._permanent(slot.append, error):
             await self._quarantine(slot.append, describe(error))
-        else:
-            raise _Troubled(describe(error))
-        slot.settled = True
+            slot.settled = True
+            return
+        raise _Troubled(describe(error))
+
+    async def _one_by_one(self, batch: _Batch) -> None:
+        for slot in batch.slots:
+            if not slot.settled:
+                await self._ask_again(slot)
 
     async def _ask_again(self, slot: _Slot) -> None:
-        """Settle an overdue append with a plain request (same `Nats-Msg-Id`).
-
-        nats-py 2.16 loses JetStream's refusal of an async publish (its reply handler raises
-        instead of failing the future), so an overdue ack may be an error nobody reported.
-        """
+        """Settle an append of an overdue or refused write with a plain request (same
+        `Nats-Msg-Id`): a duplicate is answered with the sequence of the stored copy."""
         a = slot.append
         try:
             slot.ack = await linked(
@@ -302,20 +489,30 @@ class PipelinedWriter:
 
     async def _reissue(self, reason: str, delay: float) -> None:
         """Give up every pending ack at once, then issue every unsettled append again."""
+        for batch in self._open:
+            if batch.future is not None and not batch.future.done():
+                batch.future.cancel()  # frees its place in nats-py's window
+        self._open.clear()
         pending = [s for j in self._jobs for s in j.slots if not s.settled]
         for slot in pending:
-            if slot.future is not None and not slot.future.done():
-                slot.future.cancel()  # frees its place in nats-py's window
-            slot.future = None
+            slot.batch = None
+        self._queued = collections.deque(pending)
         log.warning("appends_reissued", reason=reason, appends=len(pending), delay=delay)
         await anyio.sleep(delay)
         await wait_connected(self._nc)
-        async with self._issuing:
-            self._gap = False
-            for job in self._jobs:
-                for slot in job.slots:
-                    if not slot.settled and slot.future is None and not await self._issue(slot):
-                        return
+        self._gap = False
+        await self._issue_queued()
+
+
+_nuid = NUID()
+
+
+def _size(append: Append) -> int:
+    return len(append.payload) + sum(len(k) + len(v) + 4 for k, v in append.headers.items())
+
+
+def _atomic_disabled(error: BaseException) -> bool:
+    return isinstance(error, nats.js.errors.APIError) and error.err_code == ATOMIC_DISABLED
 
 
 def describe(error: BaseException) -> str:
@@ -353,6 +550,7 @@ class OpLog:
         self._subject = layout.op_subject(partition)
         self._last_seq = last_seq
         self._report = report
+        self._inbox = AckInbox(nc)
         self._pending = _PendingOps()
         self._wakeup = anyio.Event()
 
@@ -381,7 +579,7 @@ class OpLog:
             try:
                 await wait_connected(self._nc)
                 generation = link_generation(self._nc)
-                future = await self._js.publish_async(self._subject, payload, headers=headers)
+                future = await self._inbox.publish(self._subject, payload, headers)
                 ack = await self._await(future, generation)
             except nats.js.errors.APIError as error:
                 # Our own earlier attempt may have landed (its ack lost): then the fence
