@@ -498,3 +498,36 @@ async def test_a_dead_letter_too_big_to_copy_goes_to_the_dlq_by_reference(
             assert seen == [1, 1, 2]
     finally:
         await client.close()
+
+
+async def test_acks_share_socket_writes_and_all_leave_before_stop_returns(nc: Client) -> None:
+    count = 300
+    handled = 0
+
+    async def handler(msg: ConsumedMessage) -> None:
+        nonlocal handled
+        handled += 1
+
+    async with names(nc) as (topic, group):
+        for i in range(count):
+            await publish(nc, topic, i)
+        consumer_nc = await nats.connect(nc.connected_url.geturl())  # type: ignore[union-attr]
+        ack_writes = 0
+        transport = consumer_nc._transport  # a spy on the real socket: counts writes with acks
+        writelines = transport.writelines  # type: ignore[union-attr]
+
+        def counted(payload: list[bytes]) -> None:
+            nonlocal ack_writes
+            ack_writes += any(b"$JS.ACK." in part for part in payload)
+            writelines(payload)
+
+        transport.writelines = counted  # type: ignore[union-attr,method-assign]
+        try:
+            async with Consumer(consumer_nc, topic, group, handler, concurrency=64):
+                await wait_until(lambda: handled == count)
+        finally:
+            await consumer_nc.close()
+        state = await info(nc, topic, group)
+        assert state.num_ack_pending == 0 and state.ack_floor.stream_seq == count
+        assert state.num_redelivered == 0
+        assert ack_writes <= count / 10, f"{ack_writes} socket writes carried {count} acks"

@@ -12,6 +12,11 @@ only when n messages came or the wait expired, which would hold an early message
 the whole wait. Here each message is handed to a handler the moment it arrives, and at most
 `concurrency` messages are requested or in work at any time.
 
+Acks are gathered for `ACK_LINGER` and sent together, one socket write for many, instead of
+one write per message: an ack only tells the server not to redeliver, so a few milliseconds
+more cost nothing (a lost one means a redelivery, which at-least-once allows anyway). Naks
+go at once: they schedule the message's retry.
+
 Stopping is graceful: no new pull is issued, the open one runs out (at most `pull_expires`),
 in-flight handlers finish and their acks are flushed to the server. A handler still running
 after `stop_timeout` is cancelled and its message naked for immediate redelivery.
@@ -60,6 +65,8 @@ _STATUS: Final = "Status"
 _HEARTBEAT: Final = "100"
 _PULL_DONE: Final = frozenset({"404", "408"})  # no messages / the request expired
 _FLUSH_TIMEOUT: Final = 5
+ACK_LINGER: Final = 0.005
+"""Seconds a finished message's ack waits for others to share its socket write."""
 
 log = get_logger(__name__)
 
@@ -122,6 +129,8 @@ class Consumer:
         self._pull_done = anyio.Event()
         self._refused = False  # the server refused a pull: re-declare before the next
         self._handling: dict[int, Msg] = {}  # messages whose handler runs: kept alive
+        self._acks: list[Msg] = []  # handled messages whose ack is not sent yet
+        self._acks_queued = anyio.Event()
         self._next_key = 0
         self._exit_stack: AsyncExitStack | None = None
         self.metrics = metrics or ConsumerMetrics()
@@ -152,6 +161,7 @@ class Consumer:
                 with raising_connection_lost():  # stop with the error, never pull in vain
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(self._keep_alive)
+                        tg.start_soon(self._ack_loop)
                         tg.start_soon(self._receive, sub, tg)
                         tg.start_soon(watch_connection, self._nc)
                         await self._pull_loop(sub)
@@ -223,6 +233,7 @@ class Consumer:
     async def _close(self, sub: Subscription) -> None:
         with suppress(nats.errors.Error, OSError, TimeoutError):
             await sub.unsubscribe()
+        await self._send_acks()
         # Acks are fire-and-forget publishes: make sure they left before we say "stopped".
         with suppress(nats.errors.Error, OSError, TimeoutError):
             await self._nc.flush(_FLUSH_TIMEOUT)
@@ -346,7 +357,7 @@ class Consumer:
             return
         self._observe_latency(started)
         self._handling.pop(key, None)
-        await self._settle(msg.ack(), "ack")
+        self._queue_ack(msg)
 
     async def _failed(self, msg: Msg, message: ConsumedMessage, error: Exception) -> None:
         poison = isinstance(error, PoisonMessage)
@@ -381,7 +392,24 @@ class Consumer:
             error=describe_error(error),
             exc_info=error,
         )
-        await self._settle(msg.ack(), "ack")
+        self._queue_ack(msg)
+
+    def _queue_ack(self, msg: Msg) -> None:
+        self._acks.append(msg)
+        self._acks_queued.set()
+
+    async def _ack_loop(self) -> None:
+        while True:
+            await self._acks_queued.wait()
+            await anyio.sleep(ACK_LINGER)
+            self._acks_queued = anyio.Event()
+            await self._send_acks()
+
+    async def _send_acks(self) -> None:
+        """Hand every queued ack to the connection in one go: nats-py writes them together."""
+        acks, self._acks = self._acks, []
+        for msg in acks:
+            await self._settle(msg.ack(), "ack")
 
     def _observe_latency(self, started: float) -> None:
         elapsed = time.perf_counter() - started
