@@ -330,7 +330,7 @@ class Consumer:
             if message.headers.get(REPLAY_GROUP_HEADER, self.group) != self.group:
                 # A dead letter replayed for another group (`txactors dlq replay`): we had it.
                 self._handling.pop(key, None)
-                await self._settle(msg.ack(), "ack")
+                self._queue_ack(msg)
                 return
             with structlog.contextvars.bound_contextvars(
                 topic=self.topic, group=self.group, msg_id=message.msg_id, txid=message.txid
