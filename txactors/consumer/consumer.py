@@ -43,6 +43,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from txactors import tracing
 from txactors.consumer.dlq import dead_letter, describe_error, ensure_dlq_stream
 from txactors.consumer.message import ConsumedMessage
 from txactors.consumer.retry import DEFAULT_MAX_RECONSUME, DEFAULT_RETRY_DELAYS, RetryPolicy
@@ -344,7 +345,8 @@ class Consumer:
     async def _process(self, key: int, msg: Msg, message: ConsumedMessage) -> None:
         started = time.perf_counter()
         try:
-            await self._handler(message)
+            with tracing.consuming(message, self.group):
+                await self._handler(message)
         except anyio.get_cancelled_exc_class():
             self._handling.pop(key, None)
             with anyio.CancelScope(shield=True):

@@ -25,7 +25,7 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 from nats.js.kv import KeyValue
 
-from txactors import layout
+from txactors import layout, tracing
 from txactors.actors import Actor, Request
 from txactors.coordinator import tokens
 from txactors.coordinator.actions import (
@@ -514,6 +514,7 @@ class PartitionCoordinator(Actor):
                 case PersistOp(op_id=op_id, records=records):
                     assert self._oplog is not None
                     self._oplog.append(op_id, records)
+                    tracing.record_decisions(records, self._trace_context, self.partition)
                 case Publish():
                     await self._publish(action)
                 case SendCheck():
@@ -573,8 +574,15 @@ class PartitionCoordinator(Actor):
             headers[layout.TAG_HEADER] = message.tag
         if message.keys:
             headers[layout.KEYS_HEADER] = ",".join(message.keys)
+        tracing.record_publish(headers, action.txid, action.msg_id, message.topic)
         subject = layout.topic_subject(message.topic, message.tag)
         return Append(subject, message.body, headers, layout.topic_stream(message.topic))
+
+    def _trace_context(self, txid: str) -> dict[str, str]:
+        """The properties of a kept half of `txid`, where its trace context travels."""
+        bodies = self._bodies.get(txid)
+        half = next(iter(bodies.messages.values()), None) if bodies is not None else None
+        return half.properties if half is not None else {}
 
     async def _check(self, action: SendCheck) -> None:
         try:

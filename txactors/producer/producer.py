@@ -144,7 +144,10 @@ class TransactionProducer:
         and gives an unconfirmed result.
         """
         txn = self.begin()
-        with structlog.contextvars.bound_contextvars(txid=txn.txid, group=self.group):
+        with (
+            structlog.contextvars.bound_contextvars(txid=txn.txid, group=self.group),
+            txn.traced(),
+        ):
             try:
                 await txn.send(message)
             except PrepareFailed:

@@ -29,6 +29,7 @@ from typing import Any, Self
 import anyio
 import structlog
 
+from txactors import tracing
 from txactors.errors import PrepareFailed, TransactionStateError, TxActorsError
 from txactors.logs import get_logger
 from txactors.producer.client import CoordinatorClient
@@ -75,6 +76,9 @@ class Transaction:
         self._decision: Decision | None = None
         self._result: TransactionResult | None = None
         self._context_tokens: Mapping[str, contextvars.Token[Any]] = {}
+        self._span = tracing.start_transaction(self.txid, client.group)
+        self._span_scope: AbstractContextManager[None] | None = None
+        self._span_topics: set[str] = set()
 
     def __repr__(self) -> str:
         return f"<Transaction {self.txid} {self._decision or 'open'}, {len(self._seqs)} sent>"
@@ -98,6 +102,11 @@ class Transaction:
         if not messages:
             raise ValueError("send() needs at least one TxMessage")
         outgoing = [m.to_outgoing() for m in messages]
+        if self._span is not None:
+            self._span_topics.update(m.topic for m in messages)
+            self._span.set_attribute("txactors.topics", sorted(self._span_topics))
+            for half in outgoing:
+                tracing.inject(self._span, half.properties)
         with self._bound():
             async with self._lock:
                 if self._decision is not None:
@@ -117,6 +126,7 @@ class Transaction:
                     prepared = await self._client.prepare(self.txid, outgoing, self._token)
                 except PrepareFailed as error:
                     self._failed_send = error
+                    tracing.fail(self._span, error)
                     raise
                 self._token = self._token or prepared.token
                 self._seqs.extend(prepared.seqs)
@@ -156,8 +166,12 @@ class Transaction:
                 self._decision = decision
                 try:
                     self._result = await self._send_end(decision)
+                except BaseException as error:
+                    self._finish_span(error)
+                    raise
                 finally:
                     self._client.in_flight.discard(self.txid)
+                self._finish_span()
                 return self._result
 
     async def _send_end(self, decision: Decision) -> TransactionResult:
@@ -183,6 +197,8 @@ class Transaction:
         self._context_tokens = structlog.contextvars.bind_contextvars(
             txid=self.txid, group=self._client.group
         )
+        self._span_scope = self.traced()
+        self._span_scope.__enter__()
         return self
 
     async def __aexit__(
@@ -197,6 +213,7 @@ class Transaction:
             if exc is None:
                 await self.commit()
             elif isinstance(exc, Exception):
+                tracing.fail(self._span, exc)
                 try:
                     await self.rollback()
                 except TxActorsError as error:  # never hide the caller's exception
@@ -207,8 +224,28 @@ class Transaction:
                 self._decision = Decision.UNKNOWN
                 self._client.in_flight.discard(self.txid)
                 log.warning("transaction_interrupted", error=repr(exc), messages=len(self._seqs))
+                self._finish_span(exc)
         finally:
+            if self._span_scope is not None:
+                self._span_scope.__exit__(None, None, None)
             structlog.contextvars.reset_contextvars(**self._context_tokens)
+
+    def traced(self) -> AbstractContextManager[None]:
+        """Make the transaction's span current (when tracing is on), so the local
+        transaction's own spans nest in it."""
+        return tracing.current(self._span)
+
+    def _finish_span(self, error: BaseException | None = None) -> None:
+        """End the transaction's span once, at its first end (a retried end is outside it)."""
+        span, self._span = self._span, None
+        attributes: dict[str, str | int] = {
+            "txactors.decision": str(self._decision),
+            "txactors.messages": len(self._seqs),
+        }
+        if self._result is not None:
+            attributes["txactors.state"] = self._result.state or "unconfirmed"
+        tracing.fail(span, error)
+        tracing.finish(span, attributes)
 
     def _bound(self) -> AbstractContextManager[None]:
         return structlog.contextvars.bound_contextvars(txid=self.txid, group=self._client.group)
