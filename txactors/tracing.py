@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Final
 try:
     from opentelemetry import trace
     from opentelemetry.context import Context
-    from opentelemetry.propagators.textmap import Getter
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError:  # the `otel` extra is not installed: every helper below is a no-op
     _INSTALLED = False
@@ -70,24 +69,15 @@ def _tracer_of(provider: trace.TracerProvider) -> trace.Tracer:
 # -- headers --------------------------------------------------------------------------------
 
 
-class _HeaderGetter(Getter[Mapping[str, str]]):
-    """Header names are case-insensitive in W3C trace context; NATS keeps them as sent."""
-
-    def get(self, carrier: Mapping[str, str], key: str) -> list[str] | None:
-        values = [value for name, value in carrier.items() if name.lower() == key]
-        return values or None
-
-    def keys(self, carrier: Mapping[str, str]) -> list[str]:
-        return list(carrier)
-
-
 def has_context(headers: Mapping[str, str]) -> bool:
     return any(name.lower() == TRACEPARENT for name in headers)
 
 
 def extract(headers: Mapping[str, str]) -> Context:
-    """The remote context in `headers`; an empty context (a new trace) when there is none."""
-    return TraceContextTextMapPropagator().extract(headers, Context(), _HeaderGetter())
+    """The remote context in `headers`; an empty context (a new trace) when there is none.
+    Names are matched in any case, as W3C says (NATS keeps them as the sender wrote them)."""
+    carrier = {name.lower(): value for name, value in headers.items()}
+    return TraceContextTextMapPropagator().extract(carrier, Context())
 
 
 def inject(span: trace.Span, headers: MutableMapping[str, str]) -> None:
