@@ -182,6 +182,26 @@ async def test_a_rolled_back_transaction_is_decided_in_its_trace_and_never_consu
     assert trace_id(one(spans, tracing.TRANSACTION_SPAN, committed.txid)) != trace_id(transaction)
 
 
+async def test_a_transaction_block_that_raises_rolls_back_in_an_error_span(
+    private_nc: Client, spans: InMemorySpanExporter
+) -> None:
+    async with (
+        run_coordinator(private_nc),
+        TransactionProducer(private_nc, "shop", never_asked) as producer,
+    ):
+        with pytest.raises(ValueError, match="card declined"):
+            async with producer.begin() as txn:
+                await txn.send(TxMessage("declined", b"x"))
+                raise ValueError("card declined")
+        await until_span(spans, "txactors.coordinator.rollback", txn.txid)
+
+    transaction = one(spans, tracing.TRANSACTION_SPAN, txn.txid)
+    assert transaction.status.status_code is StatusCode.ERROR
+    assert transaction.status.description == "ValueError: card declined"
+    assert (transaction.attributes or {})["txactors.state"] == "rolled_back"
+    assert trace.get_current_span() is trace.INVALID_SPAN, "the block's span is not left current"
+
+
 async def test_the_check_back_decision_and_a_discard_join_the_producers_trace(
     private_nc: Client, spans: InMemorySpanExporter
 ) -> None:

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import contextvars
 import uuid
-from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
@@ -230,10 +230,16 @@ class Transaction:
                 self._span_scope.__exit__(None, None, None)
             structlog.contextvars.reset_contextvars(**self._context_tokens)
 
-    def traced(self) -> AbstractContextManager[None]:
+    @contextmanager
+    def traced(self) -> Iterator[None]:
         """Make the transaction's span current (when tracing is on), so the local
-        transaction's own spans nest in it."""
-        return tracing.current(self._span)
+        transaction's own spans nest in it; an error escaping before the end ends it."""
+        with tracing.current(self._span):
+            try:
+                yield
+            except BaseException as error:
+                self._finish_span(error)  # nothing to do if the end already finished it
+                raise
 
     def _finish_span(self, error: BaseException | None = None) -> None:
         """End the transaction's span once, at its first end (a retried end is outside it)."""
