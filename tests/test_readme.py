@@ -1,17 +1,28 @@
-"""The README's code must run as written: the API example, and the handler with its test
-(run by pytest, with the txactors plugin, as a user's project would run it)."""
+"""The README's code must run as written: the API example, the handler with its test (run by
+pytest, with the txactors plugin, as a user's project would run it), and every shell command,
+each either run here or excused in NOT_RUN with the reason and the test that covers it."""
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.plugin import plugin_args
 
 ROOT = Path(__file__).resolve().parent.parent
+
+NOT_RUN = {
+    "python3 dev.py demo": "builds a fresh .venv first (minutes, network); the demo it runs is "
+    "`python -m apps.transfer`, run below from the Spark block and by tests/test_app_transfer.py",
+    "python3 dev.py test": "the whole test suite, of which this test is part",
+}
+"""README shell commands this file does not run, and why."""
 
 
 def python_blocks() -> list[str]:
@@ -19,6 +30,66 @@ def python_blocks() -> list[str]:
     blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)
     assert blocks, "the README shows the API in python blocks"
     return blocks
+
+
+def shell_blocks() -> list[list[str]]:
+    """The command lines of each ```sh block: continuations joined, comments cut."""
+    readme = (ROOT / "README.md").read_text()
+    blocks = []
+    for block in re.findall(r"```(?:sh|bash|console)\n(.*?)```", readme, flags=re.DOTALL):
+        joined = block.replace("\\\n", " ")
+        lines = [line.split("  #", 1)[0].strip() for line in joined.splitlines()]
+        blocks.append([" ".join(line.split()) for line in lines if line and line[0] != "#"])
+    assert blocks, "the README shows commands in sh blocks"
+    return blocks
+
+
+SPARK_BLOCK_START = "export TXACTORS_DATA_DIR="
+
+
+def test_every_readme_python_block_is_run() -> None:
+    """The tests below run the API example, `shop.py` and `test_shop.py`: nothing else."""
+    run = [b for b in python_blocks() if "anyio.run(main)" in b]
+    run += [block_named("shop.py"), block_named("test_shop.py")]
+    assert sorted(run) == sorted(python_blocks()), "a new python block needs a test that runs it"
+
+
+def test_every_readme_shell_command_is_run_or_excused() -> None:
+    """A command added to the README must be run by a test here, or excused with a reason."""
+    commands = [c for block in shell_blocks() for c in block]
+    run_here = [c for b in shell_blocks() if b[0].startswith(SPARK_BLOCK_START) for c in b]
+    assert run_here, "the Spark block (keep its data, sink it afterwards) is where it was"
+    unexplained = [c for c in commands if c not in NOT_RUN and c not in run_here]
+    assert not unexplained, f"run these in a test or add them to NOT_RUN: {unexplained}"
+    assert set(NOT_RUN) <= set(commands), "NOT_RUN names a command the README no longer has"
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+@pytest.mark.timeout(600)
+def test_readme_demo_then_spark_sink_block_runs(tmp_path: Path) -> None:
+    """The block as a user types it: `.venv/bin/` is this interpreter's, /tmp is tmp_path."""
+    [block] = [b for b in shell_blocks() if b[0].startswith(SPARK_BLOCK_START)]
+    env = {**user_env(), "TXACTORS_WAREHOUSE": str(tmp_path / "warehouse")}
+    bin_dir = Path(sys.executable).parent
+    outputs = []
+    for command in block:
+        words = [
+            str(tmp_path / w.removeprefix("/tmp/")) if w.startswith("/tmp/") else w
+            for w in shlex.split(command)
+        ]
+        if words[0] == "export":
+            name, value = words[1].split("=", 1)
+            env[name] = str(tmp_path / value.removeprefix("/tmp/")) if value else value
+            continue
+        if words[0].startswith(".venv/bin/"):
+            words[0] = str(bin_dir / words[0].removeprefix(".venv/bin/"))
+        result = subprocess.run(
+            words, cwd=ROOT, env=env, capture_output=True, text=True, timeout=500, check=False
+        )
+        assert result.returncode == 0, f"{command}\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+        outputs.append(result.stdout)
+    assert "moved" in outputs[-1], "the sink's query printed its table"
 
 
 def block_named(filename: str) -> str:
