@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """One entry point for a fresh machine: needs only Python 3.11+.
 
-`python3 dev.py demo` and `python3 dev.py test` create `.venv`, install the project with
-the extras they need (only when pyproject.toml changed since the last install), then run.
+`python3 dev.py demo [orders]` and `python3 dev.py test` create `.venv`, install the project
+with the extras that command needs, then run. The venv remembers which extras it holds and
+for which pyproject.toml: a command whose extras are already there (a `demo` after a `test`)
+installs nothing, and a missing one is added to what is there, never swapped for it.
 The justfile and `.ci/run` call this script, so there is one way to do each thing.
 """
 
@@ -10,34 +12,74 @@ from __future__ import annotations
 
 import ctypes.util
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 import venv
+from collections.abc import Collection
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PYTHON = BIN / "python"
-EXTRAS = "dev,postgres,spark"
+STAMP = VENV / ".txactors-installed"
+EVERYTHING = ("dev", "postgres", "spark")
+"""Tests, lint and benchmarks: the test tools, PostgreSQL and Spark."""
+DEMO_EXTRAS = ("postgres",)
+"""A demo needs the base dependencies, and asyncpg for `--db postgres`; not Spark (849 MB)."""
+DEMOS = {"transfer": "apps.transfer", "orders": "apps.orders"}
+"""`python3 dev.py demo [name] [flags]`: the bank transfer unless another one is named."""
 
 
-def ensure_env(extras: str = EXTRAS) -> None:
+def extras_to_install(
+    stamp: str | None, digest: str, wanted: Collection[str], known: Collection[str]
+) -> set[str] | None:
+    """The extras to install so that `wanted` is there, or None when it already is.
+
+    `stamp` is what the last install recorded (None: nothing yet). Extras it installed for
+    this same pyproject.toml count as installed; whatever is installed (and still exists)
+    is kept in a new install, so alternating commands never uninstall each other's extras.
+    """
+    try:
+        record = json.loads(stamp) if stamp else {}
+    except ValueError:  # an older stamp format: install afresh
+        record = {}
+    have = set(record.get("extras", ())) if isinstance(record, dict) else set()
+    if isinstance(record, dict) and record.get("pyproject") == digest and have >= set(wanted):
+        return None
+    return set(wanted) | (have & set(known))
+
+
+def ensure_env(extras: Collection[str] = EVERYTHING) -> None:
     if sys.version_info < (3, 11):  # noqa: UP036 (dev.py must explain itself on old Pythons)
         sys.exit(f"txactors needs Python 3.11 or newer; this is {sys.version.split()[0]}.")
     if not PYTHON.exists():
         print(f"creating virtual environment in {VENV}", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
-    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + extras.encode()).hexdigest()
-    stamp = VENV / ".txactors-installed"
-    if stamp.exists() and stamp.read_text() == digest:
+    import tomllib  # here: an old Python must reach the version check above
+
+    pyproject = (ROOT / "pyproject.toml").read_bytes()
+    digest = hashlib.sha256(pyproject).hexdigest()
+    known = tomllib.loads(pyproject.decode())["project"].get("optional-dependencies", {})
+    stamp = STAMP.read_text() if STAMP.exists() else None
+    install = extras_to_install(stamp, digest, extras, known)
+    if install is None:
         return
-    print(f"installing txactors[{extras}] into {VENV}", flush=True)
+    names = ",".join(sorted(install))
+    print(f"installing txactors[{names}] into {VENV}", flush=True)
     run([str(PYTHON), "-m", "pip", "install", "--quiet", "--upgrade", "pip"])
-    run([str(PYTHON), "-m", "pip", "install", "--quiet", "-e", f".[{extras}]"])
-    stamp.write_text(digest)
+    run([str(PYTHON), "-m", "pip", "install", "--quiet", "-e", f".[{names}]"])
+    STAMP.write_text(json.dumps({"pyproject": digest, "extras": sorted(install)}))
+
+
+def demo_command(args: list[str]) -> list[str]:
+    """`python -m <demo module> flags…` for `dev.py demo [name] flags…`."""
+    if args and args[0] in DEMOS:
+        return ["-m", DEMOS[args[0]], *args[1:]]
+    return ["-m", DEMOS["transfer"], *args]
 
 
 def ensure_fuse() -> None:
@@ -77,8 +119,8 @@ def main(argv: list[str]) -> None:
     if command == "setup":
         ensure_env()
     elif command == "demo":
-        ensure_env()
-        run([str(PYTHON), "-m", "apps.transfer", *rest])  # the bank transfer, with faults
+        ensure_env(DEMO_EXTRAS)
+        run([str(PYTHON), *demo_command(rest)])
     elif command == "test":
         ensure_env()
         ensure_fuse()
@@ -92,7 +134,7 @@ def main(argv: list[str]) -> None:
         ensure_env()
         run([str(PYTHON), "-m", "bench", *rest])
     else:
-        print("usage: python3 dev.py {setup|demo|test|lint|bench} [args...]")
+        print("usage: python3 dev.py {setup|demo [transfer|orders]|test|lint|bench} [args...]")
         sys.exit(0 if command == "help" else 2)
 
 
