@@ -23,8 +23,10 @@ from nats.aio.client import Client
 
 from apps.common.db import Database, Storage
 from apps.common.faults import Fault
+from apps.common.report import RECONCILIATION_TOPIC, Reconciliation
+from apps.common.timing import Timing
 from apps.orders.consumers import create_schema
-from apps.orders.demo import DATABASES, DemoReport, Timing, open_databases, run_demo
+from apps.orders.demo import DATABASES, DemoReport, open_databases, run_demo
 from apps.orders.events import CONSUMER_GROUPS, LOGISTICS, ORDERS_DB, POINTS, OrderItem, OrderPaid
 from apps.orders.reconcile import reconcile
 from apps.orders.service import (
@@ -34,17 +36,17 @@ from apps.orders.service import (
     PaymentAborted,
     UnknownOrder,
 )
-from tests.support.txn import FAST, topic_ids
+from tests.support.txn import FAST, topic_ids, topic_messages
 from txactors.coordinator import CoordinatorConfig
 from txactors.coordinator.service import run_coordinator
-from txactors.producer import CheckView, Decision, MessageView, TransactionProducer
+from txactors.producer import CheckView, Decision, MessageView, TransactionProducer, TxMessage
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_DSN = os.environ.get("TXACTORS_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 
 TIMING = Timing(
     coordinator=CoordinatorConfig(**FAST),
-    decide_after=1.0,
+    rollback_after=1.0,
     ack_wait=1.0,
     retry_delays=(0.1, 0.2, 0.5),
     drain_timeout=30.0,
@@ -76,7 +78,7 @@ async def demo(nc: Client, storage: Storage, *faults: Fault, orders: int = 12) -
         nc, url_of(nc), storage, orders=orders, concurrency=4, faults=faults, timing=TIMING
     )
     assert report.reconciliation is not None
-    assert report.reconciliation.problems() == []
+    assert report.reconciliation.mismatches == []
     assert report.drained
     assert report.ok
     return report
@@ -154,11 +156,54 @@ async def test_reconciliation_sees_a_double_apply(private_nc: Client, storage: S
             ["INSERT INTO shipments SELECT * FROM shipments WHERE order_id = 'order-00001'"]
         )
         await dbs[POINTS].script(["UPDATE user_points SET points = points - 1"])
-        result = await reconcile(dbs[ORDERS_DB], {g: dbs[g] for g in CONSUMER_GROUPS}, private_nc)
+        groups = {g: dbs[g] for g in CONSUMER_GROUPS}
+        async with run_coordinator(private_nc, config=CoordinatorConfig(**FAST)):
+            result = await reconcile(dbs[ORDERS_DB], groups, private_nc)
     assert not result.ok
-    failed = {check.name for check in result.checks if not check.ok}
-    assert failed == {LOGISTICS, POINTS}
-    assert "logistics: order order-00001 has 2 shipments" in result.problems()
+    failed = {(check.section, check.name) for check in result.mismatches}
+    assert failed == {
+        (LOGISTICS, "paid orders shipped once"),
+        (LOGISTICS, "shipped twice or more"),
+        (POINTS, "users whose points are those of their paid orders"),
+        (POINTS, "points of all users"),
+    }
+
+
+async def test_the_reconciliation_is_published(private_nc: Client, storage: Storage) -> None:
+    report = await demo(private_nc, storage, orders=3)
+    published = await topic_messages(private_nc, RECONCILIATION_TOPIC)
+    decoded = [msgspec.msgpack.decode(m.data, type=Reconciliation) for m in published]
+    assert decoded == [report.reconciliation]
+    assert decoded[0].app == "orders"
+
+
+async def test_a_rerun_on_the_same_server_starts_clean(
+    private_nc: Client, storage: Storage
+) -> None:
+    """The second run finds the first one's topic, offsets and a transaction it left open;
+    it starts clean anyway (another seed: other orders paid)."""
+    first = await demo(private_nc, storage, Fault.LOCAL_FAILURE, orders=8)
+    async with (
+        run_coordinator(private_nc, config=CoordinatorConfig(**FAST)),
+        TransactionProducer(private_nc, "order-service", lambda view: Decision.UNKNOWN) as left,
+    ):
+        txn = left.begin()  # an earlier run's payment, never ended, its process gone
+        await txn.send(TxMessage("orders", event("order-00001", at=0.0), tag="paid"))
+    second = await run_demo(
+        private_nc,
+        url_of(private_nc),
+        storage,
+        orders=8,
+        concurrency=4,
+        faults=[Fault.LOCAL_FAILURE],
+        timing=TIMING,
+        seed=2,
+    )
+    assert second.reconciliation is not None
+    assert second.reconciliation.mismatches == [], second.reconciliation.mismatches
+    assert second.ok and first.ok
+    assert second.outcomes != first.outcomes  # another seed: not the same orders declined
+    assert len(await topic_ids(private_nc, "orders")) == second.payments["paid"]
 
 
 # -- the order service itself -------------------------------------------------------------
@@ -262,9 +307,11 @@ def run_command(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_command_runs_the_demo_and_reconciles(tmp_path: Path) -> None:
-    result = run_command("--orders", "6", "--concurrency", "2", "--data-dir", str(tmp_path))
+    args = ("--orders", "6", "--concurrency", "2", "--faults", "none", "--data-dir", str(tmp_path))
+    result = run_command(*args)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "reconciled: every group agrees with the order database" in result.stdout
+    assert "reconciled: " in result.stdout and ", 0 mismatches" in result.stdout
+    assert "MISMATCH" not in result.stdout
     assert "payment: paid" in result.stdout
     assert {p.name for p in tmp_path.glob("*.db")} == {f"{name}.db" for name in DATABASES}
 

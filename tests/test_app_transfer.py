@@ -328,3 +328,24 @@ def test_the_demo_command_runs_with_every_fault(tmp_path: Path) -> None:
     assert "embedded nats-server" in result.stdout
     assert "0 mismatches" in result.stdout
     assert "MISMATCH" not in result.stdout
+
+
+async def test_a_rerun_on_the_same_nats_data_dir_starts_clean(
+    sqlite: Storage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's `TXACTORS_DATA_DIR=… python -m apps.transfer`, twice: the second run's
+    embedded server holds the first run's topic, which must not count as committed transfers
+    without a debit (another seed: other transfer ids)."""
+    monkeypatch.delenv("NATS_URL", raising=False)
+    monkeypatch.setenv("TXACTORS_DATA_DIR", str(tmp_path / "nats"))
+    for seed in (1, 2):
+        faults = frozenset({Fault.LOST_END, Fault.LOCAL_FAILURE})
+        config = DemoConfig(
+            sqlite, transfers=20, concurrency=4, faults=faults, seed=seed, timing=FAST
+        )
+        result = await run_demo(config)
+        assert result.drained
+        assert result.reconciliation.ok, (seed, result.reconciliation.mismatches)
+    checks = {check.name: check for check in result.reconciliation.checks}
+    assert checks["committed messages without a debit"].actual == 0
+    assert checks["debited in alipay → credited once in yuebao"].actual > 0

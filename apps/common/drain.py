@@ -1,9 +1,10 @@
-"""Waiting until a demo's pipeline is empty, before reconciling its books.
+"""Is a demo's pipeline empty? Waiting for it before reconciling, and proving it after.
 
-Drained means: no transaction is open at the coordinator (every one committed, rolled back
-or discarded; a committed one's messages are on their topics before that) and every consumer
-group has acked everything on its topic (nothing pending, nothing awaiting an ack or a
-retry). Only then do the databases say everything they will ever say.
+Drained means: no transaction of the demo's producer group is open at the coordinator
+(every one committed, rolled back or discarded; a committed one's messages are on their
+topics before that) and every consumer group has acked everything on its topic (nothing
+pending, nothing awaiting an ack or a retry). Only then do the databases say everything they
+will ever say. Only the demo's own groups count: other users of a shared server do not.
 """
 
 from __future__ import annotations
@@ -13,16 +14,25 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 from nats.aio.client import Client
+from nats.js.errors import NotFoundError
 
+from apps.common.report import Check
 from txactors import layout
-from txactors.admin import list_transactions
+from txactors.admin import find_transactions
 from txactors.coordinator.lifecycle import TxnState
+from txactors.protocol import ListTransactions
 
 
-async def open_transactions(nc: Client, *, partitions: int = 1) -> int:
-    """Transactions not yet in a final state (discarded ones are final for the checker)."""
-    pending = await list_transactions(nc, partitions=partitions)
-    return sum(info.state != TxnState.DISCARDED for info in pending)
+async def open_transactions(nc: Client, group: str | None = None, *, partitions: int = 1) -> int:
+    """Transactions (of producer group `group`, or all) not yet in a final state (discarded
+    is final for the checker)."""
+    found = await find_transactions(nc, ListTransactions(group=group), partitions=partitions)
+    return sum(info.state != TxnState.DISCARDED for info in found.transactions)
+
+
+async def discarded_transactions(nc: Client, group: str, *, partitions: int = 1) -> int:
+    where = ListTransactions(group=group, states=[TxnState.DISCARDED])
+    return len((await find_transactions(nc, where, partitions=partitions)).transactions)
 
 
 async def unhandled_messages(nc: Client, topic: str, group: str) -> int:
@@ -31,22 +41,71 @@ async def unhandled_messages(nc: Client, topic: str, group: str) -> int:
     return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
 
 
+async def dead_letters(nc: Client, group: str) -> int:
+    try:
+        return int((await nc.jetstream().stream_info(layout.dlq_stream(group))).state.messages)
+    except NotFoundError:
+        return 0
+
+
 async def wait_drained(
     nc: Client,
     groups: Sequence[tuple[str, str]],
     *,
     timeout: float,
+    producer_group: str | None = None,
     also: Callable[[], Awaitable[bool]] | None = None,
     poll: float = 0.1,
     partitions: int = 1,
 ) -> bool:
-    """Wait until drained (see the module docstring) for every `(topic, group)`, and `also()`
-    is true; False if that did not happen within `timeout` seconds."""
+    """Wait until drained (see the module docstring) for every `(topic, consumer group)`
+    and `producer_group` (None: every group), and `also()` is true; False if that did not
+    happen within `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if await open_transactions(nc, partitions=partitions) == 0:
+        if await open_transactions(nc, producer_group, partitions=partitions) == 0:
             counts = [await unhandled_messages(nc, topic, group) for topic, group in groups]
             if not any(counts) and (also is None or await also()):
                 return True
         await anyio.sleep(poll)
     return False
+
+
+async def pipeline_checks(
+    nc: Client, producer_group: str, groups: Sequence[tuple[str, str]]
+) -> list[Check]:
+    """The reconciliation's "pipeline" rows: nothing open, discarded, unhandled or
+    dead-lettered (a run that did not drain shows here as a mismatch)."""
+    checks = [
+        Check(
+            section="pipeline",
+            name="transactions still open",
+            expected=0,
+            actual=await open_transactions(nc, producer_group),
+        ),
+        Check(
+            section="pipeline",
+            name="transactions discarded",
+            expected=0,
+            actual=await discarded_transactions(nc, producer_group),
+        ),
+    ]
+    for topic, group in groups:
+        checks.append(
+            Check(
+                section="pipeline",
+                name=f"{group}: messages not handled yet",
+                expected=0,
+                actual=await unhandled_messages(nc, topic, group),
+            )
+        )
+    for group in dict.fromkeys(group for _, group in groups):
+        checks.append(
+            Check(
+                section="pipeline",
+                name=f"{group}: messages dead-lettered",
+                expected=0,
+                actual=await dead_letters(nc, group),
+            )
+        )
+    return checks

@@ -16,11 +16,14 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
 import anyio
 import anyio.abc
+
+from apps.common.report import Check
 
 ROOT = Path(__file__).resolve().parents[2]
 """The directory holding the `apps` package: where children run from."""
@@ -58,6 +61,57 @@ def parse_faults(text: str) -> frozenset[Fault]:
                 f"unknown fault {name!r}; choose all, none, or any of: {choices}"
             ) from None
     return frozenset(chosen)
+
+
+DEFAULT_FAULTS = "all"
+"""Both demos inject every fault unless told otherwise: that is what they are there to show."""
+
+
+@dataclass
+class FaultLog:
+    """What the injected faults really did, for the reconciliation's "faults" rows: proof
+    that each fault happened (a child died by SIGKILL, a duplicate was delivered), not only
+    that the books came out right."""
+
+    producer_exits: list[int] = field(default_factory=list)
+    """Exit codes of the producer children (-SIGKILL when killed)."""
+    consumer_exits: list[int] = field(default_factory=list)
+
+    def checks(
+        self, faults: frozenset[Fault], *, producers: int, duplicates: int, absorbed: int
+    ) -> list[Check]:
+        """`producers`: producer children the plan started; `duplicates`: deliveries made
+        twice on purpose; `absorbed`: second deliveries the consumers found applied."""
+        checks = []
+        if Fault.PRODUCER_CRASH in faults:
+            checks.append(
+                Check(
+                    section="faults",
+                    name="producer processes SIGKILLed after prepare",
+                    expected=producers,
+                    actual=self.producer_exits.count(-signal.SIGKILL),
+                )
+            )
+        if Fault.CONSUMER_CRASH in faults:
+            checks.append(
+                Check(
+                    section="faults",
+                    name="consumer processes SIGKILLed mid-apply",
+                    expected=1,
+                    actual=self.consumer_exits.count(-signal.SIGKILL),
+                )
+            )
+        if Fault.DUPLICATE in faults:
+            checks.append(
+                Check(
+                    section="faults",
+                    name="duplicate deliveries absorbed (nothing applied)",
+                    expected=duplicates,
+                    actual=absorbed,
+                    at_least=True,  # a slow ack may bring another, also absorbed
+                )
+            )
+        return checks
 
 
 class LostAck(Exception):

@@ -81,8 +81,23 @@ def render(reconciliation: Reconciliation, title: str) -> Table:
 
 def verdict(reconciliation: Reconciliation) -> str:
     if reconciliation.ok:
-        return f"[bold green]books balance: {len(reconciliation.checks)} checks, 0 mismatches[/]"
+        return f"[bold green]reconciled: {len(reconciliation.checks)} checks, 0 mismatches[/]"
     return f"[bold red]{len(reconciliation.mismatches)} MISMATCHES[/]"
+
+
+def show(
+    console: Console,
+    reconciliation: Reconciliation,
+    *,
+    drained: bool = True,
+    drain_timeout: float = 0.0,
+    title: str = "reconciliation",
+) -> None:
+    """The table, then the verdict: what both demos print at the end of a run."""
+    console.print(render(reconciliation, title))
+    if not drained:
+        console.print(f"[red]the pipeline did not drain within {drain_timeout:g}s[/]")
+    console.print(verdict(reconciliation))
 
 
 async def publish(

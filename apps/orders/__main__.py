@@ -1,88 +1,83 @@
 """`python -m apps.orders`: pay N orders end to end, with faults, and reconcile every group.
 
-    python -m apps.orders --orders 100 --concurrency 8 --faults all --db sqlite
-    python -m apps.orders --db postgres --dsn postgresql://postgres@127.0.0.1:5432/test
+    python -m apps.orders --orders 200 --concurrency 16 --faults all --db sqlite
+    python -m apps.orders --db postgres --pg-dsn postgresql://postgres@127.0.0.1:5432/test
 
-Exits 1 if any consumer group's database disagrees with the order database.
+The flags shared with the transfer demo are in apps/common/options.py. Prints the
+reconciliation, publishes it on the `reconciliation` topic (tag `orders`), and exits 1 if
+the topic or any consumer group's database disagrees with the order database.
 """
 
 from __future__ import annotations
 
-import tempfile
-from enum import StrEnum
-from pathlib import Path
-from typing import Annotated
-
 import anyio
 import typer
 from rich.console import Console
-from rich.progress import Progress
 from rich.table import Table
 
-from apps.common.db import DEFAULT_PG_DSN, Storage
-from apps.common.faults import Fault, parse_faults
-from apps.orders.demo import DemoReport, run_demo
+from apps.common.db import Storage
+from apps.common.faults import Fault
+from apps.common.options import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_FAULTS,
+    DEFAULT_PG_DSN,
+    DEFAULT_SEED,
+    Backend,
+    Concurrency,
+    DataDir,
+    Db,
+    Faults,
+    PgDsn,
+    PgPrefix,
+    Seed,
+    faults_option,
+    storage_of,
+)
+from apps.common.report import progress_bar, show
+from apps.common.timing import Timing
+from apps.orders.demo import DATABASES, DemoReport, run_demo
 from txactors.cli import run_cli
 from txactors.connection import nats_session
 from txactors.logs import configure_logging
 
-
-class Backend(StrEnum):
-    SQLITE = "sqlite"
-    POSTGRES = "postgres"
+DEMO = "orders"
+MISMATCH = 1
 
 
 def main(
-    orders: Annotated[int, typer.Option(min=1, help="How many orders to create and pay.")] = 100,
-    concurrency: Annotated[
-        int, typer.Option(min=1, help="Payments (and handlers) in flight at once.")
-    ] = 8,
-    faults: Annotated[
-        str, typer.Option(help=f"all, none, or a comma-separated list of: {', '.join(Fault)}.")
-    ] = "none",
-    db: Annotated[Backend, typer.Option(help="Where every service keeps its data.")] = (
-        Backend.SQLITE
-    ),
-    dsn: Annotated[str, typer.Option(envvar="ORDERS_PG_DSN", help="PostgreSQL DSN.")] = (
-        DEFAULT_PG_DSN
-    ),
-    schema_prefix: Annotated[
-        str, typer.Option(help="PostgreSQL: each service gets the schema <prefix><service>.")
-    ] = "orders_demo_",
-    data_dir: Annotated[
-        Path | None,
-        typer.Option(help="SQLite: directory of the database files (temporary by default)."),
-    ] = None,
-    seed: Annotated[
-        int, typer.Option(help="Seeds the carts and which orders get which fault.")
-    ] = 7,
+    orders: int = typer.Option(200, min=1, help="How many orders to create and pay."),
+    concurrency: Concurrency = DEFAULT_CONCURRENCY,
+    faults: Faults = DEFAULT_FAULTS,
+    seed: Seed = DEFAULT_SEED,
+    db: Db = Backend.SQLITE,
+    data_dir: DataDir = None,
+    pg_dsn: PgDsn = DEFAULT_PG_DSN,
+    pg_prefix: PgPrefix = None,
 ) -> None:
-    configure_logging("ERROR")
-    try:
-        chosen = parse_faults(faults)
-    except ValueError as error:
-        raise typer.BadParameter(str(error), param_hint="--faults") from error
-    with tempfile.TemporaryDirectory(prefix="orders-") as scratch:
-        if db is Backend.SQLITE:
-            storage = Storage.sqlite(data_dir or Path(scratch))
-        else:
-            storage = Storage.postgres(dsn, prefix=schema_prefix)
-        report = anyio.run(_run, storage, orders, concurrency, chosen, seed)
+    """Create and pay orders (with faults), drain, and reconcile every consumer group."""
+    chosen = faults_option(faults)
+    configure_logging("ERROR")  # the faults are on purpose: keep their warnings off screen
+    storage = storage_of(DEMO, db, data_dir, pg_dsn, pg_prefix)
+    report = anyio.run(_run, storage, orders, concurrency, chosen, seed)
     if not report.ok:
-        raise typer.Exit(1)
+        raise typer.Exit(MISMATCH)
 
 
 async def _run(
     storage: Storage, orders: int, concurrency: int, faults: frozenset[Fault], seed: int
 ) -> DemoReport:
     console = Console()
+    timing = Timing()
+    console.print(
+        f"[bold]txactors orders[/]: {orders} orders paid, {concurrency} at a time; "
+        f"faults: {', '.join(sorted(faults)) or 'none'}"
+    )
+    for name in DATABASES:
+        console.print(f"  {name}: {storage.describe(name)}")
     async with nats_session() as session:
-        where = "an embedded nats-server" if session.server else session.url
-        console.print(
-            f"[bold]{orders} orders[/], concurrency {concurrency}, faults: "
-            f"{', '.join(sorted(faults)) or 'none'}, databases: {storage.kind}, NATS: {where}"
-        )
-        with Progress(console=console) as progress:
+        where = "embedded nats-server" if session.server else "NATS"
+        console.print(f"  {where} at {session.url}; coordinator in this process")
+        with progress_bar(console) as progress:
             report = await run_demo(
                 session.nc,
                 session.url,
@@ -90,19 +85,19 @@ async def _run(
                 orders=orders,
                 concurrency=concurrency,
                 faults=faults,
+                timing=timing,
                 seed=seed,
                 progress=progress,
             )
     console.print(_summary(report))
+    console.print(f"{report.seconds:.1f}s from seeding to drained")
     assert report.reconciliation is not None
-    console.print(report.reconciliation.table())
-    for problem in report.reconciliation.problems():
-        console.print(f"  [red]✘[/] {problem}")
-    if not report.drained:
-        console.print("[red]the pipeline did not drain in time[/]")
-    verdict = "[green]reconciled: every group agrees with the order database[/]"
-    console.print(verdict if report.ok else "[red]MISMATCH[/]")
-    console.print(f"{report.seconds:.1f} s")
+    show(
+        console,
+        report.reconciliation,
+        drained=report.drained,
+        drain_timeout=timing.drain_timeout,
+    )
     return report
 
 

@@ -23,6 +23,7 @@ import msgspec
 
 from apps.common.db import Storage
 from apps.common.faults import child_process
+from apps.common.timing import Timing
 from apps.orders.consumers import GroupHandler
 from apps.orders.events import PAID_TAG, PRODUCER_GROUP, TOPIC
 from apps.orders.service import OrderService
@@ -47,33 +48,49 @@ class ChildConfig(msgspec.Struct, frozen=True, kw_only=True):
     ack_wait: float
     retry_delays: tuple[float, ...]
 
+    @classmethod
+    def of(cls, timing: Timing, nats_url: str, storage: Storage, db: str) -> ChildConfig:
+        return cls(
+            nats_url=nats_url,
+            storage=storage.to_args(),
+            db=db,
+            decide_after=timing.rollback_after,
+            ack_wait=timing.ack_wait,
+            retry_delays=timing.retry_delays,
+        )
 
-async def kill_producer_after_prepare(config: ChildConfig, order_id: str, stage: str) -> str:
-    """Run a producer child that pays `order_id` up to `stage`, SIGKILL it; returns the txid."""
+
+async def kill_producer_after_prepare(
+    config: ChildConfig, order_id: str, stage: str
+) -> tuple[str, int]:
+    """Run a producer child that pays `order_id` up to `stage`, SIGKILL it; returns the txid
+    and how the child ended (-SIGKILL)."""
     return await _kill_at(
         ["pay", msgspec.json.encode(config).decode(), order_id, stage], "HOLDING", timeout=30
     )
 
 
-async def kill_consumer_mid_apply(config: ChildConfig, group: str, timeout: float) -> str | None:
+async def kill_consumer_mid_apply(
+    config: ChildConfig, group: str, timeout: float
+) -> tuple[str | None, int]:
     """Run a consumer child of `group`; SIGKILL it in the middle of applying its first
-    message (returns that msg_id), or after `timeout` if no message came (returns None)."""
-    try:
-        return await _kill_at(
-            ["consume", msgspec.json.encode(config).decode(), group], "APPLYING", timeout
-        )
-    except TimeoutError:
-        return None
+    message (returns that msg_id), or after `timeout` if no message came (returns None);
+    and how the child ended."""
+    return await _kill_at(
+        ["consume", msgspec.json.encode(config).decode(), group], "APPLYING", timeout
+    )
 
 
-async def _kill_at(args: list[str], marker: str, timeout: float) -> str:
-    """Start the child, wait for its `marker` line, SIGKILL it; the rest of that line."""
+async def _kill_at(args: list[str], marker: str, timeout: float) -> tuple[str | None, int]:
+    """Start the child, wait for its `marker` line (at most `timeout` s), SIGKILL it; the
+    rest of that line (None if it never came), and the child's exit code."""
     async with child_process("apps.orders.child", *args) as child:
-        rest = await child.expect(marker, timeout)
+        try:
+            rest: str | None = await child.expect(marker, timeout)
+        except TimeoutError:
+            rest = None
         child.process.send_signal(signal.SIGKILL)
-        if (code := await child.wait()) != -signal.SIGKILL:
-            raise RuntimeError(f"child {args[0]} exited with {code}, not by SIGKILL")
-        return rest
+        return rest, await child.wait()
 
 
 # -- the child side -------------------------------------------------------------------------

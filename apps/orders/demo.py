@@ -9,7 +9,6 @@ timeout passed.
 
 from __future__ import annotations
 
-import contextlib
 import random
 import time
 from collections import Counter
@@ -18,12 +17,16 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 
 import anyio
-import nats.js.errors
 from nats.aio.client import Client
 from rich.progress import Progress
 
 from apps.common.db import Database, Storage
-from apps.common.faults import Fault
+from apps.common.drain import wait_drained
+from apps.common.faults import Fault, FaultLog
+from apps.common.fresh import start_clean
+from apps.common.options import DEFAULT_CONCURRENCY, DEFAULT_SEED
+from apps.common.report import Reconciliation, publish
+from apps.common.timing import Timing
 from apps.orders.child import (
     AFTER_COMMIT,
     BEFORE_COMMIT,
@@ -44,65 +47,45 @@ from apps.orders.events import (
     OrderPaid,
 )
 from apps.orders.faults import FaultPlan
-from apps.orders.reconcile import Reconciliation, reconcile
-from apps.orders.service import PAID, Charge, OrderService, PaymentDeclined
-from txactors import layout
-from txactors.admin import list_transactions
+from apps.orders.reconcile import Expectation, reconcile
+from apps.orders.service import Charge, OrderService, PaymentAborted, PaymentDeclined
 from txactors.consumer import Consumer
-from txactors.coordinator import CoordinatorConfig
 from txactors.coordinator.service import run_coordinator
 from txactors.producer import TransactionProducer
 
 CATALOG = {"book": 1_250, "mug": 899, "lamp": 4_500, "pen": 199, "desk": 25_000, "tea": 650}
 DATABASES = (ORDERS_DB, *CONSUMER_GROUPS)
 
-
-@dataclass(frozen=True, kw_only=True)
-class Timing:
-    """How quickly the check-back and redeliveries act; tests shrink everything."""
-
-    coordinator: CoordinatorConfig
-    decide_after: float
-    """An unpaid attempt this old is rolled back by the check-back (see OrderService)."""
-    ack_wait: float
-    """A delivery unacked this long (its consumer died) goes to another consumer."""
-    retry_delays: tuple[float, ...]
-    drain_timeout: float
-
-    def child(self, nats_url: str, storage: Storage, db: str) -> ChildConfig:
-        return ChildConfig(
-            nats_url=nats_url,
-            storage=storage.to_args(),
-            db=db,
-            decide_after=self.decide_after,
-            ack_wait=self.ack_wait,
-            retry_delays=self.retry_delays,
-        )
-
-
-DEMO_TIMING = Timing(
-    coordinator=CoordinatorConfig(
-        transaction_timeout=1.0,
-        check_interval=0.5,
-        check_interval_max=2.0,
-        check_answer_timeout=2.0,
-    ),
-    decide_after=3.0,
-    ack_wait=3.0,
-    retry_delays=(0.5, 1.0, 2.0, 5.0),
-    drain_timeout=60.0,
-)
+PAID = "paid"
+DECLINED = "declined (rolled back)"
+TOO_SLOW = "refused: too slow to commit locally"
+KILLED_BEFORE = "producer killed before its local commit"
+KILLED_AFTER = "producer killed after its local commit"
+END_LOST = "end lost"
+ENDS_PAID = {
+    PAID: True,
+    END_LOST: True,
+    KILLED_AFTER: True,
+    DECLINED: False,
+    KILLED_BEFORE: False,
+    TOO_SLOW: False,
+}
+"""How each way a payment can go must end: paid and announced, or neither."""
 
 
 @dataclass
 class DemoReport:
-    payments: Counter[str] = field(default_factory=Counter)
-    """How each payment went, by outcome (paid, declined, end lost, …)."""
+    outcomes: dict[str, str] = field(default_factory=dict)
+    """How each order's payment went (PAID, DECLINED, …), by order id."""
     handlers: dict[str, GroupHandler] = field(default_factory=dict)
     consumer_killed_at: str | None = None
     drained: bool = False
     seconds: float = 0.0
     reconciliation: Reconciliation | None = None
+
+    @property
+    def payments(self) -> Counter[str]:
+        return Counter(self.outcomes.values())
 
     @property
     def ok(self) -> bool:
@@ -126,25 +109,28 @@ async def run_demo(
     storage: Storage,
     *,
     orders: int,
-    concurrency: int,
+    concurrency: int = DEFAULT_CONCURRENCY,
     faults: Iterable[Fault],
-    timing: Timing = DEMO_TIMING,
-    seed: int = 7,
+    timing: Timing | None = None,
+    seed: int = DEFAULT_SEED,
     progress: Progress | None = None,
 ) -> DemoReport:
-    """Run the demo on `nc`, with a fresh database per service (DATABASES) in `storage`."""
+    """Run the demo on `nc`, with a fresh database per service (DATABASES) in `storage`,
+    and publish its reconciliation (see apps.common.report)."""
     if orders < 1 or concurrency < 1:
         raise ValueError("orders and concurrency must be at least 1")
+    timing = timing or Timing()
+    faults = frozenset(faults)
     progress = progress or Progress(disable=True)
     rng = random.Random(seed)
     report = DemoReport()
+    log = FaultLog()
     started = time.monotonic()
-    await _fresh_topic(nc)
     async with open_databases(storage) as dbs:
         order_ids = [f"order-{i:05d}" for i in range(orders)]
         plan = FaultPlan.draw(order_ids, faults, rng)
         service = OrderService(
-            dbs[ORDERS_DB], charge=_declining(plan.declined), decide_after=timing.decide_after
+            dbs[ORDERS_DB], charge=_declining(plan.declined), decide_after=timing.rollback_after
         )
         await service.create_schema()
         for group in CONSUMER_GROUPS:
@@ -173,6 +159,9 @@ async def run_demo(
             TransactionProducer(nc, PRODUCER_GROUP, service.check) as producer,
             AsyncExitStack() as consumers,
         ):
+            await start_clean(
+                nc, producer_group=PRODUCER_GROUP, topics=[TOPIC], consumer_groups=CONSUMER_GROUPS
+            )
             service.attach(producer)
             late = {LOGISTICS} if plan.consumer_killed else set()
             for group in CONSUMER_GROUPS:
@@ -184,34 +173,51 @@ async def run_demo(
                     service,
                     order_ids,
                     plan,
-                    timing,
-                    nats_url,
-                    storage,
+                    ChildConfig.of(timing, nats_url, storage, ORDERS_DB),
                     concurrency,
                     report,
+                    log,
                     progress,
                 )
                 if plan.consumer_killed:
                     # The child takes the first logistics message and is killed holding it;
                     # only then does this process's logistics consumer start, so the
                     # redelivery (after ack_wait) is what brings that message here.
-                    report.consumer_killed_at = await kill_consumer_mid_apply(
-                        timing.child(nats_url, storage, LOGISTICS), LOGISTICS, timeout=30
+                    child = ChildConfig.of(timing, nats_url, storage, LOGISTICS)
+                    report.consumer_killed_at, code = await kill_consumer_mid_apply(
+                        child, LOGISTICS, timeout=30
                     )
+                    log.consumer_exits.append(code)
             for group in late:
                 await consumers.enter_async_context(consumer(group))
-            report.drained = await _drain(nc, service.db, report, plan, timing, progress)
-        report.reconciliation = await reconcile(
-            dbs[ORDERS_DB], {group: dbs[group] for group in CONSUMER_GROUPS}, nc
-        )
-    report.seconds = time.monotonic() - started
+            report.drained = await _drain(nc, report, timing, progress)
+            report.seconds = time.monotonic() - started
+            expectations = [
+                Expectation(outcome, ids, ENDS_PAID[outcome])
+                for outcome, ids in _by_outcome(report.outcomes).items()
+            ]
+            duplicates = len(plan.lose_first_ack) * len(CONSUMER_GROUPS)
+            absorbed = sum(handler.absorbed for handler in report.handlers.values())
+            producers = len(plan.killed_before_commit | plan.killed_after_commit)
+            extra = log.checks(
+                faults, producers=producers, duplicates=duplicates, absorbed=absorbed
+            )
+            report.reconciliation = await reconcile(
+                dbs[ORDERS_DB],
+                {group: dbs[group] for group in CONSUMER_GROUPS},
+                nc,
+                expectations=expectations,
+                extra=extra,
+            )
+            await publish(nc, report.reconciliation)
     return report
 
 
-async def _fresh_topic(nc: Client) -> None:
-    """Reconciliation reads the whole topic: start it (and the groups' offsets) empty."""
-    with contextlib.suppress(nats.js.errors.NotFoundError):
-        await nc.jetstream().delete_stream(layout.topic_stream(TOPIC))
+def _by_outcome(outcomes: dict[str, str]) -> dict[str, list[str]]:
+    grouped: dict[str, list[str]] = {}
+    for order_id, outcome in sorted(outcomes.items()):
+        grouped.setdefault(outcome, []).append(order_id)
+    return grouped
 
 
 async def _seed(
@@ -247,36 +253,41 @@ async def _pay_all(
     service: OrderService,
     order_ids: list[str],
     plan: FaultPlan,
-    timing: Timing,
-    nats_url: str,
-    storage: Storage,
+    child: ChildConfig,
     concurrency: int,
     report: DemoReport,
+    log: FaultLog,
     progress: Progress,
 ) -> None:
     task = progress.add_task("pay orders", total=len(order_ids))
     limit = anyio.Semaphore(concurrency)
-    child = timing.child(nats_url, storage, ORDERS_DB)
 
     async def pay(order_id: str) -> None:
         async with limit:
             if order_id in plan.killed_before_commit:
-                await kill_producer_after_prepare(child, order_id, BEFORE_COMMIT)
-                outcome = "producer killed before its local commit"
+                _, code = await kill_producer_after_prepare(child, order_id, BEFORE_COMMIT)
+                log.producer_exits.append(code)
+                outcome = KILLED_BEFORE
             elif order_id in plan.killed_after_commit:
-                await kill_producer_after_prepare(child, order_id, AFTER_COMMIT)
-                outcome = "producer killed after its local commit"
+                _, code = await kill_producer_after_prepare(child, order_id, AFTER_COMMIT)
+                log.producer_exits.append(code)
+                outcome = KILLED_AFTER
             elif order_id in plan.end_lost:
                 txn, event = await service.prepare_payment(order_id)
-                await service.record_payment(txn.txid, event)
-                outcome = "end lost"  # no end is sent: the check-back must settle it
+                try:
+                    await service.record_payment(txn.txid, event)
+                    outcome = END_LOST  # no end is sent: the check-back must settle it
+                except PaymentAborted:
+                    outcome = TOO_SLOW
             else:
                 try:
                     await service.pay_order(order_id)
-                    outcome = "paid"
+                    outcome = PAID
                 except PaymentDeclined:
-                    outcome = "declined (rolled back)"
-            report.payments[outcome] += 1
+                    outcome = DECLINED
+                except PaymentAborted:  # a loaded machine: the check-back rolled it back
+                    outcome = TOO_SLOW
+            report.outcomes[order_id] = outcome
             progress.advance(task)
 
     async with anyio.create_task_group() as tg:
@@ -284,30 +295,23 @@ async def _pay_all(
             tg.start_soon(pay, order_id)
 
 
-async def _drain(
-    nc: Client,
-    orders_db: Database,
-    report: DemoReport,
-    plan: FaultPlan,
-    timing: Timing,
-    progress: Progress,
-) -> bool:
-    """Wait until no transaction is open and every group applied every paid order (and
-    absorbed the duplicates it was sent); False if `drain_timeout` passed first."""
+async def _drain(nc: Client, report: DemoReport, timing: Timing, progress: Progress) -> bool:
+    """Wait until no transaction is open and every group handled everything (see
+    apps.common.drain); False if `drain_timeout` passed first."""
     tasks = {group: progress.add_task(f"{group} applied", total=None) for group in report.handlers}
-    with anyio.move_on_after(timing.drain_timeout):
-        while True:
-            rows = await orders_db.fetch("SELECT order_id FROM orders WHERE status = ?", PAID)
-            paid = {order for (order,) in rows}
-            duplicates = len(plan.lose_first_ack & paid)
-            open_txns = [t for t in await list_transactions(nc) if t.state != "discarded"]
-            done = not open_txns and all(
-                h.applied >= len(paid) and h.absorbed >= duplicates
-                for h in report.handlers.values()
-            )
-            for group, handler in report.handlers.items():
-                progress.update(tasks[group], total=len(paid), completed=handler.applied)
-            if done:
-                return True
-            await anyio.sleep(0.1)
-    return False
+    paid = sum(ENDS_PAID[outcome] for outcome in report.outcomes.values())
+
+    async def show_progress() -> bool:
+        for group, handler in report.handlers.items():
+            progress.update(tasks[group], total=paid, completed=handler.applied)
+        return True
+
+    drained = await wait_drained(
+        nc,
+        [(TOPIC, group) for group in CONSUMER_GROUPS],
+        producer_group=PRODUCER_GROUP,
+        timeout=timing.drain_timeout,
+        also=show_progress,
+    )
+    await show_progress()
+    return drained

@@ -1,7 +1,7 @@
-"""Reconciliation: do the consumer groups' databases agree with the order database?
+"""Reconciliation: do the topic and the consumer groups' databases agree with the orders?
 
-The order database is the truth: an order is paid or it is not. From it alone follows what
-every other place must hold, and each check compares that with what is really there:
+The order database is the truth: an order is paid (by one transaction) or it is not. From it
+alone follows what every other place must hold, and each check counts what is really there:
 
 - topic `orders`: exactly one `order.paid` per paid order, carrying the txid that paid it,
   and none for an unpaid (declined, rolled back) order;
@@ -9,75 +9,41 @@ every other place must hold, and each check compares that with what is really th
 - points: each user's balance is the points of their paid orders;
 - cart: each user's cart holds exactly the items of their unpaid orders (every order was
   placed from the cart; paying takes its items out);
-- each group applied each message once (its `message_apply` rows).
+- each group applied as many messages as there are paid orders (its `message_apply` rows).
+
+A demo adds what it intended (`Expectation`s: which orders must end paid, which never), the
+common pipeline rows (nothing open, unhandled or dead-lettered) and its fault rows.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import msgspec
 from nats.aio.client import Client
-from rich import box
-from rich.table import Table
 
 from apps.common.db import Database
-from apps.orders.events import CART, LOGISTICS, POINTS, TOPIC, OrderPaid, points_for
+from apps.common.drain import pipeline_checks
+from apps.common.report import Check, Reconciliation
+from apps.orders.events import CART, LOGISTICS, POINTS, PRODUCER_GROUP, TOPIC, OrderPaid, points_for
 from apps.orders.service import PAID
 from txactors import layout
 from txactors.consumer.idempotent import TABLE as APPLY_TABLE
 from txactors.coordinator.recovery import read_subject
 
-SHOWN_PROBLEMS = 5
+APP = "orders"
 
 
-@dataclass(frozen=True)
-class Check:
-    """One line of the reconciliation table."""
+@dataclass(frozen=True, slots=True)
+class Expectation:
+    """Orders `ids` (one way their payment went) must all end paid and announced, or all
+    unpaid and never announced."""
 
-    name: str
-    expected: int
-    found: int
-    what: str
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems and self.expected == self.found
-
-
-@dataclass(frozen=True)
-class Reconciliation:
-    checks: list[Check]
-
-    @property
-    def ok(self) -> bool:
-        return all(check.ok for check in self.checks)
-
-    @property
-    def mismatches(self) -> int:
-        return sum(len(check.problems) or (not check.ok) for check in self.checks)
-
-    def table(self) -> Table:
-        table = Table(title="reconciliation", box=box.SIMPLE_HEAD)
-        table.add_column("check")
-        table.add_column("counts")
-        table.add_column("expected", justify="right")
-        table.add_column("found", justify="right")
-        table.add_column("result")
-        for check in self.checks:
-            result = "[green]ok[/]" if check.ok else f"[red]{len(check.problems)} mismatches[/]"
-            table.add_row(check.name, check.what, str(check.expected), str(check.found), result)
-        return table
-
-    def problems(self) -> list[str]:
-        return [
-            f"{check.name}: {problem}"
-            for check in self.checks
-            for problem in check.problems[:SHOWN_PROBLEMS]
-        ]
+    scenario: str
+    ids: Sequence[str]
+    paid: bool
 
 
 @dataclass(frozen=True)
@@ -103,73 +69,115 @@ class Truth:
 
 
 async def reconcile(
-    orders_db: Database, group_dbs: Mapping[str, Database], nc: Client
+    orders_db: Database,
+    group_dbs: Mapping[str, Database],
+    nc: Client,
+    *,
+    expectations: Sequence[Expectation] = (),
+    extra: Sequence[Check] = (),
 ) -> Reconciliation:
     truth = await Truth.read(orders_db)
+    announced = await read_topic(nc)
     checks = [
-        await check_topic(nc, truth),
-        await check_logistics(group_dbs[LOGISTICS], truth),
-        await check_points(group_dbs[POINTS], truth),
-        await check_cart(group_dbs[CART], truth),
+        *check_topic(announced, truth),
+        *await check_logistics(group_dbs[LOGISTICS], truth),
+        *await check_points(group_dbs[POINTS], truth),
+        *await check_cart(group_dbs[CART], truth),
     ]
     for group, db in group_dbs.items():
         checks.append(await check_applied(group, db, truth))
-    return Reconciliation(checks)
+    checks += check_scenarios(expectations, announced, truth)
+    checks += await pipeline_checks(nc, PRODUCER_GROUP, [(TOPIC, group) for group in group_dbs])
+    checks += extra
+    return Reconciliation(app=APP, checks=checks)
 
 
-async def check_topic(nc: Client, truth: Truth) -> Check:
+async def read_topic(nc: Client) -> dict[str, list[str | None]]:
+    """The txid of every `order.paid` on the topic, by order id."""
+    announced: dict[str, list[str | None]] = {}
     js = nc.jetstream()
-    seen: Counter[str] = Counter()
-    problems = []
     async for msg in read_subject(js, layout.topic_stream(TOPIC), layout.topic_filter(TOPIC), 1):
         event = msgspec.msgpack.decode(msg.data, type=OrderPaid)
-        seen[event.order_id] += 1
-        txid = (msg.headers or {}).get(layout.TXID_HEADER)
-        paid = truth.paid.get(event.order_id)
-        if paid is not None and paid[2] != txid:
-            problems.append(f"{event.order_id} announced by {txid}, paid by {paid[2]}")
-    problems += _exactly_once(seen, truth.paid, "message")
-    return Check(f"topic {TOPIC}", len(truth.paid), seen.total(), "order.paid messages", problems)
+        announced.setdefault(event.order_id, []).append((msg.headers or {}).get(layout.TXID_HEADER))
+    return announced
 
 
-async def check_logistics(db: Database, truth: Truth) -> Check:
+def check_topic(announced: Mapping[str, list[str | None]], truth: Truth) -> list[Check]:
+    section = f"topic {TOPIC}"
+    return [
+        Check(
+            section=section,
+            name="paid orders announced once, by the txid that paid them",
+            expected=len(truth.paid),
+            actual=sum(
+                announced.get(order) == [txid] for order, (_, _, txid) in truth.paid.items()
+            ),
+        ),
+        *_never_twice_never_unpaid(
+            section, "announced", Counter({o: len(t) for o, t in announced.items()}), truth
+        ),
+    ]
+
+
+async def check_logistics(db: Database, truth: Truth) -> list[Check]:
     rows = await db.fetch("SELECT order_id FROM shipments")
-    seen = Counter(order for (order,) in rows)
-    problems = _exactly_once(seen, truth.paid, "shipment")
-    return Check(LOGISTICS, len(truth.paid), seen.total(), "shipments", problems)
+    shipped = Counter(order for (order,) in rows)
+    return [
+        Check(
+            section=LOGISTICS,
+            name="paid orders shipped once",
+            expected=len(truth.paid),
+            actual=sum(shipped[order] == 1 for order in truth.paid),
+        ),
+        *_never_twice_never_unpaid(LOGISTICS, "shipped", shipped, truth),
+    ]
 
 
-async def check_points(db: Database, truth: Truth) -> Check:
+async def check_points(db: Database, truth: Truth) -> list[Check]:
     expected: Counter[str] = Counter()
     for user, amount, _ in truth.paid.values():
         expected[user] += points_for(amount)
-    found = Counter(
-        {
-            user: int(points)
-            for user, points in await db.fetch("SELECT user_id, points FROM user_points")
-        }
-    )
-    problems = [
-        f"{user} has {found[user]} points, expected {expected[user]}"
-        for user in sorted(set(expected) | set(found))
-        if found[user] != expected[user]
+    rows = await db.fetch("SELECT user_id, points FROM user_points")
+    found = Counter({user: int(points) for user, points in rows})
+    users = set(expected) | set(found)
+    return [
+        Check(
+            section=POINTS,
+            name="users whose points are those of their paid orders",
+            expected=len(users),
+            actual=sum(found[user] == expected[user] for user in users),
+        ),
+        Check(
+            section=POINTS,
+            name="points of all users",
+            expected=expected.total(),
+            actual=found.total(),
+        ),
     ]
-    return Check(POINTS, expected.total(), found.total(), "points", problems)
 
 
-async def check_cart(db: Database, truth: Truth) -> Check:
+async def check_cart(db: Database, truth: Truth) -> list[Check]:
     expected: Counter[tuple[str, str]] = Counter()
     for order, user, sku, quantity in truth.items:
         if order not in truth.paid:
             expected[user, sku] += quantity
     rows = await db.fetch("SELECT user_id, sku, quantity FROM cart_items")
     found = Counter({(user, sku): int(quantity) for user, sku, quantity in rows})
-    problems = [
-        f"{user}'s cart holds {found[user, sku]} x {sku}, expected {expected[user, sku]}"
-        for user, sku in sorted(set(expected) | set(found))
-        if found[user, sku] != expected[user, sku]
+    lines = set(expected) | set(found)
+    return [
+        Check(
+            section=CART,
+            name="cart lines holding their unpaid orders' items",
+            expected=len(lines),
+            actual=sum(found[line] == expected[line] for line in lines),
+        ),
+        Check(
+            section=CART,
+            name="items left in carts",
+            expected=expected.total(),
+            actual=found.total(),
+        ),
     ]
-    return Check(CART, expected.total(), found.total(), "items left in carts", problems)
 
 
 async def check_applied(group: str, db: Database, truth: Truth) -> Check:
@@ -177,8 +185,58 @@ async def check_applied(group: str, db: Database, truth: Truth) -> Check:
     if await _has_table(db, APPLY_TABLE):  # created by the first apply
         rows = await db.fetch(f"SELECT COUNT(*) FROM {APPLY_TABLE} WHERE consumer_group = ?", group)
         applied = int(rows[0][0])
-    problems = [] if applied == len(truth.paid) else [f"{applied} messages applied"]
-    return Check(f"{group} applied", len(truth.paid), applied, "messages applied once", problems)
+    return Check(
+        section="exactly once",
+        name=f"{group}: messages applied (one per paid order)",
+        expected=len(truth.paid),
+        actual=applied,
+    )
+
+
+def check_scenarios(
+    expectations: Sequence[Expectation],
+    announced: Mapping[str, list[str | None]],
+    truth: Truth,
+) -> list[Check]:
+    checks = []
+    for expectation in expectations:
+        if expectation.paid:
+            name, expected = "paid, announced once", len(expectation.ids)
+            actual = sum(
+                order in truth.paid and len(announced.get(order, ())) == 1
+                for order in expectation.ids
+            )
+        else:
+            name, expected = "unpaid, never announced", 0
+            actual = sum(order in truth.paid or order in announced for order in expectation.ids)
+        checks.append(
+            Check(
+                section="scenarios",
+                name=f"{expectation.scenario}: {name}",
+                expected=expected,
+                actual=actual,
+            )
+        )
+    return checks
+
+
+def _never_twice_never_unpaid(
+    section: str, done: str, seen: Counter[str], truth: Truth
+) -> list[Check]:
+    return [
+        Check(
+            section=section,
+            name=f"{done} twice or more",
+            expected=0,
+            actual=sum(n > 1 for n in seen.values()),
+        ),
+        Check(
+            section=section,
+            name=f"{done}, never paid (declined / rolled back)",
+            expected=0,
+            actual=sum(order not in truth.paid for order in seen),
+        ),
+    ]
 
 
 async def _has_table(db: Database, name: str) -> bool:
@@ -187,12 +245,3 @@ async def _has_table(db: Database, name: str) -> bool:
     else:
         sql = "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema() AND tablename = ?"
     return bool(await db.fetchval(sql, name))
-
-
-def _exactly_once(seen: Counter[str], paid: Mapping[str, object], thing: str) -> list[str]:
-    problems = [f"paid order {order} has no {thing}" for order in sorted(paid) if not seen[order]]
-    problems += [f"order {order} has {n} {thing}s" for order, n in sorted(seen.items()) if n > 1]
-    problems += [
-        f"unpaid order {order} has a {thing}" for order in sorted(seen) if order not in paid
-    ]
-    return problems

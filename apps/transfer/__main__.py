@@ -5,15 +5,14 @@
     python -m apps.transfer send --from a-001 --to b-002 --amount 12.50
     python -m apps.transfer reconcile
 
-The banks' databases stay after a run (SQLite files in --data-dir, or PostgreSQL schemas
-`<prefix>alipay` and `<prefix>yuebao`), so `send` and `reconcile` work on what the demo
-seeded.
+The flags shared with the order demo are in apps/common/options.py. The banks' databases
+stay after a run (SQLite files in --data-dir, or PostgreSQL schemas `<prefix>alipay` and
+`<prefix>yuebao`), so `send` and `reconcile` work on what the demo seeded; the next demo
+run starts them (and the topic) afresh.
 """
 
 from __future__ import annotations
 
-import enum
-import tempfile
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
@@ -21,12 +20,28 @@ import anyio
 import typer
 from rich.console import Console
 
-from apps.common.db import DEFAULT_PG_DSN, Storage
+from apps.common.db import Storage
 from apps.common.drain import wait_drained
-from apps.common.faults import parse_faults
-from apps.common.report import Reconciliation, render, verdict
+from apps.common.options import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_FAULTS,
+    DEFAULT_PG_DSN,
+    DEFAULT_SEED,
+    Backend,
+    Concurrency,
+    DataDir,
+    Db,
+    Faults,
+    PgDsn,
+    PgPrefix,
+    Seed,
+    faults_option,
+    storage_of,
+)
+from apps.common.report import Reconciliation, show
+from apps.common.timing import Timing
 from apps.transfer.bank import ALIPAY, YUEBAO, Bank, TransferRefused
-from apps.transfer.demo import DemoConfig, Timing, run_demo
+from apps.transfer.demo import DemoConfig, run_demo
 from apps.transfer.messages import RECEIVER_GROUP, SENDER_GROUP, TOPIC
 from apps.transfer.receiver import Receiver
 from apps.transfer.reconcile import reconcile
@@ -37,7 +52,8 @@ from txactors.coordinator.service import run_coordinator
 from txactors.logs import configure_logging
 from txactors.producer import TransactionProducer
 
-DEFAULT_DATA_DIR = Path(tempfile.gettempdir()) / "txactors-transfer"
+DEMO = "transfer"
+
 BAD_INPUT = 2
 MISMATCH = 1
 
@@ -45,21 +61,8 @@ app = typer.Typer(add_completion=False, help=__doc__.split("\n\n")[0])
 console = Console()
 
 
-class DbKind(enum.StrEnum):
-    sqlite = "sqlite"
-    postgres = "postgres"
-
-
-DB = typer.Option(DbKind.sqlite, help="Where the banks keep their books.")
-DATA_DIR = typer.Option(DEFAULT_DATA_DIR, help="SQLite: directory of alipay.db and yuebao.db.")
-PG_DSN = typer.Option(DEFAULT_PG_DSN, help="PostgreSQL: the database both banks live in.")
-PG_PREFIX = typer.Option("", help="PostgreSQL: schema name prefix (schemas <prefix>alipay, …).")
-
-
-def storage_of(db: DbKind, data_dir: Path, pg_dsn: str, pg_prefix: str) -> Storage:
-    if db is DbKind.sqlite:
-        return Storage.sqlite(data_dir)
-    return Storage.postgres(pg_dsn, pg_prefix)
+def banks(db: Backend, data_dir: Path | None, pg_dsn: str, pg_prefix: str | None) -> Storage:
+    return storage_of(DEMO, db, data_dir, pg_dsn, pg_prefix)
 
 
 def fail(message: str, code: int = BAD_INPUT) -> typer.Exit:
@@ -71,43 +74,38 @@ def fail(message: str, code: int = BAD_INPUT) -> typer.Exit:
 def demo(
     ctx: typer.Context,
     transfers: int = typer.Option(200, min=1, help="How many transfers to run."),
-    concurrency: int = typer.Option(16, min=1, help="Transfers in flight at once."),
-    faults: str = typer.Option(
-        "all",
-        help="Faults to inject: all, none, or a comma list of local-failure, producer-crash, "
-        "lost-end, consumer-crash, duplicate.",
-    ),
-    db: DbKind = DB,
-    data_dir: Path = DATA_DIR,
-    pg_dsn: str = PG_DSN,
-    pg_prefix: str = PG_PREFIX,
+    concurrency: Concurrency = DEFAULT_CONCURRENCY,
+    faults: Faults = DEFAULT_FAULTS,
+    seed: Seed = DEFAULT_SEED,
+    db: Db = Backend.SQLITE,
+    data_dir: DataDir = None,
+    pg_dsn: PgDsn = DEFAULT_PG_DSN,
+    pg_prefix: PgPrefix = None,
 ) -> None:
     """Seed both banks, run transfers (with faults), drain, and prove the books."""
     if ctx.invoked_subcommand is not None:
         return
-    try:
-        chosen = parse_faults(faults)
-    except ValueError as error:
-        raise fail(str(error)) from None
+    chosen = faults_option(faults)
     configure_logging("ERROR")  # the faults are on purpose: keep their warnings off screen
-    storage = storage_of(db, data_dir, pg_dsn, pg_prefix)
-    config = DemoConfig(storage, transfers, concurrency, chosen)
+    storage = banks(db, data_dir, pg_dsn, pg_prefix)
+    config = DemoConfig(storage, transfers, concurrency, chosen, seed=seed)
     names = ", ".join(sorted(chosen)) or "none"
     console.print(
         f"[bold]txactors bank transfer[/]: {transfers} transfers alipay → yuebao, "
         f"{concurrency} at a time; faults: {names}"
     )
     result = anyio.run(run_demo, config, console)
-    reconciliation = result.reconciliation
-    console.print(render(reconciliation, "reconciliation"))
     took = f"{result.seconds:.1f}s from first transfer to drained"
     if not chosen:  # with faults, the time is mostly the wait for check-backs and redelivery
         took += f" ({transfers / result.seconds:,.0f} transfers/s)"
     console.print(took)
-    console.print(verdict(reconciliation))
-    if not result.drained:
-        console.print(f"[red]the pipeline did not drain within {config.timing.drain_timeout}s[/]")
-    if not reconciliation.ok:
+    show(
+        console,
+        result.reconciliation,
+        drained=result.drained,
+        drain_timeout=config.timing.drain_timeout,
+    )
+    if not result.reconciliation.ok:
         raise typer.Exit(MISMATCH)
 
 
@@ -128,14 +126,14 @@ def send(
     source: str = typer.Option(..., "--from", help="An alipay account, e.g. a-001."),
     target: str = typer.Option(..., "--to", help="A yuebao account, e.g. b-001."),
     amount: str = typer.Option(..., help="Yuan, e.g. 12.50."),
-    db: DbKind = DB,
-    data_dir: Path = DATA_DIR,
-    pg_dsn: str = PG_DSN,
-    pg_prefix: str = PG_PREFIX,
+    db: Db = Backend.SQLITE,
+    data_dir: DataDir = None,
+    pg_dsn: PgDsn = DEFAULT_PG_DSN,
+    pg_prefix: PgPrefix = None,
 ) -> None:
     """Send one transfer through the whole pipeline, on the banks a demo run seeded."""
     configure_logging("ERROR")
-    storage = storage_of(db, data_dir, pg_dsn, pg_prefix)
+    storage = banks(db, data_dir, pg_dsn, pg_prefix)
     try:
         balances = anyio.run(send_one, storage, source, target, amount)
     except TransferRefused as error:
@@ -166,7 +164,9 @@ async def send_one(
                 refused: TransferRefused | None = error
             else:
                 refused = None
-                await wait_drained(session.nc, [(TOPIC, RECEIVER_GROUP)], timeout=30)
+                await wait_drained(
+                    session.nc, [(TOPIC, RECEIVER_GROUP)], producer_group=SENDER_GROUP, timeout=30
+                )
         if refused is not None:
             raise refused
         after = [await alipay.balance(source), await yuebao.balance(target)]
@@ -196,18 +196,17 @@ async def open_banks(storage: Storage) -> tuple[Bank, Bank]:
 
 @app.command("reconcile")
 def reconcile_command(
-    db: DbKind = DB,
-    data_dir: Path = DATA_DIR,
-    pg_dsn: str = PG_DSN,
-    pg_prefix: str = PG_PREFIX,
+    db: Db = Backend.SQLITE,
+    data_dir: DataDir = None,
+    pg_dsn: PgDsn = DEFAULT_PG_DSN,
+    pg_prefix: PgPrefix = None,
 ) -> None:
     """Prove the books of both banks as they are now (databases only); exit 1 on a mismatch."""
     try:
-        reconciliation = anyio.run(reconcile_books, storage_of(db, data_dir, pg_dsn, pg_prefix))
+        reconciliation = anyio.run(reconcile_books, banks(db, data_dir, pg_dsn, pg_prefix))
     except TransferRefused as error:
         raise fail(str(error)) from None
-    console.print(render(reconciliation, "reconciliation (books only)"))
-    console.print(verdict(reconciliation))
+    show(console, reconciliation, title="reconciliation (books only)")
     if not reconciliation.ok:
         raise typer.Exit(MISMATCH)
 

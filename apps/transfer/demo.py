@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import enum
 import random
-import signal
 import time
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
@@ -38,8 +37,11 @@ from rich.progress import Progress, TaskID
 
 from apps.common.db import Storage
 from apps.common.drain import wait_drained
-from apps.common.faults import Child, Fault, child_process
-from apps.common.report import Check, Reconciliation, progress_bar, publish
+from apps.common.faults import Child, Fault, FaultLog, child_process
+from apps.common.fresh import start_clean
+from apps.common.options import DEFAULT_CONCURRENCY, DEFAULT_SEED
+from apps.common.report import Reconciliation, progress_bar, publish
+from apps.common.timing import Timing
 from apps.transfer.bank import ALIPAY, YUEBAO, Bank, InsufficientFunds, TransferRefused
 from apps.transfer.messages import RECEIVER_GROUP, SENDER_GROUP, TOPIC, Transfer
 from apps.transfer.receiver import Receiver
@@ -48,7 +50,6 @@ from apps.transfer.sender import Sender
 from txactors.config import ENV_VARS
 from txactors.connection import nats_session
 from txactors.consumer import Consumer
-from txactors.coordinator.config import CoordinatorConfig
 from txactors.coordinator.service import run_coordinator
 from txactors.producer import TransactionProducer
 
@@ -56,27 +57,7 @@ CRASH_MODULE = "apps.transfer.crash"
 OPENING = 100_000
 """Cents every account opens with (¥1,000), on top of what its planned transfers need."""
 MAX_AMOUNT = 5_000
-
-
-@dataclass(frozen=True, slots=True)
-class Timing:
-    """Short check-back and redelivery times, so faults resolve in seconds, not minutes."""
-
-    coordinator: CoordinatorConfig = field(
-        default_factory=lambda: CoordinatorConfig(
-            transaction_timeout=0.5,
-            check_interval=0.25,
-            check_interval_max=0.5,
-            check_answer_timeout=2.0,
-            check_max=40,
-        )
-    )
-    rollback_after: float = 2.0
-    """The checker's bound: unrecorded transfers older than this are rolled back."""
-    ack_wait: float = 2.0
-    """How long a delivered message may go unacked before another consumer gets it."""
-    retry_delays: tuple[float, ...] = (0.2, 0.5, 1.0)
-    drain_timeout: float = 60.0
+PRODUCER_CHILDREN = 1
 
 
 class Scenario(enum.StrEnum):
@@ -168,10 +149,10 @@ def make_plan(count: int, faults: frozenset[Fault], accounts: int, rng: random.R
 class DemoConfig:
     storage: Storage
     transfers: int = 200
-    concurrency: int = 16
+    concurrency: int = DEFAULT_CONCURRENCY
     faults: frozenset[Fault] = frozenset(Fault)
     accounts: int = 20
-    seed: int = 7
+    seed: int = DEFAULT_SEED
     timing: Timing = field(default_factory=Timing)
 
 
@@ -220,6 +201,9 @@ async def _run(
         AsyncExitStack() as children,
     ):
         nc = session.nc
+        await start_clean(
+            nc, producer_group=SENDER_GROUP, topics=[TOPIC], consumer_groups=[RECEIVER_GROUP]
+        )
         if console is not None:
             where = "embedded nats-server" if session.server else "NATS"
             console.print(f"  {where} at {session.url}; coordinator in this process")
@@ -263,7 +247,10 @@ async def _run(
                     )
                 late += faults.late
                 drained = await wait_drained(
-                    nc, [(TOPIC, RECEIVER_GROUP)], timeout=timing.drain_timeout
+                    nc,
+                    [(TOPIC, RECEIVER_GROUP)],
+                    producer_group=SENDER_GROUP,
+                    timeout=timing.drain_timeout,
                 )
                 seconds = time.perf_counter() - started
                 progress.update(credited, completed=await yuebao.credited_count())
@@ -278,7 +265,12 @@ async def _run(
             expectations.append(Expectation(TOO_SLOW, late, committed=False))
         if faults.crashed_apply:
             expectations.append(Expectation(CONSUMER_CRASHED, faults.crashed_apply, True))
-        extra = faults.checks(config.faults, len(plan.of(Scenario.DUPLICATE)), receiver)
+        extra = faults.log.checks(
+            config.faults,
+            producers=PRODUCER_CHILDREN,
+            duplicates=len(plan.of(Scenario.DUPLICATE)),
+            absorbed=receiver.duplicates,
+        )
         reconciliation = await reconcile(
             alipay, yuebao, nc=nc, expectations=expectations, extra=extra
         )
@@ -326,34 +318,13 @@ async def _send_all(
 
 @dataclass
 class Faults:
-    """What the injected crashes did, for the reconciliation's fault rows."""
+    """What the injected crashes did: the common log, and what only this demo needs."""
 
-    producer_exit: int | None = None
-    consumer_exit: int | None = None
+    log: FaultLog = field(default_factory=FaultLog)
     crashed_apply: list[str] = field(default_factory=list)
     """The transfer the consumer child was applying when it died."""
     late: list[str] = field(default_factory=list)
     """Transfers the producer child was too slow to debit (so they must roll back)."""
-
-    def checks(self, faults: frozenset[Fault], duplicates: int, receiver: Receiver) -> list[Check]:
-        checks = []
-        if Fault.PRODUCER_CRASH in faults:
-            name = "producer processes SIGKILLed after prepare"
-            killed = int(self.producer_exit == -signal.SIGKILL)
-            checks.append(Check(section="faults", name=name, expected=1, actual=killed))
-        if Fault.CONSUMER_CRASH in faults:
-            name = "consumer processes SIGKILLed mid-apply"
-            killed = int(self.consumer_exit == -signal.SIGKILL)
-            checks.append(Check(section="faults", name=name, expected=1, actual=killed))
-        if Fault.DUPLICATE in faults:
-            name = "duplicate deliveries absorbed (nothing applied)"
-            actual = receiver.duplicates
-            checks.append(
-                Check(
-                    section="faults", name=name, expected=duplicates, actual=actual, at_least=True
-                )
-            )
-        return checks
 
 
 async def _producer_crash(
@@ -377,7 +348,7 @@ async def _producer_crash(
             if outcome == "late":
                 faults.late.append(transfer_id)
             progress.advance(task)
-        faults.producer_exit = await child.wait()
+        faults.log.producer_exits.append(await child.wait())
 
 
 async def _consumer_crash(
@@ -387,6 +358,6 @@ async def _consumer_crash(
     message it held comes back to ours once its ack wait runs out."""
     try:
         faults.crashed_apply.append(await child.expect("APPLYING", timeout=60))
-        faults.consumer_exit = await child.wait()
+        faults.log.consumer_exits.append(await child.wait())
     finally:
         await services.start(consumer.run)

@@ -16,15 +16,12 @@ from dataclasses import dataclass
 
 import msgspec
 from nats.aio.client import Client
-from nats.js.errors import NotFoundError
 
-from apps.common.drain import open_transactions
+from apps.common.drain import pipeline_checks
 from apps.common.report import Check, Reconciliation
 from apps.transfer.bank import Bank
-from apps.transfer.messages import RECEIVER_GROUP, TOPIC, Transfer
+from apps.transfer.messages import RECEIVER_GROUP, SENDER_GROUP, TOPIC, Transfer
 from txactors import layout
-from txactors.admin import list_transactions
-from txactors.coordinator.lifecycle import TxnState
 from txactors.coordinator.recovery import read_subject
 
 APP = "transfer"
@@ -128,11 +125,6 @@ async def _pipeline_checks(nc: Client, sent: dict[str, int]) -> list[Check]:
     published: list[str] = []
     async for msg in read_subject(js, layout.topic_stream(TOPIC), layout.topic_filter(TOPIC), 1):
         published.append(msgspec.msgpack.decode(msg.data, type=Transfer).id)
-    discarded = await list_transactions(nc, states=[TxnState.DISCARDED])
-    try:
-        dead = (await js.stream_info(layout.dlq_stream(RECEIVER_GROUP))).state.messages
-    except NotFoundError:
-        dead = 0
     return [
         Check(
             section="pipeline",
@@ -146,12 +138,5 @@ async def _pipeline_checks(nc: Client, sent: dict[str, int]) -> list[Check]:
             expected=0,
             actual=len(sent.keys() - set(published)),
         ),
-        Check(
-            section="pipeline",
-            name="transactions still open",
-            expected=0,
-            actual=await open_transactions(nc),
-        ),
-        Check(section="pipeline", name="transactions discarded", expected=0, actual=len(discarded)),
-        Check(section="pipeline", name="messages dead-lettered", expected=0, actual=dead),
+        *await pipeline_checks(nc, SENDER_GROUP, [(TOPIC, RECEIVER_GROUP)]),
     ]
