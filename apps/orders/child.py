@@ -62,7 +62,7 @@ class ChildConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 async def kill_producer_after_prepare(
     config: ChildConfig, order_id: str, stage: str
-) -> tuple[str, int]:
+) -> tuple[str | None, int]:
     """Run a producer child that pays `order_id` up to `stage`, SIGKILL it; returns the txid
     and how the child ended (-SIGKILL)."""
     return await _kill_at(
