@@ -21,6 +21,8 @@ NOT_RUN = {
     "python3 dev.py demo": "builds a fresh .venv first (minutes, network); the demo it runs is "
     "`python -m apps.transfer`, run below from the Spark block and by tests/test_app_transfer.py",
     "python3 dev.py test": "the whole test suite, of which this test is part",
+    "python3 dev.py demo orders": "builds a fresh .venv first, like `dev.py demo`; the demo it "
+    "runs is `python -m apps.orders`, run end to end by tests/test_app_orders.py",
 }
 """README shell commands this file does not run, and why."""
 
