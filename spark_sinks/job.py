@@ -453,6 +453,7 @@ class _Watch:
                 continue
             self.finished[topic] = batch_id
             self.running.pop(topic, None)
+            self.idle_said = False  # a batch that ran between two polls was never seen running
             self.rows += rows
             self.emit(
                 BatchProgress(

@@ -263,3 +263,19 @@ def _version() -> str:
     from txactors.metrics import build_version
 
     return build_version()
+
+
+def test_a_declared_consumer_exports_its_series_at_zero_before_it_runs() -> None:
+    """A scrape right after `txactors run --metrics-port` starts must already show them."""
+    from prometheus_client import generate_latest
+
+    app = TxApp("svc")
+
+    @app.consumer("jobs", group="workers")
+    async def work(body: bytes) -> None:
+        pass
+
+    text = generate_latest(app.metrics.registry).decode()
+    labels = 'group="workers",topic="jobs"'
+    assert f"txactors_consumer_dead_letters_total{{{labels}}} 0.0" in text
+    assert f"txactors_consumer_handler_seconds_count{{{labels}}} 0.0" in text

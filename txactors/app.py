@@ -157,6 +157,7 @@ class TxApp:
                     },
                 )
             )
+            self.metrics.track(topic, group)  # its series exist, at zero, before it runs
             return handler
 
         return register
