@@ -429,33 +429,14 @@ class PartitionCoordinator(Actor):
         bodies = self._bodies.setdefault(done.txid, _Bodies(done.group))
         for stored in done.stored:
             bodies.messages[stored.half.index] = stored.message
-        await self._handle(
-            HalvesStored(
-                txid=done.txid,
-                token=tokens.digest(done.token),
-                group=done.group,
-                producer=done.producer,
-                halves=tuple(s.half for s in done.stored),
-                begins=done.begins,
-                request_id=done.request_id,
-            )
-        )
+        await self._handle(_stored_event(done, done.request_id))
 
     async def _halves_refused(self, done: _HalvesAppended, waiting: _Waiting) -> None:
         """JetStream refused some halves for good: the prepare fails, and nothing of the
         transaction may ever be delivered, so what did land is rolled back at once."""
         del self._waiting[done.request_id]
         if done.stored:
-            await self._handle(
-                HalvesStored(
-                    txid=done.txid,
-                    token=tokens.digest(done.token),
-                    group=done.group,
-                    producer=done.producer,
-                    halves=tuple(s.half for s in done.stored),
-                    begins=done.begins,
-                )
-            )
+            await self._handle(_stored_event(done, None))
         if self.table.outcome(done.txid) is not None:
             request_id = self._new_request_id()
             self._waiting[request_id] = _Waiting(None, lambda state: None)  # nobody to answer
@@ -621,6 +602,19 @@ class PartitionCoordinator(Actor):
         request_id = self._new_request_id()
         self._waiting[request_id] = _Waiting(request, reply)
         return request_id
+
+
+def _stored_event(done: _HalvesAppended, request_id: str | None) -> HalvesStored:
+    """What the table learns from appended halves (with the request to answer, if any)."""
+    return HalvesStored(
+        txid=done.txid,
+        token=tokens.digest(done.token),
+        group=done.group,
+        producer=done.producer,
+        halves=tuple(s.half for s in done.stored),
+        begins=done.begins,
+        request_id=request_id,
+    )
 
 
 def read_raw_half_from(append: Append, ack: PubAck) -> StoredHalf:
