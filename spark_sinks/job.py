@@ -446,14 +446,19 @@ class _Watch:
             # An idle trigger reports a progress with no rows under the next batch's id; only
             # batches that moved rows are reported (and the real batch keeps its id).
             end = _seq(source.get("endOffset"), stream)
+            read_before = self.read[topic]
             if end is not None:
                 self.read[topic] = max(self.read[topic], end)
             rows = int(progress["numInputRows"])
             if batch_id <= self.finished[topic] or not rows:
                 continue
             self.finished[topic] = batch_id
-            self.running.pop(topic, None)
-            self.idle_said = False  # a batch that ran between two polls was never seen running
+            seen = self.running.pop(topic, None)
+            if seen is None or seen[0] != batch_id:  # it ran between two polls: say it started
+                start = _seq(source.get("startOffset"), stream)
+                first = (read_before if start is None else start) + 1
+                self.emit(BatchStarted(topic, batch_id, first, end or first + rows - 1))
+            self.idle_said = False
             self.rows += rows
             self.emit(
                 BatchProgress(

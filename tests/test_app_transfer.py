@@ -28,7 +28,7 @@ from apps.common.faults import Fault
 from apps.common.report import RECONCILIATION_TOPIC, Reconciliation
 from apps.transfer.__main__ import app
 from apps.transfer.bank import ALIPAY, YUEBAO, Bank, TransferRefused
-from apps.transfer.demo import DemoConfig, DemoResult, Timing, run_demo
+from apps.transfer.demo import TOO_SLOW, DemoConfig, DemoResult, Timing, run_demo
 from apps.transfer.reconcile import reconcile
 from apps.transfer.sender import new_transfer
 from tests.conftest import MakeNatsServer
@@ -118,7 +118,13 @@ def assert_faults_happened(result: DemoResult, faults: frozenset[Fault]) -> None
     if Fault.LOCAL_FAILURE in faults:
         assert checks["insufficient funds: rolled back, never applied"].actual == 0
     if Fault.PRODUCER_CRASH in faults:  # both outcomes of the check-back
-        assert checks["producer killed, had debited: committed, credited once"].actual == 2
+        debited = checks["producer killed, had debited: committed, credited once"]
+        # On a loaded machine the crashing child can be refused as too slow to debit; the demo
+        # then reconciles that transfer as a rollback, on its own row.
+        # (`expected` counts the transfers left in the scenario after that.)
+        some_too_slow = any(name.startswith(TOO_SLOW) for name in checks)
+        assert debited.actual == debited.expected
+        assert debited.expected == 2 or (debited.expected < 2 and some_too_slow)
         assert "producer killed, had not debited: rolled back, never applied" in checks
     if Fault.CONSUMER_CRASH in faults:
         assert checks["consumer killed mid-apply: committed, credited once"].actual == 1
