@@ -236,14 +236,15 @@ async def test_a_producer_check_endpoint_answers_a_malformed_block_and_still_che
 # -- a connection closed for good ----------------------------------------------------------------
 
 
-async def test_a_coordinator_whose_connection_closes_for_good_stops_with_an_error(
-    make_nats_server: MakeNatsServer,
+@pytest.mark.parametrize("role", [run_coordinator, producer], ids=["coordinator", "producer"])
+async def test_a_role_whose_connection_closes_for_good_stops_with_an_error(
+    make_nats_server: MakeNatsServer, role: Callable[[Client], Any]
 ) -> None:
     server = await make_nats_server()
     nc = await connect(server.url, max_reconnect_attempts=1, reconnect_time_wait=0.1)
     try:
         with anyio.fail_after(15), pytest.raises(NatsConnectionLost):
-            async with run_coordinator(nc):
+            async with role(nc):
                 await server.stop()
                 await anyio.sleep_forever()
     finally:
@@ -274,20 +275,6 @@ async def test_a_consumer_whose_connection_closes_for_good_stops_with_an_error(
                 await tg.start(run)
                 await server.stop()
         assert len(lost) == 1, "run() ended with the error itself"
-    finally:
-        await nc.close()
-
-
-async def test_a_producer_whose_connection_closes_for_good_stops_with_an_error(
-    make_nats_server: MakeNatsServer,
-) -> None:
-    server = await make_nats_server()
-    nc = await connect(server.url, max_reconnect_attempts=1, reconnect_time_wait=0.1)
-    try:
-        with anyio.fail_after(15), pytest.raises(NatsConnectionLost):
-            async with producer(nc):
-                await server.stop()
-                await anyio.sleep_forever()
     finally:
         await nc.close()
 
