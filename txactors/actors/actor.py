@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from txactors.actors.ref import LocalActorRef
@@ -19,7 +19,14 @@ class Actor:
     `receive` returns the reply to an `ask` (ignored for a `tell`). Raising hands the error
     to the supervisor; an `ask` waiting on that message gets the exception. Returning a
     `protocol.Error` answers with an error code without counting as a failure.
+
+    An actor that must wait (for I/O, for another actor) before it can answer sets
+    `answers_later`: `receive` then gets each ask, local or served, as its `Request` handle
+    and calls `request.answer(...)` when it knows, from this or a later message. Tells
+    still arrive bare. Both ways answer through the same handle.
     """
+
+    answers_later: ClassVar[bool] = False
 
     #: Set by the system before `on_start`: lets the actor tell itself or hand out its ref.
     ref: LocalActorRef

@@ -1,8 +1,10 @@
 """The running side of one actor: mailbox, message loop, supervision, teardown.
 
 Split like pykka's loop into setup (instance + `on_start`), running (one message at a
-time) and teardown (`on_stop`, then every envelope still queued fails with
-`ActorDeadError`, so no asker is left hanging).
+time) and teardown (`on_stop`, then every request still queued fails with
+`ActorDeadError`, so no asker is left hanging). Each request is answered through its own
+handle (`Request`): with `receive`'s return value, or by the actor itself when it answers
+later.
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
 from txactors.actors.actor import Actor
-from txactors.actors.envelope import Envelope
+from txactors.actors.envelope import Request
 from txactors.actors.ref import LocalActorRef
 from txactors.actors.supervision import Directive, RestartBudget, Supervisor
-from txactors.errors import ActorDeadError, MailboxFull
+from txactors.errors import ActorDeadError, ActorError, MailboxFull
 from txactors.logs import get_logger
 
 if TYPE_CHECKING:
@@ -33,7 +35,7 @@ class _Stop:
     """Mailbox sentinel that wakes an idle actor so it notices a stop request."""
 
 
-_STOP = Envelope(_Stop())
+_STOP = Request(_Stop())
 
 #: Messages an actor may take from its mailbox in a row before it yields to other tasks.
 FAIRNESS_BATCH = 64
@@ -74,11 +76,11 @@ class _TaskRunner:
                 "actor_task_failed", task=getattr(fn, "__name__", repr(fn)), error=repr(error)
             )
             with contextlib.suppress(ActorDeadError):
-                await self._cell.deliver(Envelope(TaskFailed(error)))
+                await self._cell.deliver(Request(TaskFailed(error)))
 
 
-class Escalated(Exception):
-    """An actor's failure escalated to its system (Directive.ESCALATE)."""
+class Escalated(ActorError):
+    """An actor's failure escalated to its system (Directive.ESCALATE); the cause is chained."""
 
 
 class ActorCell:
@@ -94,13 +96,13 @@ class ActorCell:
         self.name = name
         self.factory = factory
         self.supervisor = supervisor
-        send: MemoryObjectSendStream[Envelope]
-        receive: MemoryObjectReceiveStream[Envelope]
-        send, receive = anyio.create_memory_object_stream[Envelope](mailbox_size)
+        send: MemoryObjectSendStream[Request]
+        receive: MemoryObjectReceiveStream[Request]
+        send, receive = anyio.create_memory_object_stream[Request](mailbox_size)
         self._send = send
         self._receive = receive
         self._stopping = False
-        self._current: Envelope | None = None
+        self._current: Request | None = None
         self._instance: Actor | None = None
         self._batch = 0
         self._ready = False
@@ -114,26 +116,26 @@ class ActorCell:
     def _dead(self) -> ActorDeadError:
         return ActorDeadError(f"actor {self.name!r} is stopped")
 
-    async def deliver(self, envelope: Envelope) -> None:
+    async def deliver(self, request: Request) -> None:
         if self._stopping:
             raise self._dead()
         try:
             # The fast path skips anyio's per-send checkpoint: a yield per message costs
             # an event-loop turn each, which halved remote throughput in bench/actors.py.
-            self._send.send_nowait(envelope)
+            self._send.send_nowait(request)
         except anyio.WouldBlock:
             try:
-                await self._send.send(envelope)
+                await self._send.send(request)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 raise self._dead() from None
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             raise self._dead() from None
 
-    def deliver_nowait(self, envelope: Envelope) -> None:
+    def deliver_nowait(self, request: Request) -> None:
         if self._stopping:
             raise self._dead()
         try:
-            self._send.send_nowait(envelope)
+            self._send.send_nowait(request)
         except anyio.WouldBlock:
             size = self._send.statistics().max_buffer_size
             raise MailboxFull(
@@ -193,19 +195,24 @@ class ActorCell:
         return await self._serve(instance)
 
     async def _serve(self, instance: Actor) -> _Next:
+        # A tell carries no reply sink: it reaches even an actor that answers later bare.
+        later = instance.answers_later
         while not self._stopping:
-            envelope = await self._next_envelope()
-            if envelope is _STOP:
+            request = await self._next_request()
+            if request is _STOP:
                 break
-            self._current = envelope  # stays set if we are cancelled mid-message
+            self._current = request  # stays set if we are cancelled mid-message
+            handed = later and request.reply is not None
             try:
-                if isinstance(envelope.message, TaskFailed):
-                    raise envelope.message.error  # a failed background task fails its actor
-                result = await instance.receive(envelope.message)
+                if isinstance(request.message, TaskFailed):
+                    raise request.message.error  # a failed background task fails its actor
+                if handed:
+                    await instance.receive(request)  # the actor answers through the handle
+                else:
+                    result = await instance.receive(request.message)
             except Exception as error:
                 self._current = None
-                if envelope.reply is not None:
-                    await envelope.reply.fail(error)
+                await request.fail(error)  # nothing if the actor had answered already
                 log.warning("actor_message_failed", error=repr(error), exc_info=error)
                 directive = await self._supervise(instance, error, resumable=True)
                 if directive is not Directive.RESUME:
@@ -213,12 +220,12 @@ class ActorCell:
                     return _Next.RESTART if restart else _Next.STOP
             else:
                 self._current = None
-                if envelope.reply is not None:
-                    await envelope.reply.resolve(result)
+                if not handed:
+                    await request.answer(result)  # the same handle, answered now
         return _Next.STOP
 
-    async def _next_envelope(self) -> Envelope:
-        """Take queued envelopes without a loop turn each, yielding every FAIRNESS_BATCH
+    async def _next_request(self) -> Request:
+        """Take queued requests without a loop turn each, yielding every FAIRNESS_BATCH
         so a busy actor cannot starve the others."""
         self._batch += 1
         if self._batch < FAIRNESS_BATCH:
@@ -279,15 +286,14 @@ class ActorCell:
         self._stopping = True
         await self._retire()
         dead = self._dead()
-        if self._current is not None and self._current.reply is not None:
-            await self._current.reply.fail(dead)  # cancelled mid-message (forced shutdown)
+        if self._current is not None:
+            await self._current.fail(dead)  # cancelled mid-message (forced shutdown)
         while True:
             try:
-                envelope = self._receive.receive_nowait()
+                request = self._receive.receive_nowait()
             except (anyio.WouldBlock, anyio.EndOfStream):
                 break
-            if envelope.reply is not None:
-                await envelope.reply.fail(dead)
+            await request.fail(dead)
         self._receive.close()  # senders still waiting for room get ActorDeadError
         self._send.close()
         self.stopped.set()

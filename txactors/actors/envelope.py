@@ -1,11 +1,14 @@
-"""What travels through a mailbox: the message and where its answer goes.
+"""What travels through a mailbox: a `Request`, the message and the one way to answer it.
 
-A reply sink hides whether the asker is in this process (an event it waits on) or behind
-NATS (a subject to publish to), so the actor loop treats both alike.
+Every message an actor gets arrives as a Request; its reply sink hides whether the asker is
+in this process (an event it waits on, `LocalReply`) or behind NATS (a subject to publish
+to, `remote.NatsReply`), so answering now or later is the same call for both. A tell has no
+sink: answering it answers nobody.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import anyio
@@ -20,16 +23,55 @@ class ReplySink(Protocol):
     async def fail(self, error: BaseException) -> None: ...
 
 
-class Envelope:
-    __slots__ = ("message", "reply")
+class Request:
+    """A message and its reply handle, settled once by `answer` or `fail`.
+
+    The runtime answers with `receive`'s return value, through this same handle, unless the
+    actor answers later (`Actor.answers_later`): then `receive` gets the handle itself and
+    the actor keeps it until it knows the answer. The first settlement wins; later ones do
+    nothing, so an answer racing a failure cannot reach the asker twice.
+    """
+
+    __slots__ = ("_on_settled", "_settled", "message", "reply")
 
     def __init__(self, message: Any, reply: ReplySink | None = None) -> None:
         self.message = message
         self.reply = reply
+        self._settled = False
+        self._on_settled: Callable[[], None] | None = None
+
+    def __repr__(self) -> str:
+        return f"<Request {type(self.message).__name__}>"
+
+    @property
+    def settled(self) -> bool:
+        return self._settled
+
+    def on_settled(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once this request is answered or failed (a pool frees its member)."""
+        self._on_settled = callback
+
+    async def answer(self, value: Any) -> None:
+        """Send `value` (a protocol `Error` answers with an error code) to the asker, if any."""
+        if self._settle() and self.reply is not None:
+            await self.reply.resolve(value)
+
+    async def fail(self, error: BaseException) -> None:
+        """Hand `error` to the asker: raised by a local ask, an `Error` reply on the wire."""
+        if self._settle() and self.reply is not None:
+            await self.reply.fail(error)
+
+    def _settle(self) -> bool:
+        if self._settled:
+            return False
+        self._settled = True
+        if self._on_settled is not None:
+            self._on_settled()
+        return True
 
 
 class LocalReply:
-    """A one-shot answer for an in-process `ask`; the first outcome wins."""
+    """The sink of an in-process `ask`: an event the asker waits on; the first outcome wins."""
 
     __slots__ = ("_done", "_error", "_value")
 
@@ -53,6 +95,25 @@ class LocalReply:
         if self._error is not None:
             raise self._error
         return unwrap(self._value)
+
+
+class NoReply:
+    """The sink of a message served without a reply subject: a one-way command from afar.
+
+    It still reaches an actor that answers later as a `Request` (what it does must not depend
+    on whether the sender waits); whatever the actor answers goes nowhere.
+    """
+
+    __slots__ = ()
+
+    async def resolve(self, value: Any) -> None:
+        pass
+
+    async def fail(self, error: BaseException) -> None:
+        pass
+
+
+NO_REPLY = NoReply()
 
 
 def unwrap(value: Any) -> Any:

@@ -1,17 +1,18 @@
 """Handles to actors. Callers hold refs, never actor instances.
 
 `ActorRef` is the location-transparent surface (`tell`, `ask`) shared by a local ref, which
-puts an envelope in the mailbox, and a remote ref (txactors.actors.remote), which sends the
-encoded Struct on the actor's NATS subject.
+puts a `Request` in the mailbox, a pool of local actors (txactors.actors.pool), and a remote
+ref (txactors.actors.remote), which sends the encoded Struct on the actor's NATS subject.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import anyio
 
-from txactors.actors.envelope import Envelope, LocalReply
+from txactors.actors.envelope import LocalReply, Request
 from txactors.errors import AskTimeout
 
 if TYPE_CHECKING:
@@ -33,6 +34,29 @@ class ActorRef(Protocol):
         ...
 
 
+class Mailbox(Protocol):
+    """Where `serve()` hands requests: a local actor or a pool of them."""
+
+    name: str
+
+    async def post(self, request: Request) -> None: ...
+
+
+async def ask_through(
+    post: Callable[[Request], Awaitable[None]], name: str, message: Any, timeout: float
+) -> Any:
+    """An in-process ask: post a `Request` with a `LocalReply` and wait for its answer."""
+    reply = LocalReply()
+    try:
+        with anyio.fail_after(timeout):
+            await post(Request(message, reply))
+            return await reply.wait()
+    except TimeoutError as exc:
+        if isinstance(exc, AskTimeout):
+            raise
+        raise AskTimeout(f"{name} did not answer within {timeout}s") from None
+
+
 class LocalActorRef:
     __slots__ = ("_cell", "name")
 
@@ -49,26 +73,18 @@ class LocalActorRef:
 
     async def tell(self, message: Any) -> None:
         """Enqueue; waits while the mailbox is full (that wait is the backpressure)."""
-        await self._cell.deliver(Envelope(message))
+        await self._cell.deliver(Request(message))
 
     def tell_nowait(self, message: Any) -> None:
         """Enqueue or raise `MailboxFull` at once; for callers that must never block."""
-        self._cell.deliver_nowait(Envelope(message))
+        self._cell.deliver_nowait(Request(message))
 
-    async def post(self, envelope: Envelope) -> None:
-        """Enqueue an envelope whose answer goes to its own reply sink (remote serving)."""
-        await self._cell.deliver(envelope)
+    async def post(self, request: Request) -> None:
+        """Enqueue a request whose answer goes to its own reply sink (served, pooled)."""
+        await self._cell.deliver(request)
 
     async def ask(self, message: Any, timeout: float = DEFAULT_ASK_TIMEOUT) -> Any:
-        reply = LocalReply()
-        try:
-            with anyio.fail_after(timeout):
-                await self._cell.deliver(Envelope(message, reply))
-                return await reply.wait()
-        except TimeoutError as exc:
-            if isinstance(exc, AskTimeout):
-                raise
-            raise AskTimeout(f"{self.name} did not answer within {timeout}s") from None
+        return await ask_through(self._cell.deliver, self.name, message, timeout)
 
     async def stop(self) -> None:
         """Stop after the message in hand; queued asks fail with `ActorDeadError`."""

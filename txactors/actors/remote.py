@@ -1,11 +1,13 @@
-"""Actors across processes: serve a local actor on a NATS subject, reach it with a ref.
+"""Actors across processes: serve a local actor (or a pool) on a NATS subject, reach it
+with a ref.
 
 The serving side decodes at the boundary (bad input is answered with an `Error` and never
 reaches the actor), answers only inbox reply subjects (`ReplyGuard`: a request whose reply
-subject is anything else is not executed at all), and only enqueues; the actor's own loop
-publishes each reply when it is done. Nothing waits per request in the subscription
-callback, so requests pipeline through the mailbox and a full mailbox slows the subscription
-down (backpressure) instead of dropping work.
+subject is anything else is not executed at all), and only enqueues a `Request` whose sink
+publishes to the reply subject; the actor answers it, now or later, exactly as it answers a
+local ask. Nothing waits per request in the subscription callback, so requests pipeline
+through the mailbox and a full mailbox (or a pool with no idle member) slows the
+subscription down (backpressure) instead of dropping work.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from txactors.actors.envelope import Envelope, unwrap
-from txactors.actors.ref import DEFAULT_ASK_TIMEOUT, LocalActorRef
+from txactors.actors.envelope import NO_REPLY, Request, unwrap
+from txactors.actors.ref import DEFAULT_ASK_TIMEOUT, Mailbox
 from txactors.actors.replies import ReplyGuard, reply_refusal
 from txactors.errors import ActorDeadError, AskTimeout, CommandError
 from txactors.logs import get_logger
@@ -32,7 +34,7 @@ _REPLY_HEADROOM = 512
 
 
 class NatsReply:
-    """Publishes an actor's answer to the requester's reply subject."""
+    """The sink of a served ask: publishes the answer to the requester's reply subject."""
 
     __slots__ = ("_encoding", "_nc", "_subject")
 
@@ -74,24 +76,6 @@ class NatsReply:
             log.warning("reply_not_sent", subject=self._subject, error=repr(error))
 
 
-class Request:
-    """A served request handed to an actor that answers later (`serve(..., reply_later=True)`).
-
-    An actor that must wait for I/O before answering (the coordinator waits for its stream
-    writes) keeps the request and calls `answer` when it knows; `reply` is None for a tell.
-    """
-
-    __slots__ = ("message", "reply")
-
-    def __init__(self, message: Any, reply: NatsReply | None) -> None:
-        self.message = message
-        self.reply = reply
-
-    async def answer(self, value: Any) -> None:
-        if self.reply is not None:
-            await self.reply.resolve(value)
-
-
 def error_reply(error: BaseException) -> Error:
     """The wire form of a failure; internals are named, not dumped."""
     if isinstance(error, CommandError):
@@ -103,21 +87,22 @@ def error_reply(error: BaseException) -> Error:
 
 async def serve(
     nc: Client,
-    ref: LocalActorRef,
+    ref: Mailbox,
     subject: str,
     message_type: Any,
     *,
     queue: str = "",
-    reply_later: bool = False,
     replies: ReplyGuard | None = None,
+    tells: bool = True,
 ) -> Subscription:
-    """Serve `ref` on `subject`, accepting the Structs of `message_type` (a union).
+    """Serve `ref` (an actor or an `ActorPool`) on `subject`, accepting the Structs of
+    `message_type` (a union).
 
     With `queue`, several processes serve the same subject and NATS spreads requests
-    across them. With `reply_later`, the actor receives each message wrapped in a `Request`
-    and answers through it whenever it is ready; otherwise its return value is the answer.
-    `replies` says which reply subjects are answered (default: under `_INBOX.`); a request
-    with any other reply subject is dropped before it reaches the actor.
+    across them. `replies` says which reply subjects are answered (default: under
+    `_INBOX.`); a request with any other reply subject is dropped before it reaches the
+    actor. With `tells=False` a message without a reply subject is refused the same way
+    (an endpoint whose work is pointless when nobody waits for the answer).
     Unsubscribe (or drain) the returned subscription to stop serving.
     """
     codec: Codec[Any] = Codec(message_type)
@@ -135,7 +120,7 @@ async def serve(
             await answer(msg, error_reply(error), Encoding.MSGPACK)
 
     async def dispatch(msg: Msg) -> None:
-        if msg.reply and not guard.allows(msg.reply, subject):
+        if (msg.reply or not tells) and not guard.allows(msg.reply, subject):
             return
         unreadable = malformed_headers(msg)
         if unreadable is not None:
@@ -154,10 +139,9 @@ async def serve(
             log.info("request_rejected", subject=subject, code=message.code, reason=message.message)
             await answer(msg, message, encoding)
             return
-        sink = NatsReply(nc, msg.reply, encoding) if msg.reply else None
-        envelope = Envelope(Request(message, sink)) if reply_later else Envelope(message, sink)
+        sink = NatsReply(nc, msg.reply, encoding) if msg.reply else NO_REPLY
         try:
-            await ref.post(envelope)
+            await ref.post(Request(message, sink))
         except ActorDeadError as error:
             await answer(msg, error_reply(error), encoding)
 

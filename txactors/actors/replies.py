@@ -30,6 +30,8 @@ log = get_logger(__name__)
 
 def reply_refusal(reply: str, prefix: str = DEFAULT_INBOX_PREFIX) -> str | None:
     """Why `reply` may not be answered, or None when it is a proper inbox subject."""
+    if not reply:
+        return "the request has no reply subject"
     if not reply.startswith(prefix) or len(reply) == len(prefix):
         return f"the reply subject is not under the inbox prefix {prefix!r}"
     if any(char in _FORBIDDEN_CHARS for char in reply):

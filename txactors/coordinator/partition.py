@@ -177,6 +177,8 @@ class _Bodies:
 
 
 class PartitionCoordinator(Actor):
+    answers_later = True  # asks arrive as `Request` handles, answered once the table decides
+
     def __init__(
         self,
         *,

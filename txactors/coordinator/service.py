@@ -150,7 +150,7 @@ class _PartitionKeeper:
             await ref.stop()
             return
         subscriptions = [
-            await serve(self._nc, ref, subject, accepts, reply_later=True, replies=self._replies)
+            await serve(self._nc, ref, subject, accepts, replies=self._replies)
             for subject, accepts in (
                 (layout.prepare_subject(partition), Prepare),
                 (layout.end_subject(partition), EndTransaction),

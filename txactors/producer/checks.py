@@ -5,14 +5,11 @@ It comes on this instance's own subject first, and on the group's queue subject 
 instance that prepared X is gone, so any live member of the group answers.
 
 Checks for different transactions must not queue behind one slow checker (a database
-under load, say), so a small pool of `CheckWorker` actors answers them. A check is handed
-only to an idle worker: the pool's free list is a bounded stream of worker refs, and while
-every worker is busy the subscription waits, which is the backpressure. Dealing checks out
-blindly (one queue-group member per worker) would park some behind a slow one.
-
-Like every endpoint of ours, it answers only inbox reply subjects (a check whose reply subject
-is anything else is dropped unexecuted) and stops with `NatsConnectionLost` when its
-connection is closed for good.
+under load, say), so an `ActorPool` of `CheckWorker` actors answers them, served with
+`serve()` like every endpoint of ours: a check goes only to an idle worker, and while every
+worker is busy the subscriptions wait (backpressure). It answers only inbox reply subjects (a
+check whose reply subject is anything else, or missing, is dropped unexecuted and counted)
+and stops with `NatsConnectionLost` when its connection is closed for good.
 """
 
 from __future__ import annotations
@@ -22,37 +19,30 @@ import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Self, TypeVar
 
 import anyio
 import anyio.abc
 import msgspec
 import nats.errors
 import structlog
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from txactors.actors import Actor, ActorSystem, LocalActorRef
-from txactors.actors.envelope import Envelope
-from txactors.actors.remote import NatsReply
-from txactors.actors.replies import DEFAULT_INBOX_PREFIX, ReplyGuard, reply_refusal
-from txactors.errors import ActorDeadError, NatsConnectionLost
+from txactors.actors import Actor, ActorPool, ActorSystem, serve
+from txactors.actors.replies import DEFAULT_INBOX_PREFIX, ReplyGuard
+from txactors.errors import NatsConnectionLost
 from txactors.layout import check_group_subject, check_instance_subject
 from txactors.logs import get_logger
-from txactors.natsclient import malformed_headers, raising_connection_lost, watch_connection
+from txactors.natsclient import raising_connection_lost, watch_connection
 from txactors.producer.inflight import InFlight
 from txactors.producer.outcomes import UnconfirmedOutcomes
 from txactors.protocol import (
     CheckResult,
     CheckTransaction,
-    Codec,
     Decision,
-    Encoding,
     Error,
     ErrorCode,
-    encoding_of,
 )
 
 T = TypeVar("T")
@@ -182,39 +172,10 @@ class CheckWorker(Actor):
         return outcome
 
 
-class _ReturnToPool:
-    """A reply sink that answers the check, then puts the worker back on the free list."""
-
-    __slots__ = ("_free", "_reply", "_worker")
-
-    def __init__(
-        self, reply: NatsReply, free: MemoryObjectSendStream[LocalActorRef], worker: LocalActorRef
-    ) -> None:
-        self._reply = reply
-        self._free = free
-        self._worker = worker
-
-    async def resolve(self, value: Any) -> None:
-        try:
-            await self._reply.resolve(value)
-        finally:
-            self._release()
-
-    async def fail(self, error: BaseException) -> None:
-        try:
-            await self._reply.fail(error)
-        finally:
-            self._release()
-
-    def _release(self) -> None:
-        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-            self._free.send_nowait(self._worker)
-
-
 class CheckResponder:
-    """The check-back side of a producer: `concurrency` workers, served on the instance
-    subject (plain subscription) and the group subject (queue group named after the group).
-    Checks are answered only on reply subjects under `inbox_prefix`."""
+    """The check-back side of a producer: a pool of `concurrency` workers, served on the
+    instance subject (plain subscription) and the group subject (queue group named after
+    the group). Checks are answered only on reply subjects under `inbox_prefix`."""
 
     def __init__(
         self,
@@ -235,29 +196,34 @@ class CheckResponder:
         self._instance = instance
         self._worker = worker
         self._concurrency = concurrency
-        self._codec: Codec[CheckTransaction] = Codec(CheckTransaction)
         self._system = ActorSystem(f"producer-{group}-{instance}")
-        self._free_send: MemoryObjectSendStream[LocalActorRef]
-        self._free: MemoryObjectReceiveStream[LocalActorRef]
-        self._free_send, self._free = anyio.create_memory_object_stream[LocalActorRef](concurrency)
+        self._pool: ActorPool | None = None
         self._subscriptions: list[Subscription] = []
 
     async def __aenter__(self) -> Self:
         await self._system.__aenter__()
         try:
-            for index in range(self._concurrency):
-                ref = await self._system.spawn(
-                    self._worker, name=f"check-{self._group}-{index}", mailbox_size=1
+            pool = await ActorPool.spawn(
+                self._system, self._worker, self._concurrency, name=f"check-{self._group}"
+            )
+            self._pool = pool
+            endpoints = (
+                (check_instance_subject(self._group, self._instance), ""),
+                (check_group_subject(self._group), self._group),
+            )
+            for subject, queue in endpoints:
+                # A check without a reply subject answers nobody: refused, never executed.
+                self._subscriptions.append(
+                    await serve(
+                        self._nc,
+                        pool,
+                        subject,
+                        CheckTransaction,
+                        queue=queue,
+                        replies=self._replies,
+                        tells=False,
+                    )
                 )
-                self._free_send.send_nowait(ref)
-            self._subscriptions = [
-                await self._nc.subscribe(
-                    check_instance_subject(self._group, self._instance), cb=self._on_check
-                ),
-                await self._nc.subscribe(
-                    check_group_subject(self._group), queue=self._group, cb=self._on_check
-                ),
-            ]
             self._watch = anyio.create_task_group()
             await self._watch.__aenter__()
             self._watch.start_soon(watch_connection, self._nc)
@@ -280,8 +246,8 @@ class CheckResponder:
             self._subscriptions = []
             await self._system.__aexit__(exc_type, exc, tb)  # workers finish the check in hand
         finally:
-            self._free_send.close()
-            self._free.close()
+            if self._pool is not None:
+                self._pool.close()
         if lost is not None:  # the producer's user sees why it stopped
             raise lost
 
@@ -299,42 +265,3 @@ class CheckResponder:
         except NatsConnectionLost as lost:
             return lost
         return None
-
-    async def _on_check(self, msg: Msg) -> None:
-        try:
-            await self._dispatch(msg)
-        except Exception as error:  # a bug here must not end the subscription
-            log.exception("check_dispatch_failed", subject=msg.subject)
-            await self._answer(msg, Error(ErrorCode.INTERNAL, repr(error)), Encoding.MSGPACK)
-
-    async def _dispatch(self, msg: Msg) -> None:
-        if not msg.reply:
-            log.warning("check_without_reply_subject")
-            return
-        if not self._replies.allows(msg.reply, msg.subject):
-            return
-        unreadable = malformed_headers(msg)
-        if unreadable is not None:
-            log.warning("check_rejected", code=ErrorCode.BAD_REQUEST, reason=unreadable)
-            problem = f"the header block could not be parsed ({unreadable})"
-            await self._answer(msg, Error(ErrorCode.BAD_REQUEST, problem), Encoding.MSGPACK)
-            return
-        encoding = encoding_of(msg.headers)
-        if isinstance(encoding, Error):
-            await self._answer(msg, encoding, Encoding.MSGPACK)
-            return
-        check = self._codec.decode(msg.data, encoding)
-        if isinstance(check, Error):
-            log.warning("check_rejected", code=check.code, reason=check.message)
-            await self._answer(msg, check, encoding)
-            return
-        worker = await self._free.receive()  # waits while every worker is busy
-        reply = NatsReply(self._nc, msg.reply, encoding)
-        try:
-            await worker.post(Envelope(check, _ReturnToPool(reply, self._free_send, worker)))
-        except ActorDeadError as error:  # stopping: this worker does not go back
-            await reply.fail(error)
-
-    async def _answer(self, msg: Msg, error: Error, encoding: Encoding) -> None:
-        if msg.reply and reply_refusal(msg.reply, self._replies.prefix) is None:
-            await NatsReply(self._nc, msg.reply, encoding).resolve(error)
