@@ -4,14 +4,22 @@
     ├── ActorError
     │   ├── ActorDeadError        the actor is stopped (or stopped while your ask waited)
     │   ├── MailboxFull           tell_nowait found the bounded mailbox full
-    │   └── AskTimeout            no reply in time (also a builtin TimeoutError)
+    │   ├── AskTimeout            no reply in time (also a builtin TimeoutError)
+    │   └── Escalated*            an actor's failure escalated to its ActorSystem (cause chained)
     ├── CommandError              the actor replied with a protocol Error (code + message)
-    ├── ConfigError               a setting is missing, inconsistent or names a missing file
+    ├── ConfigError               a setting or argument is invalid (also a ValueError)
     ├── PoisonMessage             no retry can help this message: dead-letter it at once
     ├── TransactionError          a transactional send went wrong (carries the txid)
     │   ├── PrepareFailed         the halves were not stored; the local transaction did not run
     │   ├── EndRefused            the coordinator refused the end (conflict, forbidden, …)
     │   └── TransactionStateError this Transaction cannot do that now (ended, or a send failed)
+    ├── CoordinatorUnavailable*   no coordinator answered an admin command (txactors.admin)
+    ├── DeadLetterError*          a dead letter cannot be read or replayed (txactors.dlq_admin)
+    ├── NoLeases*                 no coordinator has run on this server (txactors.lease_admin)
+    ├── CoordinatorStateError*    the coordinator's table was fed an impossible event (a bug)
+    ├── FencedOut*                another coordinator wrote this partition's op log: stop
+    ├── LinkLost*                 the connection dropped while a JetStream call waited
+    ├── ReadLoopDied*             nats-py's read loop ended while connected (also a nats error)
     ├── NatsConnectError          the configured NATS server could not be reached
     │   └── NatsConnectionLost    the connection closed for good while a role served on it
     └── NatsServerError           the embedded nats-server could not be run
@@ -20,6 +28,11 @@
         ├── DataDirNotWritable    the JetStream store directory cannot be written
         ├── DataDirLocked         another server runs on that data directory
         └── ServerExitedEarly     the process died before it was ready (log tail attached)
+
+* defined beside the code that raises it (txactors.actors, the admin modules,
+  txactors.coordinator, txactors.natsclient). Two private ones never leave their module:
+  `coordinator.writers._Troubled` and `coordinator.validation._Refused` are control flow,
+  caught where they are raised; they derive from TxActorsError all the same.
 
 Callers catch the precise class they can act on; `TxActorsError` catches them all.
 """

@@ -29,7 +29,7 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from txactors.errors import NatsConnectionLost
+from txactors.errors import NatsConnectionLost, TxActorsError
 from txactors.logs import get_logger
 
 MALFORMED_HEADERS: Final = "txactors malformed headers"
@@ -42,8 +42,10 @@ WATCH_INTERVAL: Final = 0.5
 log = get_logger(__name__)
 
 
-class ReadLoopDied(nats.errors.Error):
-    """The client's read loop ended while it was connected (an error nats-py only logged)."""
+class ReadLoopDied(TxActorsError, nats.errors.Error):
+    """The client's read loop ended while it was connected (an error nats-py only logged).
+
+    Also a nats-py error: it is handed to the client's own error path, which reconnects."""
 
     def __str__(self) -> str:
         return "nats: the read loop ended while connected"

@@ -22,7 +22,7 @@ from txactors.actors.actor import Actor
 from txactors.actors.envelope import Request
 from txactors.actors.ref import LocalActorRef
 from txactors.actors.supervision import Directive, RestartBudget, Supervisor
-from txactors.errors import ActorDeadError, ActorError, MailboxFull
+from txactors.errors import ActorDeadError, ActorError, ConfigError, MailboxFull
 from txactors.logs import get_logger
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ class ActorCell:
         supervisor: Supervisor,
     ) -> None:
         if mailbox_size < 1:
-            raise ValueError("mailbox_size must be at least 1: mailboxes are bounded")
+            raise ConfigError("mailbox_size must be at least 1: mailboxes are bounded")
         self.name = name
         self.factory = factory
         self.supervisor = supervisor

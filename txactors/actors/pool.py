@@ -20,7 +20,7 @@ from txactors.actors.actor import Actor
 from txactors.actors.envelope import Request
 from txactors.actors.ref import DEFAULT_ASK_TIMEOUT, LocalActorRef, ask_through
 from txactors.actors.system import ActorSystem
-from txactors.errors import ActorDeadError
+from txactors.errors import ActorDeadError, ConfigError
 
 
 class ActorPool:
@@ -28,7 +28,7 @@ class ActorPool:
 
     def __init__(self, members: list[LocalActorRef], name: str) -> None:
         if not members:
-            raise ValueError("an ActorPool needs at least one member")
+            raise ConfigError("an ActorPool needs at least one member")
         self.name = name
         self.members = tuple(members)
         self._free: MemoryObjectSendStream[LocalActorRef]
@@ -43,7 +43,7 @@ class ActorPool:
     ) -> Self:
         """Spawn `size` members named `<name>-<index>`, each with a one-message mailbox."""
         if size < 1:
-            raise ValueError(f"a pool of {size} actors cannot answer anything; use at least 1")
+            raise ConfigError(f"a pool of {size} actors cannot answer anything; use at least 1")
         members = [
             await system.spawn(factory, name=f"{name}-{index}", mailbox_size=1)
             for index in range(size)

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Final
 
+from txactors.errors import ConfigError
 from txactors.logs import get_logger
 
 DEFAULT_INBOX_PREFIX: Final = "_INBOX."
@@ -44,14 +45,15 @@ def reply_refusal(reply: str, prefix: str = DEFAULT_INBOX_PREFIX) -> str | None:
 def normalize_prefix(prefix: str) -> str:
     """`prefix` ending in a dot (nats-py's `inbox_prefix` option is given without one).
 
-    Raises ValueError when no subject could be under it (empty, wildcards, whitespace) or
-    when it lies in a reserved namespace (a topic, a `txn.*` stream, KV or the JetStream API).
+    Raises ConfigError (a ValueError) when no subject could be under it (empty, wildcards,
+    whitespace) or when it lies in a reserved namespace (a topic, a `txn.*` stream, KV or the
+    JetStream API).
     """
     prefix = prefix if prefix.endswith(".") else f"{prefix}."
     if prefix == "." or reply_refusal(f"{prefix}x", prefix) is not None:
-        raise ValueError(f"the inbox prefix {prefix!r} must be subject tokens without wildcards")
+        raise ConfigError(f"the inbox prefix {prefix!r} must be subject tokens without wildcards")
     if prefix.upper().startswith(tuple(p.upper() for p in RESERVED_PREFIXES)):
-        raise ValueError(
+        raise ConfigError(
             f"the inbox prefix {prefix!r} is under a namespace replies must never reach: "
             f"{', '.join(RESERVED_PREFIXES)}"
         )

@@ -14,6 +14,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from txactors.errors import ConfigError
+
 
 class Directive(enum.Enum):
     RESUME = "resume"
@@ -37,9 +39,9 @@ class Supervisor:
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0 or self.within <= 0:
-            raise ValueError("Supervisor needs max_restarts >= 0 and within > 0")
+            raise ConfigError("Supervisor needs max_restarts >= 0 and within > 0")
         if not 0 <= self.backoff_initial <= self.backoff_max:
-            raise ValueError("Supervisor needs 0 <= backoff_initial <= backoff_max")
+            raise ConfigError("Supervisor needs 0 <= backoff_initial <= backoff_max")
 
 
 class RestartBudget:

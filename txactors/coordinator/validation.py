@@ -22,6 +22,7 @@ from txactors import layout
 from txactors.coordinator import tokens
 from txactors.coordinator.lifecycle import TxnState
 from txactors.coordinator.streams import half_headers
+from txactors.errors import TxActorsError
 from txactors.protocol import (
     CheckResult,
     CommitTransaction,
@@ -64,7 +65,9 @@ _HEADER_BLOCK_START: Final = len(b"NATS/1.0\r\n")
 _HEADER_BLOCK_END: Final = len(b"\r\n")
 
 
-class _Refused(Exception):
+class _Refused(TxActorsError):
+    """Private control flow: caught in `Boundary.refusal`, which answers with an `Error`."""
+
     def __init__(self, path: str, rule: str) -> None:
         super().__init__(f"{path}: {rule}")
 

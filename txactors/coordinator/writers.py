@@ -235,8 +235,10 @@ Quarantine = Callable[[Append, str], Awaitable[None]]
 """Keeps an append JetStream refused for good (with the reason) where an operator sees it."""
 
 
-class _Troubled(Exception):
-    """An ack is lost or refused for now: give up every pending ack and issue again."""
+class _Troubled(TxActorsError):
+    """An ack is lost or refused for now: give up every pending ack and issue again.
+
+    Private control flow: caught in this module, never raised to a caller."""
 
 
 @dataclass(slots=True)

@@ -31,7 +31,7 @@ from nats.aio.subscription import Subscription
 
 from txactors.actors import Actor, ActorPool, ActorSystem, serve
 from txactors.actors.replies import DEFAULT_INBOX_PREFIX, ReplyGuard
-from txactors.errors import NatsConnectionLost
+from txactors.errors import ConfigError, NatsConnectionLost
 from txactors.layout import check_group_subject, check_instance_subject
 from txactors.logs import get_logger
 from txactors.natsclient import raising_connection_lost, watch_connection
@@ -188,7 +188,7 @@ class CheckResponder:
         inbox_prefix: str = DEFAULT_INBOX_PREFIX,
     ) -> None:
         if concurrency < 1:
-            raise ValueError("checker_concurrency must be at least 1")
+            raise ConfigError("checker_concurrency must be at least 1")
         self._nc = nc
         self._replies = ReplyGuard(inbox_prefix)
         self._watch: anyio.abc.TaskGroup | None = None
