@@ -9,18 +9,17 @@ actor. A member is idle again once it settled its request (the `Request` handle 
 
 from __future__ import annotations
 
-import contextlib
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Self
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from txactors.actors.actor import Actor
 from txactors.actors.envelope import Request
 from txactors.actors.ref import DEFAULT_ASK_TIMEOUT, LocalActorRef, ask_through
 from txactors.actors.system import ActorSystem
-from txactors.errors import ActorDeadError, ConfigError
+from txactors.errors import ConfigError
 
 
 class ActorPool:
@@ -31,11 +30,8 @@ class ActorPool:
             raise ConfigError("an ActorPool needs at least one member")
         self.name = name
         self.members = tuple(members)
-        self._free: MemoryObjectSendStream[LocalActorRef]
-        self._idle: MemoryObjectReceiveStream[LocalActorRef]
-        self._free, self._idle = anyio.create_memory_object_stream[LocalActorRef](len(members))
-        for member in members:
-            self._free.send_nowait(member)
+        self._free: deque[LocalActorRef] = deque(members)
+        self._idle = anyio.Semaphore(len(members))
 
     @classmethod
     async def spawn(
@@ -54,13 +50,22 @@ class ActorPool:
         return f"<ActorPool {self.name} of {len(self.members)}>"
 
     async def post(self, request: Request) -> None:
-        """Hand `request` to an idle member, waiting while none is idle."""
+        """Hand `request` to an idle member, waiting while none is idle.
+
+        A stopped member goes back to the free list too, so that once the members are
+        stopped every `post` fails at once with `ActorDeadError` instead of waiting forever.
+        """
         try:
-            member = await self._idle.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise ActorDeadError(f"the pool {self.name!r} is closed") from None
+            self._idle.acquire_nowait()  # no loop turn while a member is idle
+        except anyio.WouldBlock:
+            await self._idle.acquire()
+        member = self._free.popleft()
         request.on_settled(lambda: self._release(member))
-        await member.post(request)  # a dead member raises and is not returned
+        try:
+            await member.post(request)
+        except BaseException:
+            self._release(member)
+            raise
 
     async def tell(self, message: Any) -> None:
         await self.post(Request(message))
@@ -68,11 +73,6 @@ class ActorPool:
     async def ask(self, message: Any, timeout: float = DEFAULT_ASK_TIMEOUT) -> Any:
         return await ask_through(self.post, self.name, message, timeout)
 
-    def close(self) -> None:
-        """Stop handing out members; a waiting or later `post` raises `ActorDeadError`."""
-        self._free.close()
-        self._idle.close()
-
     def _release(self, member: LocalActorRef) -> None:
-        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-            self._free.send_nowait(member)
+        self._free.append(member)
+        self._idle.release()

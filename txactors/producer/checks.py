@@ -197,7 +197,6 @@ class CheckResponder:
         self._worker = worker
         self._concurrency = concurrency
         self._system = ActorSystem(f"producer-{group}-{instance}")
-        self._pool: ActorPool | None = None
         self._subscriptions: list[Subscription] = []
 
     async def __aenter__(self) -> Self:
@@ -206,7 +205,6 @@ class CheckResponder:
             pool = await ActorPool.spawn(
                 self._system, self._worker, self._concurrency, name=f"check-{self._group}"
             )
-            self._pool = pool
             endpoints = (
                 (check_instance_subject(self._group, self._instance), ""),
                 (check_group_subject(self._group), self._group),
@@ -239,15 +237,11 @@ class CheckResponder:
         tb: TracebackType | None,
     ) -> None:
         lost = await self._stop_watching()
-        try:
-            for subscription in self._subscriptions:
-                with contextlib.suppress(nats.errors.Error):  # the connection may be closed
-                    await subscription.unsubscribe()
-            self._subscriptions = []
-            await self._system.__aexit__(exc_type, exc, tb)  # workers finish the check in hand
-        finally:
-            if self._pool is not None:
-                self._pool.close()
+        for subscription in self._subscriptions:
+            with contextlib.suppress(nats.errors.Error):  # the connection may be closed
+                await subscription.unsubscribe()
+        self._subscriptions = []
+        await self._system.__aexit__(exc_type, exc, tb)  # workers finish the check in hand
         if lost is not None:  # the producer's user sees why it stopped
             raise lost
 
