@@ -220,7 +220,11 @@ class ActorCell:
                     return _Next.RESTART if restart else _Next.STOP
             else:
                 self._current = None
-                if not handed:
+                if handed:
+                    continue  # the actor holds the handle and answers it itself
+                if request.reply is None:
+                    request.settle()  # a tell: settled (a pool frees its member), no answer
+                else:
                     await request.answer(result)  # the same handle, answered now
         return _Next.STOP
 

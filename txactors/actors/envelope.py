@@ -53,15 +53,16 @@ class Request:
 
     async def answer(self, value: Any) -> None:
         """Send `value` (a protocol `Error` answers with an error code) to the asker, if any."""
-        if self._settle() and self.reply is not None:
+        if self.settle() and self.reply is not None:
             await self.reply.resolve(value)
 
     async def fail(self, error: BaseException) -> None:
         """Hand `error` to the asker: raised by a local ask, an `Error` reply on the wire."""
-        if self._settle() and self.reply is not None:
+        if self.settle() and self.reply is not None:
             await self.reply.fail(error)
 
-    def _settle(self) -> bool:
+    def settle(self) -> bool:
+        """Mark it answered without sending anything (a tell's end); False if it already was."""
         if self._settled:
             return False
         self._settled = True
