@@ -8,8 +8,9 @@ Checks for different transactions must not queue behind one slow checker (a data
 under load, say), so an `ActorPool` of `CheckWorker` actors answers them, served with
 `serve()` like every endpoint of ours: a check goes only to an idle worker, and while every
 worker is busy the subscriptions wait (backpressure). It answers only inbox reply subjects (a
-check whose reply subject is anything else, or missing, is dropped unexecuted and counted)
-and stops with `NatsConnectionLost` when its connection is closed for good.
+check whose reply subject is anything else, or missing, is dropped unexecuted; the guard logs
+such refusals at most once a minute per pattern, with the count it suppressed) and stops with
+`NatsConnectionLost` when its connection is closed for good.
 """
 
 from __future__ import annotations
