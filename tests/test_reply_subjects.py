@@ -220,6 +220,7 @@ async def test_a_check_with_a_reply_subject_outside_the_inbox_is_not_asked(nc: C
         hostile = check_for(p.group, txid=f"evil-{uuid.uuid4().hex}")
         for reply in HOSTILE_REPLIES:
             await nc.publish(subject, encode(hostile), reply=reply)
+        await nc.publish(subject, encode(hostile))  # no reply subject: nobody to answer
         good = check_for(p.group)
         result = await ask_instance(nc, p, good)  # one subscription: the hostile ones came first
         assert isinstance(result, CheckResult) and result.resolution is Decision.COMMIT
