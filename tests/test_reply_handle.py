@@ -122,6 +122,15 @@ async def test_a_tell_reaches_an_actor_that_answers_later_bare() -> None:
         assert await ref.ask(Greet("you")) == Greeting("told ['hello'], you")
 
 
+async def test_a_served_one_way_message_reaches_an_actor_that_answers_later_as_a_handle(
+    nc: Client,
+) -> None:
+    """What such an actor does must not depend on whether the sender waits (a one-way end)."""
+    async with reached("remote", nc, Pairs) as ref:
+        await ref.tell(Add(1, 2))  # held like an ask; its answer goes nowhere
+        assert await ref.ask(Add(3, 4)) == Sum(10)
+
+
 @BOTH
 async def test_return_values_answer_through_the_same_handle_a_pool_waits_on(
     how: str, nc: Client

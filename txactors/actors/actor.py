@@ -22,8 +22,10 @@ class Actor:
 
     An actor that must wait (for I/O, for another actor) before it can answer sets
     `answers_later`: `receive` then gets each ask, local or served, as its `Request` handle
-    and calls `request.answer(...)` when it knows, from this or a later message. Tells
-    still arrive bare. Both ways answer through the same handle.
+    and calls `request.answer(...)` when it knows, from this or a later message. A local
+    tell (its own completions, say) still arrives bare; a message served without a reply
+    subject arrives as a handle whose answer goes nowhere. Both ways answer through the
+    same handle.
     """
 
     answers_later: ClassVar[bool] = False
