@@ -43,10 +43,6 @@ class Request:
     def __repr__(self) -> str:
         return f"<Request {type(self.message).__name__}>"
 
-    @property
-    def settled(self) -> bool:
-        return self._settled
-
     def on_settled(self, callback: Callable[[], None]) -> None:
         """Call `callback` once this request is answered or failed (a pool frees its member)."""
         self._on_settled = callback
