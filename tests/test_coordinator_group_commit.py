@@ -19,8 +19,8 @@ from nats.js.api import PubAck, StreamConfig
 
 from tests.conftest import MakeNatsServer
 from txactors import layout
-from txactors.coordinator.streams import ensure_streams
-from txactors.coordinator.writers import Append, PipelinedWriter
+from txactors.coordinator.store import ensure_streams
+from txactors.coordinator.effects import Append, PipelinedWriter
 from txactors.topics import ensure_topic_stream
 
 

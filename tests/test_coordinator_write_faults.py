@@ -14,7 +14,7 @@ from tests.support.txn import CoordinatorClient, message, topic_ids
 from txactors import layout
 from txactors.consumer import Consumer
 from txactors.coordinator import CoordinatorOptions
-from txactors.coordinator.partition import _OpsAppended
+from txactors.coordinator.actor import _OpsAppended
 from txactors.coordinator.recovery import read_subject
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import ConfigError

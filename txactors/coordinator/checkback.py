@@ -16,7 +16,7 @@ from txactors import layout
 from txactors.actors import RemoteActorRef
 from txactors.coordinator.actions import CheckTarget, SendCheck
 from txactors.coordinator.events import CheckFailure
-from txactors.coordinator.streams import checked_message, read_raw_half
+from txactors.coordinator.store import checked_message, read_raw_half
 from txactors.coordinator.validation import check_answer_problem
 from txactors.errors import ActorDeadError, AskTimeout, CommandError
 from txactors.logs import get_logger

@@ -22,8 +22,8 @@ from nats.js.api import PubAck
 from txactors import layout
 from txactors.coordinator.actions import Discard
 from txactors.coordinator.options import DiscardedTransaction, OnDiscard
-from txactors.coordinator.streams import read_raw_half, stored_headers
-from txactors.coordinator.writers import (
+from txactors.coordinator.store import read_raw_half, stored_headers
+from txactors.coordinator.effects import (
     ACK_TIMEOUT,
     RETRY_INITIAL,
     RETRY_MAX,

@@ -22,7 +22,7 @@ from txactors import layout
 from txactors.coordinator.discard import quarantine
 from txactors.coordinator.events import HalvesStored, OpReplayed
 from txactors.coordinator.state import Checkpoint, CoordinatorStateError, TransactionTable
-from txactors.coordinator.streams import StoredHalf, decode_ops, read_half
+from txactors.coordinator.store import StoredHalf, decode_ops, read_half
 from txactors.logs import get_logger
 
 FETCH_BATCH = 512

@@ -31,10 +31,10 @@ from nats.aio.subscription import Subscription
 from txactors import layout
 from txactors.actors import ActorSystem, LocalActorRef, ReplyGuard, Supervisor, serve
 from txactors.coordinator.config import CoordinatorConfig
-from txactors.coordinator.lease import Leases, lease_bucket
+from txactors.coordinator.leases import Leases, lease_bucket
 from txactors.coordinator.options import Clock, CoordinatorOptions, OnDiscard
-from txactors.coordinator.partition import PartitionCoordinator
-from txactors.coordinator.streams import ensure_streams
+from txactors.coordinator.actor import PartitionCoordinator
+from txactors.coordinator.store import ensure_streams
 from txactors.logs import get_logger
 from txactors.metrics import CoordinatorMetrics
 from txactors.natsclient import raising_connection_lost, watch_connection

@@ -62,7 +62,7 @@ from txactors.coordinator.options import (
 )
 from txactors.coordinator.recovery import last_op_seq, recover
 from txactors.coordinator.state import Checkpoint, TransactionTable, TxnView
-from txactors.coordinator.streams import (
+from txactors.coordinator.store import (
     StoredHalf,
     half_headers,
     load_checkpoint,
@@ -71,7 +71,7 @@ from txactors.coordinator.streams import (
     save_checkpoint,
 )
 from txactors.coordinator.validation import Boundary
-from txactors.coordinator.writers import (
+from txactors.coordinator.effects import (
     LINK_TROUBLE,
     Append,
     LinkLost,

@@ -50,7 +50,7 @@ from nats.nuid import NUID
 
 from txactors import layout
 from txactors.coordinator.records import OpRecord
-from txactors.coordinator.streams import encode_ops
+from txactors.coordinator.store import encode_ops
 from txactors.errors import TxActorsError
 from txactors.logs import get_logger
 
