@@ -1,13 +1,19 @@
-"""The coordinator actor of one partition: a thin loop around `TransactionTable`.
+"""The partition actor: inputs become table events, the table's actions go to the writers.
 
-Requests (prepare, end, admin) and the completions of its own writes arrive as messages;
-each is turned into events for the table, and the table's actions are carried out against
-JetStream. Writes run beside the loop (`start_task` and the writers), never inside it, so
-many transactions are in flight at once while the table sees one fact at a time.
+It owns one partition's `TransactionTable`. Requests (prepare, end, admin) arrive in its
+mailbox, pass the validation `Boundary` and become events; the actions of each step are
+handed on at once and never awaited: op records to `OpLog`, publishes to `Publisher`,
+answers to `Answers`, check-backs and the next deadline to the partition's `Checker` actor.
 
-Completions carry the `epoch` of the instance that started the work: after a supervisor
-restart, the fresh instance (with a fresh table) ignores those still queued in the mailbox
-instead of failing on facts about a table that no longer exists.
+A step (`_step`: `table.handle_batch`, then handing on its actions) never waits, so it is
+atomic on the event loop, and the writers, tasks of this instance, feed their completions
+(`HalvesStored`, `OpPersisted`, `Published`: the table's own events) straight into a step
+instead of through the mailbox. Mailbox hops per committed transaction: **two**, the
+prepare request and the end request; every write's completion is a direct step. The
+checker is another actor: its messages (`Due`, `Checked`) come through the mailbox, off the
+commit path, tagged with the epoch of the instance that started it, so a restarted
+instance (fresh table, fresh checker) ignores what its predecessor's checker said. The
+writers die with their instance, so nothing of theirs outlives it.
 """
 
 from __future__ import annotations
@@ -15,8 +21,6 @@ from __future__ import annotations
 import functools
 import itertools
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -26,7 +30,7 @@ from nats.js.api import PubAck
 from nats.js.kv import KeyValue
 
 from txactors import layout, tracing
-from txactors.actors import Actor, Request
+from txactors.actors import Actor, ActorSystem, LocalActorRef, Request, Supervisor
 from txactors.coordinator import tokens
 from txactors.coordinator.actions import (
     Acknowledge,
@@ -37,15 +41,15 @@ from txactors.coordinator.actions import (
     Refuse,
     SendCheck,
 )
+from txactors.coordinator.answers import Answers
 from txactors.coordinator.audit import audited
-from txactors.coordinator.checkback import ask_producer
+from txactors.coordinator.checker import Checked, Checker, CheckWork, Due
 from txactors.coordinator.config import CoordinatorConfig
 from txactors.coordinator.discard import discard, quarantine
+from txactors.coordinator.effects import Append, PipelinedWriter
 from txactors.coordinator.events import (
-    CheckAnswered,
-    CheckFailed,
-    CheckFailure,
     End,
+    Event,
     ForceCommit,
     ForceRollback,
     HalvesStored,
@@ -53,35 +57,22 @@ from txactors.coordinator.events import (
     Published,
     Resume,
 )
-from txactors.coordinator.lifecycle import FINAL, TxnState
-from txactors.coordinator.listing import select
-from txactors.coordinator.options import (
-    Clock,
-    CoordinatorOptions,
-    OnDiscard,
-)
+from txactors.coordinator.link import LINK_TROUBLE, LinkLost, describe, linked
+from txactors.coordinator.listing import info, select
+from txactors.coordinator.oplog import OpLog
+from txactors.coordinator.options import Clock, CoordinatorOptions, OnDiscard
+from txactors.coordinator.publisher import Publisher
 from txactors.coordinator.recovery import last_op_seq, recover
-from txactors.coordinator.state import Checkpoint, TransactionTable, TxnView
+from txactors.coordinator.state import TransactionTable
 from txactors.coordinator.store import (
     StoredHalf,
     half_headers,
     load_checkpoint,
     read_half,
-    read_raw_half,
     save_checkpoint,
 )
 from txactors.coordinator.validation import Boundary
-from txactors.coordinator.effects import (
-    LINK_TROUBLE,
-    Append,
-    LinkLost,
-    OpLog,
-    PipelinedWriter,
-    describe,
-    linked,
-    retry_transient,
-)
-from txactors.errors import ConfigError
+from txactors.errors import ConfigError, MailboxFull
 from txactors.faults import FaultPoint, crash_if_armed
 from txactors.logs import get_logger
 from txactors.metrics import CoordinatorMetrics
@@ -93,13 +84,11 @@ from txactors.protocol import (
     Error,
     ErrorCode,
     ListTransactions,
-    OutgoingMessage,
     Prepare,
     Prepared,
     ResumeTransaction,
     RollbackTransaction,
     ShowTransaction,
-    TransactionInfo,
     TransactionList,
 )
 from txactors.topics import ensure_topic_stream
@@ -108,78 +97,14 @@ log = get_logger(__name__)
 
 _epochs = itertools.count(1)
 
-# -- messages the actor sends itself (each tagged with the sending instance's epoch) -------
-
-
-@dataclass(frozen=True, slots=True)
-class _HalvesAppended:
-    epoch: int
-    request_id: str
-    txid: str
-    token: str
-    group: str
-    producer: str
-    begins: bool
-    stored: tuple[StoredHalf, ...]
-    refused: tuple[str, ...] = ()
-    """Why JetStream refused some of the prepare's halves for good (they were quarantined)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _OpsAppended:
-    epoch: int
-    op_ids: list[int]
-    seq: int
-
-
-@dataclass(frozen=True, slots=True)
-class _TopicPublished:
-    epoch: int
-    txid: str
-    index: int
-
-
-@dataclass(frozen=True, slots=True)
-class _CheckReturned:
-    epoch: int
-    txid: str
-    check_id: int
-    resolution: Decision | None
-    failure: CheckFailure | None
-
-
-_Completion = _HalvesAppended | _OpsAppended | _TopicPublished | _CheckReturned
-
-
-class _Tick:
-    __slots__ = ()
-
-
-_TICK = _Tick()
-
-
-@dataclass(slots=True)
-class _Waiting:
-    """A request whose answer waits for the table (and so for a durable write)."""
-
-    request: Request | None
-    """None: the coordinator's own request (a rollback of refused halves), nobody to answer."""
-    reply: Callable[[TxnState], Any]
-    since: float = field(default_factory=time.perf_counter)
-
-
-@dataclass(slots=True)
-class _Bodies:
-    """The messages of an open transaction, kept for publishing and check-backs."""
-
-    group: str
-    messages: dict[int, OutgoingMessage] = field(default_factory=dict)
+CHECKER_MAILBOX = 4096
 
 
 class PartitionCoordinator(Actor):
     def __init__(
         self,
         *,
+        system: ActorSystem,
         nc: Client,
         js: JetStreamContext,
         checkpoints: KeyValue,
@@ -190,6 +115,7 @@ class PartitionCoordinator(Actor):
         on_discard: OnDiscard | None = None,
         metrics: CoordinatorMetrics | None = None,
     ) -> None:
+        self.system = system
         self.nc = nc
         self.js = js
         self.checkpoints = checkpoints
@@ -205,17 +131,21 @@ class PartitionCoordinator(Actor):
             max_messages=options.max_messages_per_prepare,
             max_immunity=config.max_immunity,
         )
-        self._checks_in_flight: set[str] = set()
-        self._bodies: dict[str, _Bodies] = {}
-        self._waiting: dict[str, _Waiting] = {}
-        self._request_ids = 0
+        self._epoch = next(_epochs)
+        self._answers = Answers(partition, metrics)
         self._next_index: dict[str, tuple[str, int]] = {}  # txid -> (token digest, next index)
         self._topics: set[str] = set()
-        self._epoch = next(_epochs)
         self._halves = PipelinedWriter(nc, js, self._quarantine)
-        self._published = PipelinedWriter(nc, js, self._quarantine)
+        published = PipelinedWriter(nc, js, self._quarantine)
+        self._published = published
+        self._publisher = Publisher(
+            js, published, partition, clock, self._quarantine, self._on_published
+        )
         self._oplog: OpLog | None = None
-        self._last_checkpoint = 0.0
+        self._checker: LocalActorRef | None = None
+        self._sends: list[SendCheck] = []
+        self._told: float | None = None
+        """The deadline the checker was last told (None: none, or it reported it due)."""
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -223,7 +153,7 @@ class PartitionCoordinator(Actor):
         started = time.perf_counter()
         checkpoint = await load_checkpoint(self.checkpoints, self.partition)
         halves, ops = await recover(
-            self.js, self.table, self.partition, checkpoint, self._remember, self.clock()
+            self.js, self.table, self.partition, checkpoint, self._publisher.keep, self.clock()
         )
         if self.metrics is not None:
             self.metrics.track(self.partition, self.table)
@@ -237,96 +167,149 @@ class PartitionCoordinator(Actor):
             open=len(self.table),
             seconds=round(time.perf_counter() - started, 3),
         )
-        for txid in [t for t in self._bodies if self.table.show(t) is None]:
-            del self._bodies[txid]
-        self.start_task(self._halves.run)
-        self.start_task(self._published.run)
-        self.start_task(self._oplog.run)
-        self.start_task(self._ticker)
-        await self._carry_out(self.table.finish_recovery(self.clock()))
+        self._publisher.forget_finished(self.table)
+        for run in (self._halves.run, self._published.run, self._oplog.run, self._answers.run):
+            self.start_task(run)
+        self.start_task(self._save_checkpoints)
+        self._checker = await self.system.spawn(
+            self._new_checker,
+            name=f"checker-{self.partition}",
+            mailbox_size=CHECKER_MAILBOX,
+            supervisor=Supervisor(max_restarts=5, within=60.0, backoff_initial=0.5),
+        )
+        self._apply(self.table.finish_recovery(self.clock()))
 
-    def _remember(self, stored: StoredHalf) -> None:
-        bodies = self._bodies.setdefault(stored.txid, _Bodies(stored.group))
-        bodies.messages[stored.half.index] = stored.message
+    def _new_checker(self) -> Checker:
+        return Checker(
+            nc=self.nc,
+            js=self.js,
+            partition=self.partition,
+            owner=self.ref,
+            epoch=self._epoch,
+            clock=self.clock,
+            tick_interval=self.options.tick_interval,
+            metrics=self.metrics,
+        )
 
-    async def _ticker(self) -> None:
+    async def on_stop(self) -> None:
+        if self._checker is not None:
+            await self._checker.stop()
+
+    async def _save_checkpoints(self) -> None:
+        """Best effort: a checkpoint that cannot be saved now is saved at the next interval."""
         while True:
-            await anyio.sleep(self.options.tick_interval)
-            await self.ref.tell(_TICK)
+            await anyio.sleep(self.options.checkpoint_interval)
+            self._publisher.forget_finished(self.table)
+            try:
+                await save_checkpoint(self.checkpoints, self.partition, self.table.checkpoint())
+            except Exception as error:
+                log.warning("checkpoint_not_saved", partition=self.partition, error=describe(error))
 
-    # -- the loop ---------------------------------------------------------------------------
+    # -- the mailbox ------------------------------------------------------------------------
 
-    async def receive(self, message: Any) -> Any:
-        if isinstance(message, _Completion) and message.epoch != self._epoch:
-            log.info("stale_completion_ignored", completion=type(message).__name__)
-            return
-        if isinstance(message, Request):
-            refusal = self.boundary.refusal(message.message, max_payload=self.nc.max_payload)
-            if refusal is not None:
-                log.info("request_refused", partition=self.partition, reason=refusal.message)
-                await message.answer(refusal)
-                return
+    async def receive(self, message: Any) -> None:
         match message:
-            case Request(message=Prepare() as prepare):
-                await self._prepare(message, prepare)
-            case Request(message=EndTransaction() as end):
-                request_id = self._wait(message, lambda state: Ended(txid=end.txid, state=state))
-                token = tokens.digest(end.token)
-                await self._handle(
-                    End(txid=end.txid, token=token, decision=end.decision, request_id=request_id)
-                )
             case Request():
-                await self._admin(message)
-            case _HalvesAppended():
-                await self._halves_appended(message)
-            case _OpsAppended(op_ids=op_ids, seq=seq):
-                for op_id in op_ids:
-                    actions = self.table.handle(OpPersisted(op_id=op_id, seq=seq), self.clock())
-                    if any(isinstance(a, Publish) for a in actions):
-                        crash_if_armed(FaultPoint.AFTER_COMMIT_RECORD)
-                    await self._carry_out(actions)
-            case _TopicPublished(txid=txid, index=index):
-                bodies = self._bodies.get(txid)
-                if bodies is not None:
-                    bodies.messages.pop(index, None)
-                await self._handle(Published(txid=txid, index=index))
-            case _CheckReturned(txid=txid, check_id=check_id, resolution=resolution):
-                self._checks_in_flight.discard(txid)
-                if resolution is not None:
-                    await self._handle(
-                        CheckAnswered(txid=txid, check_id=check_id, resolution=resolution)
-                    )
+                refusal = self.boundary.refusal(message.message, max_payload=self.nc.max_payload)
+                if refusal is not None:
+                    log.info("request_refused", partition=self.partition, reason=refusal.message)
+                    await message.answer(refusal)
+                elif isinstance(message.message, Prepare):
+                    await self._prepare(message, message.message)
+                elif isinstance(message.message, EndTransaction):
+                    self._end(message, message.message)
                 else:
-                    reason = message.failure or CheckFailure.ERROR
-                    await self._handle(CheckFailed(txid=txid, check_id=check_id, reason=reason))
-            case _Tick():
-                await self._tick()
+                    await self._admin(audited(message, self.partition))
+            case Due(epoch=epoch) | Checked(epoch=epoch) if epoch != self._epoch:
+                log.info("stale_checker_message_ignored", message=type(message).__name__)
+            case Due():
+                self._told = None  # the checker forgot it; whatever is next must be told
+                self._apply(self.table.tick(self.clock()))
+                await self._flush_checker()
+            case Checked(event=event):
+                self._step(event)
+                await self._flush_checker()
             case _:
                 raise TypeError(f"coordinator got an unexpected {type(message).__name__}")
 
-    async def _handle(self, event: Any) -> None:
-        await self._carry_out(self.table.handle(event, self.clock()))
+    def _end(self, request: Request, end: EndTransaction) -> None:
+        request_id = self._answers.wait(request, lambda state: Ended(txid=end.txid, state=state))
+        token = tokens.digest(end.token)
+        self._step(End(txid=end.txid, token=token, decision=end.decision, request_id=request_id))
 
-    async def _tick(self) -> None:
-        now = self.clock()
-        await self._carry_out(self.table.tick(now))
-        if now - self._last_checkpoint >= self.options.checkpoint_interval:
-            self._last_checkpoint = now
-            self._forget_finished()
-            self.start_task(self._save_checkpoint, self.table.checkpoint())
+    # -- steps ------------------------------------------------------------------------------
 
-    async def _save_checkpoint(self, checkpoint: Checkpoint) -> None:
-        """Best effort: a checkpoint that cannot be saved now is saved at the next interval."""
-        try:
-            await save_checkpoint(self.checkpoints, self.partition, checkpoint)
-        except Exception as error:
-            log.warning("checkpoint_not_saved", partition=self.partition, error=describe(error))
+    def _step(self, *events: Event) -> None:
+        self._apply(self.table.handle_batch(events, self.clock()))
 
-    def _forget_finished(self) -> None:
-        """Drop kept bodies of transactions that ended without a publish (rolled back,
-        answered by a check): O(kept), done at checkpoint time, not per message."""
-        for txid in [t for t in self._bodies if self.table.outcome(t) in (None, *FINAL)]:
-            del self._bodies[txid]
+    def _apply(self, actions: list[Action]) -> None:
+        """Hand each action on, in order, without waiting for any of them."""
+        publishes: list[Publish] = []
+        for action in actions:
+            match action:
+                case PersistOp(op_id=op_id, records=records):
+                    assert self._oplog is not None
+                    self._oplog.append(op_id, records)
+                    tracing.record_decisions(records, self._publisher.trace_context, self.partition)
+                case Publish():
+                    publishes.append(action)
+                case SendCheck():
+                    self._sends.append(action)
+                case Discard():
+                    self.start_task(discard, self.js, self._published, action, self.on_discard)
+                case Acknowledge() | Refuse():
+                    self._answers.settle(action)
+        for unkept in self._publisher.publish(publishes):
+            self.start_task(self._publisher.publish_from_stream, unkept)
+        work = self._checker_work()
+        if work is not None:
+            assert self._checker is not None
+            try:
+                self._checker.tell_nowait(work)
+            except MailboxFull:  # kept for the next step, which tells it again
+                self._sends[:0] = work.sends
+                self._told = None
+
+    def _checker_work(self) -> CheckWork | None:
+        """What the checker must hear: checks to send, or a deadline earlier than it knows."""
+        deadline = self.table.next_deadline()
+        if deadline is not None and (self._told is None or deadline < self._told):
+            self._told = deadline
+        elif not self._sends:
+            return None
+        work = CheckWork(sends=tuple(self._sends), deadline=self._told)
+        self._sends.clear()
+        return work
+
+    async def _flush_checker(self) -> None:
+        """Tell the checker, waiting for room, what a full mailbox kept back."""
+        work = self._checker_work()
+        if work is not None:
+            assert self._checker is not None
+            await self._checker.tell(work)
+
+    # -- completions of the writers (direct steps, see the module docstring) ---------------
+
+    async def _ops_appended(self, op_ids: list[int], seq: int) -> None:
+        events = [OpPersisted(op_id=op_id, seq=seq) for op_id in op_ids]
+        actions = self.table.handle_batch(events, self.clock())
+        if any(isinstance(a, Publish) for a in actions):
+            crash_if_armed(FaultPoint.AFTER_COMMIT_RECORD)
+        self._apply(actions)
+
+    async def _on_published(self, published: list[Published]) -> None:
+        self._step(*published)
+
+    async def _quarantine(self, append: Append, reason: str) -> None:
+        self.table.counters.quarantined += 1
+        await quarantine(
+            self.js,
+            partition=self.partition,
+            subject=append.subject,
+            headers=append.headers,
+            body=append.payload,
+            reason=reason,
+        )
 
     # -- prepare ----------------------------------------------------------------------------
 
@@ -334,23 +317,18 @@ class PartitionCoordinator(Actor):
         begins = prepare.token is None
         token = prepare.token or tokens.new_token()
         digest = tokens.digest(token)
-        in_flight = self._next_index.get(prepare.txid)
-        if in_flight is not None:
-            kept_digest, first_index = in_flight
-            if begins or not tokens.same(kept_digest, digest):
-                await request.answer(Error(*self.table.token_refusal(prepare.txid, begins=begins)))
-                return
-        else:
-            refusal = self.table.refuse_prepare(prepare.txid, digest, prepare.group, begins=begins)
-            if refusal is not None:
-                await request.answer(Error(*refusal))
-                return
-            view = self.table.show(prepare.txid)
-            first_index = len(view.half_seqs) if view is not None else 0
+        if (refusal := self._prepare_refusal(prepare, digest, begins)) is not None:
+            await request.answer(Error(*refusal))
+            return
         problem = await self._declare_topics({m.topic for m in prepare.messages})
         if problem is not None:
             await request.answer(Error(ErrorCode.INTERNAL, problem))
             return
+        # Checked again with no wait before the submit: a step may have run meanwhile.
+        if (refusal := self._prepare_refusal(prepare, digest, begins)) is not None:
+            await request.answer(Error(*refusal))
+            return
+        first_index = self._first_index(prepare.txid)
         self._next_index[prepare.txid] = (digest, first_index + len(prepare.messages))
         born = self.clock()
         appends = [
@@ -371,30 +349,25 @@ class PartitionCoordinator(Actor):
             )
             for offset, message in enumerate(prepare.messages)
         ]
-        request_id = self._new_request_id()
-        self._waiting[request_id] = _Waiting(request, lambda state: None)
+        stored = functools.partial(self._halves_appended, request, prepare, token, appends)
+        self._halves.submit(appends, stored)
 
-        async def report(acks: list[PubAck | None]) -> None:
-            pairs = list(zip(appends, acks, strict=True))
-            stored = tuple(read_raw_half_from(a, ack) for a, ack in pairs if ack is not None)
-            refused = tuple(
-                f"message {a.headers.get(layout.INDEX_HEADER)}" for a, ack in pairs if ack is None
-            )
-            await self.ref.tell(
-                _HalvesAppended(
-                    self._epoch,
-                    request_id,
-                    prepare.txid,
-                    token,
-                    prepare.group,
-                    prepare.producer,
-                    begins,
-                    stored,
-                    refused,
-                )
-            )
+    def _prepare_refusal(
+        self, prepare: Prepare, digest: str, begins: bool
+    ) -> tuple[ErrorCode, str] | None:
+        in_flight = self._next_index.get(prepare.txid)
+        if in_flight is None:
+            return self.table.refuse_prepare(prepare.txid, digest, prepare.group, begins=begins)
+        if begins or not tokens.same(in_flight[0], digest):
+            return self.table.token_refusal(prepare.txid, begins=begins)
+        return None
 
-        await self._halves.submit(appends, report)
+    def _first_index(self, txid: str) -> int:
+        in_flight = self._next_index.get(txid)
+        if in_flight is not None:
+            return in_flight[1]
+        view = self.table.show(txid)
+        return len(view.half_seqs) if view is not None else 0
 
     async def _declare_topics(self, topics: set[str]) -> str | None:
         """Make sure each topic has its stream; why not, if JetStream cannot say so now."""
@@ -414,55 +387,64 @@ class PartitionCoordinator(Actor):
             self._topics.add(topic)
         return None
 
-    async def _halves_appended(self, done: _HalvesAppended) -> None:
-        token_and_next = self._next_index.get(done.txid)
-        if token_and_next is not None and tokens.same(token_and_next[0], tokens.digest(done.token)):
-            last_index = max((s.half.index for s in done.stored), default=-1)
-            if token_and_next[1] <= last_index + 1 or done.refused:
-                del self._next_index[done.txid]  # no later prepare of this txid in flight
-        seqs = [s.half.seq for s in done.stored]
-        waiting = self._waiting[done.request_id]
-        if done.refused:
-            await self._halves_refused(done, waiting)
+    async def _halves_appended(
+        self,
+        request: Request,
+        prepare: Prepare,
+        token: str,
+        appends: list[Append],
+        acks: list[PubAck | None],
+    ) -> None:
+        txid = prepare.txid
+        digest = tokens.digest(token)
+        pairs = list(zip(appends, acks, strict=True))
+        stored = [read_half(ack.seq, a.headers, a.payload) for a, ack in pairs if ack is not None]
+        refused = [f"message {a.headers.get(layout.INDEX_HEADER)}" for a, ack in pairs if not ack]
+        in_flight = self._next_index.get(txid)
+        if in_flight is not None and tokens.same(in_flight[0], digest):
+            last_index = max((s.half.index for s in stored), default=-1)
+            if in_flight[1] <= last_index + 1 or refused:
+                del self._next_index[txid]  # no later prepare of this txid in flight
+        if refused:
+            self._halves_refused(request, prepare, digest, stored, refused)
             return
-        waiting.reply = lambda state: Prepared(txid=done.txid, token=done.token, seqs=seqs)
-        bodies = self._bodies.setdefault(done.txid, _Bodies(done.group))
-        for stored in done.stored:
-            bodies.messages[stored.half.index] = stored.message
-        await self._handle(_stored_event(done, done.request_id))
+        for half in stored:
+            self._publisher.keep(half)
+        seqs = [s.half.seq for s in stored]
+        request_id = self._answers.wait(
+            request, lambda state: Prepared(txid=txid, token=token, seqs=seqs)
+        )
+        self._step(_stored_event(prepare, digest, stored, request_id))
 
-    async def _halves_refused(self, done: _HalvesAppended, waiting: _Waiting) -> None:
+    def _halves_refused(
+        self,
+        request: Request,
+        prepare: Prepare,
+        digest: str,
+        stored: list[StoredHalf],
+        refused: list[str],
+    ) -> None:
         """JetStream refused some halves for good: the prepare fails, and nothing of the
         transaction may ever be delivered, so what did land is rolled back at once."""
-        del self._waiting[done.request_id]
-        if done.stored:
-            await self._handle(_stored_event(done, None))
-        if self.table.outcome(done.txid) is not None:
-            request_id = self._new_request_id()
-            self._waiting[request_id] = _Waiting(None, lambda state: None)  # nobody to answer
-            await self._handle(
-                End(
-                    txid=done.txid,
-                    token=tokens.digest(done.token),
-                    decision=Decision.ROLLBACK,
-                    request_id=request_id,
-                )
-            )
-        reason = "; ".join(done.refused)
-        message = f"JetStream refused {reason} of transaction {done.txid} (quarantined); "
+        txid = prepare.txid
+        if stored:
+            self._step(_stored_event(prepare, digest, stored, None))
+        if self.table.outcome(txid) is not None:
+            nobody = self._answers.wait(None, lambda state: None)
+            self._step(End(txid=txid, token=digest, decision=Decision.ROLLBACK, request_id=nobody))
+        message = f"JetStream refused {'; '.join(refused)} of transaction {txid} (quarantined); "
         message += "the transaction is rolled back"
-        assert waiting.request is not None
-        await waiting.request.answer(Error(ErrorCode.INTERNAL, message))
+        self._answers.send(request, Error(ErrorCode.INTERNAL, message))
 
     # -- admin ------------------------------------------------------------------------------
 
     async def _admin(self, request: Request) -> None:
-        request = audited(request, self.partition)  # actions log `operator_action` when answered
+        """Operator commands; those that change a transaction log `operator_action`."""
         command = request.message
         match command:
             case ListTransactions():
                 views, more = select(self.table.transactions(), command, self.clock())
-                infos = [_info(v) for v in views]
+                infos = [info(v) for v in views]
                 await request.answer(TransactionList(transactions=infos, more=more))
             case ShowTransaction(txid=txid):
                 view = self.table.show(txid)
@@ -471,168 +453,35 @@ class PartitionCoordinator(Actor):
                     detail = f"it is {state}" if state else "not open here"
                     await request.answer(Error(ErrorCode.NOT_FOUND, f"{txid}: {detail}"))
                 else:
-                    await request.answer(_info(view))
-            case ResumeTransaction(txid=txid):
-                request_id = self._wait(request, lambda state: Ended(txid=txid, state=state))
-                await self._handle(Resume(txid=txid, request_id=request_id))
-            case CommitTransaction(txid=txid):
-                request_id = self._wait(request, lambda state: Ended(txid=txid, state=state))
-                await self._handle(ForceCommit(txid=txid, request_id=request_id))
-            case RollbackTransaction(txid=txid):
-                request_id = self._wait(request, lambda state: Ended(txid=txid, state=state))
-                await self._handle(ForceRollback(txid=txid, request_id=request_id))
+                    await request.answer(info(view))
+            case ResumeTransaction() | CommitTransaction() | RollbackTransaction():
+                txid = command.txid
+                request_id = self._answers.wait(request, lambda s: Ended(txid=txid, state=s))
+                kind = _OPERATOR_EVENTS[type(command)]
+                self._step(kind(txid=txid, request_id=request_id))
             case _:
                 name = type(command).__name__
-                await request.answer(
-                    Error(ErrorCode.UNKNOWN_COMMAND, f"not an admin command: {name}")
-                )
-
-    # -- actions ----------------------------------------------------------------------------
-
-    async def _carry_out(self, actions: list[Action]) -> None:
-        for action in actions:
-            match action:
-                case PersistOp(op_id=op_id, records=records):
-                    assert self._oplog is not None
-                    self._oplog.append(op_id, records)
-                    tracing.record_decisions(records, self._trace_context, self.partition)
-                case Publish():
-                    await self._publish(action)
-                case SendCheck():
-                    if action.txid in self._checks_in_flight and self.metrics is not None:
-                        self.metrics.duplicate_checks.labels(self.partition).inc()
-                    self._checks_in_flight.add(action.txid)
-                    self.start_task(self._check, action)
-                case Discard():
-                    self.start_task(self._discard, action)
-                case Acknowledge(request_id=request_id, state=state):
-                    waiting = self._waiting.pop(request_id)
-                    if self.metrics is not None and state is TxnState.COMMITTED:
-                        latency = time.perf_counter() - waiting.since
-                        self.metrics.commit_latency.labels(self.partition).observe(latency)
-                    if waiting.request is not None:
-                        await waiting.request.answer(waiting.reply(state))
-                case Refuse(request_id=request_id, code=code, message=text):
-                    waiting = self._waiting.pop(request_id)
-                    if waiting.request is not None:
-                        await waiting.request.answer(Error(code, text))
-
-    async def _publish(self, action: Publish) -> None:
-        bodies = self._bodies.get(action.txid)
-        message = bodies.messages.get(action.index) if bodies is not None else None
-        if message is None or bodies is None:
-            self.start_task(self._publish_from_stream, action)
-            return
-        await self._published.submit(
-            [self._topic_append(action, bodies.group, message)],
-            lambda _: self.ref.tell(_TopicPublished(self._epoch, action.txid, action.index)),
-        )
-
-    async def _publish_from_stream(self, action: Publish) -> None:
-        """After a restart the body is only in TXN_HALF: read it back by sequence."""
-        try:
-            raw = await retry_transient(self.js.get_msg, layout.HALF_STREAM, action.half_seq)
-            stored = read_raw_half(raw)
-        except Exception as error:  # gone (purged by hand?) or unreadable: never publishable
-            subject = layout.half_subject(self.partition)
-            reason = f"committed half {action.half_seq} cannot be read: {describe(error)}"
-            await self._quarantine(Append(subject, b"", {}), reason)
-            await self.ref.tell(_TopicPublished(self._epoch, action.txid, action.index))
-            return
-        await self._published.submit(
-            [self._topic_append(action, stored.group, stored.message)],
-            lambda _: self.ref.tell(_TopicPublished(self._epoch, action.txid, action.index)),
-        )
-
-    def _topic_append(self, action: Publish, group: str, message: OutgoingMessage) -> Append:
-        headers = dict(message.properties)
-        headers[layout.MSG_ID_HEADER] = action.msg_id
-        headers[layout.TXID_HEADER] = action.txid
-        headers[layout.GROUP_HEADER] = group
-        headers[layout.INDEX_HEADER] = str(action.index)
-        headers[layout.COMMITTED_AT_HEADER] = repr(self.clock())
-        if message.tag is not None:
-            headers[layout.TAG_HEADER] = message.tag
-        if message.keys:
-            headers[layout.KEYS_HEADER] = ",".join(message.keys)
-        tracing.record_publish(headers, action.txid, action.msg_id, message.topic)
-        subject = layout.topic_subject(message.topic, message.tag)
-        return Append(subject, message.body, headers, layout.topic_stream(message.topic))
-
-    def _trace_context(self, txid: str) -> dict[str, str]:
-        """The properties of a kept half of `txid`, where its trace context travels."""
-        bodies = self._bodies.get(txid)
-        half = next(iter(bodies.messages.values()), None) if bodies is not None else None
-        return half.properties if half is not None else {}
-
-    async def _check(self, action: SendCheck) -> None:
-        try:
-            resolution, failure = await ask_producer(self.nc, self.js, action)
-        except Exception as error:  # JetStream or the connection failed: an inconclusive check
-            log.warning("check_back_failed", txid=action.txid, error=describe(error))
-            resolution, failure = None, CheckFailure.ERROR
-        await self.ref.tell(
-            _CheckReturned(self._epoch, action.txid, action.check_id, resolution, failure)
-        )
-
-    async def _discard(self, action: Discard) -> None:
-        await discard(self.js, self._published, action, self.on_discard)
-
-    async def _ops_appended(self, op_ids: list[int], seq: int) -> None:
-        await self.ref.tell(_OpsAppended(self._epoch, op_ids, seq))
-
-    async def _quarantine(self, append: Append, reason: str) -> None:
-        self.table.counters.quarantined += 1
-        await quarantine(
-            self.js,
-            partition=self.partition,
-            subject=append.subject,
-            headers=append.headers,
-            body=append.payload,
-            reason=reason,
-        )
-
-    # -- requests ---------------------------------------------------------------------------
-
-    def _new_request_id(self) -> str:
-        self._request_ids += 1
-        return str(self._request_ids)
-
-    def _wait(self, request: Request, reply: Callable[[TxnState], Any]) -> str:
-        request_id = self._new_request_id()
-        self._waiting[request_id] = _Waiting(request, reply)
-        return request_id
+                problem = f"not an admin command: {name}"
+                await request.answer(Error(ErrorCode.UNKNOWN_COMMAND, problem))
 
 
-def _stored_event(done: _HalvesAppended, request_id: str | None) -> HalvesStored:
+_OPERATOR_EVENTS: dict[type, type[Resume | ForceCommit | ForceRollback]] = {
+    ResumeTransaction: Resume,
+    CommitTransaction: ForceCommit,
+    RollbackTransaction: ForceRollback,
+}
+
+
+def _stored_event(
+    prepare: Prepare, digest: str, stored: list[StoredHalf], request_id: str | None
+) -> HalvesStored:
     """What the table learns from appended halves (with the request to answer, if any)."""
     return HalvesStored(
-        txid=done.txid,
-        token=tokens.digest(done.token),
-        group=done.group,
-        producer=done.producer,
-        halves=tuple(s.half for s in done.stored),
-        begins=done.begins,
+        txid=prepare.txid,
+        token=digest,
+        group=prepare.group,
+        producer=prepare.producer,
+        halves=tuple(s.half for s in stored),
+        begins=prepare.token is None,
         request_id=request_id,
-    )
-
-
-def read_raw_half_from(append: Append, ack: PubAck) -> StoredHalf:
-    """The half as stored, from what we appended and the sequence JetStream gave it."""
-    return read_half(ack.seq, append.headers, append.payload)
-
-
-def _info(view: TxnView) -> TransactionInfo:
-    return TransactionInfo(
-        txid=view.txid,
-        state=view.state.value,
-        group=view.group,
-        producer=view.producer,
-        topics=list(view.topics),
-        half_seqs=list(view.half_seqs),
-        born=view.born,
-        check_times=view.check_times,
-        last_check=view.last_check,
-        next_check_at=view.next_check_at,
-        discard_reason=view.discard_reason.value if view.discard_reason else None,
     )

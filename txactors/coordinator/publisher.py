@@ -1,0 +1,124 @@
+"""Carrying out `Publish`: a committed half, copied to its topic stream with its dedupe id.
+
+The partition keeps the messages of its open transactions (from their prepare, or read
+back during recovery), so a publish costs one topic write and no read; a body it no longer
+has (after a restart the checkpoint skipped, or a purge) is read back from TXN_HALF by
+sequence. The `Publish` actions of one step go out as one job, and their completion comes
+back as one list of `Published` events, which the partition feeds to its table as one step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from nats.js import JetStreamContext
+
+from txactors import layout, tracing
+from txactors.coordinator.actions import Publish
+from txactors.coordinator.effects import Append, PipelinedWriter, Quarantine
+from txactors.coordinator.events import Published
+from txactors.coordinator.lifecycle import FINAL
+from txactors.coordinator.link import describe, retry_transient
+from txactors.coordinator.options import Clock
+from txactors.coordinator.state import TransactionTable
+from txactors.coordinator.store import StoredHalf, read_raw_half
+from txactors.protocol import OutgoingMessage
+
+OnPublished = Callable[[list[Published]], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class _Kept:
+    """The messages of an open transaction, kept for publishing and trace context."""
+
+    group: str
+    messages: dict[int, OutgoingMessage] = field(default_factory=dict)
+
+
+class Publisher:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        writer: PipelinedWriter,
+        partition: int,
+        clock: Clock,
+        quarantine: Quarantine,
+        on_published: OnPublished,
+    ) -> None:
+        self._js = js
+        self._writer = writer
+        self._partition = partition
+        self._clock = clock
+        self._quarantine = quarantine
+        self._on_published = on_published
+        self._kept: dict[str, _Kept] = {}
+
+    def keep(self, stored: StoredHalf) -> None:
+        """Remember a stored half's message until its transaction is finished."""
+        kept = self._kept.setdefault(stored.txid, _Kept(stored.group))
+        kept.messages[stored.half.index] = stored.message
+
+    def forget_finished(self, table: TransactionTable) -> None:
+        """Drop what finished transactions left (rolled back, answered by a check, unknown
+        to the table): O(kept), done at checkpoint time, not per message."""
+        for txid in [t for t in self._kept if table.outcome(t) in (None, *FINAL)]:
+            del self._kept[txid]
+
+    def trace_context(self, txid: str) -> dict[str, str]:
+        """The properties of a kept half of `txid`, where its trace context travels."""
+        kept = self._kept.get(txid)
+        half = next(iter(kept.messages.values()), None) if kept is not None else None
+        return half.properties if half is not None else {}
+
+    def publish(self, actions: list[Publish]) -> list[Publish]:
+        """Submit the publishes whose bodies are kept, as one job; return the others
+        (to be read back with `publish_from_stream`). Never waits."""
+        appends: list[Append] = []
+        done: list[Published] = []
+        unkept: list[Publish] = []
+        for action in actions:
+            kept = self._kept.get(action.txid)
+            message = kept.messages.pop(action.index, None) if kept is not None else None
+            if message is None or kept is None:
+                unkept.append(action)
+                continue
+            if not kept.messages:
+                del self._kept[action.txid]
+            appends.append(self._topic_append(action, kept.group, message))
+            done.append(Published(txid=action.txid, index=action.index))
+        if appends:
+            self._writer.submit(appends, lambda _: self._on_published(done))
+        return unkept
+
+    async def publish_from_stream(self, action: Publish) -> None:
+        """After a restart the body is only in TXN_HALF: read it back by sequence."""
+        published = [Published(txid=action.txid, index=action.index)]
+        try:
+            raw = await retry_transient(self._js.get_msg, layout.HALF_STREAM, action.half_seq)
+            stored = read_raw_half(raw)
+        except Exception as error:  # gone (purged by hand?) or unreadable: never publishable
+            subject = layout.half_subject(self._partition)
+            reason = f"committed half {action.half_seq} cannot be read: {describe(error)}"
+            await self._quarantine(Append(subject, b"", {}), reason)
+            await self._on_published(published)
+            return
+        self._writer.submit(
+            [self._topic_append(action, stored.group, stored.message)],
+            lambda _: self._on_published(published),
+        )
+
+    def _topic_append(self, action: Publish, group: str, message: OutgoingMessage) -> Append:
+        headers = dict(message.properties)
+        headers[layout.MSG_ID_HEADER] = action.msg_id
+        headers[layout.TXID_HEADER] = action.txid
+        headers[layout.GROUP_HEADER] = group
+        headers[layout.INDEX_HEADER] = str(action.index)
+        headers[layout.COMMITTED_AT_HEADER] = repr(self._clock())
+        if message.tag is not None:
+            headers[layout.TAG_HEADER] = message.tag
+        if message.keys:
+            headers[layout.KEYS_HEADER] = ",".join(message.keys)
+        tracing.record_publish(headers, action.txid, action.msg_id, message.topic)
+        subject = layout.topic_subject(message.topic, message.tag)
+        return Append(subject, message.body, headers, layout.topic_stream(message.topic))
