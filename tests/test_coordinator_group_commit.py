@@ -84,7 +84,11 @@ async def test_appends_queued_while_writes_are_in_flight_go_out_as_one_atomic_ba
             return await publish(*args)
 
         writer._inbox.publish = counted  # type: ignore[method-assign]
-        for i in range(40):  # one write goes out at once; the other 39 wait for it together
+        writer.submit(appends("TOPIC_gc", "topic.gc._", ["m0"]), reports.report)
+        with anyio.fail_after(5):
+            while not writer._open:  # the first write is out, awaiting its ack
+                await anyio.sleep(0)
+        for i in range(1, 40):  # the other 39 wait for it, then go out together
             writer.submit(appends("TOPIC_gc", "topic.gc._", [f"m{i}"]), reports.report)
         await reports.wait(40)
     assert writes == 2
