@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import nats
 import structlog
 from nats.aio.client import Client
@@ -19,8 +20,8 @@ from nats.js.api import PubAck, StreamConfig
 
 from tests.conftest import MakeNatsServer
 from txactors import layout
-from txactors.coordinator.store import ensure_streams
 from txactors.coordinator.effects import Append, PipelinedWriter
+from txactors.coordinator.store import ensure_streams
 from txactors.topics import ensure_topic_stream
 
 
@@ -87,7 +88,7 @@ async def test_appends_queued_while_writes_are_in_flight_go_out_as_one_atomic_ba
         writer.submit(appends("TOPIC_gc", "topic.gc._", ["m0"]), reports.report)
         with anyio.fail_after(5):
             while not writer._open:  # the first write is out, awaiting its ack
-                await anyio.sleep(0)
+                await anyio.lowlevel.checkpoint()
         for i in range(1, 40):  # the other 39 wait for it, then go out together
             writer.submit(appends("TOPIC_gc", "topic.gc._", [f"m{i}"]), reports.report)
         await reports.wait(40)

@@ -29,7 +29,7 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 from nats.js.kv import KeyValue
 
-from txactors import layout, tracing
+from txactors import tracing
 from txactors.actors import Actor, ActorSystem, LocalActorRef, Request, Supervisor
 from txactors.coordinator import tokens
 from txactors.coordinator.actions import (
@@ -52,27 +52,21 @@ from txactors.coordinator.events import (
     Event,
     ForceCommit,
     ForceRollback,
-    HalvesStored,
     OpPersisted,
     Published,
     Resume,
 )
-from txactors.coordinator.link import LINK_TROUBLE, LinkLost, describe, linked
+from txactors.coordinator.link import describe
 from txactors.coordinator.listing import info, select
 from txactors.coordinator.oplog import OpLog
 from txactors.coordinator.options import Clock, CoordinatorOptions, OnDiscard
+from txactors.coordinator.prepares import PreparesInFlight, stored_event
 from txactors.coordinator.publisher import Publisher
 from txactors.coordinator.recovery import last_op_seq, recover
 from txactors.coordinator.state import TransactionTable
-from txactors.coordinator.store import (
-    StoredHalf,
-    half_headers,
-    load_checkpoint,
-    read_half,
-    save_checkpoint,
-)
+from txactors.coordinator.store import StoredHalf, load_checkpoint, save_checkpoint
 from txactors.coordinator.validation import Boundary
-from txactors.errors import ConfigError, MailboxFull
+from txactors.errors import MailboxFull
 from txactors.faults import FaultPoint, crash_if_armed
 from txactors.logs import get_logger
 from txactors.metrics import CoordinatorMetrics
@@ -91,7 +85,6 @@ from txactors.protocol import (
     ShowTransaction,
     TransactionList,
 )
-from txactors.topics import ensure_topic_stream
 
 log = get_logger(__name__)
 
@@ -133,13 +126,12 @@ class PartitionCoordinator(Actor):
         )
         self._epoch = next(_epochs)
         self._answers = Answers(partition, metrics)
-        self._next_index: dict[str, tuple[str, int]] = {}  # txid -> (token digest, next index)
-        self._topics: set[str] = set()
+        self._prepares = PreparesInFlight(partition)
         self._halves = PipelinedWriter(nc, js, self._quarantine)
         published = PipelinedWriter(nc, js, self._quarantine)
         self._published = published
         self._publisher = Publisher(
-            js, published, partition, clock, self._quarantine, self._on_published
+            nc, js, published, partition, options, clock, self._quarantine, self._on_published
         )
         self._oplog: OpLog | None = None
         self._checker: LocalActorRef | None = None
@@ -192,8 +184,9 @@ class PartitionCoordinator(Actor):
         )
 
     async def on_stop(self) -> None:
-        if self._checker is not None:
-            await self._checker.stop()
+        checker, self._checker = self._checker, None  # writers finishing meanwhile tell nobody
+        if checker is not None:
+            await checker.stop()
 
     async def _save_checkpoints(self) -> None:
         """Best effort: a checkpoint that cannot be saved now is saved at the next interval."""
@@ -262,8 +255,7 @@ class PartitionCoordinator(Actor):
         for unkept in self._publisher.publish(publishes):
             self.start_task(self._publisher.publish_from_stream, unkept)
         work = self._checker_work()
-        if work is not None:
-            assert self._checker is not None
+        if work is not None and self._checker is not None:
             try:
                 self._checker.tell_nowait(work)
             except MailboxFull:  # kept for the next step, which tells it again
@@ -284,8 +276,7 @@ class PartitionCoordinator(Actor):
     async def _flush_checker(self) -> None:
         """Tell the checker, waiting for room, what a full mailbox kept back."""
         work = self._checker_work()
-        if work is not None:
-            assert self._checker is not None
+        if work is not None and self._checker is not None:
             await self._checker.tell(work)
 
     # -- completions of the writers (direct steps, see the module docstring) ---------------
@@ -314,78 +305,22 @@ class PartitionCoordinator(Actor):
     # -- prepare ----------------------------------------------------------------------------
 
     async def _prepare(self, request: Request, prepare: Prepare) -> None:
-        begins = prepare.token is None
         token = prepare.token or tokens.new_token()
         digest = tokens.digest(token)
-        if (refusal := self._prepare_refusal(prepare, digest, begins)) is not None:
+        if (refusal := self._prepares.refusal(self.table, prepare, digest)) is not None:
             await request.answer(Error(*refusal))
             return
-        problem = await self._declare_topics({m.topic for m in prepare.messages})
+        problem = await self._publisher.declare({m.topic for m in prepare.messages})
         if problem is not None:
             await request.answer(Error(ErrorCode.INTERNAL, problem))
             return
         # Checked again with no wait before the submit: a step may have run meanwhile.
-        if (refusal := self._prepare_refusal(prepare, digest, begins)) is not None:
+        if (refusal := self._prepares.refusal(self.table, prepare, digest)) is not None:
             await request.answer(Error(*refusal))
             return
-        first_index = self._first_index(prepare.txid)
-        self._next_index[prepare.txid] = (digest, first_index + len(prepare.messages))
-        born = self.clock()
-        appends = [
-            Append(
-                layout.half_subject(self.partition),
-                message.body,
-                half_headers(
-                    txid=prepare.txid,
-                    token_digest=digest,
-                    group=prepare.group,
-                    producer=prepare.producer,
-                    begins=begins,
-                    index=first_index + offset,
-                    born=born,
-                    message=message,
-                ),
-                layout.HALF_STREAM,
-            )
-            for offset, message in enumerate(prepare.messages)
-        ]
+        appends = self._prepares.start(self.table, prepare, digest, self.clock())
         stored = functools.partial(self._halves_appended, request, prepare, token, appends)
         self._halves.submit(appends, stored)
-
-    def _prepare_refusal(
-        self, prepare: Prepare, digest: str, begins: bool
-    ) -> tuple[ErrorCode, str] | None:
-        in_flight = self._next_index.get(prepare.txid)
-        if in_flight is None:
-            return self.table.refuse_prepare(prepare.txid, digest, prepare.group, begins=begins)
-        if begins or not tokens.same(in_flight[0], digest):
-            return self.table.token_refusal(prepare.txid, begins=begins)
-        return None
-
-    def _first_index(self, txid: str) -> int:
-        in_flight = self._next_index.get(txid)
-        if in_flight is not None:
-            return in_flight[1]
-        view = self.table.show(txid)
-        return len(view.half_seqs) if view is not None else 0
-
-    async def _declare_topics(self, topics: set[str]) -> str | None:
-        """Make sure each topic has its stream; why not, if JetStream cannot say so now."""
-        for topic in topics - self._topics:
-            declare = functools.partial(
-                ensure_topic_stream,
-                self.js,
-                topic,
-                duplicate_window=self.options.topic_duplicate_window,
-                replicas=self.options.replicas,
-            )
-            try:
-                await linked(self.nc, declare)
-            except (ConfigError, LinkLost, *LINK_TROUBLE) as error:
-                log.warning("topic_stream_not_declared", topic=topic, error=describe(error))
-                return f"the stream of topic {topic} cannot be declared now: {describe(error)}"
-            self._topics.add(topic)
-        return None
 
     async def _halves_appended(
         self,
@@ -395,26 +330,19 @@ class PartitionCoordinator(Actor):
         appends: list[Append],
         acks: list[PubAck | None],
     ) -> None:
-        txid = prepare.txid
         digest = tokens.digest(token)
-        pairs = list(zip(appends, acks, strict=True))
-        stored = [read_half(ack.seq, a.headers, a.payload) for a, ack in pairs if ack is not None]
-        refused = [f"message {a.headers.get(layout.INDEX_HEADER)}" for a, ack in pairs if not ack]
-        in_flight = self._next_index.get(txid)
-        if in_flight is not None and tokens.same(in_flight[0], digest):
-            last_index = max((s.half.index for s in stored), default=-1)
-            if in_flight[1] <= last_index + 1 or refused:
-                del self._next_index[txid]  # no later prepare of this txid in flight
+        stored, refused = self._prepares.finish(prepare.txid, digest, appends, acks)
         if refused:
             self._halves_refused(request, prepare, digest, stored, refused)
             return
         for half in stored:
             self._publisher.keep(half)
         seqs = [s.half.seq for s in stored]
+        txid = prepare.txid
         request_id = self._answers.wait(
             request, lambda state: Prepared(txid=txid, token=token, seqs=seqs)
         )
-        self._step(_stored_event(prepare, digest, stored, request_id))
+        self._step(stored_event(prepare, digest, stored, request_id))
 
     def _halves_refused(
         self,
@@ -428,7 +356,7 @@ class PartitionCoordinator(Actor):
         transaction may ever be delivered, so what did land is rolled back at once."""
         txid = prepare.txid
         if stored:
-            self._step(_stored_event(prepare, digest, stored, None))
+            self._step(stored_event(prepare, digest, stored, None))
         if self.table.outcome(txid) is not None:
             nobody = self._answers.wait(None, lambda state: None)
             self._step(End(txid=txid, token=digest, decision=Decision.ROLLBACK, request_id=nobody))
@@ -470,18 +398,3 @@ _OPERATOR_EVENTS: dict[type, type[Resume | ForceCommit | ForceRollback]] = {
     CommitTransaction: ForceCommit,
     RollbackTransaction: ForceRollback,
 }
-
-
-def _stored_event(
-    prepare: Prepare, digest: str, stored: list[StoredHalf], request_id: str | None
-) -> HalvesStored:
-    """What the table learns from appended halves (with the request to answer, if any)."""
-    return HalvesStored(
-        txid=prepare.txid,
-        token=digest,
-        group=prepare.group,
-        producer=prepare.producer,
-        halves=tuple(s.half for s in stored),
-        begins=prepare.token is None,
-        request_id=request_id,
-    )

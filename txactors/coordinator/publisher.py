@@ -1,5 +1,8 @@
 """Carrying out `Publish`: a committed half, copied to its topic stream with its dedupe id.
 
+Topic streams are declared when a prepare first names the topic (`declare`), so that a
+commit never waits for one.
+
 The partition keeps the messages of its open transactions (from their prepare, or read
 back during recovery), so a publish costs one topic write and no read; a body it no longer
 has (after a restart the checkpoint skipped, or a purge) is read back from TXN_HALF by
@@ -9,9 +12,11 @@ back as one list of `Published` events, which the partition feeds to its table a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from txactors import layout, tracing
@@ -19,11 +24,16 @@ from txactors.coordinator.actions import Publish
 from txactors.coordinator.effects import Append, PipelinedWriter, Quarantine
 from txactors.coordinator.events import Published
 from txactors.coordinator.lifecycle import FINAL
-from txactors.coordinator.link import describe, retry_transient
-from txactors.coordinator.options import Clock
+from txactors.coordinator.link import LINK_TROUBLE, LinkLost, describe, linked, retry_transient
+from txactors.coordinator.options import Clock, CoordinatorOptions
 from txactors.coordinator.state import TransactionTable
 from txactors.coordinator.store import StoredHalf, read_raw_half
+from txactors.errors import ConfigError
+from txactors.logs import get_logger
 from txactors.protocol import OutgoingMessage
+from txactors.topics import ensure_topic_stream
+
+log = get_logger(__name__)
 
 OnPublished = Callable[[list[Published]], Awaitable[None]]
 
@@ -39,20 +49,44 @@ class _Kept:
 class Publisher:
     def __init__(
         self,
+        nc: Client,
         js: JetStreamContext,
         writer: PipelinedWriter,
         partition: int,
+        options: CoordinatorOptions,
         clock: Clock,
         quarantine: Quarantine,
         on_published: OnPublished,
     ) -> None:
+        self._nc = nc
         self._js = js
+        self._options = options
+        self._topics: set[str] = set()
+        """Topics whose stream is known to exist."""
         self._writer = writer
         self._partition = partition
         self._clock = clock
         self._quarantine = quarantine
         self._on_published = on_published
         self._kept: dict[str, _Kept] = {}
+
+    async def declare(self, topics: set[str]) -> str | None:
+        """Make sure each topic has its stream; why not, if JetStream cannot say so now."""
+        for topic in topics - self._topics:
+            declare = functools.partial(
+                ensure_topic_stream,
+                self._js,
+                topic,
+                duplicate_window=self._options.topic_duplicate_window,
+                replicas=self._options.replicas,
+            )
+            try:
+                await linked(self._nc, declare)
+            except (ConfigError, LinkLost, *LINK_TROUBLE) as error:
+                log.warning("topic_stream_not_declared", topic=topic, error=describe(error))
+                return f"the stream of topic {topic} cannot be declared now: {describe(error)}"
+            self._topics.add(topic)
+        return None
 
     def keep(self, stored: StoredHalf) -> None:
         """Remember a stored half's message until its transaction is finished."""
