@@ -15,7 +15,7 @@ from txactors.errors import NatsServerError
 from txactors.logs import configure_logging
 
 if TYPE_CHECKING:
-    from txactors.server import Fsync
+    from txactors.server_setup import Fsync
 
 
 def server(
@@ -51,7 +51,7 @@ def server(
 
     The first line on stdout is the URL to connect to (e.g. NATS_URL for other processes).
     """
-    from txactors.server import check_fsync, check_fsync_interval
+    from txactors.server_setup import check_fsync, check_fsync_interval
 
     try:
         check_fsync(fsync)
