@@ -36,14 +36,14 @@ def dlq_list(
     url: NatsUrlOption = None,
 ) -> None:
     """List a group's dead letters, oldest first (or, without GROUP, the groups that have some)."""
-    from txactors import admin, dlq_admin
+    from txactors import admin_views, dlq_admin, dlq_views
 
     if group is None:
         summaries = admin_call(url, dlq_admin.dlq_summaries)
         if as_json:
-            typer.echo(admin.to_json(summaries))
+            typer.echo(admin_views.to_json(summaries))
         elif summaries:
-            print_rich(dlq_admin.render_summaries(summaries))
+            print_rich(dlq_views.render_summaries(summaries))
         else:
             typer.echo("no dead-letter streams on this server")
         return
@@ -51,9 +51,9 @@ def dlq_list(
         url, lambda nc: dlq_admin.list_dead_letters(nc, group, start=start, limit=limit)
     )
     if as_json:
-        typer.echo(admin.to_json(page))
+        typer.echo(admin_views.to_json(page))
     elif page.entries:
-        print_rich(dlq_admin.render_list(page))
+        print_rich(dlq_views.render_list(page))
     else:
         typer.echo(f"no dead letters of group {group} from seq {start} on")
 
@@ -66,13 +66,13 @@ def dlq_show(
     url: NatsUrlOption = None,
 ) -> None:
     """Show one dead letter in full: the error, every header and the body."""
-    from txactors import admin, dlq_admin
+    from txactors import admin_views, dlq_admin, dlq_views
 
     entry = admin_call(url, lambda nc: dlq_admin.show_dead_letter(nc, group, seq))
     if as_json:
-        typer.echo(admin.to_json(entry))
+        typer.echo(admin_views.to_json(entry))
     else:
-        print_rich(dlq_admin.render_detail(entry))
+        print_rich(dlq_views.render_detail(entry))
 
 
 @app.command("replay")
@@ -94,7 +94,7 @@ def dlq_replay(
     repeated soon after (the entry was not deleted) is dropped by the topic stream. Exit 1 if
     any entry could not be replayed (it stays in the DLQ).
     """
-    from txactors import admin, dlq_admin
+    from txactors import admin_views, dlq_admin, dlq_views
 
     if bool(seqs) == replay_all:
         raise typer.BadParameter("give the DLQ sequences to replay, or --all (not both)")
@@ -113,9 +113,9 @@ def dlq_replay(
         wanted = list(seqs or [])
     results = admin_call(url, lambda nc: dlq_admin.replay(nc, group, wanted))
     if as_json:
-        typer.echo(admin.to_json(results))
+        typer.echo(admin_views.to_json(results))
     else:
-        for line in dlq_admin.replay_lines(results, group):
+        for line in dlq_views.replay_lines(results, group):
             typer.echo(line)
     if any(result.error is not None for result in results):
         raise typer.Exit(1)

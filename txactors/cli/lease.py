@@ -24,11 +24,11 @@ def lease_list(
     url: NatsUrlOption = None,
 ) -> None:
     """List each partition's lease: owner, revision, last renewal and when it expires."""
-    from txactors import admin, lease_admin
+    from txactors import admin_views, lease_admin
 
     leases = admin_call(url, lambda nc: lease_admin.list_leases(nc, partitions=partitions))
     if as_json:
-        typer.echo(admin.to_json(leases))
+        typer.echo(admin_views.to_json(leases))
     elif leases.leases:
         print_rich(lease_admin.render_leases(leases))
     else:

@@ -57,7 +57,7 @@ def _filters(
     limit: int,
 ) -> ListTransactions:
     """The coordinator's query for these options; a bad one is a usage error naming it."""
-    from txactors import admin, layout
+    from txactors import admin_views, layout
     from txactors.coordinator.lifecycle import TxnState
     from txactors.protocol import ListTransactions
 
@@ -73,7 +73,7 @@ def _filters(
         if problem is not None:
             raise typer.BadParameter(problem, param_hint=hint)
     try:
-        age = None if older_than is None else admin.parse_duration(older_than)
+        age = None if older_than is None else admin_views.parse_duration(older_than)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--older-than") from None
     return ListTransactions(states=states, group=group, topic=topic, older_than=age, limit=limit)
@@ -81,7 +81,7 @@ def _filters(
 
 def _described(where: ListTransactions) -> str:
     """The filters in words, for "no transaction matches (…)"."""
-    from txactors.admin import human_duration
+    from txactors.admin_views import human_duration
 
     parts = [" or ".join(where.states)] if where.states else []
     parts += [f"group {where.group}"] if where.group else []
@@ -106,14 +106,14 @@ def txn_list(
 
     Filters (--state, --group, --topic, --older-than) are applied by the coordinator.
     """
-    from txactors import admin
+    from txactors import admin, admin_views
 
     where = _filters(state, group, topic, older_than, limit)
     found = admin_call(url, lambda nc: admin.find_transactions(nc, where, partitions=partitions))
     if as_json:
-        typer.echo(admin.to_json(found.transactions))
+        typer.echo(admin_views.to_json(found.transactions))
     elif found.transactions:
-        print_rich(admin.render_list(found.transactions))
+        print_rich(admin_views.render_list(found.transactions))
     else:
         typer.echo(f"no open or discarded transaction matches ({_described(where)})")
     if found.more:
@@ -128,13 +128,13 @@ def txn_show(
     url: UrlOption = None,
 ) -> None:
     """Show everything about one open or discarded transaction."""
-    from txactors import admin
+    from txactors import admin, admin_views
 
     info = admin_call(url, lambda nc: admin.show(nc, txid, partitions=partitions))
     if as_json:
-        typer.echo(admin.to_json(info))
+        typer.echo(admin_views.to_json(info))
     else:
-        print_rich(admin.render_detail(info))
+        print_rich(admin_views.render_detail(info))
 
 
 @app.command("resume")
@@ -222,7 +222,7 @@ def txn_resolve(
     """
     from rich.console import Console
 
-    from txactors import admin
+    from txactors import admin, admin_views
 
     flags = {
         admin.Resolution.RESUME: resume,
@@ -246,7 +246,7 @@ def txn_resolve(
             typer.echo("[]")
         return
     Console(stderr=True, width=None if sys.stderr.isatty() else 200).print(
-        admin.render_list(found.transactions)
+        admin_views.render_list(found.transactions)
     )
     if found.more:
         typer.echo(f"{found.more} more match beyond --limit {limit}: not touched", err=True)
@@ -263,7 +263,7 @@ def txn_resolve(
     )
     failed = [r for r in results if r.error is not None]
     if as_json:
-        typer.echo(admin.to_json(results))
+        typer.echo(admin_views.to_json(results))
     else:
         for result in results:
             typer.echo(f"{result.txid}: {result.state or result.error}")
@@ -280,7 +280,7 @@ def _confirm(url: str | None, txid: str, partitions: int, action: str, effect: s
     """Show what is about to be decided (on stderr, so --json output stays clean) and ask."""
     from rich.console import Console
 
-    from txactors import admin
+    from txactors import admin, admin_views
     from txactors.errors import CommandError
 
     async def find(nc: Client) -> TransactionInfo | str:
@@ -293,13 +293,13 @@ def _confirm(url: str | None, txid: str, partitions: int, action: str, effect: s
     if isinstance(found, str):
         typer.echo(f"note: {found}", err=True)
     else:
-        Console(stderr=True).print(admin.render_detail(found))
+        Console(stderr=True).print(admin_views.render_detail(found))
     if not ask_yes(f"{action.capitalize()} transaction {txid}? This {effect} [y/N] "):
         typer.echo(f"not done: {txid} was left as it is", err=True)
         raise typer.Exit(1)
 
 
 def _print_ended(ended: Ended, as_json: bool) -> None:
-    from txactors.admin import to_json
+    from txactors.admin_views import to_json
 
     typer.echo(to_json(ended) if as_json else f"{ended.txid}: {ended.state}")
