@@ -13,6 +13,7 @@ from txactors.cli.operator import (
     YesOption,
     admin_call,
     ask_yes,
+    print_one,
     print_rich,
 )
 
@@ -66,13 +67,10 @@ def dlq_show(
     url: NatsUrlOption = None,
 ) -> None:
     """Show one dead letter in full: the error, every header and the body."""
-    from txactors import admin_views, dlq_admin, dlq_views
+    from txactors import dlq_admin, dlq_views
 
     entry = admin_call(url, lambda nc: dlq_admin.show_dead_letter(nc, group, seq))
-    if as_json:
-        typer.echo(admin_views.to_json(entry))
-    else:
-        print_rich(dlq_views.render_detail(entry))
+    print_one(entry, as_json, dlq_views.render_detail)
 
 
 @app.command("replay")

@@ -13,9 +13,11 @@ import typer
 from txactors.logs import configure_logging
 
 if TYPE_CHECKING:
+    import msgspec
     from nats.aio.client import Client
 
 T = TypeVar("T")
+S = TypeVar("S", bound="msgspec.Struct")
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON, for scripts.")]
 YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
@@ -56,6 +58,16 @@ def ask_yes(question: str) -> bool:
     # Not typer.confirm: click's prompt writes a space to stdout, which would spoil --json.
     typer.echo(question, nl=False, err=True)
     return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+
+def print_one(value: S, as_json: bool, render: Callable[[S], object]) -> None:
+    """One thing found: its JSON for scripts, else `render`'s view of it."""
+    from txactors.admin_views import to_json
+
+    if as_json:
+        typer.echo(to_json(value))
+    else:
+        print_rich(render(value))
 
 
 def print_rich(renderable: object) -> None:

@@ -8,9 +8,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from txactors.cli.operator import JsonOption, YesOption, admin_call, ask_yes, print_rich
+from txactors.cli.operator import JsonOption, YesOption, admin_call, ask_yes, print_one, print_rich
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from nats.aio.client import Client
 
     from txactors.protocol import Ended, ListTransactions, TransactionInfo
@@ -131,10 +133,7 @@ def txn_show(
     from txactors import admin, admin_views
 
     info = admin_call(url, lambda nc: admin.show(nc, txid, partitions=partitions))
-    if as_json:
-        typer.echo(admin_views.to_json(info))
-    else:
-        print_rich(admin_views.render_detail(info))
+    print_one(info, as_json, admin_views.render_detail)
 
 
 @app.command("resume")
@@ -168,10 +167,8 @@ def txn_commit(
     """
     from txactors import admin
 
-    if not yes:
-        _confirm(url, txid, partitions, "commit", "publishes its messages to their topics")
-    ended = admin_call(url, lambda nc: admin.commit(nc, txid, partitions=partitions))
-    _print_ended(ended, as_json)
+    effect = "publishes its messages to their topics"
+    _decide(admin.commit, url, txid, partitions, yes, as_json, "commit", effect)
 
 
 @app.command("rollback")
@@ -185,10 +182,8 @@ def txn_rollback(
     """Roll a transaction back by hand: none of its messages is ever delivered."""
     from txactors import admin
 
-    if not yes:
-        _confirm(url, txid, partitions, "roll back", "means none of its messages is delivered")
-    ended = admin_call(url, lambda nc: admin.rollback(nc, txid, partitions=partitions))
-    _print_ended(ended, as_json)
+    effect = "means none of its messages is delivered"
+    _decide(admin.rollback, url, txid, partitions, yes, as_json, "roll back", effect)
 
 
 _EFFECTS: dict[str, str] = {
@@ -274,6 +269,23 @@ def txn_resolve(
     )
     if failed:
         raise typer.Exit(1)
+
+
+def _decide(
+    act: Callable[..., Awaitable[Ended]],
+    url: str | None,
+    txid: str,
+    partitions: int,
+    yes: bool,
+    as_json: bool,
+    action: str,
+    effect: str,
+) -> None:
+    """Commit or roll back one transaction by hand, once the operator said yes (or --yes)."""
+    if not yes:
+        _confirm(url, txid, partitions, action, effect)
+    ended = admin_call(url, lambda nc: act(nc, txid, partitions=partitions))
+    _print_ended(ended, as_json)
 
 
 def _confirm(url: str | None, txid: str, partitions: int, action: str, effect: str) -> None:
