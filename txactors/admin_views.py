@@ -15,7 +15,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from txactors.coordinator.lifecycle import TxnState
+from txactors.coordinator.core.states import TxnState
 from txactors.protocol import TransactionInfo
 
 STATE_MEANINGS: Final[Mapping[TxnState, str]] = {

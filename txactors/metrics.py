@@ -36,7 +36,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from txactors.coordinator.state import TransactionTable
+from txactors.coordinator.core.table import TransactionTable
 from txactors.errors import ConfigError
 
 HANDLER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from tests.support.rawnats import MALFORMED_BLOCKS
 from txactors import layout
-from txactors.coordinator.lifecycle import TxnState
+from txactors.coordinator.core.states import TxnState
 from txactors.protocol import Decision
 
 DEFAULT_MAX_PAYLOAD = 1024 * 1024

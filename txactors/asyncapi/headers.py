@@ -7,7 +7,7 @@ from typing import Any, Final
 
 from txactors import layout, protocol
 from txactors.asyncapi.schemas import name_schema
-from txactors.coordinator.records import DiscardReason
+from txactors.coordinator.core.records import DiscardReason
 
 
 def _header(description: str, **schema: Any) -> dict[str, Any]:

@@ -60,7 +60,7 @@ def _filters(
 ) -> ListTransactions:
     """The coordinator's query for these options; a bad one is a usage error naming it."""
     from txactors import admin_views, layout
-    from txactors.coordinator.lifecycle import TxnState
+    from txactors.coordinator.core.states import TxnState
     from txactors.protocol import ListTransactions
 
     states = state or []

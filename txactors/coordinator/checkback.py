@@ -14,8 +14,8 @@ from nats.js import JetStreamContext
 
 from txactors import layout
 from txactors.actors import RemoteActorRef
-from txactors.coordinator.actions import CheckTarget, SendCheck
-from txactors.coordinator.events import CheckFailure
+from txactors.coordinator.core.effects import CheckTarget, SendCheck
+from txactors.coordinator.core.events import CheckFailure
 from txactors.coordinator.streams import checked_message, read_raw_half
 from txactors.coordinator.validation import check_answer_problem
 from txactors.errors import ActorDeadError, AskTimeout, CommandError

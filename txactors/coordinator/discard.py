@@ -20,7 +20,7 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
 from txactors import layout
-from txactors.coordinator.actions import Discard
+from txactors.coordinator.core.effects import Discard
 from txactors.coordinator.options import DiscardedTransaction, OnDiscard
 from txactors.coordinator.streams import read_raw_half, stored_headers
 from txactors.coordinator.writers import (

@@ -28,7 +28,10 @@ from nats.js.kv import KeyValue
 from txactors import layout, tracing
 from txactors.actors import Actor, Request
 from txactors.coordinator import tokens
-from txactors.coordinator.actions import (
+from txactors.coordinator.audit import audited
+from txactors.coordinator.checkback import ask_producer
+from txactors.coordinator.config import CoordinatorConfig
+from txactors.coordinator.core.effects import (
     Acknowledge,
     Action,
     Discard,
@@ -37,11 +40,7 @@ from txactors.coordinator.actions import (
     Refuse,
     SendCheck,
 )
-from txactors.coordinator.audit import audited
-from txactors.coordinator.checkback import ask_producer
-from txactors.coordinator.config import CoordinatorConfig
-from txactors.coordinator.discard import discard, quarantine
-from txactors.coordinator.events import (
+from txactors.coordinator.core.events import (
     CheckAnswered,
     CheckFailed,
     CheckFailure,
@@ -53,7 +52,10 @@ from txactors.coordinator.events import (
     Published,
     Resume,
 )
-from txactors.coordinator.lifecycle import FINAL, TxnState
+from txactors.coordinator.core.states import FINAL, TxnState
+from txactors.coordinator.core.table import TransactionTable
+from txactors.coordinator.core.transactions import Checkpoint, TxnView
+from txactors.coordinator.discard import discard, quarantine
 from txactors.coordinator.listing import select
 from txactors.coordinator.options import (
     Clock,
@@ -61,7 +63,6 @@ from txactors.coordinator.options import (
     OnDiscard,
 )
 from txactors.coordinator.recovery import last_op_seq, recover
-from txactors.coordinator.state import Checkpoint, TransactionTable, TxnView
 from txactors.coordinator.streams import (
     StoredHalf,
     half_headers,

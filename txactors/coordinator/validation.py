@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from txactors import layout
 from txactors.coordinator import tokens
-from txactors.coordinator.lifecycle import TxnState
+from txactors.coordinator.core.states import TxnState
 from txactors.coordinator.streams import half_headers
 from txactors.protocol import (
     CheckResult,

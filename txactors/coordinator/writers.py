@@ -49,7 +49,7 @@ from nats.js.api import Header, PubAck
 from nats.nuid import NUID
 
 from txactors import layout
-from txactors.coordinator.records import OpRecord
+from txactors.coordinator.core.records import OpRecord
 from txactors.coordinator.streams import encode_ops
 from txactors.errors import TxActorsError
 from txactors.logs import get_logger
