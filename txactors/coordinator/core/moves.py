@@ -36,7 +36,7 @@ from txactors.coordinator.core.events import (
     Published,
     Resume,
 )
-from txactors.coordinator.core.recent import RecentOutcomes
+from txactors.coordinator.core.reads import Reads
 from txactors.coordinator.core.records import Decision, DiscardReason, OpKind, OpRecord
 from txactors.coordinator.core.states import (
     COMMIT_PATH,
@@ -54,17 +54,13 @@ from txactors.protocol import ErrorCode
 S = TxnState
 
 
-class Moves:
-    """Mixed into `TransactionTable`: the data below is the table's."""
+class Moves(Reads):
+    """The live rows' moves, a base of `TransactionTable`: the data below is the table's."""
 
     config: CoordinatorConfig
     counters: Counters
     _rng: random.Random
-    _open: dict[str, Txn]
-    _recent: RecentOutcomes
     _check_ids: Iterator[int]
-    _half_tail: int
-    _op_tail: int
     _replay_op_from: int | None
     _step_effects: list[Effect]
     _step_records: list[OpRecord]
@@ -138,7 +134,7 @@ class Moves:
 
     def resume(self, txn: Txn | None, event: Resume, now: float) -> Where | None:
         if txn is None or txn.state not in DECIDABLE_BY_OPERATOR:
-            state = self._outcome(event.txid)
+            state = self.outcome(event.txid)
             code = ErrorCode.NOT_FOUND if state is None else ErrorCode.CONFLICT
             message = f"transaction {event.txid} is {state or 'unknown'}; nothing to resume"
             self._refuse(event.request_id, event.txid, code, message)
@@ -238,45 +234,6 @@ class Moves:
         """Nothing to do: e.g. the ack of a retried publish, after the first one counted."""
         return None
 
-    # ------------------------------------------------------------ recovery replay
-
-    def skip_replayed(self, txn: Txn | None, record: OpRecord, now: float) -> Where | None:
-        """A record of an earlier, already finished incarnation (or a duplicate write)."""
-        self.counters.replay_skipped += 1
-        return None
-
-    def commit_replayed(self, txn: Txn | None, record: OpRecord, now: float) -> Where | None:
-        assert txn is not None
-        listed = set(record.half_seqs)
-        txn.halves = {i: h for i, h in txn.halves.items() if h.seq in listed}
-        self._decide(txn, Decision.COMMIT, None, by_operator=record.by_operator)
-        return S.PUBLISHING  # finish_recovery publishes it again
-
-    def rollback_replayed(self, txn: Txn | None, record: OpRecord, now: float) -> Where | None:
-        assert txn is not None
-        self._decide(txn, Decision.ROLLBACK, None, by_operator=record.by_operator)
-        return self._finish(txn, S.ROLLED_BACK)
-
-    def done_replayed(self, txn: Txn | None, record: OpRecord, now: float) -> Where | None:
-        assert txn is not None
-        txn.published = set(txn.halves)
-        return self._finish(txn, S.COMMITTED)
-
-    def discard_replayed(self, txn: Txn | None, record: OpRecord, now: float) -> Where | None:
-        assert txn is not None
-        txn.check_times = max(txn.check_times, record.check_times)
-        self._discard(txn, record.reason or DiscardReason.CHECK_MAX)
-        return self.discard_written(txn, record, now)
-
-    def checked_replayed(self, txn: Txn | None, record: OpRecord, now: float) -> Where | None:
-        assert txn is not None
-        txn.check_times = max(txn.check_times, record.check_times)
-        return None
-
-    def resume_replayed(self, txn: Txn | None, record: OpRecord, now: float) -> Where | None:
-        assert txn is not None
-        return self._reset_checks(txn)
-
     # ------------------------------------------------------------ shared steps
 
     def _answer(
@@ -293,7 +250,7 @@ class Moves:
         A repeated decision is acknowledged (now if final, else when it becomes final); the
         other decision is a conflict. DISCARDED is decided for producers, not for operators.
         """
-        state = self._outcome(txid)
+        state = self.outcome(txid)
         if state is None:
             self._refuse(request_id, txid, ErrorCode.NOT_FOUND, f"no transaction {txid}")
             return None
@@ -409,13 +366,6 @@ class Moves:
             )
 
     # ------------------------------------------------------------ plumbing
-
-    def _outcome(self, txid: str) -> TxnState | None:
-        txn = self._open.get(txid)
-        if txn is not None:
-            return txn.state
-        finished = self._recent.get(txid)
-        return None if finished is None else finished.state
 
     def _op_floor_for(self, first_seq: int) -> int:
         if self._replay_op_from is not None:

@@ -42,11 +42,10 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from txactors.coordinator.config import CoordinatorConfig
-from txactors.coordinator.core import admission
 from txactors.coordinator.core.deadlines import Deadlines
 from txactors.coordinator.core.effects import Effect, PersistOp
 from txactors.coordinator.core.errors import CoordinatorStateError
@@ -62,6 +61,7 @@ from txactors.coordinator.core.events import (
 from txactors.coordinator.core.moves import Moves
 from txactors.coordinator.core.recent import Outcome, RecentOutcomes
 from txactors.coordinator.core.records import OpRecord
+from txactors.coordinator.core.replay import Replay
 from txactors.coordinator.core.states import (
     DECIDABLE_BY_OPERATOR,
     LEAVES_MEMORY,
@@ -72,20 +72,15 @@ from txactors.coordinator.core.states import (
     Where,
 )
 from txactors.coordinator.core.transactions import (
-    Checkpoint,
     Counters,
     ParkedTxn,
     Txn,
-    TxnView,
-    checkpoint,
     unparked,
-    view,
 )
-from txactors.protocol import ErrorCode
 
 S = TxnState
 K = Kind
-Move = Callable[[Moves, Txn | None, Any, float], Where | None]
+Move = Callable[[Replay, Txn | None, Any, float], Where | None]
 
 
 class Row(NamedTuple):
@@ -157,22 +152,22 @@ _column(K.DONE_WRITTEN, Moves.done_written, {S.FINISHING: {S.COMMITTED}})
 _column(K.DISCARD_WRITTEN, Moves.discard_written, {S.DISCARDING: {S.DISCARDED}})
 # Recovery: a record applies only to the state it was written from; any other is a record
 # of an earlier, already finished incarnation (or a duplicate write), skipped and counted.
-_SKIP = Moves.skip_replayed
+_SKIP = Replay.skip_replayed
 _column(
-    K.COMMIT_REPLAYED, Moves.commit_replayed, _each(_BY_OPERATOR, {S.PUBLISHING}), elsewhere=_SKIP
+    K.COMMIT_REPLAYED, Replay.commit_replayed, _each(_BY_OPERATOR, {S.PUBLISHING}), elsewhere=_SKIP
 )
 _column(
     K.ROLLBACK_REPLAYED,
-    Moves.rollback_replayed,
+    Replay.rollback_replayed,
     _each(_BY_OPERATOR, {S.ROLLED_BACK}),
     elsewhere=_SKIP,
 )
-_column(K.DONE_REPLAYED, Moves.done_replayed, {S.PUBLISHING: {S.COMMITTED}}, elsewhere=_SKIP)
-_column(K.DISCARD_REPLAYED, Moves.discard_replayed, _each(OPEN, {S.DISCARDED}), elsewhere=_SKIP)
-_column(K.CHECKED_REPLAYED, Moves.checked_replayed, _each(OPEN, set()), elsewhere=_SKIP)
+_column(K.DONE_REPLAYED, Replay.done_replayed, {S.PUBLISHING: {S.COMMITTED}}, elsewhere=_SKIP)
+_column(K.DISCARD_REPLAYED, Replay.discard_replayed, _each(OPEN, {S.DISCARDED}), elsewhere=_SKIP)
+_column(K.CHECKED_REPLAYED, Replay.checked_replayed, _each(OPEN, set()), elsewhere=_SKIP)
 _column(
     K.RESUME_REPLAYED,
-    Moves.resume_replayed,
+    Replay.resume_replayed,
     {S.PREPARED: set(), S.CHECKING: set(), S.DISCARDED: {S.PREPARED}},
     elsewhere=_SKIP,
 )
@@ -196,7 +191,7 @@ PHASES: dict[Phase, PhaseRule] = {
 `finish_recovery` (RECOVERING → RUNNING) are the phase's own moves."""
 
 
-class TransactionTable(Moves):
+class TransactionTable(Replay):
     """Open transactions of one partition, their deadlines, and what to do next."""
 
     def __init__(
@@ -279,65 +274,6 @@ class TransactionTable(Moves):
         self._effects.extend(self._step_effects)
         self._step_effects.clear()
         return self._end_step()
-
-    # ------------------------------------------------------------------ reads
-
-    def refuse_prepare(
-        self, txid: str, token: str, group: str, *, begins: bool
-    ) -> tuple[ErrorCode, str] | None:
-        """Why halves for `txid` would be refused (None: admissible). Call before appending."""
-        return admission.refuse_prepare(
-            self._open.get(txid), self._recent.get(txid), txid, token, group, begins=begins
-        )
-
-    token_refusal = staticmethod(admission.token_refusal)
-
-    def outcome(self, txid: str) -> TxnState | None:
-        """State of an open transaction or a recently finished one (None: not known)."""
-        return self._outcome(txid)
-
-    def where(self, txid: str) -> Where:
-        """The transaction's row key in `TABLE`."""
-        txn = self._open.get(txid)
-        if txn is not None:
-            return txn.state
-        finished = self._recent.get(txid)
-        if finished is None:
-            return Gone.UNKNOWN
-        return Gone.FORGOTTEN if finished.state is S.DISCARDED else finished.state
-
-    def show(self, txid: str) -> TxnView | None:
-        txn = self._open.get(txid)
-        return None if txn is None else view(txn)
-
-    def transactions(self, states: Collection[TxnState] | None = None) -> list[TxnView]:
-        """Open and discarded transactions (optionally only in `states`), oldest first."""
-        views = [view(t) for t in self._open.values() if states is None or t.state in states]
-        return sorted(views, key=lambda v: v.born)
-
-    def checkpoint(self) -> Checkpoint:
-        """Where recovery must start reading (see `transactions.checkpoint`)."""
-        return checkpoint(self._open.values(), self._half_tail, self._op_tail)
-
-    def next_deadline(self) -> float | None:
-        """When `tick` next has work; the actor sleeps until then (or the next event)."""
-        return self._deadlines.earliest()
-
-    def __len__(self) -> int:
-        """Transactions in memory: open, deciding, and discarded within retention."""
-        return len(self._open)
-
-    @property
-    def recent_count(self) -> int:
-        return len(self._recent)
-
-    @property
-    def timer_heap_size(self) -> int:
-        return self._deadlines.heap_size
-
-    @property
-    def timer_entries_examined(self) -> int:
-        return self._deadlines.examined
 
     # ------------------------------------------------------------------ dispatch
 
