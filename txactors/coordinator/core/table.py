@@ -43,7 +43,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, get_args
 
 from txactors.coordinator.config import CoordinatorConfig
 from txactors.coordinator.core.deadlines import Deadlines
@@ -174,20 +174,22 @@ _column(
 
 
 class PhaseRule(NamedTuple):
-    accepts: frozenset[Kind]
+    accepts: frozenset[str]
+    """Names of the event types (and `tick`) the phase takes."""
     emits: bool
     """False: effects, op records and deadlines are held back (replayed input is old news)."""
     then: Phase
 
 
-_REPLAYED = frozenset(k for k in Kind if k.endswith("_replayed"))
-_LIVE = frozenset(Kind) - _REPLAYED
+_LIVE = frozenset({t.__name__ for t in get_args(Event) if t is not OpReplayed} | {"tick"})
 PHASES: dict[Phase, PhaseRule] = {
     Phase.FRESH: PhaseRule(_LIVE, emits=True, then=Phase.RUNNING),
-    Phase.RECOVERING: PhaseRule(_REPLAYED | {K.HALVES}, emits=False, then=Phase.RECOVERING),
+    Phase.RECOVERING: PhaseRule(
+        frozenset({"HalvesStored", "OpReplayed"}), emits=False, then=Phase.RECOVERING
+    ),
     Phase.RUNNING: PhaseRule(_LIVE, emits=True, then=Phase.RUNNING),
 }
-"""Which kinds each phase takes; `begin_recovery` (FRESH → RECOVERING) and
+"""Which inputs each phase takes; `begin_recovery` (FRESH → RECOVERING) and
 `finish_recovery` (RECOVERING → RUNNING) are the phase's own moves."""
 
 
@@ -231,9 +233,10 @@ class TransactionTable(Replay):
 
     def tick(self, now: float) -> list[Effect]:
         """Act on every deadline due at `now`: send checks, time them out, discard, forget."""
-        self._phase_rule(K.DUE)
+        self._phase_rule("tick")
         for txid in self._deadlines.pop_due(now):
             self._unit(self._fire, txid, K.DUE, None, now)
+        self.phase = PHASES[self.phase].then
         return self._end_step()
 
     def begin_recovery(
@@ -302,11 +305,11 @@ class TransactionTable(Replay):
         self._touched.clear()
 
     def _apply(self, event: Event, now: float) -> None:
+        self._phase_rule(type(event).__name__)
         match event:
             case OpPersisted():
                 self._written(event, now)
             case OpReplayed():
-                self._phase_rule(K.COMMIT_REPLAYED)
                 self._op_tail = max(self._op_tail, event.seq)
                 for record in event.records:
                     kind = record_kind(record, replayed=True)
@@ -315,13 +318,10 @@ class TransactionTable(Replay):
             case HalvesStored(halves=()):
                 raise CoordinatorStateError(f"HalvesStored for {event.txid} without halves")
             case _:
-                kind = kind_of(event)
-                self._phase_rule(kind)
-                self._fire(event.txid, kind, event, now)
+                self._fire(event.txid, kind_of(event), event, now)
 
     def _written(self, event: OpPersisted, now: float) -> None:
         """Each record of the op is one row; all of them are checked before any applies."""
-        self._phase_rule(K.COMMIT_WRITTEN)
         records = self._ops_in_flight.get(event.op_id)
         if records is None:
             raise CoordinatorStateError(f"OpPersisted for op {event.op_id}, which is not in flight")
@@ -352,11 +352,9 @@ class TransactionTable(Replay):
             raise CoordinatorStateError(f"can't handle {kind} in state {where} for {txid}")
         return row
 
-    def _phase_rule(self, kind: Kind) -> PhaseRule:
-        rule = PHASES[self.phase]
-        if kind not in rule.accepts:
-            raise CoordinatorStateError(f"can't handle {kind} in phase {self.phase}")
-        return rule
+    def _phase_rule(self, name: str) -> None:
+        if name not in PHASES[self.phase].accepts:
+            raise CoordinatorStateError(f"can't handle {name} in phase {self.phase}")
 
     def _move_to(self, txn: Txn, target: Where) -> None:
         """The only assignment of a transaction's state."""
