@@ -80,7 +80,7 @@ class Acknowledge(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Refuse(msgspec.Struct, frozen=True, kw_only=True):
-    """Reply an error to request `request_id`; the state machine changed nothing."""
+    """Reply an error to request `request_id`; the table changed nothing."""
 
     request_id: str
     txid: str
