@@ -1,7 +1,7 @@
 """What the table keeps per transaction, and what it shows of it: views, counters, checkpoint.
 
-Plain data: `Txn` is mutated only by the table's rows (`moves.py`), and its `state` only
-by `table.py`.
+Plain data: `Txn` is mutated only by the table's rows (`moves.py`, `replay.py`), and its
+`state` only by `table.py`.
 """
 
 from __future__ import annotations
