@@ -11,9 +11,9 @@ import msgspec
 from txactors import layout, protocol
 from txactors.coordinator import tokens, validation
 from txactors.coordinator.config import CoordinatorConfig
+from txactors.coordinator.core.records import DiscardReason
 from txactors.coordinator.core.states import TxnState
 from txactors.coordinator.options import CoordinatorOptions
-from txactors.coordinator.core.records import DiscardReason
 
 NAME_PATTERN: Final = "^[A-Za-z0-9_-]+$"
 """`layout.name_problem`'s grammar (tests/test_asyncapi.py checks that they agree)."""
