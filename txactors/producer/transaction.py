@@ -69,7 +69,10 @@ class Transaction:
     def __init__(self, client: CoordinatorClient, txid: str | None = None) -> None:
         self.txid = txid or new_txid()
         self._client = client
-        self._lock = anyio.Lock()  # one request at a time: the first send fixes the token
+        # One request at a time: the first send fixes the token, and an end waits for a send
+        # still in flight. Needed when tasks share a transaction; fast_acquire skips the
+        # event-loop turn an uncontended anyio lock otherwise takes.
+        self._lock = anyio.Lock(fast_acquire=True)
         self._token: str | None = None
         self._seqs: list[int] = []
         self._failed_send: PrepareFailed | None = None
@@ -107,31 +110,35 @@ class Transaction:
             self._span.set_attribute("txactors.topics", sorted(self._span_topics))
             for half in outgoing:
                 tracing.inject(self._span, half.properties)
-        with self._bound():
-            async with self._lock:
-                if self._decision is not None:
-                    raise TransactionStateError(
-                        f"transaction {self.txid} already ended ({self._decision}); "
-                        "start a new one to send more",
-                        txid=self.txid,
-                    )
-                if self._failed_send is not None:
-                    raise TransactionStateError(
-                        f"an earlier send of transaction {self.txid} failed; roll it back",
-                        txid=self.txid,
-                    ) from self._failed_send
-                # From here until the end, a check-back for it is answered UNKNOWN.
-                self._client.in_flight.add(self.txid, self)
-                try:
-                    prepared = await self._client.prepare(self.txid, outgoing, self._token)
-                except PrepareFailed as error:
-                    self._failed_send = error
-                    tracing.fail(self._span, error)
-                    raise
-                self._token = self._token or prepared.token
-                self._seqs.extend(prepared.seqs)
-                log.debug("transaction_prepared", seqs=prepared.seqs, topics=_topics(messages))
-                return tuple(prepared.seqs)
+        async with self._lock:
+            if self._decision is not None:
+                raise TransactionStateError(
+                    f"transaction {self.txid} already ended ({self._decision}); "
+                    "start a new one to send more",
+                    txid=self.txid,
+                )
+            if self._failed_send is not None:
+                raise TransactionStateError(
+                    f"an earlier send of transaction {self.txid} failed; roll it back",
+                    txid=self.txid,
+                ) from self._failed_send
+            # From here until the end, a check-back for it is answered UNKNOWN.
+            self._client.in_flight.add(self.txid, self)
+            try:
+                prepared = await self._client.prepare(self.txid, outgoing, self._token)
+            except PrepareFailed as error:
+                self._failed_send = error
+                tracing.fail(self._span, error)
+                raise
+            self._token = self._token or prepared.token
+            self._seqs.extend(prepared.seqs)
+            log.debug(
+                "transaction_prepared",
+                txid=self.txid,
+                seqs=prepared.seqs,
+                topics=_topics(messages),
+            )
+            return tuple(prepared.seqs)
 
     async def commit(self) -> TransactionResult:
         return await self.end(Decision.COMMIT)
