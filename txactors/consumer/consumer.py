@@ -130,14 +130,14 @@ class Consumer:
         self._pull_done = anyio.Event()
         self._refused = False  # the server refused a pull: re-declare before the next
         self._ready: deque[Msg] = deque()  # taken, no worker yet
-        self._handling: dict[int, Msg] = {}  # whose handler runs, by id: kept alive
+        self._in_handler: dict[int, Msg] = {}  # whose handler runs, by id: kept alive
         self._idle: list[anyio.Event] = []  # one per parked worker
         self._waking = 0  # workers woken that have not taken a message yet
         self._exit_stack: AsyncExitStack | None = None
         self.metrics = metrics or ConsumerMetrics()
         """Where this consumer's series go (a registry of its own unless one was given)."""
         self.metrics.track(self.topic, self.group)
-        self._handler = Handling(nc, self.topic, self.group, handler, policy, self.metrics)
+        self._handling = Handling(nc, self.topic, self.group, handler, policy, self.metrics)
 
     @property
     def durable_name(self) -> str:
@@ -235,8 +235,8 @@ class Consumer:
         with suppress(nats.errors.Error, OSError, TimeoutError):
             await sub.unsubscribe()
         while self._ready:  # taken, never started: someone else may have it now
-            await self._handler.nak(self._ready.popleft())
-        await self._handler.send_acks()
+            await self._handling.nak(self._ready.popleft())
+        await self._handling.send_acks()
         # Acks are fire-and-forget publishes: make sure they left before we say "stopped".
         with suppress(nats.errors.Error, OSError, TimeoutError):
             await self._nc.flush(_FLUSH_TIMEOUT)
@@ -314,8 +314,8 @@ class Consumer:
         redelivered to another instance in parallel (ack_wait restarts on each signal)."""
         while True:
             await anyio.sleep(self._ack_wait / 3)
-            for key, msg in list(self._handling.items()):
-                if key in self._handling:  # not settled while we were sending
+            for key, msg in list(self._in_handler.items()):
+                if key in self._in_handler:  # not settled while we were sending
                     with suppress(nats.errors.Error, OSError):
                         await msg.in_progress()
 
@@ -331,7 +331,7 @@ class Consumer:
 
     async def _work(self) -> None:
         """Take ready messages one by one; when none are left, send the batch's acks, park."""
-        handling = self._handler
+        handling = self._handling
         while True:
             if not self._ready:
                 if handling.acks_queued:
@@ -345,11 +345,11 @@ class Consumer:
             msg = self._ready.popleft()
             self._wake_worker()
             key = id(msg)
-            self._handling[key] = msg
+            self._in_handler[key] = msg
             try:
                 await handling.handle(msg)
             finally:
-                del self._handling[key]
+                del self._in_handler[key]
                 self._active -= 1
                 self._wake.set()
             if handling.acks_queued >= ACK_BATCH:
