@@ -12,6 +12,7 @@ Run `python -m bench consumer` (or `just bench consumer`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import socket
@@ -172,7 +173,7 @@ async def main(*, quick: bool = False) -> None:
             await _fill(nc, count)
             writes = _CountingWrites(nc)
             for name, reader in (("txactors Consumer", _txactors), ("nats-py fetch + ack", _raw)):
-                s = await _measure(server, monitor, writes, lambda r=reader: r(nc, count))  # type: ignore[misc]
+                s = await _measure(server, monitor, writes, functools.partial(reader, nc, count))
                 table.add_row(
                     name,
                     f"{count / s.seconds:,.0f}",
