@@ -57,6 +57,7 @@ from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.core.transactions import Checkpoint, TxnView
 from txactors.coordinator.discard import discard, quarantine
 from txactors.coordinator.listing import select
+from txactors.coordinator.oneway import OneWayErrors
 from txactors.coordinator.options import (
     Clock,
     CoordinatorOptions,
@@ -206,6 +207,9 @@ class PartitionCoordinator(Actor):
             max_messages=options.max_messages_per_prepare,
             max_immunity=config.max_immunity,
         )
+        self._one_way = OneWayErrors(
+            partition, on_error=metrics.oneway(partition) if metrics else None
+        )
         self._checks_in_flight: set[str] = set()
         self._bodies: dict[str, _Bodies] = {}
         self._waiting: dict[str, _Waiting] = {}
@@ -262,9 +266,11 @@ class PartitionCoordinator(Actor):
             log.info("stale_completion_ignored", completion=type(message).__name__)
             return
         if isinstance(message, Request):
+            message = self._one_way.wrap(message)  # no reply subject: errors counted, not sent
             refusal = self.boundary.refusal(message.message, max_payload=self.nc.max_payload)
             if refusal is not None:
-                log.info("request_refused", partition=self.partition, reason=refusal.message)
+                if message.reply is not None:  # a one-way request's are logged rate-limited
+                    log.info("request_refused", partition=self.partition, reason=refusal.message)
                 await message.answer(refusal)
                 return
         match message:
