@@ -212,6 +212,14 @@ def operations() -> dict[str, Any]:
         "endTransaction": _request(
             "end", "A producer ends its transaction.", "EndTransaction", "Ended"
         ),
+        "endTransactionOneway": {
+            "action": "send",
+            "channel": {"$ref": "#/channels/end"},
+            "summary": "A producer ends its transaction without a reply subject and goes on.",
+            "description": "Carried out like an acknowledged end, never answered (errors are "
+            "counted by the coordinator); the check-back settles an end that was lost.",
+            "messages": [_ref("end", "EndTransaction")],
+        },
         "listTransactions": _request(
             "admin", "List open and discarded transactions.", "ListTransactions", "TransactionList"
         ),
@@ -265,12 +273,14 @@ def document() -> dict[str, Any]:
         "info": {
             "title": "txactors wire protocol",
             "version": version("txactors"),
+            "x-protocol-version": protocol.PROTOCOL_VERSION,
             "description": (
                 "Transactional messages on NATS JetStream: the commands a producer, a consumer "
                 "and an operator exchange with the txactors coordinator. Generated from "
                 f"txactors/protocol.py and txactors/layout.py (`{REGENERATE}`); "
                 "docs/protocol.md says what the schemas cannot (encodings, id ranges, which "
-                "errors are retriable)."
+                "errors are retriable). The protocol version (the `version` field of every "
+                f"command) is {protocol.PROTOCOL_VERSION}."
             ),
         },
         "defaultContentType": protocol.Encoding.MSGPACK.value,

@@ -110,6 +110,16 @@ def _limits() -> dict[tuple[str, str], dict[str, Any]]:
                 ("batch", {"pattern": f"^{validation.BATCH.pattern}$"}),
             )
         },
+        **{
+            (command.__name__, "version"): {
+                "minimum": protocol.FIRST_VERSION,
+                "maximum": protocol.PROTOCOL_VERSION,
+                "description": "The protocol version the client speaks; absent means "
+                f"{protocol.FIRST_VERSION}. A newer one is refused with `unsupported_version`.",
+            }
+            for command in STRUCTS
+            if issubclass(command, protocol.Command)
+        },
         ("TransactionInfo", "state"): states,
         ("TransactionInfo", "discard_reason"): {"enum": [r.value for r in DiscardReason]},
         ("Error", "code"): {
