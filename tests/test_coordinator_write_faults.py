@@ -15,7 +15,7 @@ from txactors import layout
 from txactors.consumer import Consumer
 from txactors.coordinator import CoordinatorOptions
 from txactors.coordinator.checker import Checked, Due
-from txactors.coordinator.events import CheckFailed, CheckFailure
+from txactors.coordinator.core.events import CheckFailed, CheckFailure
 from txactors.coordinator.recovery import read_subject
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import ConfigError

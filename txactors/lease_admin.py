@@ -19,7 +19,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from txactors.admin import human_duration
+from txactors.admin_views import human_duration
 from txactors.errors import TxActorsError
 from txactors.layout import LEASE_BUCKET
 

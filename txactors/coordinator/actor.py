@@ -32,7 +32,11 @@ from nats.js.kv import KeyValue
 from txactors import tracing
 from txactors.actors import Actor, ActorSystem, LocalActorRef, Request, Supervisor
 from txactors.coordinator import tokens
-from txactors.coordinator.actions import (
+from txactors.coordinator.answers import Answers
+from txactors.coordinator.audit import audited
+from txactors.coordinator.checker import Checked, Checker, CheckWork, Due
+from txactors.coordinator.config import CoordinatorConfig
+from txactors.coordinator.core.effects import (
     Acknowledge,
     Action,
     Discard,
@@ -41,13 +45,7 @@ from txactors.coordinator.actions import (
     Refuse,
     SendCheck,
 )
-from txactors.coordinator.answers import Answers
-from txactors.coordinator.audit import audited
-from txactors.coordinator.checker import Checked, Checker, CheckWork, Due
-from txactors.coordinator.config import CoordinatorConfig
-from txactors.coordinator.discard import discard, quarantine
-from txactors.coordinator.effects import Append, PipelinedWriter
-from txactors.coordinator.events import (
+from txactors.coordinator.core.events import (
     End,
     Event,
     ForceCommit,
@@ -56,14 +54,17 @@ from txactors.coordinator.events import (
     Published,
     Resume,
 )
+from txactors.coordinator.core.table import TransactionTable
+from txactors.coordinator.discard import discard, quarantine
+from txactors.coordinator.effects import Append, PipelinedWriter
 from txactors.coordinator.link import describe
 from txactors.coordinator.listing import info, select
+from txactors.coordinator.oneway import OneWayErrors
 from txactors.coordinator.oplog import OpLog
 from txactors.coordinator.options import Clock, CoordinatorOptions, OnDiscard
 from txactors.coordinator.prepares import PreparesInFlight, stored_event
 from txactors.coordinator.publisher import Publisher
 from txactors.coordinator.recovery import last_op_seq, recover
-from txactors.coordinator.state import TransactionTable
 from txactors.coordinator.store import StoredHalf, load_checkpoint, save_checkpoint
 from txactors.coordinator.validation import Boundary
 from txactors.errors import MailboxFull
@@ -126,6 +127,9 @@ class PartitionCoordinator(Actor):
         )
         self._epoch = next(_epochs)
         self._answers = Answers(partition, metrics)
+        self._one_way = OneWayErrors(
+            partition, on_error=metrics.oneway(partition) if metrics else None
+        )
         self._prepares = PreparesInFlight(partition)
         self._halves = PipelinedWriter(nc, js, self._quarantine)
         published = PipelinedWriter(nc, js, self._quarantine)
@@ -203,9 +207,13 @@ class PartitionCoordinator(Actor):
     async def receive(self, message: Any) -> None:
         match message:
             case Request():
+                message = self._one_way.wrap(message)  # no reply subject: errors counted, not sent
                 refusal = self.boundary.refusal(message.message, max_payload=self.nc.max_payload)
                 if refusal is not None:
-                    log.info("request_refused", partition=self.partition, reason=refusal.message)
+                    if message.reply is not None:  # a one-way request's are logged rate-limited
+                        log.info(
+                            "request_refused", partition=self.partition, reason=refusal.message
+                        )
                     await message.answer(refusal)
                 elif isinstance(message.message, Prepare):
                     await self._prepare(message, message.message)

@@ -17,8 +17,8 @@ from typing import Any
 import anyio
 
 from txactors.actors import Request
-from txactors.coordinator.actions import Acknowledge, Refuse
-from txactors.coordinator.lifecycle import TxnState
+from txactors.coordinator.core.effects import Acknowledge, Refuse
+from txactors.coordinator.core.states import TxnState
 from txactors.metrics import CoordinatorMetrics
 from txactors.protocol import Error
 

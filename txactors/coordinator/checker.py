@@ -27,8 +27,8 @@ from nats.js import JetStreamContext
 
 from txactors import layout
 from txactors.actors import Actor, LocalActorRef, RemoteActorRef
-from txactors.coordinator.actions import CheckTarget, SendCheck
-from txactors.coordinator.events import CheckAnswered, CheckFailed, CheckFailure
+from txactors.coordinator.core.effects import CheckTarget, SendCheck
+from txactors.coordinator.core.events import CheckAnswered, CheckFailed, CheckFailure
 from txactors.coordinator.link import describe
 from txactors.coordinator.options import Clock
 from txactors.coordinator.store import checked_message, read_raw_half

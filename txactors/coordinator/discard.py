@@ -20,7 +20,7 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
 from txactors import layout
-from txactors.coordinator.actions import Discard
+from txactors.coordinator.core.effects import Discard
 from txactors.coordinator.effects import Append, PipelinedWriter
 from txactors.coordinator.link import (
     ACK_TIMEOUT,

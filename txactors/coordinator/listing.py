@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from txactors.coordinator.lifecycle import TxnState
-from txactors.coordinator.state import TxnView
+from txactors.coordinator.core.states import TxnState
+from txactors.coordinator.core.transactions import TxnView
 from txactors.protocol import ListTransactions, TransactionInfo
 
 

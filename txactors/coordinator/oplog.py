@@ -20,6 +20,7 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
 from txactors import layout
+from txactors.coordinator.core.records import OpRecord
 from txactors.coordinator.link import (
     ACK_TIMEOUT,
     LINK_POLL,
@@ -34,7 +35,6 @@ from txactors.coordinator.link import (
     link_generation,
     wait_connected,
 )
-from txactors.coordinator.records import OpRecord
 from txactors.coordinator.store import encode_ops
 from txactors.errors import TxActorsError
 from txactors.logs import get_logger

@@ -12,9 +12,9 @@ from nats.js.api import PubAck
 
 from txactors import layout
 from txactors.coordinator import tokens
+from txactors.coordinator.core.events import HalvesStored
+from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.effects import Append
-from txactors.coordinator.events import HalvesStored
-from txactors.coordinator.state import TransactionTable
 from txactors.coordinator.store import StoredHalf, half_headers, read_half
 from txactors.protocol import ErrorCode, Prepare
 

@@ -20,13 +20,13 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from txactors import layout, tracing
-from txactors.coordinator.actions import Publish
+from txactors.coordinator.core.effects import Publish
+from txactors.coordinator.core.events import Published
+from txactors.coordinator.core.states import FINAL
+from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.effects import Append, PipelinedWriter, Quarantine
-from txactors.coordinator.events import Published
-from txactors.coordinator.lifecycle import FINAL
 from txactors.coordinator.link import LINK_TROUBLE, LinkLost, describe, linked, retry_transient
 from txactors.coordinator.options import Clock, CoordinatorOptions
-from txactors.coordinator.state import TransactionTable
 from txactors.coordinator.store import StoredHalf, read_raw_half
 from txactors.errors import ConfigError
 from txactors.logs import get_logger
