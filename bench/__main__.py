@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from bench import actors, fsync, spark, transactions, transfer
+from bench import actors, consumer, fsync, spark, transactions, transfer
 
 BENCHMARKS = {
     "actors": actors.main,
     "fsync": fsync.main,
     "transactions": transactions.main,
+    "consumer": consumer.main,
     "transfer": transfer.main,
     "spark": spark.main,
 }

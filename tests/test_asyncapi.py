@@ -125,7 +125,7 @@ def test_every_command_and_reply_of_the_code_is_in_the_document() -> None:
         for cls in vars(protocol).values()
         if isinstance(cls, type)
         and issubclass(cls, protocol.Message)
-        and cls is not protocol.Message
+        and cls not in (protocol.Message, protocol.Command)  # bases, never sent
     }
     assert structs <= set(document["components"]["messages"])
 

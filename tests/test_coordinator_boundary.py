@@ -18,13 +18,14 @@ import msgspec
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 
 from tests.support.txn import FAST, CoordinatorClient, message, topic_ids, topic_messages
 from txactors import layout
 from txactors.coordinator import CoordinatorConfig, tokens
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import run_coordinator
-from txactors.coordinator.streams import ensure_streams, half_headers, stored_headers
+from txactors.coordinator.store import ensure_streams, half_headers, stored_headers
 from txactors.errors import CommandError
 from txactors.protocol import (
     CheckResult,
@@ -344,15 +345,21 @@ async def test_non_ascii_values_reach_the_discard_stream_intact(private_nc: Clie
     async with run_coordinator(private_nc, config=config):
         client = CoordinatorClient(private_nc)
         await client.prepare("lost", message(properties={"Lang": "café"}))
+        await wait_until(lambda: _state_is(client, "lost", "discarded"))
+        js = private_nc.jetstream()
+        # The copy follows the durable discard record; it is made beside the partition's loop.
         await wait_until(
-            lambda: _state_is(client, "lost", "discarded"),
+            lambda: _has_stored(js, layout.DISCARD_STREAM, layout.discard_subject("g"))
         )
-        copy = await private_nc.jetstream().get_last_msg(
-            layout.DISCARD_STREAM, layout.discard_subject("g")
-        )
+        copy = await js.get_last_msg(layout.DISCARD_STREAM, layout.discard_subject("g"))
         assert stored_headers(copy)["Lang"] == "café"
         receipt = await client.prepare("after", message())
         assert (await client.end("after", receipt.token, COMMIT)).state == "committed"
+
+
+async def _has_stored(js: JetStreamContext, stream: str, subject: str) -> bool:
+    info = await js.stream_info(stream, subjects_filter=subject)
+    return bool(info.state.subjects)
 
 
 async def _state_is(client: CoordinatorClient, txid: str, state: str) -> bool:

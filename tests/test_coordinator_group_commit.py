@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import nats
 import structlog
 from nats.aio.client import Client
@@ -19,8 +20,8 @@ from nats.js.api import PubAck, StreamConfig
 
 from tests.conftest import MakeNatsServer
 from txactors import layout
-from txactors.coordinator.streams import ensure_streams
-from txactors.coordinator.writers import Append, PipelinedWriter
+from txactors.coordinator.effects import Append, PipelinedWriter
+from txactors.coordinator.store import ensure_streams
 from txactors.topics import ensure_topic_stream
 
 
@@ -84,8 +85,12 @@ async def test_appends_queued_while_writes_are_in_flight_go_out_as_one_atomic_ba
             return await publish(*args)
 
         writer._inbox.publish = counted  # type: ignore[method-assign]
-        for i in range(40):  # one write goes out at once; the other 39 wait for it together
-            await writer.submit(appends("TOPIC_gc", "topic.gc._", [f"m{i}"]), reports.report)
+        writer.submit(appends("TOPIC_gc", "topic.gc._", ["m0"]), reports.report)
+        with anyio.fail_after(5):
+            while not writer._open:  # the first write is out, awaiting its ack
+                await anyio.lowlevel.checkpoint()
+        for i in range(1, 40):  # the other 39 wait for it, then go out together
+            writer.submit(appends("TOPIC_gc", "topic.gc._", [f"m{i}"]), reports.report)
         await reports.wait(40)
     assert writes == 2
     seqs = [acks[0].seq for acks in reports.acks if acks[0] is not None]
@@ -105,12 +110,12 @@ async def test_a_batch_resent_after_its_ack_was_lost_stores_nothing_twice(
         await ensure_topic_stream(observer.jetstream(), "gc")
         reports = Reports()
         async with running(writer_nc, reports) as writer:
-            await writer.submit(appends("TOPIC_gc", "topic.gc._", ["a"]), reports.report)
+            writer.submit(appends("TOPIC_gc", "topic.gc._", ["a"]), reports.report)
             await reports.wait(1)
             proxy.swallow = True  # the server stores the next batch; its ack never comes back
             names = [f"x{i}" for i in range(5)]
             with structlog.testing.capture_logs() as logs:
-                await writer.submit(appends("TOPIC_gc", "topic.gc._", names), reports.report)
+                writer.submit(appends("TOPIC_gc", "topic.gc._", names), reports.report)
                 with anyio.fail_after(10):
                     while len(await stored(observer, "TOPIC_gc")) < 6:
                         await anyio.sleep(0.02)
@@ -136,10 +141,10 @@ async def test_one_refused_message_does_not_sink_the_rest_of_its_batch(
     )
     reports = Reports()
     async with running(private_nc, reports, max_in_flight=1) as writer:
-        await writer.submit(appends("SMALL", "small.x", ["first"]), reports.report)
-        await writer.submit(appends("SMALL", "small.x", ["a"]), reports.report)
-        await writer.submit(appends("SMALL", "small.x", ["big"], b"x" * 1000), reports.report)
-        await writer.submit(appends("SMALL", "small.x", ["b"]), reports.report)
+        writer.submit(appends("SMALL", "small.x", ["first"]), reports.report)
+        writer.submit(appends("SMALL", "small.x", ["a"]), reports.report)
+        writer.submit(appends("SMALL", "small.x", ["big"], b"x" * 1000), reports.report)
+        writer.submit(appends("SMALL", "small.x", ["b"]), reports.report)
         await reports.wait(4)
     assert [acks[0] is None for acks in reports.acks] == [False, False, True, False]
     assert [a.headers[layout.MSG_ID_HEADER] for a, _ in reports.quarantined] == ["big"]
@@ -154,10 +159,10 @@ async def test_a_stream_without_atomic_batches_is_written_one_by_one_after_one_r
     with structlog.testing.capture_logs() as logs:
         async with running(private_nc, reports, max_in_flight=1) as writer:
             for round_ in range(2):
-                await writer.submit(appends("PLAIN", "plain.x", [f"{round_}-0"]), reports.report)
+                writer.submit(appends("PLAIN", "plain.x", [f"{round_}-0"]), reports.report)
                 for i in range(1, 4):
                     names = [f"{round_}-{i}"]
-                    await writer.submit(appends("PLAIN", "plain.x", names), reports.report)
+                    writer.submit(appends("PLAIN", "plain.x", names), reports.report)
                 await reports.wait(4 * (round_ + 1))
     refusals = [e for e in logs if e["event"] == "batch_refused"]
     assert len(refusals) == 1 and "10174" in refusals[0]["error"]

@@ -15,7 +15,7 @@ from nats.aio.client import Client
 
 from tests.support.txn import CoordinatorClient, message, topic_ids
 from txactors import layout
-from txactors.coordinator import partition as partition_module
+from txactors.coordinator import actor as partition_module
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import RunningCoordinator, run_coordinator
 from txactors.errors import ActorDeadError

@@ -7,9 +7,9 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from txactors.coordinator.lifecycle import TxnState
+from txactors.coordinator.core.states import TxnState
+from txactors.coordinator.core.transactions import TxnView
 from txactors.coordinator.listing import select
-from txactors.coordinator.state import TxnView
 from txactors.protocol import ListTransactions
 
 NOW = 10_000.0

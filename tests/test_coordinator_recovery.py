@@ -16,7 +16,7 @@ from txactors import layout
 from txactors.coordinator import CoordinatorConfig, CoordinatorOptions
 from txactors.coordinator.recovery import read_subject
 from txactors.coordinator.service import run_coordinator
-from txactors.coordinator.streams import load_checkpoint
+from txactors.coordinator.store import load_checkpoint
 from txactors.protocol import CommitTransaction, Decision, ListTransactions, ShowTransaction
 
 OPTIONS = CoordinatorOptions(tick_interval=0.02, checkpoint_interval=0.1)

@@ -2,12 +2,16 @@
 
 The test plays a misbehaving world around it: requests with wrong tokens, check answers in
 any order and late, writes and publishes acknowledged in any order or never (a crash), the
-clock jumping, operators meddling, and restarts that rebuild the table from the streams at
-its checkpoint. After every step the DESIGN §3 invariants must hold.
+clock jumping, operators meddling, events only a buggy actor would send, and crashes that
+rebuild a new table from the checkpoint by replaying the persisted records through the same
+table. After every step the DESIGN §3 invariants must hold: nothing rolled back or discarded
+is ever published, no persisted commit is lost, at most one check is in flight, and
+`check_max` inconclusive checks end in a discard.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
@@ -23,8 +27,10 @@ from txactors.coordinator import (
     CheckFailed,
     CheckFailure,
     CoordinatorConfig,
+    CoordinatorStateError,
     Decision,
     Discard,
+    DiscardReason,
     End,
     Event,
     ForceCommit,
@@ -33,6 +39,7 @@ from txactors.coordinator import (
     HalvesStored,
     OpKind,
     OpPersisted,
+    OpRecord,
     OpReplayed,
     PersistOp,
     Publish,
@@ -78,6 +85,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
         self.done: set[str] = set()
         self.final: dict[str, TxnState] = {}
         self.to_publish: dict[str, set[int]] = {}  # the topics survive restarts
+        self.committed_halves: dict[str, set[int]] = {}  # TXN_HALF seqs of persisted commits
         self.published: dict[str, set[int]] = {}
 
     # ------------------------------------------------------------ plumbing
@@ -110,6 +118,8 @@ class CoordinatorMachine(RuleBasedStateMachine):
                     event("discarded")
                     assert self.decision.get(action.txid) is OpKind.DISCARD
                     assert action.check_times <= CONFIG.check_max
+                    if action.reason is DiscardReason.CHECK_MAX:
+                        assert action.check_times == CONFIG.check_max
         return actions
 
     def on_send_check(self, check: SendCheck) -> None:
@@ -186,6 +196,8 @@ class CoordinatorMachine(RuleBasedStateMachine):
         seq = len(self.op_log) + 1
         self.op_log.append(OpReplayed(seq=seq, records=op.records))
         for record in op.records:
+            if record.kind is OpKind.COMMIT:
+                self.committed_halves[record.txid] = set(record.half_seqs)
             if record.kind is OpKind.DONE:
                 self.done.add(record.txid)
             elif record.kind is not OpKind.CHECKED:
@@ -286,6 +298,58 @@ class CoordinatorMachine(RuleBasedStateMachine):
         actions = self.take(self.table.finish_recovery(self.now))
         if any(isinstance(a, Publish) for a in actions):
             event("republished after a restart")
+        # No commit is lost: every persisted commit without `done` is published again, all
+        # of the halves its record lists, and nothing else.
+        for txid, kind in self.decision.items():
+            if kind is OpKind.COMMIT and txid not in self.done:
+                again = {a.half_seq for a in actions if isinstance(a, Publish) and a.txid == txid}
+                assert again == self.committed_halves[txid], (txid, again)
+
+    # ------------------------------------------------------------ a buggy actor
+
+    @rule(
+        index=st.integers(0, 99),
+        bug=st.sampled_from(["unknown op", "foreign record", "bad index", "replay", "no halves"]),
+    )
+    def buggy_event(self, index: int, bug: str) -> None:
+        """An event only a bug could produce: it raises and changes nothing at all."""
+        txid = self.pick(index) if self.txids else "nobody"
+        bogus: Event
+        if bug == "unknown op":
+            bogus = OpPersisted(op_id=10**9, seq=len(self.op_log) + 1)
+        elif bug == "foreign record":
+            # A well-formed op whose record the table never asked for (nor waits for).
+            waits_for_done = self.table.outcome(txid) is TxnState.FINISHING
+            kind = OpKind.ROLLBACK if waits_for_done else OpKind.DONE
+            self.table._ops_in_flight[10**9] = (OpRecord(txid=txid, kind=kind),)
+            bogus = OpPersisted(op_id=10**9, seq=len(self.op_log) + 1)
+        elif bug == "bad index":
+            bogus = Published(txid=txid, index=10**6)
+        elif bug == "replay":
+            bogus = OpReplayed(seq=1, records=())
+        else:
+            bogus = HalvesStored(txid=txid, token=TOKEN, group="g", producer="p", halves=())
+        before = self.snapshot()
+        try:
+            actions = self.table.handle(bogus, self.now)
+        except CoordinatorStateError:
+            assert self.snapshot() == before
+            assert self.table.tick(self.now - 1e6) == []  # nothing of it comes out later
+        else:
+            # Only the publish ack of a finished (or finishing) commit is harmless.
+            assert bug == "bad index" and actions == [], actions
+            assert self.table.outcome(txid) in (TxnState.FINISHING, TxnState.COMMITTED)
+        self.table._ops_in_flight.pop(10**9, None)
+
+    def snapshot(self) -> tuple[object, ...]:
+        return (
+            self.table.transactions(),
+            [self.table.outcome(t) for t in self.txids],
+            msgspec.structs.asdict(self.table.checkpoint()),
+            dataclasses.astuple(self.table.counters),
+            self.table.next_deadline(),
+            self.table.recent_count,
+        )
 
     # ------------------------------------------------------------ operators
 
@@ -311,6 +375,12 @@ class CoordinatorMachine(RuleBasedStateMachine):
     def check_counts_stay_within_the_maximum(self) -> None:
         for view in self.table.transactions():
             assert view.check_times <= CONFIG.check_max
+
+    @invariant()
+    def check_max_inconclusive_checks_end_in_a_discard(self) -> None:
+        for view in self.table.transactions():
+            if view.check_times >= CONFIG.check_max:
+                assert view.state not in (TxnState.PREPARED, TxnState.CHECKING), view
 
     @invariant()
     def committed_means_done_persisted(self) -> None:

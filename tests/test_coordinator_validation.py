@@ -25,6 +25,8 @@ from txactors.coordinator.validation import (
     half_header_bytes,
 )
 from txactors.protocol import (
+    FIRST_VERSION,
+    PROTOCOL_VERSION,
     CheckResult,
     Codec,
     CommitTransaction,
@@ -33,6 +35,7 @@ from txactors.protocol import (
     Encoding,
     EndTransaction,
     Error,
+    ErrorCode,
     ListTransactions,
     OutgoingMessage,
     Prepare,
@@ -526,3 +529,44 @@ def test_json_refuses_what_json_cannot_say() -> None:
     for payload in (lone_surrogate, huge_number):
         decoded = Codec(CoordinatorCommand).decode(payload, Encoding.JSON)
         assert isinstance(decoded, Error) and decoded.code == "bad_request", decoded
+
+
+COMMANDS = [
+    prepare(message()),
+    EndTransaction(txid="t1", token=TOKEN, decision=Decision.COMMIT),
+    ListTransactions(),
+    ShowTransaction(txid="t1"),
+    ResumeTransaction(txid="t1"),
+    CommitTransaction(txid="t1"),
+    RollbackTransaction(txid="t1"),
+]
+
+
+@given(command=st.sampled_from(COMMANDS), version=st.integers(-(2**63), 2**64 - 1))
+def test_the_version_is_checked_first_on_every_command(command: Any, version: int) -> None:
+    refusal = BOUNDARY.refusal(
+        msgspec.structs.replace(command, version=version), max_payload=MAX_PAYLOAD
+    )
+    if FIRST_VERSION <= version <= PROTOCOL_VERSION:
+        assert refusal is None
+    elif version > PROTOCOL_VERSION:
+        assert refusal is not None and refusal.code == ErrorCode.UNSUPPORTED_VERSION
+    else:
+        assert refusal is not None and refusal.code == ErrorCode.BAD_REQUEST
+        assert refusal.message.startswith("$.version:")
+    if hasattr(command, "txid"):
+        newer = msgspec.structs.replace(command, version=PROTOCOL_VERSION + 1, txid="not ok")
+        refused = BOUNDARY.refusal(newer, max_payload=MAX_PAYLOAD)
+        assert refused is not None and refused.code == ErrorCode.UNSUPPORTED_VERSION
+
+
+def test_a_newer_version_is_recognised_even_when_the_command_does_not_decode() -> None:
+    codec: Codec[Any] = Codec(CoordinatorCommand)
+    future = {"type": "Prepare", "version": PROTOCOL_VERSION + 1, "txid": "t1", "parts": [1]}
+    for encoding in Encoding:
+        payload = msgspec.json.encode(future) if encoding is Encoding.JSON else encode(future)
+        answer = codec.decode(payload, encoding)
+        assert isinstance(answer, Error) and answer.code == ErrorCode.UNSUPPORTED_VERSION
+    assert Codec(CheckResult).versioned is False, "only coordinator commands carry a version"
+    unknown = Codec(CheckResult).decode(encode({"type": "CheckResult", "version": 9}))
+    assert isinstance(unknown, Error) and unknown.code == ErrorCode.BAD_REQUEST

@@ -14,7 +14,8 @@ from tests.support.txn import CoordinatorClient, message, topic_ids
 from txactors import layout
 from txactors.consumer import Consumer
 from txactors.coordinator import CoordinatorOptions
-from txactors.coordinator.partition import _OpsAppended
+from txactors.coordinator.checker import Checked, Due
+from txactors.coordinator.core.events import CheckFailed, CheckFailure
 from txactors.coordinator.recovery import read_subject
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import ConfigError
@@ -52,16 +53,18 @@ async def test_a_message_its_topic_refuses_for_good_is_quarantined_and_the_parti
     assert "maximum" in headers[layout.QUARANTINE_REASON_HEADER]
 
 
-async def test_a_restarted_partition_ignores_completions_of_its_previous_incarnation(
+async def test_a_restarted_partition_ignores_its_previous_checkers_messages(
     private_nc: Client,
 ) -> None:
     async with run_coordinator(private_nc) as coordinator:
         ref = coordinator.owned[0].ref
         assert ref is not None
         with structlog.testing.capture_logs() as logs:
-            # As if a write of an instance that has since been restarted reported late:
-            # its op id means nothing to the fresh table.
-            await ref.tell(_OpsAppended(epoch=0, op_ids=[12345], seq=1))
+            # As if the checker of an instance that has since been restarted reported late:
+            # its check means nothing to the fresh table.
+            failed = CheckFailed(txid="t0", check_id=12345, reason=CheckFailure.TIMEOUT)
+            await ref.tell(Checked(0, failed))
+            await ref.tell(Due(0))
             client = CoordinatorClient(private_nc)
             receipt = await client.prepare("t1", message())
             assert (await client.end("t1", receipt.token, Decision.COMMIT)).state == "committed"

@@ -13,7 +13,7 @@ import pytest
 from nats.aio.client import Client
 from rich.console import Console
 
-from txactors import dlq_admin, layout
+from txactors import dlq_admin, dlq_views, layout
 from txactors.consumer import ConsumedMessage, Consumer
 from txactors.consumer.dlq import dead_letter, ensure_dlq_stream
 from txactors.topics import ensure_topic_stream
@@ -172,7 +172,7 @@ async def test_an_entry_stored_by_reference_is_replayed_from_its_original(
     entries = (await dlq_admin.list_dead_letters(nc, "g")).entries
     assert [e.omitted for e in entries] == [["body"], ["body"]]
     page = dlq_admin.DeadLetterPage(entries=entries, total=2, next_seq=None)
-    assert "by reference (TOPIC_orders" in _text(dlq_admin.render_list(page))
+    assert "by reference (TOPIC_orders" in _text(dlq_views.render_list(page))
 
     fine, lost = await dlq_admin.replay(nc, "g", [e.seq for e in entries])
     assert fine.error is None and fine.topic_seq is not None

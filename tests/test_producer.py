@@ -34,8 +34,9 @@ from txactors.layout import (
     partition_of,
     prepare_subject,
 )
-from txactors.producer import CheckView, Transaction, TransactionProducer, TxMessage
+from txactors.producer import CheckView, EndMode, Transaction, TransactionProducer, TxMessage
 from txactors.protocol import (
+    PROTOCOL_VERSION,
     CheckedMessage,
     CheckResult,
     CheckTransaction,
@@ -333,6 +334,48 @@ async def test_a_refused_end_raises_end_refused(nc: Client) -> None:
         with pytest.raises(EndRefused, match="already rolled back") as caught:
             await p.send_in_transaction(message(), commit)
     assert caught.value.code == ErrorCode.CONFLICT
+
+
+async def test_a_oneway_end_is_published_without_a_reply_subject_and_remembered(
+    nc: Client,
+) -> None:
+    checker = RecordingChecker(Decision.ROLLBACK)
+    async with coordinator(nc, serve_end=False), producer(nc, checker=checker) as p:
+        subscription = await nc.subscribe(end_subject(0))
+        await nc.flush()
+        async with p.begin(end_mode="oneway") as txn:
+            await txn.send(message())
+        end = await subscription.next_msg(timeout=5)
+        await subscription.unsubscribe()
+        # Nothing confirms a one-way end: a check-back gets the decision this producer kept.
+        reply = await ask_instance(nc, p, check_for(p.group, txn.txid))
+    assert txn.result is not None
+    assert (txn.result.local_state, txn.result.state) == (Decision.COMMIT, None)
+    assert end.reply == ""
+    command = msgspec.msgpack.decode(end.data, type=EndTransaction)
+    assert (command.txid, command.decision, command.version) == (
+        txn.txid,
+        Decision.COMMIT,
+        PROTOCOL_VERSION,
+    )
+    assert reply.resolution is Decision.COMMIT
+    assert checker.views == []
+
+
+async def test_the_end_mode_is_the_producers_unless_a_transaction_chooses(nc: Client) -> None:
+    async with coordinator(nc) as coord, producer(nc, end_mode=EndMode.ONEWAY) as p:
+        oneway = await p.send_in_transaction(message(), commit)
+        async with p.begin(end_mode="ack") as txn:
+            await txn.send(message())
+        with anyio.fail_after(5):
+            while len(coord.ends) < 2:  # the one-way end has no answer to wait for
+                await anyio.sleep(0.01)
+    assert (oneway.state, oneway.confirmed) == (None, False)
+    assert txn.result is not None and txn.result.state == "committed"
+    assert all(end.version == PROTOCOL_VERSION for end in coord.ends)
+    assert all(prepare.version == PROTOCOL_VERSION for _, prepare in coord.prepares)
+    with pytest.raises(ValueError, match="end_mode must be one of 'ack', 'oneway'"):
+        producer(nc, end_mode="fire-and-forget")
 
 
 async def test_transactions_go_to_the_partition_of_their_txid(nc: Client) -> None:

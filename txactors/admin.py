@@ -2,7 +2,7 @@
 
 The `txactors txn` commands are thin; the work is here so tests (and scripts) use it without a
 CLI: async functions that ask the coordinator's admin subject (`txn.coord.<p>.admin`) and return
-the protocol Structs, and pure functions that render them as rich tables or JSON.
+the protocol Structs. How they are shown is `admin_views.py` (its names are importable from here).
 
 Only a configured NATS server makes sense here: an embedded one would be fresh and empty, so
 `admin_session` refuses to start one instead of answering "no transactions" about nothing.
@@ -12,26 +12,27 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import math
-import re
 import secrets
-import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
 
 import msgspec
 from nats.aio.client import Client
-from rich import box
-from rich.table import Table
-from rich.text import Text
 
 from txactors import layout
 from txactors.actors import RemoteActorRef
+from txactors.admin_views import (
+    STATE_MEANINGS,
+    human_duration,
+    next_check,
+    parse_duration,
+    render_detail,
+    render_list,
+    to_json,
+)
 from txactors.config import ENV_VARS, NatsConfig
 from txactors.connection import nats_session
-from txactors.coordinator.lifecycle import TxnState
 from txactors.errors import (
     ActorDeadError,
     AskTimeout,
@@ -51,38 +52,35 @@ from txactors.protocol import (
     TransactionList,
 )
 
+__all__ = [
+    "ADMIN_TIMEOUT",
+    "BULK_CONCURRENCY",
+    "STATE_MEANINGS",
+    "CoordinatorUnavailable",
+    "Resolution",
+    "Resolved",
+    "admin_config",
+    "admin_session",
+    "commit",
+    "find_transactions",
+    "human_duration",
+    "list_transactions",
+    "new_batch_id",
+    "next_check",
+    "parse_duration",
+    "render_detail",
+    "render_list",
+    "resolve_all",
+    "resume",
+    "rollback",
+    "show",
+    "to_json",
+]
+
 R = TypeVar("R")
 
 ADMIN_TIMEOUT: Final = 10.0
 """Seconds to wait for an answer; a commit is answered only once its messages are published."""
-
-STATE_MEANINGS: Final[Mapping[TxnState, str]] = {
-    TxnState.PREPARED: "halves stored, waiting for the producer's end or the next check-back",
-    TxnState.CHECKING: "a check-back is in flight to the producer (or its group)",
-    TxnState.COMMITTING: "commit decided; the decision record is being written",
-    TxnState.PUBLISHING: "commit persisted; the messages are being published to their topics",
-    TxnState.FINISHING: "all published; the `done` record is being written",
-    TxnState.COMMITTED: "final: every message is on its topic",
-    TxnState.ROLLING_BACK: "rollback decided; the decision record is being written",
-    TxnState.ROLLED_BACK: "final: nothing was or will be delivered",
-    TxnState.DISCARDING: "the checker gave up; the discard record is being written",
-    TxnState.DISCARDED: (
-        "the checker gave up (see discard reason); nothing is delivered unless an operator "
-        "resumes, commits or rolls it back"
-    ),
-}
-"""One line per state, for `txactors txn show` (docs/operations.md says the same)."""
-
-_STATE_STYLES: Final[Mapping[str, str]] = {
-    TxnState.CHECKING: "yellow",
-    TxnState.DISCARDING: "red",
-    TxnState.DISCARDED: "bold red",
-    TxnState.COMMITTING: "green",
-    TxnState.PUBLISHING: "green",
-    TxnState.FINISHING: "green",
-    TxnState.ROLLING_BACK: "magenta",
-}
-_NONE: Final = "-"
 
 
 class CoordinatorUnavailable(TxActorsError):
@@ -307,130 +305,3 @@ async def resolve_all(
             return Resolved(txid=txid, state=ended.state)
 
     return list(await asyncio.gather(*(one(txid) for txid in txids)))
-
-
-_DURATION_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_DURATION: Final = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in `90`, `90s`, `10m`, `1h30m`, `2d 3h` (what `human_duration` prints);
-    ValueError saying how to write one."""
-    spaced = text.strip().lower()
-    try:
-        seconds = float(spaced)
-    except ValueError:
-        parts = _DURATION.findall(spaced)
-        if not parts or _DURATION.sub("", spaced).strip():
-            raise ValueError(
-                f"{text!r} is not a duration: write seconds (90) or a number and a unit, "
-                "s m h d, e.g. 10m, 1h30m, 2d"
-            ) from None
-        seconds = sum(float(number) * _DURATION_UNITS[unit] for number, unit in parts)
-    if not (math.isfinite(seconds) and seconds >= 0):
-        raise ValueError(f"{text!r} is not a duration: it must be a finite number >= 0")
-    return seconds
-
-
-# -- rendering ------------------------------------------------------------------------------
-
-
-def to_json(value: msgspec.Struct | Sequence[msgspec.Struct]) -> str:
-    """The Structs as JSON, exactly as the wire protocol spells them (for scripts)."""
-    return msgspec.json.encode(value).decode()
-
-
-def human_duration(seconds: float) -> str:
-    """`42s`, `3m 12s`, `5h 07m`, `2d 3h`: precise enough to tell stuck from slow at a glance."""
-    if seconds < 1:
-        return "<1s" if seconds > 0 else "0s"
-    whole = int(seconds)
-    minutes, secs = divmod(whole, 60)
-    hours, minutes = divmod(minutes, 60)
-    days, hours = divmod(hours, 24)
-    if days:
-        return f"{days}d {hours}h"
-    if hours:
-        return f"{hours}h {minutes:02d}m"
-    if minutes:
-        return f"{minutes}m {secs:02d}s"
-    return f"{secs}s"
-
-
-def next_check(info: TransactionInfo, now: float) -> str:
-    """When the checker will next ask about it, relative to `now`."""
-    if info.state == TxnState.CHECKING:
-        return "in flight"
-    if info.next_check_at is None:
-        return _NONE
-    wait = info.next_check_at - now
-    return "due" if wait <= 0 else human_duration(wait)
-
-
-def _state(state: str) -> Text:
-    return Text(state, style=_STATE_STYLES.get(state, ""))
-
-
-def render_list(transactions: Sequence[TransactionInfo], *, now: float | None = None) -> Table:
-    """The `txactors txn list` table, one row per transaction."""
-    now = time.time() if now is None else now
-    table = Table(
-        title=f"{len(transactions)} transaction(s), oldest first",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        show_edge=False,
-        pad_edge=False,
-    )
-    table.add_column("txid", no_wrap=True)
-    table.add_column("state", no_wrap=True)
-    table.add_column("group", overflow="fold", min_width=6)
-    table.add_column("topics", overflow="fold", min_width=6)
-    table.add_column("age", justify="right", no_wrap=True)
-    table.add_column("checks", justify="right", no_wrap=True)
-    table.add_column("last check", overflow="fold")
-    table.add_column("next check", justify="right", no_wrap=True)
-    for info in transactions:
-        table.add_row(
-            info.txid,
-            _state(info.state),
-            info.group,
-            "\n".join(info.topics),
-            human_duration(now - info.born),
-            str(info.check_times),
-            info.last_check or _NONE,
-            next_check(info, now),
-        )
-    return table
-
-
-def _timestamp(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
-
-
-def render_detail(info: TransactionInfo, *, now: float | None = None) -> Table:
-    """The `txactors txn show` view: every field, with what the state means."""
-    now = time.time() if now is None else now
-    table = Table(show_header=False, box=None, title=f"transaction {info.txid}")
-    table.add_column("field", style="bold", no_wrap=True)
-    table.add_column("value", overflow="fold")
-    try:
-        meaning = STATE_MEANINGS[TxnState(info.state)]
-    except ValueError:
-        meaning = "unknown to this client; upgrade txactors"
-    state = _state(info.state)
-    state.append(f"  ({meaning})", style="dim")
-    table.add_row("state", state)
-    table.add_row("group", info.group)
-    table.add_row("producer", info.producer)
-    table.add_row("topics", ", ".join(info.topics))
-    table.add_row("half seqs", ", ".join(map(str, info.half_seqs)))
-    table.add_row("born", f"{_timestamp(info.born)} ({human_duration(now - info.born)} ago)")
-    table.add_row("checks", str(info.check_times))
-    table.add_row("last check", info.last_check or _NONE)
-    when = next_check(info, now)
-    if info.next_check_at is not None:
-        when = f"{when} ({_timestamp(info.next_check_at)})"
-    table.add_row("next check", when)
-    if info.discard_reason is not None:
-        table.add_row("discard reason", info.discard_reason)
-    return table

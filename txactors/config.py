@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from txactors.errors import ConfigError
-from txactors.server import (
+from txactors.server_setup import (
     DEFAULT_FSYNC,
     DEFAULT_FSYNC_INTERVAL,
     Fsync,

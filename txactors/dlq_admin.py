@@ -13,13 +13,12 @@ deletes it from the DLQ. The copy is meant for that group only and must not be d
 
 An entry stored by reference (`Txn-Omitted`) is replayed from the original, read back at
 `Txn-Origin-Stream`/`Txn-Origin-Seq`; if the topic stream no longer keeps it, nothing can be
-replayed and the replay says so.
+replayed and the replay says so. How entries are shown is `dlq_views.py`.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Final
 
 import msgspec
@@ -28,11 +27,7 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg, StreamState
-from rich import box
-from rich.table import Table
-from rich.text import Text
 
-from txactors.admin import human_duration
 from txactors.consumer.dlq import header_block_bytes
 from txactors.errors import TxActorsError
 from txactors.layout import (
@@ -227,7 +222,7 @@ async def _replay_one(
     size = header_block_bytes(copy) + len(body)
     if size > nc.max_payload:
         raise DeadLetterError(
-            f"{_where(group, seq)}: the replayed copy would take {size} bytes, more than the "
+            f"{entry_name(group, seq)}: the replayed copy would take {size} bytes, more than the "
             f"server's max_payload {nc.max_payload}"
         )
     try:
@@ -236,13 +231,13 @@ async def _replay_one(
         ack = await js.publish(subject, body, headers=copy)
     except (nats.errors.Error, TimeoutError) as exc:
         raise DeadLetterError(
-            f"{_where(group, seq)}: not replayed, publishing to {subject} failed: {exc!r}"
+            f"{entry_name(group, seq)}: not replayed, publishing to {subject} failed: {exc!r}"
         ) from exc
     try:
         await js.delete_msg(stream, seq)
     except (nats.errors.Error, TimeoutError) as exc:
         raise DeadLetterError(
-            f"{_where(group, seq)}: replayed to {topic_stream(info.topic)} seq {ack.seq}, but "
+            f"{entry_name(group, seq)}: replayed to {topic_stream(info.topic)} seq {ack.seq}, but "
             f"not deleted ({exc!r}); replaying it again is dropped as a duplicate for "
             "the topic's duplicate window"
         ) from exc
@@ -263,7 +258,7 @@ async def _original(
         assert info.body is not None
         return topic_subject(info.topic, info.headers.get(TAG_HEADER)), info.body, info.headers
     left_out = ", ".join(info.omitted)
-    where = f"{_where(info.group, info.seq)} is stored by reference ({left_out} left out)"
+    where = f"{entry_name(info.group, info.seq)} is stored by reference ({left_out} left out)"
     if info.origin_stream is None or info.origin_seq is None:
         raise DeadLetterError(f"{where}, but does not say where its original is")
     try:
@@ -320,7 +315,8 @@ async def _next_entry(
         return None
 
 
-def _where(group: str, seq: int) -> str:
+def entry_name(group: str, seq: int) -> str:
+    """How messages name a DLQ entry: `DLQ_<group> entry <seq>`."""
     return f"{dlq_stream(group)} entry {seq}"
 
 
@@ -352,104 +348,3 @@ def _int(value: str | None) -> int | None:
         return None if value is None else int(value)
     except ValueError:
         return None
-
-
-# -- rendering ------------------------------------------------------------------------------
-
-
-def render_summaries(summaries: Sequence[DlqSummary]) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    table.add_column("group", no_wrap=True)
-    table.add_column("entries", justify="right")
-    table.add_column("first seq", justify="right")
-    table.add_column("last seq", justify="right")
-    for summary in summaries:
-        table.add_row(
-            summary.group, str(summary.entries), str(summary.first_seq), str(summary.last_seq)
-        )
-    return table
-
-
-def render_list(page: DeadLetterPage, *, now: float | None = None) -> Table:
-    """The `txactors dlq list GROUP` table, one row per entry."""
-    now = time.time() if now is None else now
-    shown = len(page.entries)
-    title = f"{shown} of {page.total} dead letter(s), oldest first"
-    if page.next_seq is not None:
-        title += f"; more from --from {page.next_seq}"
-    table = Table(
-        title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False
-    )
-    table.add_column("seq", justify="right", no_wrap=True)
-    table.add_column("topic", no_wrap=True)
-    table.add_column("msg id", overflow="fold")
-    table.add_column("age", justify="right", no_wrap=True)
-    table.add_column("tries", justify="right", no_wrap=True)
-    table.add_column("stored", no_wrap=True)
-    table.add_column("error", overflow="fold")
-    for entry in page.entries:
-        table.add_row(
-            str(entry.seq),
-            entry.topic,
-            entry.msg_id or "-",
-            human_duration(now - entry.stored_at),
-            "-" if entry.deliveries is None else str(entry.deliveries),
-            f"by reference ({entry.origin_stream} {entry.origin_seq})"
-            if entry.omitted
-            else f"{entry.size} B",
-            entry.error or "-",
-        )
-    return table
-
-
-def render_detail(entry: DeadLetterInfo, *, now: float | None = None) -> Table:
-    """The `txactors dlq show GROUP SEQ` view: every header, then the body."""
-    now = time.time() if now is None else now
-    table = Table(show_header=False, box=None, title=f"{_where(entry.group, entry.seq)}")
-    table.add_column("field", style="bold", no_wrap=True)
-    table.add_column("value", overflow="fold")
-    table.add_row("topic", entry.topic)
-    table.add_row("stored", f"{human_duration(now - entry.stored_at)} ago")
-    table.add_row("error", entry.error or "-")
-    table.add_row("deliveries", "-" if entry.deliveries is None else str(entry.deliveries))
-    table.add_row("original", f"{entry.origin_stream} seq {entry.origin_seq}")
-    for name, value in entry.headers.items():
-        table.add_row(Text(name, style="dim"), value)
-    if entry.omitted:
-        table.add_row("body", f"left out (stored by reference: {', '.join(entry.omitted)})")
-    else:
-        table.add_row("body", _body_text(entry.body or b""))
-    return table
-
-
-_BODY_SHOWN: Final = 4096
-
-
-def _body_text(body: bytes) -> Text:
-    """Text as it is (cut at 4 KiB), anything else as hex: a terminal is no place for bytes."""
-    head = body[:_BODY_SHOWN]
-    cut = f" … ({len(body)} bytes; --json for all)" if len(body) > _BODY_SHOWN else ""
-    try:
-        text = head.decode()
-    except UnicodeDecodeError:
-        text = None
-    if text is not None and all(c.isprintable() or c in "\n\t" for c in text):
-        return Text(text + cut)
-    more = f" … ({len(body)} bytes; --json for all)" if len(body) > 256 else ""
-    return Text(f"hex: {head[:256].hex(' ')}{more}")
-
-
-def replay_lines(results: Sequence[Replayed], group: str) -> list[str]:
-    """One line per replay, as `txactors dlq replay` prints them."""
-    lines = []
-    for result in results:
-        where = _where(group, result.seq)
-        if result.error is not None:
-            lines.append(result.error)
-        else:
-            again = " (already there: an earlier replay)" if result.duplicate else ""
-            lines.append(
-                f"{where}: replayed to {topic_stream(result.topic or '')} seq "
-                f"{result.topic_seq}{again}"
-            )
-    return lines

@@ -1,6 +1,6 @@
 """Who owns which partition: the leases of the TXN_LEASE bucket, read for an operator.
 
-Coordinators take, renew and give back leases (txactors/coordinator/lease.py); this reads them
+Coordinators take, renew and give back leases (txactors/coordinator/leases.py); this reads them
 without taking part. A lease's key is the partition, its value the owner's id, its revision
 changes on every renewal, and the bucket's TTL drops it that long after the last one: so the
 time since the last write says whether its owner is alive, and when a standby may take over.
@@ -19,7 +19,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from txactors.admin import human_duration
+from txactors.admin_views import human_duration
 from txactors.errors import TxActorsError
 from txactors.layout import LEASE_BUCKET
 

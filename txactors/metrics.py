@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -36,8 +36,9 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from txactors.coordinator.state import TransactionTable
+from txactors.coordinator.core.table import TransactionTable
 from txactors.errors import ConfigError
+from txactors.protocol import ErrorCode
 
 HANDLER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 """Seconds; a handler usually writes to a database, so the tail reaches further than commits'."""
@@ -97,14 +98,27 @@ class CoordinatorMetrics(Collector):
             "Requests dropped unexecuted: their reply subject was not under the inbox prefix.",
             registry=registry,
         )
+        self.oneway_errors = Counter(
+            "txactors_oneway_errors_total",
+            "Requests sent without a reply subject (one-way ends) that failed: refused or "
+            "malformed. Never answered; the check-back settles their transactions.",
+            ["partition", "code"],
+            registry=registry,
+        )
         registry.register(self)
         register_build_info(registry)
+
+    def oneway(self, partition: int) -> Callable[[str], None]:
+        """What counts one failed one-way request of `partition`, by its error code."""
+        return lambda code: self.oneway_errors.labels(str(partition), code).inc()
 
     def track(self, partition: int, table: TransactionTable) -> None:
         """Report `table` for `partition` (a restarted partition actor replaces its table)."""
         self._tables[partition] = table
         self.commit_latency.labels(str(partition))  # exported from now on, zeros included
         self.duplicate_checks.labels(str(partition))
+        for code in ErrorCode:
+            self.oneway_errors.labels(str(partition), code.value)
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         for name, (field, text) in _COUNTED.items():

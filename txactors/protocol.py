@@ -22,6 +22,12 @@ T = TypeVar("T")
 
 CONTENT_TYPE_HEADER: Final = "Content-Type"
 
+PROTOCOL_VERSION: Final = 2
+"""The protocol version this code speaks (docs/protocol.md#protocol-version): 2 added the
+one-way end and the `version` field itself."""
+FIRST_VERSION: Final = 1
+"""What a request without a `version` field speaks: it was sent by a client older than it."""
+
 
 class Encoding(enum.StrEnum):
     """Payload encodings, named by the value of the `Content-Type` header."""
@@ -40,10 +46,19 @@ class ErrorCode(enum.StrEnum):
     CONFLICT = "conflict"  # contradicts an earlier, final decision
     TIMEOUT = "timeout"  # the work did not finish in time
     INTERNAL = "internal"  # the server failed; the request may be retried
+    UNSUPPORTED_VERSION = "unsupported_version"  # a `version` newer than the server speaks
 
 
 class Message(msgspec.Struct, tag_field="type", tag=True):
     """Base of every protocol Struct: gives it the `type` tag."""
+
+
+class Command(Message, kw_only=True):
+    """Base of every request to the coordinator: it says which protocol version it speaks."""
+
+    version: int = FIRST_VERSION
+    """The client's protocol version; absent (a client older than the field) means 1. A
+    version the server does not know is refused with `unsupported_version`."""
 
 
 class Error(Message):
@@ -92,6 +107,27 @@ def _tags_of(message_type: Any) -> frozenset[str]:
     )
 
 
+def _all_commands(message_type: Any) -> bool:
+    info = msgspec.inspect.type_info(message_type)
+    members = info.types if isinstance(info, msgspec.inspect.UnionType) else (info,)
+    return all(
+        isinstance(member, msgspec.inspect.StructType) and issubclass(member.cls, Command)
+        for member in members
+    )
+
+
+def unsupported_version(version: object) -> Error | None:
+    """The `unsupported_version` error for a request that speaks a newer protocol than
+    this code, or None (a version this code speaks, or no integer at all: other rules)."""
+    if type(version) is not int or version <= PROTOCOL_VERSION:
+        return None
+    return Error(
+        ErrorCode.UNSUPPORTED_VERSION,
+        f"protocol version {version} is newer than this server's ({FIRST_VERSION} to "
+        f"{PROTOCOL_VERSION}); send version {PROTOCOL_VERSION} or upgrade the server",
+    )
+
+
 _UNREADABLE: Final = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
 """What msgspec raises for bytes that are no payload at all: not msgpack/JSON, a string that
 is not UTF-8, or nesting deeper than the decoder recurses."""
@@ -118,6 +154,7 @@ class Codec(Generic[T]):
     def __init__(self, message_type: Any) -> None:
         self.message_type = message_type
         self.tags = _tags_of(message_type)
+        self.versioned = _all_commands(message_type)
         self._decoders: dict[Encoding, msgspec.msgpack.Decoder[T] | msgspec.json.Decoder[T]] = {
             Encoding.MSGPACK: msgspec.msgpack.Decoder(message_type),
             Encoding.JSON: msgspec.json.Decoder(message_type),
@@ -139,6 +176,10 @@ class Codec(Generic[T]):
             raw = (msgspec.json if encoding is Encoding.JSON else msgspec.msgpack).decode(data)
         except _UNREADABLE:  # e.g. too deeply nested: the typed error says enough
             return Error(ErrorCode.BAD_REQUEST, _brief(str(exc)))
+        if self.versioned and isinstance(raw, dict):
+            newer = unsupported_version(raw.get("version"))
+            if newer is not None:  # a newer client's fields may not fit our Structs at all
+                return newer
         tag = raw.get("type") if isinstance(raw, dict) else None
         if isinstance(tag, str) and tag not in self.tags:
             known = ", ".join(sorted(self.tags))
@@ -173,7 +214,7 @@ class OutgoingMessage(msgspec.Struct, kw_only=True):
     timeout; more than the coordinator's `max_immunity` (1 h) is refused."""
 
 
-class Prepare(Message, kw_only=True):
+class Prepare(Command, kw_only=True):
     """Store half messages. The first prepare of a transaction has no token; the coordinator
     answers with one, and later prepares of the same transaction (more messages) carry it."""
 
@@ -194,7 +235,11 @@ class Prepared(Message, kw_only=True):
     seqs: list[int]
 
 
-class EndTransaction(Message, kw_only=True):
+class EndTransaction(Command, kw_only=True):
+    """Commit, roll back or leave to the check-back. Sent as a request it is answered with
+    `Ended`; published without a reply subject (a one-way end) it is carried out the same
+    way and never answered: the check-back settles an end that was lost."""
+
     txid: str
     token: str
     decision: Decision
@@ -239,7 +284,7 @@ class CheckResult(Message, kw_only=True):
 # -- transactions: operators (txn.coord.<partition>.admin) ---------------------------------
 
 
-class ListTransactions(Message, kw_only=True):
+class ListTransactions(Command, kw_only=True):
     """Open (prepared, checking, deciding) and discarded transactions, oldest first.
 
     Every filter given must hold: `states` (any of them), `group`, `topic` (one of its
@@ -255,11 +300,11 @@ class ListTransactions(Message, kw_only=True):
     limit: int | None = None
 
 
-class ShowTransaction(Message, kw_only=True):
+class ShowTransaction(Command, kw_only=True):
     txid: str
 
 
-class ResumeTransaction(Message, kw_only=True):
+class ResumeTransaction(Command, kw_only=True):
     """Back to PREPARED with a fresh check count (a discarded or pending transaction)."""
 
     txid: str
@@ -267,14 +312,14 @@ class ResumeTransaction(Message, kw_only=True):
     """Set by a bulk action, the same on each of its commands: the coordinator logs it."""
 
 
-class CommitTransaction(Message, kw_only=True):
+class CommitTransaction(Command, kw_only=True):
     """Operator: commit without the token (after checking the producer's database)."""
 
     txid: str
     batch: str | None = None
 
 
-class RollbackTransaction(Message, kw_only=True):
+class RollbackTransaction(Command, kw_only=True):
     """Operator: roll back without the token."""
 
     txid: str

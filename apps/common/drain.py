@@ -19,7 +19,7 @@ from nats.js.errors import NotFoundError
 from apps.common.report import Check
 from txactors import layout
 from txactors.admin import find_transactions
-from txactors.coordinator.lifecycle import TxnState
+from txactors.coordinator.core.states import TxnState
 from txactors.protocol import ListTransactions
 
 

@@ -405,6 +405,10 @@ class Harness:
         if flow.decision is Decision.COMMIT:
             self.ledger.may_commit.add(txid)
         end = {"type": "EndTransaction", "txid": txid, "token": reply.token}
+        if flow.oneway:  # nothing to wait for; the topics check judges what it publishes
+            end = {**end, "decision": flow.decision.value, "version": 2}
+            await self.nc.publish(layout.end_subject(flow.partition), msgspec.msgpack.encode(end))
+            return None
         try:
             msg = await self.nc.request(
                 layout.end_subject(flow.partition),
@@ -473,6 +477,7 @@ def judge(expect: Expect, reply: Reply | None) -> str | None:
         return f"expected {expect.value}, got {_shown(reply)}"
     wanted = {
         Expect.BAD_REQUEST: {ErrorCode.BAD_REQUEST},
+        Expect.UNSUPPORTED: {ErrorCode.UNSUPPORTED_VERSION},
         Expect.REJECTED: {ErrorCode.BAD_REQUEST, ErrorCode.UNKNOWN_COMMAND},
         Expect.REFUSED: set(ErrorCode) - {ErrorCode.INTERNAL, ErrorCode.BAD_REQUEST},
     }.get(expect)

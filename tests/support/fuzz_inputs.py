@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from tests.support.rawnats import MALFORMED_BLOCKS
 from txactors import layout
-from txactors.coordinator.lifecycle import TxnState
+from txactors.coordinator.core.states import TxnState
 from txactors.protocol import Decision
 
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
@@ -48,8 +48,9 @@ class Expect(enum.Enum):
     ACCEPTED = "Prepared"
     REFUSED = "an Error other than `bad_request` or `internal` (valid, but not allowed)"
     BAD_REQUEST = "Error bad_request"
+    UNSUPPORTED = "Error unsupported_version (a version newer than the coordinator's)"
     REJECTED = "Error bad_request or unknown_command"
-    NO_ANSWER = "nothing (hostile reply subject or raw frame)"
+    NO_ANSWER = "nothing (hostile or no reply subject, or raw frame)"
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class Request:
     expect: Expect
     headers: dict[str, str] | None = None
     reply: str | None = None
+    """None: a fresh inbox; "": no reply subject at all (a one-way request)."""
     command: dict[str, Any] | None = field(default=None, compare=False, repr=False)
     """The command as built, when it was one: the ledger learns what a Prepared stands for."""
     never_prepared: str | None = None
@@ -71,13 +73,15 @@ class Request:
 @dataclass(frozen=True)
 class Flow:
     """A full transaction with odd but well-typed content: prepare, then end with `decision`
-    (None: no end, the check-back decides). Whatever is accepted must work end to end."""
+    (None: no end, the check-back decides), acknowledged or `oneway`. Whatever is accepted
+    must work end to end."""
 
     label: str
     partition: int
     prepare: dict[str, Any] = field(repr=False)
     verdict: Verdict
     decision: Decision | None
+    oneway: bool = False
 
 
 @dataclass(frozen=True)
@@ -336,6 +340,38 @@ tokens = Spec(
 )
 """A token is null (a first prepare) or 32 lowercase hex digits; a well-formed one that is
 not the transaction's is `forbidden` or `not_found`, never `bad_request`."""
+
+
+PROTOCOL_VERSION = 2
+"""docs/protocol.md#protocol-version, restated like the limits above."""
+
+
+class Version(enum.Enum):
+    """How a command's `version` field is drawn, and what it owes the command's answer."""
+
+    ABSENT = "absent"
+    KNOWN = "known"
+    NEWER = "newer"
+    BAD = "bad"
+
+
+_known = st.sampled_from([1, PROTOCOL_VERSION]).map(lambda v: (Version.KNOWN, v))
+versions: st.SearchStrategy[tuple[Version, Any]] = st.one_of(
+    *[st.just((Version.ABSENT, None))] * 4,  # mostly as v1 clients: the other rules get a turn
+    _known,
+    _known,
+    st.sampled_from([PROTOCOL_VERSION + 1, 2**31, 2**64 - 1]).map(lambda v: (Version.NEWER, v)),
+    st.sampled_from([0, -1, -(2**63), "2", 2.0, True, None, [2]]).map(lambda v: (Version.BAD, v)),
+)
+
+
+def _decodable(payload: bytes, json: bool) -> bool:
+    """Whether the bytes are msgpack/JSON at all: a newer version is only recognised then."""
+    try:
+        (msgspec.json if json else msgspec.msgpack).decode(payload)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return False
+    return True
 
 
 def combine(**fields: Field) -> st.SearchStrategy[tuple[dict[str, Any], Verdict]]:
@@ -605,6 +641,9 @@ def command_requests(partitions: int, max_payload: int) -> st.SearchStrategy[Req
     @st.composite
     def build(draw: st.DrawFn) -> Request:
         verb, subject_of, command = draw(st.sampled_from(verbs))
+        version, number = draw(versions)
+        if version is not Version.ABSENT:
+            command = command.map(lambda cv: ({**cv[0], "version": number}, cv[1]))
         payload, headers, fields, verdict = draw(encoded(command))
         txid = fields.get("txid")
         own = layout.partition_of(txid, partitions) if isinstance(txid, str) else None
@@ -618,12 +657,48 @@ def command_requests(partitions: int, max_payload: int) -> st.SearchStrategy[Req
             others = [s for v, s, _ in verbs if v != verb]
             subject_of = draw(st.sampled_from(others))
             expect = Expect.REJECTED  # its type is checked first, or its fields: either
+        if version is Version.BAD and expect is not Expect.REJECTED:
+            expect = Expect.BAD_REQUEST
+        if version is Version.NEWER:  # before anything else, on any coordinator subject
+            newer = _decodable(payload, headers is not None)
+            expect = Expect.UNSUPPORTED if newer else Expect.BAD_REQUEST
         return Request(
-            label=f"{verb} {fields.get('type')} ({verdict.name}, {'json' if headers else 'mp'})",
+            label=f"{verb} {fields.get('type')} ({verdict.name}, {'json' if headers else 'mp'}"
+            f"{'' if version is Version.ABSENT else f', version {number!r}'})",
             subject=subject_of(partition),
             payload=payload,
             headers=headers,
             expect=expect,
+            command=fields,
+        )
+
+    return build()
+
+
+def oneway_ends(partitions: int) -> st.SearchStrategy[Request]:
+    """Ends published without a reply subject, valid or hostile, typed or raw bytes: none may
+    be answered, and none may hurt the coordinator (it counts their errors)."""
+    typed = st.one_of(end_commands(valid=True), drop_or_add_fields(end_commands()))
+
+    @st.composite
+    def build(draw: st.DrawFn) -> Request:
+        version, number = draw(versions)
+        command = typed
+        if version is not Version.ABSENT:
+            command = typed.map(lambda cv: ({**cv[0], "version": number}, cv[1]))
+        payload, headers, fields, verdict = draw(encoded(command))
+        if draw(st.integers(0, 5)) == 0:  # not even a command
+            payload = draw(st.binary(max_size=64))
+        txid = fields.get("txid")
+        own = layout.partition_of(txid, partitions) if isinstance(txid, str) else 0
+        partition = own if draw(st.integers(0, 3)) else draw(st.integers(0, partitions - 1))
+        return Request(
+            label=f"one-way end ({verdict.name}, version {version.value})",
+            subject=layout.end_subject(partition),
+            payload=payload,
+            expect=Expect.NO_ANSWER,
+            headers=headers,
+            reply="",
             command=fields,
         )
 
@@ -757,13 +832,16 @@ def flows(partitions: int, max_payload: int) -> st.SearchStrategy[Flow]:
         fields, verdict = draw(typed.filter(lambda cv: _well_typed(cv[0]["messages"])))
         txid = "fl" + draw(st.text("0123456789abcdef", min_size=12, max_size=12))
         decision = draw(st.sampled_from([*Decision, None]))
+        oneway = decision is not None and draw(st.booleans())
         prepare = {"type": "Prepare", "txid": txid, **fields}
         return Flow(
-            label=f"flow {decision and decision.value} ({verdict.name})",
+            label=f"flow {decision and decision.value}{' one-way' if oneway else ''} "
+            f"({verdict.name})",
             partition=layout.partition_of(txid, partitions),
             prepare=prepare,
             verdict=verdict,
             decision=decision,
+            oneway=oneway,
         )
 
     return build()
@@ -849,6 +927,7 @@ def fuzz_inputs(
         commands,
         raw_requests(partitions),
         reply_injections(partitions, max_payload, topic),
+        oneway_ends(partitions),
         flows(partitions, max_payload),
         flows(partitions, max_payload),
         raw_frames(partitions),

@@ -3,23 +3,26 @@
 Delivery is at least once. The handler returning acks the message; raising naks it with the
 retry policy's delay, so the server (not this process) holds the message until its next
 attempt and a restarted consumer keeps the schedule; after the last retry the message goes
-to the group's dead-letter stream and is acked. Every instance of a group shares one durable
-consumer, so a group's messages are spread over its live instances, as in RocketMQ's
-clustering mode.
+to the group's dead-letter stream and is acked (`handling`). Every instance of a group shares
+one durable consumer, so a group's messages are spread over its live instances, as in
+RocketMQ's clustering mode.
 
 Why pull requests are issued by hand rather than with nats-py's `fetch`: `fetch(n)` returns
 only when n messages came or the wait expired, which would hold an early message back for
-the whole wait. Here each message is handed to a handler the moment it arrives, and at most
-`concurrency` messages are requested or in work at any time.
+the whole wait. Here one request asks for as many messages as there are free handler slots
+(at most `concurrency` taken at any time, and a new request once half the slots are free),
+and each message is ready for a handler the moment it arrives.
 
-Acks are gathered for `ACK_LINGER` and sent together, one socket write for many, instead of
-one write per message: an ack only tells the server not to redeliver, so a few milliseconds
-more cost nothing (a lost one means a redelivery, which at-least-once allows anyway). Naks
-go at once: they schedule the message's retry.
+Cheap per message, because per-message overhead is what limits a Python consumer: messages
+arrive by a subscription callback (nats-py's message iterator costs a task and a loop turn per
+message), `concurrency` long-lived workers take them (no task per message), and a worker that
+runs out of ready messages publishes the batch's queued acks together, which go in one socket
+write. Acks are sent only after their handlers returned; a crash before that redelivers.
 
 Stopping is graceful: no new pull is issued, the open one runs out (at most `pull_expires`),
 in-flight handlers finish and their acks are flushed to the server. A handler still running
-after `stop_timeout` is cancelled and its message naked for immediate redelivery.
+after `stop_timeout` is cancelled and its message naked for immediate redelivery, as is a
+message taken but not started.
 
 A handler that raises `PoisonMessage` (e.g. a body that does not decode) is dead-lettered at
 once: no retry can help it. Lag, retries, dead letters and handler time go to `metrics`.
@@ -28,8 +31,8 @@ once: no retry can help it. Lag, retries, dead letters and handler time go to `m
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections import deque
+from collections.abc import Sequence
 from contextlib import AsyncExitStack, suppress
 from types import TracebackType
 from typing import Final, Self
@@ -37,24 +40,21 @@ from typing import Final, Self
 import anyio
 import anyio.abc
 import nats.errors
-import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from txactors import tracing
-from txactors.consumer.dlq import dead_letter, describe_error, ensure_dlq_stream
-from txactors.consumer.message import ConsumedMessage
+from txactors.consumer.dlq import ensure_dlq_stream
+from txactors.consumer.handling import Handler, Handling
 from txactors.consumer.retry import DEFAULT_MAX_RECONSUME, DEFAULT_RETRY_DELAYS, RetryPolicy
-from txactors.errors import PoisonMessage
-from txactors.layout import REPLAY_GROUP_HEADER, topic_filter, topic_subject, validate_name
+from txactors.layout import topic_filter, topic_subject, validate_name
 from txactors.logs import get_logger
 from txactors.metrics import ConsumerMetrics
 from txactors.natsclient import raising_connection_lost, watch_connection
 from txactors.topics import ensure_topic_stream
 
-Handler = Callable[[ConsumedMessage], Awaitable[None]]
+__all__ = ["Consumer", "Handler"]
 
 RETRY_BACKLOG: Final = 1000
 """A message waiting for a delayed retry still counts against JetStream's max_ack_pending;
@@ -62,12 +62,13 @@ this much room on top of `concurrency` keeps a batch of failing messages from st
 group until their retries come due."""
 PULL_GRACE: Final = 1.0
 """Extra seconds to wait past a pull's expiry before deciding its end status was lost."""
+ACK_BATCH: Final = 256
+"""Queued acks a busy worker sends without waiting for its batch to end (bounds how long an
+ack can wait under a steady stream)."""
 _STATUS: Final = "Status"
 _HEARTBEAT: Final = "100"
 _PULL_DONE: Final = frozenset({"404", "408"})  # no messages / the request expired
 _FLUSH_TIMEOUT: Final = 5
-ACK_LINGER: Final = 0.005
-"""Seconds a finished message's ack waits for others to share its socket write."""
 
 log = get_logger(__name__)
 
@@ -110,10 +111,9 @@ class Consumer:
         for tag in tags:
             validate_name("tag", tag)
         self._nc = nc
-        self._handler = handler
         self._tags = tuple(tags)
         self._concurrency = concurrency
-        self._policy = RetryPolicy(max_reconsume, tuple(retry_delays))
+        policy = RetryPolicy(max_reconsume, tuple(retry_delays))
         self._ack_wait = ack_wait
         self._max_ack_pending = max_ack_pending or concurrency + RETRY_BACKLOG
         self._pull_expires = pull_expires
@@ -124,20 +124,20 @@ class Consumer:
         self._stopping = False
         self._running = False
         self._done = anyio.Event()
-        self._wake = anyio.Event()  # a handler finished, or stop was asked
+        self._wake = anyio.Event()  # handler slots came free, or stop was asked
         self._active = 0  # messages taken and not yet acked/naked
         self._requested = 0  # messages the open pull request may still bring
         self._pull_done = anyio.Event()
         self._refused = False  # the server refused a pull: re-declare before the next
-        self._handling: dict[int, Msg] = {}  # messages whose handler runs: kept alive
-        self._acks: list[Msg] = []  # handled messages whose ack is not sent yet
-        self._acks_queued = anyio.Event()
-        self._next_key = 0
+        self._ready: deque[Msg] = deque()  # taken, no worker yet
+        self._in_handler: dict[int, Msg] = {}  # whose handler runs, by id: kept alive
+        self._idle: list[anyio.Event] = []  # one per parked worker
+        self._waking = 0  # workers woken that have not taken a message yet
         self._exit_stack: AsyncExitStack | None = None
         self.metrics = metrics or ConsumerMetrics()
         """Where this consumer's series go (a registry of its own unless one was given)."""
         self.metrics.track(self.topic, self.group)
-        self._lag = self.metrics.lag.labels(self.topic, self.group)
+        self._handling = Handling(nc, self.topic, self.group, handler, policy, self.metrics)
 
     @property
     def durable_name(self) -> str:
@@ -155,15 +155,15 @@ class Consumer:
         self._running = True
         try:
             await self._declare()
-            sub = await self._nc.subscribe(self._nc.new_inbox())
+            sub = await self._nc.subscribe(self._nc.new_inbox(), cb=self._delivered)
             try:
                 task_status.started()
                 self._log.info("consumer_started", concurrency=self._concurrency)
                 with raising_connection_lost():  # stop with the error, never pull in vain
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(self._keep_alive)
-                        tg.start_soon(self._ack_loop)
-                        tg.start_soon(self._receive, sub, tg)
+                        for _ in range(self._concurrency):
+                            tg.start_soon(self._work)
                         tg.start_soon(watch_connection, self._nc)
                         await self._pull_loop(sub)
                         await self._drain()
@@ -229,12 +229,14 @@ class Consumer:
             config.filter_subjects = filters
         # Creates the durable, or updates it when this instance's settings differ.
         info = await js.add_consumer(self._stream, config)
-        self._lag.set(info.num_pending or 0)
+        self.metrics.lag.labels(self.topic, self.group).set(info.num_pending or 0)
 
     async def _close(self, sub: Subscription) -> None:
         with suppress(nats.errors.Error, OSError, TimeoutError):
             await sub.unsubscribe()
-        await self._send_acks()
+        while self._ready:  # taken, never started: someone else may have it now
+            await self._handling.nak(self._ready.popleft())
+        await self._handling.send_acks()
         # Acks are fire-and-forget publishes: make sure they left before we say "stopped".
         with suppress(nats.errors.Error, OSError, TimeoutError):
             await self._nc.flush(_FLUSH_TIMEOUT)
@@ -246,7 +248,8 @@ class Consumer:
         expires_ns = int(self._pull_expires * 1e9)
         while not self._stopping:
             capacity = self._concurrency - self._active
-            if capacity <= 0:
+            # Wait for half the slots (or all, when busy ones are few): fewer, larger pulls.
+            if capacity <= 0 or capacity * 2 < self._concurrency:
                 await self._wake.wait()
                 self._wake = anyio.Event()
                 continue
@@ -266,27 +269,28 @@ class Consumer:
                 self._refused = False
                 await self._recover()
 
-    async def _receive(self, sub: Subscription, tg: anyio.abc.TaskGroup) -> None:
-        """Hand each delivered message to a handler at once, and tell the pull loop when a
-        request is over. Iterating (not `next_msg`) takes a burst without a wait per message."""
-        async for msg in sub.messages:
-            status = (msg.headers or {}).get(_STATUS)
-            if status is None and msg.reply:
-                self._dispatch(msg, tg)
-                self._requested -= 1
-                if self._requested <= 0:
-                    self._pull_done.set()
-            elif status in _PULL_DONE:
+    async def _delivered(self, msg: Msg) -> None:
+        """The subscription's callback: make a message ready for a worker, or note how the
+        pull request ended. It never waits, so a burst is taken in one loop turn."""
+        status = (msg.headers or {}).get(_STATUS)
+        if status is None and msg.reply:
+            self._active += 1
+            self._ready.append(msg)
+            self._wake_worker()
+            self._requested -= 1
+            if self._requested <= 0:
                 self._pull_done.set()
-            elif status != _HEARTBEAT:
-                # 409: consumer deleted, leadership change, limits… Say so and re-declare.
-                self._log.warning(
-                    "consumer_pull_refused",
-                    status=status,
-                    description=(msg.headers or {}).get("Description"),
-                )
-                self._refused = True
-                self._pull_done.set()
+        elif status in _PULL_DONE:
+            self._pull_done.set()
+        elif status != _HEARTBEAT:
+            # 409: consumer deleted, leadership change, limits… Say so and re-declare.
+            self._log.warning(
+                "consumer_pull_refused",
+                status=status,
+                description=(msg.headers or {}).get("Description"),
+            )
+            self._refused = True
+            self._pull_done.set()
 
     async def _recover(self) -> None:
         await anyio.sleep(min(self._pull_expires, 1.0))
@@ -296,13 +300,6 @@ class Consumer:
             await self._declare()
         except (nats.errors.Error, OSError, TimeoutError) as exc:
             self._log.warning("consumer_declare_failed", error=repr(exc))
-
-    def _dispatch(self, msg: Msg, tg: anyio.abc.TaskGroup) -> None:
-        self._active += 1
-        key = self._next_key
-        self._next_key += 1
-        self._handling[key] = msg
-        tg.start_soon(self._handle, key, msg)
 
     async def _drain(self) -> None:
         with anyio.move_on_after(self._stop_timeout) as scope:
@@ -317,109 +314,43 @@ class Consumer:
         redelivered to another instance in parallel (ack_wait restarts on each signal)."""
         while True:
             await anyio.sleep(self._ack_wait / 3)
-            for key, msg in list(self._handling.items()):
-                if key in self._handling:  # not settled while we were sending
+            for key, msg in list(self._in_handler.items()):
+                if key in self._in_handler:  # not settled while we were sending
                     with suppress(nats.errors.Error, OSError):
                         await msg.in_progress()
 
-    # -- one message ------------------------------------------------------------------------
+    # -- workers ----------------------------------------------------------------------------
 
-    async def _handle(self, key: int, msg: Msg) -> None:
-        try:
-            message = ConsumedMessage.from_nats(msg)
-            self._lag.set(msg.metadata.num_pending or 0)
-            if message.headers.get(REPLAY_GROUP_HEADER, self.group) != self.group:
-                # A dead letter replayed for another group (`txactors dlq replay`): we had it.
-                self._handling.pop(key, None)
-                self._queue_ack(msg)
-                return
-            with structlog.contextvars.bound_contextvars(
-                topic=self.topic, group=self.group, msg_id=message.msg_id, txid=message.txid
-            ):
-                await self._process(key, msg, message)
-        finally:
-            self._handling.pop(key, None)
-            self._active -= 1
-            self._wake.set()
+    def _wake_worker(self) -> None:
+        """Wake one parked worker, unless one is already on its way: a worker takes ready
+        messages until none are left, so one spare is enough. If its handler waits, the spare
+        takes the next message and wakes another, so busy workers grow with slow handlers."""
+        if self._ready and not self._waking and self._idle:
+            self._waking += 1
+            self._idle.pop().set()
 
-    async def _process(self, key: int, msg: Msg, message: ConsumedMessage) -> None:
-        started = time.perf_counter()
-        try:
-            with tracing.consuming(message, self.group):
-                await self._handler(message)
-        except anyio.get_cancelled_exc_class():
-            self._handling.pop(key, None)
-            with anyio.CancelScope(shield=True):
-                await self._settle(msg.nak(), "nak")  # another instance may take it now
-            raise
-        except Exception as exc:
-            self._observe_latency(started)
-            self._handling.pop(key, None)
-            await self._failed(msg, message, exc)
-            return
-        self._observe_latency(started)
-        self._handling.pop(key, None)
-        self._queue_ack(msg)
-
-    async def _failed(self, msg: Msg, message: ConsumedMessage, error: Exception) -> None:
-        poison = isinstance(error, PoisonMessage)
-        delay = None if poison else self._policy.after_failure(message.deliveries)
-        if delay is not None:
-            self.metrics.retries.labels(self.topic, self.group).inc()
-            log.warning(
-                "consume_failed",
-                deliveries=message.deliveries,
-                retry_in=delay,
-                error=describe_error(error),
-                exc_info=error,
-            )
-            await self._settle(msg.nak(delay=delay), "nak")
-            return
-        try:
-            seq, entry = await dead_letter(
-                self._nc.jetstream(), self.group, message, error, max_payload=self._nc.max_payload
-            )
-        except (nats.errors.Error, OSError, TimeoutError) as exc:
-            retry_in = self._policy.delay(1)
-            log.error("dead_letter_failed", error=repr(exc), retry_in=retry_in)
-            await self._settle(msg.nak(delay=retry_in), "nak")
-            return
-        self.metrics.dead_letters.labels(self.topic, self.group).inc()
-        log.error(
-            "dead_lettered",
-            poison=poison,
-            deliveries=message.deliveries,
-            dlq_seq=seq,
-            omitted=",".join(entry.omitted) or None,
-            error=describe_error(error),
-            exc_info=error,
-        )
-        self._queue_ack(msg)
-
-    def _queue_ack(self, msg: Msg) -> None:
-        self._acks.append(msg)
-        self._acks_queued.set()
-
-    async def _ack_loop(self) -> None:
+    async def _work(self) -> None:
+        """Take ready messages one by one; when none are left, send the batch's acks, park."""
+        handling = self._handling
         while True:
-            await self._acks_queued.wait()
-            await anyio.sleep(ACK_LINGER)
-            self._acks_queued = anyio.Event()
-            await self._send_acks()
-
-    async def _send_acks(self) -> None:
-        """Hand every queued ack to the connection in one go: nats-py writes them together."""
-        acks, self._acks = self._acks, []
-        for msg in acks:
-            await self._settle(msg.ack(), "ack")
-
-    def _observe_latency(self, started: float) -> None:
-        elapsed = time.perf_counter() - started
-        self.metrics.handler_latency.labels(self.topic, self.group).observe(elapsed)
-
-    async def _settle(self, action: Awaitable[None], what: str) -> None:
-        """Send an ack or nak; if the connection is gone the server redelivers anyway."""
-        try:
-            await action
-        except (nats.errors.Error, OSError) as exc:
-            log.warning("consume_settle_failed", action=what, error=repr(exc))
+            if not self._ready:
+                if handling.acks_queued:
+                    await handling.send_acks()
+                    continue  # more may have come while the acks went out
+                parked = anyio.Event()
+                self._idle.append(parked)
+                await parked.wait()
+                self._waking -= 1
+                continue
+            msg = self._ready.popleft()
+            self._wake_worker()
+            key = id(msg)
+            self._in_handler[key] = msg
+            try:
+                await handling.handle(msg)
+            finally:
+                del self._in_handler[key]
+                self._active -= 1
+                self._wake.set()
+            if handling.acks_queued >= ACK_BATCH:
+                await handling.send_acks()

@@ -1,21 +1,23 @@
 """The coordinator: owns transaction state, writes HALF/OP records, publishes commits.
 
-`TransactionTable` is the pure core (no I/O); the actor that drives it against JetStream
-feeds it `events` and carries out its `actions`.
+`TransactionTable` (`core/table.py`) is the pure core, one transition table with no I/O;
+the actor that drives it against JetStream feeds it events and carries out its effects.
 """
 
-from txactors.coordinator.actions import (
+from txactors.coordinator.config import CoordinatorConfig
+from txactors.coordinator.core.effects import (
     Acknowledge,
     Action,
     CheckTarget,
     Discard,
+    Effect,
     PersistOp,
     Publish,
     Refuse,
     SendCheck,
 )
-from txactors.coordinator.config import CoordinatorConfig
-from txactors.coordinator.events import (
+from txactors.coordinator.core.errors import CoordinatorStateError
+from txactors.coordinator.core.events import (
     CheckAnswered,
     CheckFailed,
     CheckFailure,
@@ -29,16 +31,11 @@ from txactors.coordinator.events import (
     Published,
     Resume,
 )
-from txactors.coordinator.lifecycle import TxnState
+from txactors.coordinator.core.records import Decision, DiscardReason, Half, OpKind, OpRecord
+from txactors.coordinator.core.states import TxnState
+from txactors.coordinator.core.table import TransactionTable
+from txactors.coordinator.core.transactions import Checkpoint, Counters, TxnView
 from txactors.coordinator.options import CoordinatorOptions, DiscardedTransaction
-from txactors.coordinator.records import Decision, DiscardReason, Half, OpKind, OpRecord
-from txactors.coordinator.state import (
-    Checkpoint,
-    CoordinatorStateError,
-    Counters,
-    TransactionTable,
-    TxnView,
-)
 
 __all__ = [
     "Acknowledge",
@@ -56,6 +53,7 @@ __all__ = [
     "Discard",
     "DiscardReason",
     "DiscardedTransaction",
+    "Effect",
     "End",
     "Event",
     "ForceCommit",

@@ -20,20 +20,19 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
 from txactors import layout
-from txactors.coordinator.actions import Discard
-from txactors.coordinator.options import DiscardedTransaction, OnDiscard
-from txactors.coordinator.streams import read_raw_half, stored_headers
-from txactors.coordinator.writers import (
+from txactors.coordinator.core.effects import Discard
+from txactors.coordinator.effects import Append, PipelinedWriter
+from txactors.coordinator.link import (
     ACK_TIMEOUT,
     RETRY_INITIAL,
     RETRY_MAX,
-    Append,
     Fault,
-    PipelinedWriter,
     classify,
     describe,
     retry_transient,
 )
+from txactors.coordinator.options import DiscardedTransaction, OnDiscard
+from txactors.coordinator.store import read_raw_half, stored_headers
 from txactors.logs import get_logger
 
 log = get_logger(__name__)
@@ -65,7 +64,7 @@ async def discard(
     async def report(_: list[PubAck | None]) -> None:
         copied.set()
 
-    await writer.submit(appends, report)
+    writer.submit(appends, report)
     await copied.wait()
     log.warning(
         "transaction_discarded",

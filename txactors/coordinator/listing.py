@@ -1,4 +1,4 @@
-"""Which transactions a `ListTransactions` asks for: its filters and its limit.
+"""Which transactions a `ListTransactions` asks for (filters, limit), and how one is shown.
 
 Filtering happens in the coordinator, so an operator looking for the discarded transactions of
 one group gets those and not the whole table over the wire. Pure: the coordinator hands in its
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from txactors.coordinator.lifecycle import TxnState
-from txactors.coordinator.state import TxnView
-from txactors.protocol import ListTransactions
+from txactors.coordinator.core.states import TxnState
+from txactors.coordinator.core.transactions import TxnView
+from txactors.protocol import ListTransactions, TransactionInfo
 
 
 def select(
@@ -33,3 +33,20 @@ def select(
     if command.limit is None or len(matching) <= command.limit:
         return matching, 0
     return matching[: command.limit], len(matching) - command.limit
+
+
+def info(view: TxnView) -> TransactionInfo:
+    """What an operator is shown of one transaction."""
+    return TransactionInfo(
+        txid=view.txid,
+        state=view.state.value,
+        group=view.group,
+        producer=view.producer,
+        topics=list(view.topics),
+        half_seqs=list(view.half_seqs),
+        born=view.born,
+        check_times=view.check_times,
+        last_check=view.last_check,
+        next_check_at=view.next_check_at,
+        discard_reason=view.discard_reason.value if view.discard_reason else None,
+    )

@@ -19,10 +19,12 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from txactors import layout
+from txactors.coordinator.core.errors import CoordinatorStateError
+from txactors.coordinator.core.events import HalvesStored, OpReplayed
+from txactors.coordinator.core.table import TransactionTable
+from txactors.coordinator.core.transactions import Checkpoint
 from txactors.coordinator.discard import quarantine
-from txactors.coordinator.events import HalvesStored, OpReplayed
-from txactors.coordinator.state import Checkpoint, CoordinatorStateError, TransactionTable
-from txactors.coordinator.streams import StoredHalf, decode_ops, read_half
+from txactors.coordinator.store import StoredHalf, decode_ops, read_half
 from txactors.logs import get_logger
 
 FETCH_BATCH = 512

@@ -3,14 +3,14 @@
 `run_coordinator` is what an application (or `txactors coordinator`) starts. It makes sure the
 JetStream layout exists, takes the leases of the partitions that are free (up to
 `max_partitions`), and for each one spawns a `PartitionCoordinator` (which recovers its state
-before it serves) and serves `txn.coord.<p>.prepare`, `.end` and `.admin`. A keeper renews
-the leases, stops serving a partition whose lease is lost or cannot be renewed in time, and
-takes over partitions whose owner died. Renewing runs in a task of its own, from before the
-first partition is taken: a partition that is still recovering (however long that takes)
-keeps its lease. Several coordinator processes thus split the partitions, or stand by for
-each other. Only inbox reply subjects are answered (`options.inbox_prefix`), and a
-connection closed for good ends the coordinator with `NatsConnectionLost` rather than
-leaving it up serving nothing.
+before it serves, then starts the partition's `Checker`) and serves `txn.coord.<p>.prepare`,
+`.end` and `.admin`. A keeper renews the leases, stops serving a partition whose lease is lost
+or cannot be renewed in time, and takes over partitions whose owner died. Renewing runs in a
+task of its own, from before the first partition is taken: a partition that is still recovering
+(however long that takes) keeps its lease. Several coordinator processes thus split the
+partitions, or stand by for each other. Only inbox reply subjects are answered
+(`options.inbox_prefix`), and a connection closed for good ends the coordinator with
+`NatsConnectionLost` rather than leaving it up serving nothing.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from nats.aio.subscription import Subscription
 
 from txactors import layout
 from txactors.actors import ActorSystem, LocalActorRef, ReplyGuard, Supervisor, serve
+from txactors.coordinator.actor import PartitionCoordinator
 from txactors.coordinator.config import CoordinatorConfig
-from txactors.coordinator.lease import Leases, lease_bucket
+from txactors.coordinator.leases import Leases, lease_bucket
 from txactors.coordinator.options import Clock, CoordinatorOptions, OnDiscard
-from txactors.coordinator.partition import PartitionCoordinator
-from txactors.coordinator.streams import ensure_streams
+from txactors.coordinator.store import ensure_streams
 from txactors.logs import get_logger
 from txactors.metrics import CoordinatorMetrics
 from txactors.natsclient import raising_connection_lost, watch_connection
@@ -205,25 +205,27 @@ async def run_coordinator(
         owner or default_owner_id(),
     )
 
-    def make_partition(partition: int) -> PartitionCoordinator:
-        return PartitionCoordinator(
-            nc=nc,
-            js=js,
-            checkpoints=checkpoints,
-            partition=partition,
-            config=config,
-            options=options,
-            clock=clock,
-            on_discard=on_discard,
-            metrics=metrics,
-        )
-
     replies = ReplyGuard(
         options.inbox_prefix,
         on_refused=metrics.refused_replies.inc if metrics is not None else None,
     )
     with raising_connection_lost():
         async with ActorSystem("coordinator") as system, anyio.create_task_group() as tasks:
+
+            def make_partition(partition: int) -> PartitionCoordinator:
+                return PartitionCoordinator(
+                    system=system,
+                    nc=nc,
+                    js=js,
+                    checkpoints=checkpoints,
+                    partition=partition,
+                    config=config,
+                    options=options,
+                    clock=clock,
+                    on_discard=on_discard,
+                    metrics=metrics,
+                )
+
             keeper = _PartitionKeeper(nc, system, leases, options, make_partition, replies)
             tasks.start_soon(keeper.renew)
             await keeper.take_free()

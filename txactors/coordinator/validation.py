@@ -20,11 +20,14 @@ from typing import Any, Final
 
 from txactors import layout
 from txactors.coordinator import tokens
-from txactors.coordinator.lifecycle import TxnState
-from txactors.coordinator.streams import half_headers
+from txactors.coordinator.core.states import TxnState
+from txactors.coordinator.store import half_headers
 from txactors.errors import TxActorsError
 from txactors.protocol import (
+    FIRST_VERSION,
+    PROTOCOL_VERSION,
     CheckResult,
+    Command,
     CommitTransaction,
     EndTransaction,
     Error,
@@ -35,6 +38,7 @@ from txactors.protocol import (
     ResumeTransaction,
     RollbackTransaction,
     ShowTransaction,
+    unsupported_version,
 )
 
 JETSTREAM_MAX_HEADER_BYTES: Final = 65_535
@@ -86,8 +90,16 @@ class Boundary:
         """The `bad_request` (or `unknown_command`) to answer `command` with, or None if it
         may go on.
 
-        `max_payload` is the connected server's (it can change on a reconnect).
+        `max_payload` is the connected server's (it can change on a reconnect). The version
+        is checked first: a newer client's other fields may mean something else.
         """
+        if isinstance(command, Command):
+            newer = unsupported_version(command.version)
+            if newer is not None:
+                return newer
+            if command.version < FIRST_VERSION:
+                rule = f"the protocol version, {FIRST_VERSION} to {PROTOCOL_VERSION}"
+                return Error(ErrorCode.BAD_REQUEST, f"$.version: {rule}, not {command.version}")
         try:
             match command:
                 case Prepare():

@@ -3,13 +3,14 @@
 from txactors.producer.checks import Checker, CheckView, MessageView
 from txactors.producer.message import TxMessage
 from txactors.producer.producer import LocalTransaction, TransactionProducer
-from txactors.producer.transaction import Transaction, TransactionResult
+from txactors.producer.transaction import EndMode, Transaction, TransactionResult
 from txactors.protocol import Decision
 
 __all__ = [
     "CheckView",
     "Checker",
     "Decision",
+    "EndMode",
     "LocalTransaction",
     "MessageView",
     "Transaction",

@@ -7,6 +7,11 @@ The two requests fail differently, and the whole producer rests on that differen
   already happened, the decision is kept in memory and the check-back settles the
   transaction later. Only a refusal (`conflict`, `forbidden`, ...) is raised, because it
   means the coordinator's outcome differs from the local one.
+
+An end is acknowledged (a request: the caller learns the state reached, or the refusal) or
+one-way (a publish without a reply subject, RocketMQ's `endTransactionOneway`: no round
+trip, and no answer either way). A one-way end's decision is kept in memory like an
+unconfirmed one, so a check-back for an end that was lost or refused is answered from it.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from txactors.logs import get_logger
 from txactors.producer.inflight import InFlight
 from txactors.producer.outcomes import UnconfirmedOutcomes
 from txactors.protocol import (
+    PROTOCOL_VERSION,
     Decision,
     Ended,
     EndTransaction,
@@ -71,7 +77,12 @@ class CoordinatorClient:
         """Store halves; raises `PrepareFailed` unless the coordinator confirmed them."""
         partition = partition_of(txid, self._partitions)
         command = Prepare(
-            txid=txid, group=self.group, producer=self.instance, messages=messages, token=token
+            txid=txid,
+            group=self.group,
+            producer=self.instance,
+            messages=messages,
+            token=token,
+            version=PROTOCOL_VERSION,
         )
         try:
             reply: Prepared = await self._prepare[partition].ask(command, self._timeout)
@@ -96,7 +107,9 @@ class CoordinatorClient:
         """Send the end; None when it was not confirmed (the decision is then remembered
         for the check-back). Raises `EndRefused` when the coordinator said no."""
         partition = partition_of(txid, self._partitions)
-        command = EndTransaction(txid=txid, token=token, decision=decision)
+        command = EndTransaction(
+            txid=txid, token=token, decision=decision, version=PROTOCOL_VERSION
+        )
         try:
             reply: Ended = await self._end[partition].ask(command, self._timeout)
         except CommandError as error:
@@ -122,3 +135,22 @@ class CoordinatorClient:
             hint="the coordinator's check-back will settle this transaction",
         )
         return None
+
+    async def end_oneway(self, txid: str, token: str, decision: Decision) -> None:
+        """Publish the end without waiting for (or getting) an answer. The decision is
+        remembered first, so the check-back of an end that never arrives is answered."""
+        partition = partition_of(txid, self._partitions)
+        command = EndTransaction(
+            txid=txid, token=token, decision=decision, version=PROTOCOL_VERSION
+        )
+        self.outcomes.remember(txid, decision)
+        try:
+            await self._end[partition].tell(command)
+        except _UNREACHABLE as error:
+            log.warning(
+                "end_unconfirmed",
+                decision=decision,
+                partition=partition,
+                error=repr(error),
+                hint="the coordinator's check-back will settle this transaction",
+            )

@@ -29,7 +29,7 @@ from txactors.producer.client import CoordinatorClient
 from txactors.producer.inflight import InFlight
 from txactors.producer.message import TxMessage
 from txactors.producer.outcomes import UnconfirmedOutcomes
-from txactors.producer.transaction import Transaction, TransactionResult
+from txactors.producer.transaction import EndMode, Transaction, TransactionResult
 from txactors.protocol import Decision
 
 log = get_logger(__name__)
@@ -57,7 +57,10 @@ class TransactionProducer:
     transaction this producer is still working on (prepare, local transaction or end still
     running): that check is answered UNKNOWN. Up to `checker_concurrency`
     checks run at once, each for at most `check_timeout` seconds. `partitions` must match
-    the coordinators' partition count. A producer runs once: enter it a single time.
+    the coordinators' partition count. `end_mode` says how transactions end by default:
+    `"ack"` waits for the coordinator's answer, `"oneway"` publishes the end and goes on
+    (see `EndMode`); `begin(end_mode=...)` chooses per transaction. A producer runs once:
+    enter it a single time.
 
         async with TransactionProducer(nc, "bank-a", checker) as producer:
             result = await producer.send_in_transaction(message, debit, arg=transfer)
@@ -74,6 +77,7 @@ class TransactionProducer:
         request_timeout: float = 5.0,
         checker_concurrency: int = DEFAULT_CHECKER_CONCURRENCY,
         check_timeout: float = DEFAULT_CHECK_TIMEOUT,
+        end_mode: EndMode | str = EndMode.ACK,
     ) -> None:
         self.group = validate_name("group", group)
         self.instance = validate_name("instance", instance or default_instance_id())
@@ -81,6 +85,7 @@ class TransactionProducer:
             raise ValueError(f"partitions must be at least 1, not {partitions}")
         if request_timeout <= 0 or check_timeout <= 0:
             raise ValueError("request_timeout and check_timeout must be positive")
+        self.end_mode = _end_mode(end_mode)
         outcomes = UnconfirmedOutcomes()
         in_flight = InFlight()
         self._client = CoordinatorClient(
@@ -120,14 +125,17 @@ class TransactionProducer:
         await self._responder.__aexit__(exc_type, exc, tb)
         log.info("producer_stopped", group=self.group, instance=self.instance)
 
-    def begin(self) -> Transaction:
-        """A new transaction: `async with producer.begin() as txn: await txn.send(...)`."""
+    def begin(self, *, end_mode: EndMode | str | None = None) -> Transaction:
+        """A new transaction: `async with producer.begin() as txn: await txn.send(...)`.
+
+        `end_mode` overrides the producer's for this transaction."""
         if not self._running:
             raise ActorDeadError(
                 f"{self!r} is not running (it could not answer check-backs); "
                 "use `async with TransactionProducer(...)`"
             )
-        return Transaction(self._client)
+        mode = self.end_mode if end_mode is None else _end_mode(end_mode)
+        return Transaction(self._client, end_mode=mode)
 
     async def send_in_transaction(
         self,
@@ -154,6 +162,14 @@ class TransactionProducer:
                 await txn.rollback()  # nothing to send; remembered for the check-back
                 raise
             return await txn.end(await _run_local(local_transaction, message, arg))
+
+
+def _end_mode(value: EndMode | str) -> EndMode:
+    try:
+        return EndMode(value)
+    except ValueError:
+        modes = ", ".join(repr(m.value) for m in EndMode)
+        raise ValueError(f"end_mode must be one of {modes}, not {value!r}") from None
 
 
 async def _run_local(local_transaction: LocalTransaction, message: Any, arg: Any) -> Decision:

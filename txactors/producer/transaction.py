@@ -7,6 +7,9 @@ The rules a caller can rely on, all checked locally before anything is sent:
 - after a failed send the transaction can only roll back (or be left unknown): committing
   part of what the caller meant to send would break all-or-nothing;
 - a transaction that sent nothing ends without a request;
+- an end is acknowledged (`EndMode.ACK`, the default: the result says the state reached) or
+  one-way (`EndMode.ONEWAY`: published without waiting, the result is unconfirmed and the
+  check-back settles an end that was lost);
 - from its first prepare until its end is answered, a check-back for it is answered UNKNOWN
   by this producer (see `inflight`), so the checker never judges a local transaction that
   is still running.
@@ -19,6 +22,7 @@ the messages do: the block's exit is the commit of the messages.
 from __future__ import annotations
 
 import contextvars
+import enum
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -44,6 +48,18 @@ def new_txid() -> str:
     return uuid.uuid4().hex
 
 
+class EndMode(enum.StrEnum):
+    """How a transaction's end reaches the coordinator."""
+
+    ACK = "ack"
+    """A request: `end()` returns once the coordinator applied it (for a commit: every message
+    published), with the state reached, and raises `EndRefused` if it was refused."""
+    ONEWAY = "oneway"
+    """A publish without a reply subject (RocketMQ's `endTransactionOneway`): `end()` returns
+    at once, unconfirmed. A lost or refused end is settled by the check-back, answered from
+    the decision this producer keeps (or, once forgotten, by the checker)."""
+
+
 @dataclass(frozen=True, slots=True)
 class TransactionResult:
     """How a transaction ended, as far as this producer knows."""
@@ -55,8 +71,8 @@ class TransactionResult:
     """What the producer decided (the local transaction's result)."""
     state: str | None
     """The coordinator's state after the end (e.g. `committed`, `rolled_back`, `prepared`
-    after UNKNOWN); None when no end was confirmed: the end did not reach the coordinator
-    (the check-back settles it), or nothing was sent."""
+    after UNKNOWN); None when no end was confirmed: the end was one-way, did not reach the
+    coordinator (the check-back settles it), or nothing was sent."""
 
     @property
     def confirmed(self) -> bool:
@@ -66,10 +82,20 @@ class TransactionResult:
 class Transaction:
     """Sends and ends one transaction; get one from `TransactionProducer.begin()`."""
 
-    def __init__(self, client: CoordinatorClient, txid: str | None = None) -> None:
+    def __init__(
+        self,
+        client: CoordinatorClient,
+        txid: str | None = None,
+        *,
+        end_mode: EndMode = EndMode.ACK,
+    ) -> None:
         self.txid = txid or new_txid()
+        self.end_mode = end_mode
         self._client = client
-        self._lock = anyio.Lock()  # one request at a time: the first send fixes the token
+        # One request at a time: the first send fixes the token, and an end waits for a send
+        # still in flight. Needed when tasks share a transaction; fast_acquire skips the
+        # event-loop turn an uncontended anyio lock otherwise takes.
+        self._lock = anyio.Lock(fast_acquire=True)
         self._token: str | None = None
         self._seqs: list[int] = []
         self._failed_send: PrepareFailed | None = None
@@ -107,31 +133,35 @@ class Transaction:
             self._span.set_attribute("txactors.topics", sorted(self._span_topics))
             for half in outgoing:
                 tracing.inject(self._span, half.properties)
-        with self._bound():
-            async with self._lock:
-                if self._decision is not None:
-                    raise TransactionStateError(
-                        f"transaction {self.txid} already ended ({self._decision}); "
-                        "start a new one to send more",
-                        txid=self.txid,
-                    )
-                if self._failed_send is not None:
-                    raise TransactionStateError(
-                        f"an earlier send of transaction {self.txid} failed; roll it back",
-                        txid=self.txid,
-                    ) from self._failed_send
-                # From here until the end, a check-back for it is answered UNKNOWN.
-                self._client.in_flight.add(self.txid, self)
-                try:
-                    prepared = await self._client.prepare(self.txid, outgoing, self._token)
-                except PrepareFailed as error:
-                    self._failed_send = error
-                    tracing.fail(self._span, error)
-                    raise
-                self._token = self._token or prepared.token
-                self._seqs.extend(prepared.seqs)
-                log.debug("transaction_prepared", seqs=prepared.seqs, topics=_topics(messages))
-                return tuple(prepared.seqs)
+        async with self._lock:
+            if self._decision is not None:
+                raise TransactionStateError(
+                    f"transaction {self.txid} already ended ({self._decision}); "
+                    "start a new one to send more",
+                    txid=self.txid,
+                )
+            if self._failed_send is not None:
+                raise TransactionStateError(
+                    f"an earlier send of transaction {self.txid} failed; roll it back",
+                    txid=self.txid,
+                ) from self._failed_send
+            # From here until the end, a check-back for it is answered UNKNOWN.
+            self._client.in_flight.add(self.txid, self)
+            try:
+                prepared = await self._client.prepare(self.txid, outgoing, self._token)
+            except PrepareFailed as error:
+                self._failed_send = error
+                tracing.fail(self._span, error)
+                raise
+            self._token = self._token or prepared.token
+            self._seqs.extend(prepared.seqs)
+            log.debug(
+                "transaction_prepared",
+                txid=self.txid,
+                seqs=prepared.seqs,
+                topics=_topics(messages),
+            )
+            return tuple(prepared.seqs)
 
     async def commit(self) -> TransactionResult:
         return await self.end(Decision.COMMIT)
@@ -180,6 +210,9 @@ class Transaction:
                 # Halves may exist even though the prepare was not confirmed.
                 self._client.outcomes.remember(self.txid, decision)
             state = None
+        elif self.end_mode is EndMode.ONEWAY:
+            await self._client.end_oneway(self.txid, self._token, decision)
+            state = None
         else:
             ended = await self._client.end(self.txid, self._token, decision)
             state = ended.state if ended is not None else None
@@ -189,6 +222,7 @@ class Transaction:
             local_state=decision,
             state=state,
             confirmed=result.confirmed,
+            end_mode=self.end_mode,
             messages=len(self._seqs),
         )
         return result

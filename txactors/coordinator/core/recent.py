@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import NamedTuple
 
-from txactors.coordinator.lifecycle import TxnState
+from txactors.coordinator.core.states import TxnState
 
 
 class Outcome(NamedTuple):

@@ -21,8 +21,8 @@ from nats.js.kv import KeyValue
 
 from txactors import layout
 from txactors.coordinator import tokens
-from txactors.coordinator.records import Half, OpRecord
-from txactors.coordinator.state import Checkpoint
+from txactors.coordinator.core.records import Half, OpRecord
+from txactors.coordinator.core.transactions import Checkpoint
 from txactors.protocol import CheckedMessage, OutgoingMessage
 from txactors.topics import ensure_replicas, is_replicas_error, replicas_error
 

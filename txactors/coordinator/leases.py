@@ -17,7 +17,7 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
 from txactors import layout
-from txactors.coordinator.streams import ensure_bucket
+from txactors.coordinator.store import ensure_bucket
 from txactors.logs import get_logger
 
 log = get_logger(__name__)

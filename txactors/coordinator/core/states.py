@@ -1,8 +1,4 @@
-"""The states of a transaction and the only moves between them (h11's `_state.py` idea).
-
-Transitions are data: `LEGAL_MOVES` lists, for each state, where it may go next. The
-state machine in `state.py` moves a transaction only through `LEGAL_MOVES`, so a bug that
-would (say) publish a rolled-back transaction fails loudly instead of corrupting state.
+"""The states a transaction and the table itself can be in (the table's row keys).
 
     HalvesStored ─► PREPARED ◄──────────► CHECKING          (check sent / inconclusive)
                      │  commit / rollback / discard decided (from either)
@@ -12,7 +8,8 @@ would (say) publish a rolled-back transaction fails loudly instead of corrupting
     DISCARDING ─op persisted─► DISCARDED ─operator resume/commit/rollback─► PREPARED / …
 
 COMMITTING, PUBLISHING and FINISHING together are DESIGN §3's "COMMITTING"; splitting it
-shows exactly which write the transaction waits for.
+shows exactly which write the transaction waits for. Which event moves which state where is
+`table.TABLE`, the one place a transaction's state changes.
 """
 
 from __future__ import annotations
@@ -33,21 +30,26 @@ class TxnState(enum.StrEnum):
     DISCARDED = "discarded"
 
 
-S = TxnState
+class Gone(enum.StrEnum):
+    """Where a transaction is when it is not in the open table (and not recently final)."""
 
-LEGAL_MOVES: dict[TxnState, frozenset[TxnState]] = {
-    S.PREPARED: frozenset({S.CHECKING, S.COMMITTING, S.ROLLING_BACK, S.DISCARDING}),
-    S.CHECKING: frozenset({S.PREPARED, S.COMMITTING, S.ROLLING_BACK, S.DISCARDING}),
-    S.COMMITTING: frozenset({S.PUBLISHING}),
-    S.PUBLISHING: frozenset({S.FINISHING}),
-    S.FINISHING: frozenset({S.COMMITTED}),
-    S.ROLLING_BACK: frozenset({S.ROLLED_BACK}),
-    S.DISCARDING: frozenset({S.DISCARDED}),
-    # Final for the checker; only an operator's resume / force-commit / force-rollback.
-    S.DISCARDED: frozenset({S.PREPARED, S.COMMITTING, S.ROLLING_BACK}),
-    S.COMMITTED: frozenset(),
-    S.ROLLED_BACK: frozenset(),
-}
+    UNKNOWN = "unknown"  # never seen, or aged out of the memory of recent outcomes
+    FORGOTTEN = "forgotten"  # discarded, then dropped from memory at half_retention
+
+
+Where = TxnState | Gone
+"""A row key of the transition table: the state of a transaction, in memory or not."""
+
+
+class Phase(enum.StrEnum):
+    """The table's own state: recovery is a phase of the table, not a mode of the actor."""
+
+    FRESH = "fresh"  # nothing fed yet: recovery may begin, or work may start at once
+    RECOVERING = "recovering"  # replaying TXN_HALF then TXN_OP: effects are held back
+    RUNNING = "running"
+
+
+S = TxnState
 
 OPEN = frozenset({S.PREPARED, S.CHECKING})
 """Undecided: an `end`, a check answer or the checker may still decide."""
@@ -55,6 +57,9 @@ OPEN = frozenset({S.PREPARED, S.CHECKING})
 FINAL = frozenset({S.COMMITTED, S.ROLLED_BACK})
 """Nothing ever leaves these; the transaction is dropped from memory."""
 
+DECIDABLE_BY_OPERATOR = OPEN | {S.DISCARDED}
 COMMIT_PATH = frozenset({S.COMMITTING, S.PUBLISHING, S.FINISHING, S.COMMITTED})
 ROLLBACK_PATH = frozenset({S.ROLLING_BACK, S.ROLLED_BACK})
 DISCARD_PATH = frozenset({S.DISCARDING, S.DISCARDED})
+LEAVES_MEMORY: frozenset[Where] = frozenset({*FINAL, Gone.FORGOTTEN})
+"""Targets after which a transaction is kept only among the recent outcomes."""

@@ -1,11 +1,11 @@
-"""What the state machine asks the coordinator actor to do.
+"""What the table asks the coordinator actor to do (its effects, also called actions).
 
-The actor carries actions out in the order given and reports each completion back as an
+The actor carries effects out in the order given and reports each completion back as an
 event (`PersistOp` → `OpPersisted`, `Publish` → `Published`, `SendCheck` → `CheckAnswered`
-or `CheckFailed`). Until it does, the state machine waits: that is how "decision before any
-publish, `done` before the reply" is guaranteed without the state machine doing any I/O.
-A failed write is the actor's to retry (with the same action); the state machine never
-assumes a write happened.
+or `CheckFailed`). Until it does, the table waits: that is how "decision before any
+publish, `done` before the reply" is guaranteed without the table doing any I/O. A failed
+write is the actor's to retry (with the same effect); the table never assumes a write
+happened.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import enum
 
 import msgspec
 
-from txactors.coordinator.lifecycle import TxnState
-from txactors.coordinator.records import DiscardReason, Half, OpRecord
+from txactors.coordinator.core.records import DiscardReason, Half, OpRecord
+from txactors.coordinator.core.states import TxnState
 from txactors.protocol import ErrorCode
 
 
@@ -80,7 +80,7 @@ class Acknowledge(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Refuse(msgspec.Struct, frozen=True, kw_only=True):
-    """Reply an error to request `request_id`; the state machine changed nothing."""
+    """Reply an error to request `request_id`; the table changed nothing."""
 
     request_id: str
     txid: str
@@ -88,4 +88,6 @@ class Refuse(msgspec.Struct, frozen=True, kw_only=True):
     message: str
 
 
-Action = PersistOp | Publish | SendCheck | Discard | Acknowledge | Refuse
+Effect = PersistOp | Publish | SendCheck | Discard | Acknowledge | Refuse
+Action = Effect
+"""The name the actor and the tests have always used for an effect."""

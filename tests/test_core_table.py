@@ -1,0 +1,436 @@
+"""Every (state, event) pair of the coordinator's transition table, with no I/O.
+
+For each place a transaction can be (`Where`) and each kind of event (`Kind`), the test
+puts one transaction there through the public API, fires the event and checks the
+documented outcome: the new state and the effects' types, or the one precise
+`CoordinatorStateError` with the table exactly as it was and no effect handed out, now or
+later. Replayed kinds are fired in the RECOVERING phase, where recovery meets them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+from typing import Any
+
+import msgspec
+import pytest
+
+from txactors.coordinator import (
+    Action,
+    CheckAnswered,
+    CheckFailed,
+    CheckFailure,
+    CoordinatorConfig,
+    CoordinatorStateError,
+    Decision,
+    DiscardReason,
+    End,
+    Event,
+    ForceCommit,
+    ForceRollback,
+    Half,
+    HalvesStored,
+    OpKind,
+    OpPersisted,
+    OpRecord,
+    OpReplayed,
+    PersistOp,
+    Publish,
+    Published,
+    Resume,
+    SendCheck,
+    TransactionTable,
+    TxnState,
+)
+from txactors.coordinator.core.events import Kind
+from txactors.coordinator.core.replay import Replay
+from txactors.coordinator.core.states import Gone, Phase, Where
+from txactors.coordinator.core.table import TABLE, WHERE
+
+S, G, K = TxnState, Gone, Kind
+CONFIG = CoordinatorConfig(
+    transaction_timeout=1.0,
+    max_immunity=5.0,
+    check_interval=2.0,
+    check_interval_max=8.0,
+    check_max=1,
+    check_answer_timeout=1.0,
+    half_retention=100.0,
+)
+TOKEN = "tok"
+REPLAYED = [k for k in Kind if k.endswith("_replayed")]
+LIVE = [k for k in Kind if k not in REPLAYED]
+RECOVERABLE = [G.UNKNOWN, S.PREPARED, S.PUBLISHING, S.COMMITTED, S.ROLLED_BACK, S.DISCARDED]
+"""Where a transaction can be while recovery replays (pending writes are lost in a crash)."""
+
+
+class World:
+    """The actor around the table: logs of what was stored, the work not yet done."""
+
+    def __init__(self) -> None:
+        self.table = TransactionTable(CONFIG, rng=random.Random(1))
+        self.now = 1_000.0
+        self.half_log: list[HalvesStored] = []
+        self.op_log: list[OpReplayed] = []
+        self.pending: list[PersistOp] = []
+        self.check_id = 0
+        self.seqs = itertools.count(1)
+        self.table.tick(self.now)  # RUNNING
+
+    def feed(self, event: Event) -> list[Action]:
+        return self.take(self.table.handle(event, self.now))
+
+    def take(self, effects: list[Action]) -> list[Action]:
+        for effect in effects:
+            if isinstance(effect, PersistOp):
+                self.pending.append(effect)
+            elif isinstance(effect, SendCheck):
+                self.check_id = effect.check_id
+        return effects
+
+    def prepare(self) -> None:
+        half = Half(index=0, topic="orders", seq=next(self.seqs), born=self.now)
+        stored = HalvesStored(txid="t", token=TOKEN, group="g", producer="p", halves=(half,))
+        self.half_log.append(stored)
+        self.feed(msgspec.structs.replace(stored, request_id="prep"))
+
+    def persist(self) -> None:
+        op = self.pending.pop(0)
+        self.op_log.append(OpReplayed(seq=len(self.op_log) + 1, records=op.records))
+        self.feed(OpPersisted(op_id=op.op_id, seq=len(self.op_log)))
+
+    def tick_to_deadline(self) -> list[Action]:
+        deadline = self.table.next_deadline()
+        assert deadline is not None
+        self.now = max(self.now, deadline)
+        return self.take(self.table.tick(self.now))
+
+    def end(self, decision: Decision) -> None:
+        self.feed(End(txid="t", token=TOKEN, decision=decision, request_id="end"))
+
+    def crash(self) -> None:
+        """A new table replaying both logs from their start; recovery left unfinished."""
+        self.table = TransactionTable(CONFIG, rng=random.Random(2))
+        self.pending.clear()
+        self.table.begin_recovery(half_from=1, op_from=1)
+        for event in [*self.half_log, *self.op_log]:
+            assert self.table.handle(event, self.now) == []
+
+
+def reach(where: Where) -> World:
+    """A world whose transaction "t" is at `where`, through public events only."""
+    w = World()
+    if where is G.UNKNOWN:
+        return w
+    w.prepare()
+    steps: dict[Where, list[Any]] = {
+        S.PREPARED: [],
+        S.CHECKING: [w.tick_to_deadline],
+        S.COMMITTING: [lambda: w.end(Decision.COMMIT)],
+        S.PUBLISHING: [lambda: w.end(Decision.COMMIT), w.persist],
+        S.FINISHING: [
+            lambda: w.end(Decision.COMMIT),
+            w.persist,
+            lambda: w.feed(Published(txid="t", index=0)),
+        ],
+        S.ROLLING_BACK: [lambda: w.end(Decision.ROLLBACK)],
+        S.DISCARDING: [w.tick_to_deadline, w.tick_to_deadline],  # check_max=1: one timeout
+        G.FORGOTTEN: [w.tick_to_deadline, w.tick_to_deadline, w.persist, w.tick_to_deadline],
+    }
+    steps[S.COMMITTED] = [*steps[S.FINISHING], w.persist]
+    steps[S.ROLLED_BACK] = [*steps[S.ROLLING_BACK], w.persist]
+    steps[S.DISCARDED] = [*steps[S.DISCARDING], w.persist]
+    for step in steps[where]:
+        step()
+    assert w.table.where("t") == where
+    return w
+
+
+def event_of(w: World, kind: Kind) -> Event | None:
+    """The public input that means `kind` to "t" (None: only a deadline, via `tick`)."""
+    where = w.table.where("t")
+    match kind:
+        case K.HALVES:
+            half = Half(index=1, topic="mail", seq=next(w.seqs), born=w.now)
+            return HalvesStored(
+                txid="t",
+                token=TOKEN,
+                group="g",
+                producer="p",
+                halves=(half,),
+                begins=where is G.UNKNOWN,
+                request_id="more",
+            )
+        case K.END_COMMIT | K.END_ROLLBACK | K.END_UNKNOWN:
+            decision = Decision(kind.removeprefix("end_"))
+            return End(txid="t", token=TOKEN, decision=decision, request_id="end2")
+        case K.FORCE_COMMIT:
+            return ForceCommit(txid="t", request_id="op")
+        case K.FORCE_ROLLBACK:
+            return ForceRollback(txid="t", request_id="op")
+        case K.RESUME:
+            return Resume(txid="t", request_id="op")
+        case K.CHECK_ANSWERED:
+            return CheckAnswered(txid="t", check_id=w.check_id, resolution=Decision.COMMIT)
+        case K.CHECK_FAILED:
+            return CheckFailed(txid="t", check_id=w.check_id, reason=CheckFailure.ERROR)
+        case K.PUBLISHED:
+            return Published(txid="t", index=0)
+        case K.DUE:
+            return None
+    record = OpRecord(
+        txid="t",
+        kind=OpKind(kind.split("_")[0]),
+        half_seqs=(1,),
+        check_times=1,
+        reason=DiscardReason.CHECK_MAX,
+    )
+    if kind in REPLAYED:
+        return OpReplayed(seq=len(w.op_log) + 1, records=(record,))
+    ours = [op for op in w.pending if any(r.kind is record.kind for r in op.records)]
+    if ours:
+        return OpPersisted(op_id=ours[0].op_id, seq=len(w.op_log) + 1)
+    # Only a bug in the actor (a record it never got from the table) could report this one.
+    w.table._ops_in_flight[999] = (record,)
+    return OpPersisted(op_id=999, seq=len(w.op_log) + 1)
+
+
+def snapshot(table: TransactionTable) -> tuple[object, ...]:
+    return (
+        table.phase,
+        table.where("t"),
+        table.transactions(),
+        dataclasses.astuple(table.counters),
+        table.checkpoint(),
+        table.next_deadline(),
+        table.recent_count,
+    )
+
+
+def fire(w: World, kind: Kind) -> tuple[Where, list[str]] | str:
+    """Fire `kind` at "t": where it went and the effects' types, or the error's message."""
+    event = event_of(w, kind)
+    before = snapshot(w.table)
+    try:
+        if event is None:
+            effects = w.table.tick(max(w.now, w.table.next_deadline() or w.now))
+        else:
+            effects = w.table.handle(event, w.now)
+    except CoordinatorStateError as error:
+        assert snapshot(w.table) == before, "a failed event changed the table"
+        if w.table.phase is Phase.RUNNING:
+            assert w.table.tick(w.now) == [], "a failed event left effects behind"
+        return str(error)
+    return w.table.where("t"), [type(e).__name__ for e in effects]
+
+
+EXPECTED = """
+where        event             goes to      effects
+prepared     halves            =            Acknowledge
+prepared     end_commit        committing   PersistOp
+prepared     end_rollback      rolling_back PersistOp
+prepared     end_unknown       =            Acknowledge
+prepared     force_commit      committing   PersistOp
+prepared     force_rollback    rolling_back PersistOp
+prepared     resume            =            Acknowledge PersistOp
+prepared     due               checking     SendCheck
+checking     halves            =            Acknowledge
+checking     end_commit        committing   PersistOp
+checking     end_rollback      rolling_back PersistOp
+checking     end_unknown       =            Acknowledge
+checking     force_commit      committing   PersistOp
+checking     force_rollback    rolling_back PersistOp
+checking     resume            =            Acknowledge PersistOp
+checking     check_answered    committing   PersistOp
+checking     check_failed      discarding   PersistOp
+checking     due               discarding   PersistOp
+committing   halves            =            Refuse
+committing   end_rollback      =            Refuse
+committing   end_unknown       =            Acknowledge
+committing   force_rollback    =            Refuse
+committing   resume            =            Refuse
+committing   commit_written    publishing   Publish
+publishing   halves            =            Refuse
+publishing   end_rollback      =            Refuse
+publishing   end_unknown       =            Acknowledge
+publishing   force_rollback    =            Refuse
+publishing   resume            =            Refuse
+publishing   published         finishing    Acknowledge PersistOp
+finishing    halves            =            Refuse
+finishing    end_commit        =            Acknowledge
+finishing    end_rollback      =            Refuse
+finishing    end_unknown       =            Acknowledge
+finishing    force_commit      =            Acknowledge
+finishing    force_rollback    =            Refuse
+finishing    resume            =            Refuse
+finishing    done_written      committed
+committed    halves            =            Refuse
+committed    end_commit        =            Acknowledge
+committed    end_rollback      =            Refuse
+committed    end_unknown       =            Acknowledge
+committed    force_commit      =            Acknowledge
+committed    force_rollback    =            Refuse
+committed    resume            =            Refuse
+rolling_back halves            =            Refuse
+rolling_back end_commit        =            Refuse
+rolling_back end_unknown       =            Acknowledge
+rolling_back force_commit      =            Refuse
+rolling_back resume            =            Refuse
+rolling_back rollback_written  rolled_back  Acknowledge
+rolled_back  halves            =            Refuse
+rolled_back  end_commit        =            Refuse
+rolled_back  end_rollback      =            Acknowledge
+rolled_back  end_unknown       =            Acknowledge
+rolled_back  force_commit      =            Refuse
+rolled_back  force_rollback    =            Acknowledge
+rolled_back  resume            =            Refuse
+discarding   halves            =            Refuse
+discarding   end_commit        =            Refuse
+discarding   end_rollback      =            Refuse
+discarding   end_unknown       =            Acknowledge
+discarding   force_commit      =            Refuse
+discarding   force_rollback    =            Refuse
+discarding   resume            =            Refuse
+discarding   discard_written   discarded    Discard
+discarded    halves            =            Refuse
+discarded    end_commit        =            Refuse
+discarded    end_rollback      =            Refuse
+discarded    end_unknown       =            Acknowledge
+discarded    force_commit      committing   PersistOp
+discarded    force_rollback    rolling_back PersistOp
+discarded    resume            prepared     Acknowledge PersistOp
+discarded    due               forgotten
+unknown      halves            prepared     Acknowledge
+unknown      end_commit        =            Refuse
+unknown      end_rollback      =            Refuse
+unknown      end_unknown       =            Refuse
+unknown      force_commit      =            Refuse
+unknown      force_rollback    =            Refuse
+unknown      resume            =            Refuse
+forgotten    halves            =            Refuse
+forgotten    end_commit        =            Refuse
+forgotten    end_rollback      =            Refuse
+forgotten    end_unknown       =            Acknowledge
+forgotten    force_commit      =            Refuse
+forgotten    force_rollback    =            Refuse
+forgotten    resume            =            Refuse
+prepared     commit_replayed   publishing
+prepared     rollback_replayed rolled_back
+prepared     discard_replayed  discarded
+publishing   done_replayed     committed
+discarded    commit_replayed   publishing
+discarded    rollback_replayed rolled_back
+discarded    resume_replayed   prepared
+"""
+"""Every pair with a row that moves the transaction or has an effect (`=`: it stays). A pair
+with a row not listed here changes nothing and has no effect (e.g. a late check answer)."""
+
+WRITTEN = {
+    K.COMMIT_WRITTEN: S.COMMITTING,
+    K.ROLLBACK_WRITTEN: S.ROLLING_BACK,
+    K.DONE_WRITTEN: S.FINISHING,
+    K.DISCARD_WRITTEN: S.DISCARDING,
+}
+ILLEGAL = {
+    *((w, K.PUBLISHED) for w in WHERE if w not in (S.PUBLISHING, S.FINISHING, S.COMMITTED)),
+    *((w, k) for k, waiting in WRITTEN.items() for w in WHERE if w is not waiting),
+}
+"""Pairs only a bug in the actor can produce: they raise and change nothing."""
+NEVER_DUE = {w for w in WHERE if w not in (S.PREPARED, S.CHECKING, S.DISCARDED)}
+"""States without a deadline: `tick` never fires DUE in them (and the table has no row)."""
+
+
+def expected(where: Where, kind: Kind) -> tuple[Where, list[str]]:
+    for line in EXPECTED.strip().splitlines()[1:]:
+        w, k, to, *effects = line.split()
+        if (w, k) == (where, kind):
+            target: Where = where if to == "=" else _where(to)
+            return target, effects
+    return where, []
+
+
+def _where(name: str) -> Where:
+    return Gone(name) if name in set(Gone) else TxnState(name)
+
+
+@pytest.mark.parametrize("kind", LIVE)
+@pytest.mark.parametrize("where", WHERE)
+def test_every_live_pair(where: Where, kind: Kind) -> None:
+    w = reach(where)
+    if kind is K.DUE and where in NEVER_DUE:
+        assert (where, kind) not in TABLE
+        assert w.table.next_deadline() is None
+    if (where, kind) in ILLEGAL:
+        assert (where, kind) not in TABLE
+        assert fire(w, kind) == f"can't handle {kind} in state {where} for t"
+        return
+    result = fire(w, kind)
+    assert result == expected(where, kind)
+    if (where, kind) in TABLE:
+        assert result[0] == where or result[0] in TABLE[where, kind].to
+
+
+@pytest.mark.parametrize("kind", REPLAYED)
+@pytest.mark.parametrize("where", RECOVERABLE)
+def test_every_replayed_pair(where: Where, kind: Kind) -> None:
+    w = reach(where)
+    w.crash()
+    assert w.table.where("t") == where
+    row = TABLE[where, kind]
+    skipped = w.table.counters.replay_skipped
+    result = fire(w, kind)
+    assert result == expected(where, kind)
+    assert result[0] == where or result[0] in row.to
+    assert w.table.counters.replay_skipped == skipped + (row.move is Replay.skip_replayed)
+
+
+def test_replayed_kinds_have_a_row_in_every_state() -> None:
+    """A record that does not apply is skipped, never an error: streams hold history."""
+    assert all((w, k) in TABLE for w in WHERE for k in REPLAYED)
+
+
+@pytest.mark.parametrize("kind", [k for k in LIVE if k is not K.HALVES])
+def test_live_events_are_refused_while_recovering(kind: Kind) -> None:
+    w = reach(S.PREPARED)
+    w.crash()
+    name = "tick" if kind is K.DUE else type(event_of(w, kind)).__name__
+    assert fire(w, kind) == f"can't handle {name} in phase recovering"
+
+
+@pytest.mark.parametrize("kind", REPLAYED)
+def test_replayed_events_are_refused_while_running(kind: Kind) -> None:
+    w = reach(S.PREPARED)
+    assert fire(w, kind) == "can't handle OpReplayed in phase running"
+
+
+def test_the_phases_move_only_forward() -> None:
+    w = World()
+    assert w.table.phase is Phase.RUNNING
+    with pytest.raises(CoordinatorStateError, match="can't begin recovery in phase running"):
+        w.table.begin_recovery(half_from=1, op_from=1)
+    with pytest.raises(CoordinatorStateError, match="can't finish recovery in phase running"):
+        w.table.finish_recovery(w.now)
+    w.crash()
+    assert w.table.phase is Phase.RECOVERING
+    w.table.finish_recovery(w.now)
+    assert w.table.phase is Phase.RUNNING
+
+
+def test_a_failing_record_keeps_the_whole_op_in_flight() -> None:
+    """One op message is one unit: a bad record stops the good ones of the same op too."""
+    w = reach(S.PREPARED)
+    w.end(Decision.COMMIT)
+    [op] = w.pending
+    bad = OpRecord(txid="t", kind=OpKind.DONE)
+    w.table._ops_in_flight[op.op_id] = (*op.records, bad)  # only a bug could send this
+    before = snapshot(w.table)
+    with pytest.raises(
+        CoordinatorStateError, match="can't handle done_written in state publishing"
+    ):
+        w.table.handle(OpPersisted(op_id=op.op_id, seq=1), w.now)
+    assert snapshot(w.table) == before
+    w.table._ops_in_flight[op.op_id] = op.records
+    effects = w.table.handle(OpPersisted(op_id=op.op_id, seq=1), w.now)
+    assert [type(e) for e in effects] == [Publish]

@@ -1,0 +1,119 @@
+"""`txactors dlq`: list, show and replay the dead letters of consumer groups
+(the work is in txactors/dlq_admin.py)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from txactors.cli.operator import (
+    JsonOption,
+    NatsUrlOption,
+    YesOption,
+    admin_call,
+    ask_yes,
+    print_one,
+    print_rich,
+)
+
+app = typer.Typer(
+    help="Inspect and replay dead letters: messages a consumer group gave up on (DLQ_<group>).",
+    no_args_is_help=True,
+)
+
+GroupArgument = Annotated[str, typer.Argument(help="The consumer group.", show_default=False)]
+
+
+@app.command("list")
+def dlq_list(
+    group: Annotated[
+        str | None,
+        typer.Argument(help="The consumer group. Without it: every group's DLQ and its size."),
+    ] = None,
+    start: Annotated[int, typer.Option("--from", help="First DLQ sequence to show.", min=1)] = 1,
+    limit: Annotated[int, typer.Option(help="At most this many entries.", min=1)] = 100,
+    as_json: JsonOption = False,
+    url: NatsUrlOption = None,
+) -> None:
+    """List a group's dead letters, oldest first (or, without GROUP, the groups that have some)."""
+    from txactors import admin_views, dlq_admin, dlq_views
+
+    if group is None:
+        summaries = admin_call(url, dlq_admin.dlq_summaries)
+        if as_json:
+            typer.echo(admin_views.to_json(summaries))
+        elif summaries:
+            print_rich(dlq_views.render_summaries(summaries))
+        else:
+            typer.echo("no dead-letter streams on this server")
+        return
+    page = admin_call(
+        url, lambda nc: dlq_admin.list_dead_letters(nc, group, start=start, limit=limit)
+    )
+    if as_json:
+        typer.echo(admin_views.to_json(page))
+    elif page.entries:
+        print_rich(dlq_views.render_list(page))
+    else:
+        typer.echo(f"no dead letters of group {group} from seq {start} on")
+
+
+@app.command("show")
+def dlq_show(
+    group: GroupArgument,
+    seq: Annotated[int, typer.Argument(help="The entry's DLQ sequence.", min=1)],
+    as_json: JsonOption = False,
+    url: NatsUrlOption = None,
+) -> None:
+    """Show one dead letter in full: the error, every header and the body."""
+    from txactors import dlq_admin, dlq_views
+
+    entry = admin_call(url, lambda nc: dlq_admin.show_dead_letter(nc, group, seq))
+    print_one(entry, as_json, dlq_views.render_detail)
+
+
+@app.command("replay")
+def dlq_replay(
+    group: GroupArgument,
+    seqs: Annotated[
+        list[int] | None, typer.Argument(help="DLQ sequences to replay.", show_default=False)
+    ] = None,
+    replay_all: Annotated[
+        bool, typer.Option("--all", help="Replay every entry now in the DLQ.")
+    ] = False,
+    yes: YesOption = False,
+    as_json: JsonOption = False,
+    url: NatsUrlOption = None,
+) -> None:
+    """Publish dead letters again to their topics, for GROUP only, and delete them from the DLQ.
+
+    Fix the cause first: a replayed message that fails again is dead-lettered again. A replay
+    repeated soon after (the entry was not deleted) is dropped by the topic stream. Exit 1 if
+    any entry could not be replayed (it stays in the DLQ).
+    """
+    from txactors import admin_views, dlq_admin, dlq_views
+
+    if bool(seqs) == replay_all:
+        raise typer.BadParameter("give the DLQ sequences to replay, or --all (not both)")
+    if replay_all:
+        wanted = admin_call(url, lambda nc: dlq_admin.all_sequences(nc, group))
+        if not wanted:
+            typer.echo(f"no dead letters of group {group}: nothing to replay", err=True)
+            if as_json:
+                typer.echo("[]")
+            return
+        question = f"Replay all {len(wanted)} dead letter(s) of group {group} to their topics? "
+        if not yes and not ask_yes(f"{question}[y/N] "):
+            typer.echo("not done: nothing was replayed", err=True)
+            raise typer.Exit(1)
+    else:
+        wanted = list(seqs or [])
+    results = admin_call(url, lambda nc: dlq_admin.replay(nc, group, wanted))
+    if as_json:
+        typer.echo(admin_views.to_json(results))
+    else:
+        for line in dlq_views.replay_lines(results, group):
+            typer.echo(line)
+    if any(result.error is not None for result in results):
+        raise typer.Exit(1)

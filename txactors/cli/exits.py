@@ -1,0 +1,61 @@
+"""How every command line of ours ends: a failure an operator can fix is one line on stderr
+and an exit code, never a traceback (`txactors`, and the demos' own commands)."""
+
+from __future__ import annotations
+
+import sys
+from typing import NoReturn
+
+import typer
+
+from txactors.errors import ConfigError, NatsServerError
+
+# The parser's own errors (a bad or unknown flag): click's ClickException, which typer vendors.
+_ParserError: type[Exception] = next(
+    c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"
+)
+
+
+def run_cli(command_line: typer.Typer) -> NoReturn:
+    """Run `command_line`; each failure an operator can fix is one line on stderr, no traceback.
+
+    Exit 2: a bad flag, environment variable, config file or setting. Exit 1: NATS could not be
+    reached (or its embedded server not started). Anything else is a bug: it keeps its traceback.
+    """
+    try:
+        code = typer.main.get_command(command_line).main(standalone_mode=False)
+    except typer.Abort:
+        _fail("aborted", 1)
+    except Exception as error:
+        known = _operator_error(error)
+        if known is None:
+            raise
+        _fail(*known)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _operator_error(error: BaseException) -> tuple[str, int] | None:
+    """What to tell the operator about `error` and the exit code, if it is theirs to fix."""
+    import nats.errors
+
+    from txactors.errors import NatsConnectError
+
+    if isinstance(error, BaseExceptionGroup):  # raised out of a task group
+        return next(filter(None, map(_operator_error, error.exceptions)), None)
+    if isinstance(error, _ParserError):
+        context = getattr(error, "ctx", None)  # a UsageError knows its command
+        hint = f" (see {context.command_path} --help)" if context is not None else ""
+        message: str = error.format_message()  # type: ignore[attr-defined]
+        return f"{message}{hint}", getattr(error, "exit_code", 2)
+    if isinstance(error, ConfigError):
+        return str(error), 2
+    if isinstance(error, NatsConnectError | NatsServerError):
+        return str(error), 1
+    if isinstance(error, nats.errors.Error):
+        return f"NATS: {error}", 1
+    return None
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    typer.echo(f"error: {' '.join(message.split())}", err=True)
+    sys.exit(code)

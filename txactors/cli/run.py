@@ -1,0 +1,44 @@
+"""`txactors run`: a TxApp's consumers as a worker process (txactors/worker.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+import typer
+
+from txactors.logs import configure_logging
+
+
+def run(
+    target: Annotated[
+        str,
+        typer.Argument(
+            metavar="MODULE:APP",
+            help="The TxApp to run, e.g. `orders.service:app` (`:app` may be left out).",
+            show_default=False,
+        ),
+    ],
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(help="Serve the consumers' Prometheus metrics on this port.", min=0),
+    ] = None,
+) -> None:
+    """Run a TxApp's consumers on NATS_URL (or an embedded server) until Ctrl-C or SIGTERM.
+
+    A signal stops them gracefully: running handlers finish and ack, then exit 0. A second
+    signal stops at once (their messages are redelivered).
+    """
+    from txactors.metrics import serve_metrics
+    from txactors.worker import load_app, run_worker
+
+    configure_logging()
+    worker = load_app(target)
+    http = None if metrics_port is None else serve_metrics(worker.metrics.registry, metrics_port)
+    try:
+        code = asyncio.run(run_worker(worker))
+    finally:
+        if http is not None:
+            http.shutdown()
+            http.server_close()
+    raise typer.Exit(code)

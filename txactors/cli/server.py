@@ -1,0 +1,111 @@
+"""`txactors server`: an embedded nats-server in the foreground, for trying txactors out."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from txactors.config import DATA_DIR_ENV, FSYNC_ENV, FSYNC_INTERVAL_ENV
+from txactors.errors import NatsServerError
+from txactors.logs import configure_logging
+
+if TYPE_CHECKING:
+    from txactors.server_setup import Fsync
+
+
+def server(
+    port: Annotated[
+        int, typer.Option(help="Client port; 0 picks a free one.", min=0, max=65535)
+    ] = 0,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="JetStream store directory (kept). Default: a temporary one, removed on exit.",
+            envvar=DATA_DIR_ENV,
+        ),
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    fsync: Annotated[
+        str,
+        typer.Option(
+            metavar="[always|interval]",
+            help="always: every JetStream write is on disk before it is acknowledged. "
+            "interval: acknowledged at once, flushed every --fsync-interval seconds (faster; "
+            "a power cut or kernel crash loses acknowledged writes).",
+            envvar=FSYNC_ENV,
+        ),
+    ] = "always",
+    fsync_interval: Annotated[
+        float,
+        typer.Option(
+            help="Seconds between flushes with --fsync interval.", envvar=FSYNC_INTERVAL_ENV
+        ),
+    ] = 120.0,
+) -> None:
+    """Run an embedded nats-server with JetStream in the foreground until Ctrl-C or SIGTERM.
+
+    The first line on stdout is the URL to connect to (e.g. NATS_URL for other processes).
+    """
+    from txactors.server_setup import check_fsync, check_fsync_interval
+
+    try:
+        check_fsync(fsync)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--fsync") from None
+    try:
+        check_fsync_interval(fsync_interval)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--fsync-interval") from None
+    configure_logging()
+    try:
+        code = asyncio.run(
+            _run_server(
+                port=port,
+                data_dir=data_dir,
+                host=host,
+                fsync=fsync,  # type: ignore[arg-type]  # checked above
+                fsync_interval=fsync_interval,
+            )
+        )
+    except NatsServerError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    raise typer.Exit(code)
+
+
+async def _run_server(
+    *, port: int, data_dir: Path | None, host: str, fsync: Fsync, fsync_interval: float
+) -> int:
+    from txactors.server import EmbeddedNatsServer
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with EmbeddedNatsServer(
+        data_dir, port=port, host=host, fsync=fsync, fsync_interval=fsync_interval
+    ) as nats_server:
+        typer.echo(nats_server.url)
+        kept = "" if data_dir is not None else " (temporary; --data-dir to keep it)"
+        flushed = (
+            "fsync before every ack"
+            if fsync == "always"
+            else f"fsync every {fsync_interval:g}s (acked writes can be lost on a power cut)"
+        )
+        typer.echo(f"data dir: {nats_server.data_dir}{kept}; {flushed}; Ctrl-C to stop", err=True)
+        while not stop.is_set():
+            if not nats_server.running:
+                typer.echo(
+                    f"error: nats-server exited unexpectedly; its log:\n{nats_server.log_tail()}",
+                    err=True,
+                )
+                return 1
+            # Wake on a signal at once; otherwise look at the child twice a second.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=0.5)
+    return 0

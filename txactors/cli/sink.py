@@ -1,0 +1,112 @@
+"""`txactors sink`: committed topics into Spark tables (spark_sinks/, the `spark` extra).
+
+The Spark code is imported inside each command, so the rest of the CLI works without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from txactors.logs import configure_logging
+
+app = typer.Typer(
+    help="Stream committed topics into Parquet tables with Spark, exactly once (needs Java 17+).",
+    no_args_is_help=True,
+)
+
+WarehouseOption = Annotated[
+    Path,
+    typer.Option(
+        help="Tables, checkpoints and the catalog live here.", envvar="TXACTORS_WAREHOUSE"
+    ),
+]
+
+
+@app.command("run")
+def sink_run(
+    topics: Annotated[
+        list[str], typer.Option(help="Topics to sink (comma separated or repeated).")
+    ],
+    warehouse: WarehouseOption = Path("warehouse"),
+    schema: Annotated[
+        list[str] | None,
+        typer.Option(help="TOPIC=module:Struct decodes the payload into columns (repeatable)."),
+    ] = None,
+    once: Annotated[
+        bool, typer.Option("--once", help="Catch up with the streams, then stop.")
+    ] = False,
+    interval: Annotated[float, typer.Option(help="Seconds between micro-batches.")] = 10.0,
+    checkpoint_location: Annotated[
+        Path | None,
+        typer.Option(help="Query checkpoints, one per topic [default: WAREHOUSE/_checkpoints]."),
+    ] = None,
+    starting_offsets: Annotated[
+        str,
+        typer.Option(
+            help='Where a new query starts: earliest, latest or {"topic": first seq} (JSON).'
+        ),
+    ] = "earliest",
+    fail_on_data_loss: Annotated[
+        bool,
+        typer.Option(help="Fail when retention purged sequences not yet sunk (else skip)."),
+    ] = True,
+    max_offsets_per_trigger: Annotated[
+        int | None, typer.Option(min=1, help="At most this many sequences per micro-batch.")
+    ] = None,
+    query: Annotated[str | None, typer.Option(help="SQL to show after the run.")] = None,
+) -> None:
+    """Sink topics from NATS_URL (or an embedded server over TXACTORS_DATA_DIR) into tables.
+
+    Prints each batch's rows and lag; a rerun continues where the last one stopped. Options
+    are those of Structured Streaming's Kafka source (docs/spark.md).
+    """
+    configure_logging(default="WARNING")
+    with _sink_errors():
+        from spark_sinks import cli as sink_cli
+
+        sink_cli.sink_and_show(
+            sink_cli.parse_schemas(topics, schema or []),
+            warehouse,
+            once=once,
+            interval=interval,
+            checkpoint_location=checkpoint_location,
+            starting_offsets=starting_offsets,
+            fail_on_data_loss=fail_on_data_loss,
+            max_offsets_per_trigger=max_offsets_per_trigger,
+            sql=query,
+        )
+
+
+@app.command("query")
+def sink_query(
+    sql: Annotated[str, typer.Argument(help='e.g. "select count(*) from transfers"')],
+    warehouse: WarehouseOption = Path("warehouse"),
+    limit: Annotated[int, typer.Option(help="Rows to show.", min=1)] = 20,
+) -> None:
+    """Run SQL on the sunk tables (`<topic>`, `_rejects`) and print the result."""
+    with _sink_errors():
+        from spark_sinks import cli as sink_cli
+
+        sink_cli.query(sql, warehouse, limit)
+
+
+@contextlib.contextmanager
+def _sink_errors() -> Iterator[None]:
+    """A missing Java, a bad schema or an unreachable server: one line and exit 2."""
+    from txactors.errors import TxActorsError
+
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("pyspark", "pyarrow"):
+            raise
+        typer.echo(f"error: the sink needs {exc.name}: pip install 'txactors[spark]'", err=True)
+        raise typer.Exit(2) from exc
+    except TxActorsError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc

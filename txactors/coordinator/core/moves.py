@@ -1,0 +1,386 @@
+"""The rows' work: what each (state, event) pair of `table.TABLE` does besides moving state.
+
+Each move takes the transaction (None when it is not in memory), the event and `now`, and
+returns the state it moves to (None: it stays). It never assigns `txn.state`; `table.py`
+does, the one place a transaction's state changes. A move checks everything that could
+make it fail before it changes anything, so a failing event leaves the table as it was.
+Moves emit effects and op records into the current step (`_emit`, `_persist`); the table
+hands them out only once the whole event succeeded.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+from txactors.coordinator.config import CoordinatorConfig
+from txactors.coordinator.core import admission
+from txactors.coordinator.core.effects import (
+    Acknowledge,
+    CheckTarget,
+    Discard,
+    Effect,
+    Publish,
+    Refuse,
+    SendCheck,
+)
+from txactors.coordinator.core.errors import CoordinatorStateError
+from txactors.coordinator.core.events import (
+    CheckAnswered,
+    CheckFailed,
+    CheckFailure,
+    End,
+    ForceCommit,
+    ForceRollback,
+    HalvesStored,
+    Published,
+    Resume,
+)
+from txactors.coordinator.core.reads import Reads
+from txactors.coordinator.core.records import Decision, DiscardReason, OpKind, OpRecord
+from txactors.coordinator.core.states import (
+    COMMIT_PATH,
+    DECIDABLE_BY_OPERATOR,
+    FINAL,
+    OPEN,
+    ROLLBACK_PATH,
+    Gone,
+    TxnState,
+    Where,
+)
+from txactors.coordinator.core.transactions import Counters, Txn
+from txactors.protocol import ErrorCode
+
+S = TxnState
+
+
+class Moves(Reads):
+    """The live rows' moves, a base of `TransactionTable`: the data below is the table's."""
+
+    config: CoordinatorConfig
+    counters: Counters
+    _rng: random.Random
+    _check_ids: Iterator[int]
+    _replay_op_from: int | None
+    _step_effects: list[Effect]
+    _step_records: list[OpRecord]
+
+    # ------------------------------------------------------------ requests
+
+    def store_halves(self, txn: Txn | None, event: HalvesStored, now: float) -> Where | None:
+        refusal = admission.refuse_prepare(
+            txn,
+            self._recent.get(event.txid),
+            event.txid,
+            event.token,
+            event.group,
+            begins=event.begins,
+        )
+        if refusal is not None:
+            self._refuse(event.request_id, event.txid, *refusal)
+            return None
+        first_seq = min(h.seq for h in event.halves)
+        target: Where | None = None
+        if txn is None:
+            txn = Txn(
+                txid=event.txid,
+                token=event.token,
+                group=event.group,
+                producer=event.producer,
+                state=S.PREPARED,
+                halves={},
+                first_seq=first_seq,
+                born=min(h.born for h in event.halves),
+                op_floor=self._op_floor_for(first_seq),
+            )
+            self._open[txn.txid] = txn
+            target = S.PREPARED
+        elif first_seq < txn.first_seq:
+            txn.first_seq = first_seq
+            txn.op_floor = min(txn.op_floor, self._op_floor_for(first_seq))
+        new = [h for h in event.halves if h.index not in txn.halves]  # a retried prepare adds none
+        txn.halves.update((h.index, h) for h in new)
+        txn.born = min([txn.born, *(h.born for h in new)])
+        self.counters.halves_stored += len(new)
+        self._half_tail = max([self._half_tail, *(h.seq for h in event.halves)])
+        if txn.state is S.PREPARED and txn.check_times == 0:
+            # The newest half is left alone for the longest immunity of any half.
+            immunity = max(self.config.immunity(h.immunity) for h in txn.halves.values())
+            txn.next_check_at = max(h.born for h in txn.halves.values()) + immunity
+        if event.request_id is not None:
+            self._emit(Acknowledge(request_id=event.request_id, txid=txn.txid, state=txn.state))
+        return target
+
+    def end(self, txn: Txn | None, event: End, now: float) -> Where | None:
+        finished = self._recent.get(event.txid)
+        refusal = admission.refuse_end(txn, finished, event.txid, event.token)
+        if refusal is not None:
+            self._refuse(event.request_id, event.txid, *refusal)
+            return None
+        if event.decision is Decision.UNKNOWN:
+            # Not a decision: the transaction waits for the checker as it was.
+            known = txn or finished
+            assert known is not None  # admitted
+            self.counters.unknown_ends += 1
+            self._emit(Acknowledge(request_id=event.request_id, txid=event.txid, state=known.state))
+            return None
+        return self._answer(txn, event.txid, event.decision, event.request_id, by_operator=False)
+
+    def force(
+        self, txn: Txn | None, event: ForceCommit | ForceRollback, now: float
+    ) -> Where | None:
+        decision = Decision.COMMIT if isinstance(event, ForceCommit) else Decision.ROLLBACK
+        return self._answer(txn, event.txid, decision, event.request_id, by_operator=True)
+
+    def resume(self, txn: Txn | None, event: Resume, now: float) -> Where | None:
+        if txn is None or txn.state not in DECIDABLE_BY_OPERATOR:
+            state = self.outcome(event.txid)
+            code = ErrorCode.NOT_FOUND if state is None else ErrorCode.CONFLICT
+            message = f"transaction {event.txid} is {state or 'unknown'}; nothing to resume"
+            self._refuse(event.request_id, event.txid, code, message)
+            return None
+        txn.next_check_at = now
+        target = self._reset_checks(txn)
+        self._persist(OpRecord(txid=txn.txid, kind=OpKind.RESUME))
+        # CHECKING keeps its check in flight; PREPARED is due now.
+        self._emit(
+            Acknowledge(request_id=event.request_id, txid=txn.txid, state=target or txn.state)
+        )
+        return target
+
+    # ------------------------------------------------------------ check-backs
+
+    def check_answered(self, txn: Txn | None, event: CheckAnswered, now: float) -> Where | None:
+        if txn is not None and txn.state is S.CHECKING and txn.check_id == event.check_id:
+            txn.last_check = str(event.resolution)
+            if event.resolution is Decision.UNKNOWN:
+                return self._inconclusive(txn, now)
+            return self._decide(txn, event.resolution, None, by_operator=False)
+        if (
+            txn is not None
+            and txn.state is S.PREPARED
+            and txn.timed_out_check_id == event.check_id
+            and event.resolution is not Decision.UNKNOWN
+        ):
+            # A slow producer's answer: nothing newer was asked, so it is still the truth.
+            self.counters.late_check_answers += 1
+            txn.last_check = str(event.resolution)
+            return self._decide(txn, event.resolution, None, by_operator=False)
+        self.counters.unexpected_check_answers += 1
+        return None
+
+    def check_failed(self, txn: Txn | None, event: CheckFailed, now: float) -> Where | None:
+        if txn is None or txn.state is not S.CHECKING or txn.check_id != event.check_id:
+            return None  # timed out here already, or decided meanwhile
+        return self._check_failed(txn, event.reason, now)
+
+    def due(self, txn: Txn | None, event: object, now: float) -> Where | None:
+        assert txn is not None  # only open transactions have deadlines
+        if txn.state is S.DISCARDED:
+            self.counters.forgotten += 1
+            return Gone.FORGOTTEN
+        if now >= txn.born + self.config.half_retention:
+            return self._discard(txn, DiscardReason.RETENTION)
+        if txn.state is S.CHECKING:
+            return self._check_failed(txn, CheckFailure.TIMEOUT, now)
+        return self._send_check(txn, now)
+
+    # ------------------------------------------------------------ writes done
+
+    def published(self, txn: Txn | None, event: Published, now: float) -> Where | None:
+        assert txn is not None
+        if event.index not in txn.halves:
+            raise CoordinatorStateError(f"Published for {event.txid} unknown index {event.index}")
+        txn.published.add(event.index)
+        if len(txn.published) < len(txn.halves):
+            return None
+        self._persist(OpRecord(txid=txn.txid, kind=OpKind.DONE))
+        # Every message is durable on its topic, so the commit is visible: the producer
+        # hears it now. `done` only spares recovery a (deduplicated) republish.
+        for request_id in txn.waiters:
+            self._emit(Acknowledge(request_id=request_id, txid=txn.txid, state=S.COMMITTED))
+        txn.waiters.clear()
+        return S.FINISHING
+
+    def commit_written(self, txn: Txn | None, record: OpRecord, now: float) -> Where | None:
+        assert txn is not None
+        self._publish_all(txn)
+        return S.PUBLISHING
+
+    def rollback_written(self, txn: Txn | None, record: OpRecord, now: float) -> Where | None:
+        assert txn is not None
+        return self._finish(txn, S.ROLLED_BACK)
+
+    def done_written(self, txn: Txn | None, record: OpRecord, now: float) -> Where | None:
+        assert txn is not None
+        return self._finish(txn, S.COMMITTED)
+
+    def discard_written(self, txn: Txn | None, record: OpRecord, now: float) -> Where | None:
+        assert txn is not None
+        self.counters.discards += 1
+        self._emit(
+            Discard(
+                txid=txn.txid,
+                group=txn.group,
+                producer=txn.producer,
+                halves=txn.ordered_halves(),
+                reason=record.reason or DiscardReason.CHECK_MAX,
+                check_times=txn.check_times,
+            )
+        )
+        return S.DISCARDED
+
+    def ignore(self, txn: Txn | None, event: object, now: float) -> Where | None:
+        """Nothing to do: e.g. the ack of a retried publish, after the first one counted."""
+        return None
+
+    # ------------------------------------------------------------ shared steps
+
+    def _answer(
+        self,
+        txn: Txn | None,
+        txid: str,
+        decision: Decision,
+        request_id: str | None,
+        *,
+        by_operator: bool,
+    ) -> Where | None:
+        """Decide, or tell the requester how the transaction was already decided.
+
+        A repeated decision is acknowledged (now if final, else when it becomes final); the
+        other decision is a conflict. DISCARDED is decided for producers, not for operators.
+        """
+        state = self.outcome(txid)
+        if state is None:
+            self._refuse(request_id, txid, ErrorCode.NOT_FOUND, f"no transaction {txid}")
+            return None
+        decidable = DECIDABLE_BY_OPERATOR if by_operator else OPEN
+        same_path = COMMIT_PATH if decision is Decision.COMMIT else ROLLBACK_PATH
+        if txn is not None and state in decidable:
+            return self._decide(txn, decision, request_id, by_operator=by_operator)
+        if state in same_path and state in (*FINAL, S.FINISHING):
+            if request_id is not None:
+                final = S.COMMITTED if state is S.FINISHING else state  # all published already
+                self._emit(Acknowledge(request_id=request_id, txid=txid, state=final))
+        elif txn is not None and state in same_path:
+            if request_id is not None:
+                txn.waiters.append(request_id)
+        elif state is S.DISCARDED:
+            message = f"transaction {txid} was discarded; an operator may resume or force it"
+            self._refuse(request_id, txid, ErrorCode.CONFLICT, message)
+        else:
+            message = f"transaction {txid} is {state}; it cannot {decision}"
+            self._refuse(request_id, txid, ErrorCode.CONFLICT, message)
+        return None
+
+    def _decide(
+        self, txn: Txn, decision: Decision, request_id: str | None, *, by_operator: bool
+    ) -> TxnState:
+        txn.check_id = None  # a late answer to an in-flight check is now unexpected
+        txn.timed_out_check_id = None
+        if request_id is not None:
+            txn.waiters.append(request_id)
+        if decision is Decision.COMMIT:
+            seqs = tuple(h.seq for h in txn.ordered_halves())
+            self._persist(
+                OpRecord(txid=txn.txid, kind=OpKind.COMMIT, half_seqs=seqs, by_operator=by_operator)
+            )
+            return S.COMMITTING
+        self._persist(OpRecord(txid=txn.txid, kind=OpKind.ROLLBACK, by_operator=by_operator))
+        return S.ROLLING_BACK
+
+    def _send_check(self, txn: Txn, now: float) -> TxnState:
+        txn.check_id = next(self._check_ids)
+        txn.timed_out_check_id = None  # only the newest question's answer may decide
+        txn.check_target = CheckTarget.GROUP if txn.instance_gone else CheckTarget.INSTANCE
+        txn.check_expires_at = now + self.config.check_answer_timeout
+        self.counters.checks_sent += 1
+        self._emit(
+            SendCheck(
+                txid=txn.txid,
+                check_id=txn.check_id,
+                target=txn.check_target,
+                group=txn.group,
+                producer=txn.producer,
+                check_times=txn.check_times,
+                halves=txn.ordered_halves(),
+                timeout=self.config.check_answer_timeout,
+            )
+        )
+        return S.CHECKING
+
+    def _check_failed(self, txn: Txn, reason: CheckFailure, now: float) -> TxnState:
+        txn.last_check = str(reason)
+        if reason is CheckFailure.TIMEOUT:
+            txn.timed_out_check_id = txn.check_id
+        if txn.check_target is CheckTarget.INSTANCE:
+            txn.instance_gone = True  # from now on, ask the group
+            if reason is CheckFailure.NO_RESPONDERS:
+                # The instance is simply gone: ask the group at once; this check did not happen.
+                return self._send_check(txn, now)
+        return self._inconclusive(txn, now)
+
+    def _inconclusive(self, txn: Txn, now: float) -> TxnState:
+        txn.check_id = None
+        txn.check_times += 1
+        self.counters.checks_inconclusive += 1
+        self._persist(OpRecord(txid=txn.txid, kind=OpKind.CHECKED, check_times=txn.check_times))
+        if txn.check_times >= self.config.check_max:
+            return self._discard(txn, DiscardReason.CHECK_MAX)
+        txn.next_check_at = now + self.config.check_delay(txn.check_times, self._rng)
+        return S.PREPARED
+
+    def _discard(self, txn: Txn, reason: DiscardReason) -> TxnState:
+        txn.check_id = None
+        txn.discard_reason = reason
+        self._persist(
+            OpRecord(
+                txid=txn.txid,
+                kind=OpKind.DISCARD,
+                half_seqs=tuple(h.seq for h in txn.ordered_halves()),
+                check_times=txn.check_times,
+                reason=reason,
+            )
+        )
+        return S.DISCARDING
+
+    def _reset_checks(self, txn: Txn) -> TxnState | None:
+        txn.check_times = 0
+        txn.instance_gone = False
+        txn.discard_reason = None
+        return S.PREPARED if txn.state is S.DISCARDED else None
+
+    def _finish(self, txn: Txn, state: TxnState) -> TxnState:
+        if state is S.COMMITTED:
+            self.counters.commits += 1
+        else:
+            self.counters.rollbacks += 1
+        for request_id in txn.waiters:
+            self._emit(Acknowledge(request_id=request_id, txid=txn.txid, state=state))
+        return state
+
+    def _publish_all(self, txn: Txn) -> None:
+        for half in txn.ordered_halves():
+            self._emit(
+                Publish(txid=txn.txid, index=half.index, topic=half.topic, half_seq=half.seq)
+            )
+
+    # ------------------------------------------------------------ plumbing
+
+    def _op_floor_for(self, first_seq: int) -> int:
+        if self._replay_op_from is not None:
+            return self._replay_op_from  # the saved checkpoint already covered it
+        if first_seq > self._half_tail:
+            return self._op_tail + 1
+        return 1  # fed out of TXN_HALF order: only the stream start is surely early enough
+
+    def _emit(self, effect: Effect) -> None:
+        self._step_effects.append(effect)
+
+    def _persist(self, record: OpRecord) -> None:
+        self._step_records.append(record)
+
+    def _refuse(self, request_id: str | None, txid: str, code: ErrorCode, message: str) -> None:
+        self.counters.refusals += 1
+        if request_id is not None:
+            self._emit(Refuse(request_id=request_id, txid=txid, code=code, message=message))

@@ -1,0 +1,387 @@
+"""The coordinator's transition table: (state, event) → moves and effects, with no I/O.
+
+Everything that decides what happens to a transaction is a row of `TABLE` (h11's
+`_state.py` rule): for each `Where` a transaction can be (its `TxnState`, or not in memory)
+and each `Kind` of event, the move that does the work (`moves.py`) and the states it may
+lead to. This module is the one place a transaction's state changes (`_move_to`). A pair
+without a row is a bug in the caller: it raises `CoordinatorStateError("can't handle <kind>
+in state <where> for <txid>")` and changes nothing. The table itself has a `Phase`
+(`PHASES`): recovery is the RECOVERING phase, which accepts only replayed input and holds
+every effect back, not a flag checked here and there.
+
+Time is an argument. `now` and every `born` are wall-clock seconds (`time.time()`), because
+they outlive the process in TXN_HALF headers; a clock that jumps back only delays work.
+
+One event is one unit: its effects (and op records) are handed out all together, or, if
+it fails, not at all and the table is as it was (every move checks before it changes
+anything). In a batch, the events before a failing one stay applied and their effects come
+out of the next call.
+
+Guarantees (each one a test in tests/test_coordinator_state*.py and tests/test_core_table.py):
+- A `Publish` is emitted only after the commit record is persisted, never for a transaction
+  that was rolled back or discarded; the reply to a commit only once every one of its
+  messages is published (acknowledged by its topic stream).
+- At most one check-back in flight per transaction; none once it is decided; at most
+  `check_max` inconclusive ones, then DISCARDING.
+- A refused request (`Refuse`) or an unexpected check answer changes nothing.
+- `tick` costs O(due transactions), never O(history): finished transactions leave memory
+  (see `recent.py` and `deadlines.py`).
+- Replaying TXN_HALF then TXN_OP from `checkpoint()` rebuilds the open transactions exactly;
+  a commit without `done` is published again when recovery finishes.
+
+Ordering contract with the actor: feed `HalvesStored` in TXN_HALF order (the order a
+connection receives JetStream acks) and append `PersistOp`s to TXN_OP in the order given.
+A half fed out of order is still safe; it only pins the OP checkpoint to the stream start
+until its transaction finishes. Check whether a prepare is admissible (`refuse_prepare`)
+before appending its halves, in the same task that feeds `End`, so no half can land after its
+transaction was decided. Tokens in events are what the actor stores (digests, `tokens.py`);
+the table only compares them, in constant time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple, get_args
+
+from txactors.coordinator.config import CoordinatorConfig
+from txactors.coordinator.core.deadlines import Deadlines
+from txactors.coordinator.core.effects import Effect, PersistOp
+from txactors.coordinator.core.errors import CoordinatorStateError
+from txactors.coordinator.core.events import (
+    Event,
+    HalvesStored,
+    Kind,
+    OpPersisted,
+    OpReplayed,
+    kind_of,
+    record_kind,
+)
+from txactors.coordinator.core.moves import Moves
+from txactors.coordinator.core.recent import Outcome, RecentOutcomes
+from txactors.coordinator.core.records import OpRecord
+from txactors.coordinator.core.replay import Replay
+from txactors.coordinator.core.states import (
+    DECIDABLE_BY_OPERATOR,
+    LEAVES_MEMORY,
+    OPEN,
+    Gone,
+    Phase,
+    TxnState,
+    Where,
+)
+from txactors.coordinator.core.transactions import (
+    Counters,
+    ParkedTxn,
+    Txn,
+    unparked,
+)
+
+S = TxnState
+K = Kind
+Move = Callable[[Replay, Txn | None, Any, float], Where | None]
+
+
+class Row(NamedTuple):
+    move: Move
+    to: frozenset[Where]
+    """Where the move may take the transaction (besides staying where it is)."""
+
+
+WHERE: tuple[Where, ...] = (*TxnState, *Gone)
+TABLE: dict[tuple[Where, Kind], Row] = {}
+
+
+def _column(
+    kind: Kind, move: Move, to: dict[Where, set[Where]], *, elsewhere: Move | None = None
+) -> None:
+    """Rows of one event kind: `to` for the states it moves, `elsewhere` for the others
+    (None: no row, the pair is illegal)."""
+    for where in WHERE:
+        if where in to:
+            TABLE[where, kind] = Row(move, frozenset(to[where]))
+        elif elsewhere is not None:
+            TABLE[where, kind] = Row(elsewhere, frozenset())
+
+
+def _each(states: Iterable[Where], to: set[Where]) -> dict[Where, set[Where]]:
+    return {state: to for state in states}
+
+
+# Requests: admission answers in every state (a refusal changes nothing).
+_column(K.HALVES, Moves.store_halves, {Gone.UNKNOWN: {S.PREPARED}}, elsewhere=Moves.store_halves)
+_column(K.END_COMMIT, Moves.end, _each(OPEN, {S.COMMITTING}), elsewhere=Moves.end)
+_column(K.END_ROLLBACK, Moves.end, _each(OPEN, {S.ROLLING_BACK}), elsewhere=Moves.end)
+_column(K.END_UNKNOWN, Moves.end, {}, elsewhere=Moves.end)
+_BY_OPERATOR = DECIDABLE_BY_OPERATOR
+_column(K.FORCE_COMMIT, Moves.force, _each(_BY_OPERATOR, {S.COMMITTING}), elsewhere=Moves.force)
+_column(K.FORCE_ROLLBACK, Moves.force, _each(_BY_OPERATOR, {S.ROLLING_BACK}), elsewhere=Moves.force)
+_column(K.RESUME, Moves.resume, {S.DISCARDED: {S.PREPARED}}, elsewhere=Moves.resume)
+# Check-backs: an answer that cannot decide any more is counted and otherwise ignored.
+_column(
+    K.CHECK_ANSWERED,
+    Moves.check_answered,
+    {
+        S.CHECKING: {S.COMMITTING, S.ROLLING_BACK, S.PREPARED, S.DISCARDING},
+        S.PREPARED: {S.COMMITTING, S.ROLLING_BACK},  # the late answer to a timed-out check
+    },
+    elsewhere=Moves.check_answered,
+)
+_column(
+    K.CHECK_FAILED,
+    Moves.check_failed,
+    {S.CHECKING: {S.PREPARED, S.DISCARDING}},  # or CHECKING again: the group, at once
+    elsewhere=Moves.ignore,
+)
+_column(
+    K.DUE,
+    Moves.due,
+    {
+        S.PREPARED: {S.CHECKING, S.DISCARDING},
+        S.CHECKING: {S.PREPARED, S.DISCARDING},
+        S.DISCARDED: {Gone.FORGOTTEN},
+    },
+)
+# Writes done: only the state that waits for the write takes it.
+_column(K.PUBLISHED, Moves.published, {S.PUBLISHING: {S.FINISHING}})
+TABLE[S.FINISHING, K.PUBLISHED] = TABLE[S.COMMITTED, K.PUBLISHED] = Row(Moves.ignore, frozenset())
+_column(K.COMMIT_WRITTEN, Moves.commit_written, {S.COMMITTING: {S.PUBLISHING}})
+_column(K.ROLLBACK_WRITTEN, Moves.rollback_written, {S.ROLLING_BACK: {S.ROLLED_BACK}})
+_column(K.DONE_WRITTEN, Moves.done_written, {S.FINISHING: {S.COMMITTED}})
+_column(K.DISCARD_WRITTEN, Moves.discard_written, {S.DISCARDING: {S.DISCARDED}})
+# Recovery: a record applies only to the state it was written from; any other is a record
+# of an earlier, already finished incarnation (or a duplicate write), skipped and counted.
+_SKIP = Replay.skip_replayed
+_column(
+    K.COMMIT_REPLAYED, Replay.commit_replayed, _each(_BY_OPERATOR, {S.PUBLISHING}), elsewhere=_SKIP
+)
+_column(
+    K.ROLLBACK_REPLAYED,
+    Replay.rollback_replayed,
+    _each(_BY_OPERATOR, {S.ROLLED_BACK}),
+    elsewhere=_SKIP,
+)
+_column(K.DONE_REPLAYED, Replay.done_replayed, {S.PUBLISHING: {S.COMMITTED}}, elsewhere=_SKIP)
+_column(K.DISCARD_REPLAYED, Replay.discard_replayed, _each(OPEN, {S.DISCARDED}), elsewhere=_SKIP)
+_column(K.CHECKED_REPLAYED, Replay.checked_replayed, _each(OPEN, set()), elsewhere=_SKIP)
+_column(
+    K.RESUME_REPLAYED,
+    Replay.resume_replayed,
+    {S.PREPARED: set(), S.CHECKING: set(), S.DISCARDED: {S.PREPARED}},
+    elsewhere=_SKIP,
+)
+
+
+class PhaseRule(NamedTuple):
+    accepts: frozenset[str]
+    """Names of the event types (and `tick`) the phase takes."""
+    emits: bool
+    """False: effects, op records and deadlines are held back (replayed input is old news)."""
+    then: Phase
+
+
+_LIVE = frozenset({t.__name__ for t in get_args(Event) if t is not OpReplayed} | {"tick"})
+PHASES: dict[Phase, PhaseRule] = {
+    Phase.FRESH: PhaseRule(_LIVE, emits=True, then=Phase.RUNNING),
+    Phase.RECOVERING: PhaseRule(
+        frozenset({"HalvesStored", "OpReplayed"}), emits=False, then=Phase.RECOVERING
+    ),
+    Phase.RUNNING: PhaseRule(_LIVE, emits=True, then=Phase.RUNNING),
+}
+"""Which inputs each phase takes; `begin_recovery` (FRESH → RECOVERING) and
+`finish_recovery` (RECOVERING → RUNNING) are the phase's own moves."""
+
+
+class TransactionTable(Replay):
+    """Open transactions of one partition, their deadlines, and what to do next."""
+
+    def __init__(
+        self, config: CoordinatorConfig | None = None, *, rng: random.Random | None = None
+    ) -> None:
+        self.config = config or CoordinatorConfig()
+        self.counters = Counters()
+        self.phase = Phase.FRESH
+        self._rng = rng or random.Random()
+        self._open: dict[str, Txn] = {}
+        self._recent = RecentOutcomes(self.config.recent_outcomes)
+        self._deadlines = Deadlines()
+        self._ops_in_flight: dict[int, tuple[OpRecord, ...]] = {}
+        self._op_ids = itertools.count(1)
+        # Random start: an answer to a check sent before a restart cannot match a new one.
+        self._check_ids = itertools.count(self._rng.getrandbits(48))
+        self._half_tail = 0
+        self._op_tail = 0
+        self._replay_op_from: int | None = None
+        self._effects: list[Effect] = []  # of applied events, not yet handed out
+        self._records: list[OpRecord] = []
+        self._step_effects: list[Effect] = []  # of the event being applied
+        self._step_records: list[OpRecord] = []
+        self._touched: list[str] = []
+
+    # ------------------------------------------------------------------ inputs
+
+    def handle(self, event: Event, now: float) -> list[Effect]:
+        """Apply one event; return the effects to carry out, in order."""
+        return self.handle_batch((event,), now)
+
+    def handle_batch(self, events: Iterable[Event], now: float) -> list[Effect]:
+        """Apply several events, each as one unit; their op records share one `PersistOp`."""
+        for event in events:
+            self._unit(self._apply, event, now)
+        return self._end_step()
+
+    def tick(self, now: float) -> list[Effect]:
+        """Act on every deadline due at `now`: send checks, time them out, discard, forget."""
+        self._phase_rule("tick")
+        for txid in self._deadlines.pop_due(now):
+            self._unit(self._fire, txid, K.DUE, None, now)
+        self.phase = PHASES[self.phase].then
+        return self._end_step()
+
+    def begin_recovery(
+        self, *, half_from: int, op_from: int, discarded: Iterable[ParkedTxn] = ()
+    ) -> None:
+        """Start replaying: restore the `discarded` transactions, feed `HalvesStored` from
+        TXN_HALF `half_from`, then `OpReplayed` from TXN_OP `op_from` (all three from a
+        `checkpoint()` saved earlier), then `finish_recovery`."""
+        if self.phase is not Phase.FRESH:
+            raise CoordinatorStateError(f"can't begin recovery in phase {self.phase}")
+        self.phase = Phase.RECOVERING
+        self._replay_op_from = op_from
+        self._half_tail = half_from - 1
+        self._op_tail = op_from - 1
+        for parked in discarded:
+            if parked.halves:
+                self._open[parked.txid] = unparked(parked, op_from)
+
+    def finish_recovery(self, now: float) -> list[Effect]:
+        """Resume work: republish commits without `done`, schedule every pending check."""
+        if self.phase is not Phase.RECOVERING:
+            raise CoordinatorStateError(f"can't finish recovery in phase {self.phase}")
+        self.phase = Phase.RUNNING
+        self._replay_op_from = None
+        # Metrics count what this process did; re-reading the streams did nothing new.
+        self.counters = Counters(
+            replay_skipped=self.counters.replay_skipped, quarantined=self.counters.quarantined
+        )
+        for txn in self._open.values():
+            if txn.state is S.PUBLISHING:
+                self._publish_all(txn)
+            elif txn.state is S.PREPARED:
+                if txn.check_times:
+                    txn.next_check_at = now + self.config.check_delay(txn.check_times, self._rng)
+                else:
+                    txn.next_check_at = max(txn.next_check_at, now)
+            self._schedule(txn)
+        self._effects.extend(self._step_effects)
+        self._step_effects.clear()
+        return self._end_step()
+
+    # ------------------------------------------------------------------ dispatch
+
+    def _unit(self, apply: Callable[..., None], *args: Any) -> None:
+        """Apply one event as a unit: keep its effects only if all of it succeeded."""
+        try:
+            apply(*args)
+        except BaseException:
+            self._step_effects.clear()
+            self._step_records.clear()
+            self._touched.clear()
+            raise
+        rule = PHASES[self.phase]
+        self.phase = rule.then
+        if rule.emits:
+            self._effects.extend(self._step_effects)
+            self._records.extend(self._step_records)
+            for txid in self._touched:
+                txn = self._open.get(txid)
+                if txn is None:
+                    self._deadlines.cancel(txid)
+                else:
+                    self._schedule(txn)
+        self._step_effects.clear()
+        self._step_records.clear()
+        self._touched.clear()
+
+    def _apply(self, event: Event, now: float) -> None:
+        self._phase_rule(type(event).__name__)
+        match event:
+            case OpPersisted():
+                self._written(event, now)
+            case OpReplayed():
+                self._op_tail = max(self._op_tail, event.seq)
+                for record in event.records:
+                    kind = record_kind(record, replayed=True)
+                    if kind is not None:
+                        self._fire(record.txid, kind, record, now)
+            case HalvesStored(halves=()):
+                raise CoordinatorStateError(f"HalvesStored for {event.txid} without halves")
+            case _:
+                self._fire(event.txid, kind_of(event), event, now)
+
+    def _written(self, event: OpPersisted, now: float) -> None:
+        """Each record of the op is one row; all of them are checked before any applies."""
+        records = self._ops_in_flight.get(event.op_id)
+        if records is None:
+            raise CoordinatorStateError(f"OpPersisted for op {event.op_id}, which is not in flight")
+        fired: list[tuple[OpRecord, Kind]] = []
+        after: dict[str, Where] = {}
+        for record in records:
+            kind = record_kind(record, replayed=False)
+            if kind is None:
+                continue  # advisory: only recovery reads them
+            where = after.get(record.txid) or self.where(record.txid)
+            [after[record.txid]] = self._row(record.txid, where, kind).to
+            fired.append((record, kind))
+        del self._ops_in_flight[event.op_id]
+        self._op_tail = max(self._op_tail, event.seq)
+        for record, kind in fired:
+            self._fire(record.txid, kind, record, now)
+
+    def _fire(self, txid: str, kind: Kind, event: Any, now: float) -> None:
+        row = self._row(txid, self.where(txid), kind)
+        target = row.move(self, self._open.get(txid), event, now)
+        if target is not None:
+            self._move_to(self._open[txid], target)
+        self._touched.append(txid)
+
+    def _row(self, txid: str, where: Where, kind: Kind) -> Row:
+        row = TABLE.get((where, kind))
+        if row is None:
+            raise CoordinatorStateError(f"can't handle {kind} in state {where} for {txid}")
+        return row
+
+    def _phase_rule(self, name: str) -> None:
+        if name not in PHASES[self.phase].accepts:
+            raise CoordinatorStateError(f"can't handle {name} in phase {self.phase}")
+
+    def _move_to(self, txn: Txn, target: Where) -> None:
+        """The only assignment of a transaction's state."""
+        if target in LEAVES_MEMORY:
+            del self._open[txn.txid]
+            final = S.DISCARDED if target is Gone.FORGOTTEN else TxnState(target)
+            self._recent.remember(txn.txid, Outcome(final, txn.token))
+        else:
+            txn.state = TxnState(target)
+
+    def _schedule(self, txn: Txn) -> None:
+        """Keep the one deadline a transaction has in its state."""
+        retention_at = txn.born + self.config.half_retention
+        if txn.state is S.PREPARED:
+            self._deadlines.set(txn.txid, min(txn.next_check_at, retention_at))
+        elif txn.state is S.CHECKING:
+            self._deadlines.set(txn.txid, min(txn.check_expires_at, retention_at))
+        elif txn.state is S.DISCARDED:
+            self._deadlines.set(txn.txid, retention_at)
+        else:
+            self._deadlines.cancel(txn.txid)  # waiting for a write, which the actor retries
+
+    def _end_step(self) -> list[Effect]:
+        effects, self._effects = self._effects, []
+        if self._records:
+            op_id = next(self._op_ids)
+            records, self._records = tuple(self._records), []
+            self._ops_in_flight[op_id] = records
+            effects.append(PersistOp(op_id=op_id, records=records))
+        return effects

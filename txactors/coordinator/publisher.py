@@ -1,0 +1,158 @@
+"""Carrying out `Publish`: a committed half, copied to its topic stream with its dedupe id.
+
+Topic streams are declared when a prepare first names the topic (`declare`), so that a
+commit never waits for one.
+
+The partition keeps the messages of its open transactions (from their prepare, or read
+back during recovery), so a publish costs one topic write and no read; a body it no longer
+has (after a restart the checkpoint skipped, or a purge) is read back from TXN_HALF by
+sequence. The `Publish` actions of one step go out as one job, and their completion comes
+back as one list of `Published` events, which the partition feeds to its table as one step.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from txactors import layout, tracing
+from txactors.coordinator.core.effects import Publish
+from txactors.coordinator.core.events import Published
+from txactors.coordinator.core.states import FINAL
+from txactors.coordinator.core.table import TransactionTable
+from txactors.coordinator.effects import Append, PipelinedWriter, Quarantine
+from txactors.coordinator.link import LINK_TROUBLE, LinkLost, describe, linked, retry_transient
+from txactors.coordinator.options import Clock, CoordinatorOptions
+from txactors.coordinator.store import StoredHalf, read_raw_half
+from txactors.errors import ConfigError
+from txactors.logs import get_logger
+from txactors.protocol import OutgoingMessage
+from txactors.topics import ensure_topic_stream
+
+log = get_logger(__name__)
+
+OnPublished = Callable[[list[Published]], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class _Kept:
+    """The messages of an open transaction, kept for publishing and trace context."""
+
+    group: str
+    messages: dict[int, OutgoingMessage] = field(default_factory=dict)
+
+
+class Publisher:
+    def __init__(
+        self,
+        nc: Client,
+        js: JetStreamContext,
+        writer: PipelinedWriter,
+        partition: int,
+        options: CoordinatorOptions,
+        clock: Clock,
+        quarantine: Quarantine,
+        on_published: OnPublished,
+    ) -> None:
+        self._nc = nc
+        self._js = js
+        self._options = options
+        self._topics: set[str] = set()
+        """Topics whose stream is known to exist."""
+        self._writer = writer
+        self._partition = partition
+        self._clock = clock
+        self._quarantine = quarantine
+        self._on_published = on_published
+        self._kept: dict[str, _Kept] = {}
+
+    async def declare(self, topics: set[str]) -> str | None:
+        """Make sure each topic has its stream; why not, if JetStream cannot say so now."""
+        for topic in topics - self._topics:
+            declare = functools.partial(
+                ensure_topic_stream,
+                self._js,
+                topic,
+                duplicate_window=self._options.topic_duplicate_window,
+                replicas=self._options.replicas,
+            )
+            try:
+                await linked(self._nc, declare)
+            except (ConfigError, LinkLost, *LINK_TROUBLE) as error:
+                log.warning("topic_stream_not_declared", topic=topic, error=describe(error))
+                return f"the stream of topic {topic} cannot be declared now: {describe(error)}"
+            self._topics.add(topic)
+        return None
+
+    def keep(self, stored: StoredHalf) -> None:
+        """Remember a stored half's message until its transaction is finished."""
+        kept = self._kept.setdefault(stored.txid, _Kept(stored.group))
+        kept.messages[stored.half.index] = stored.message
+
+    def forget_finished(self, table: TransactionTable) -> None:
+        """Drop what finished transactions left (rolled back, answered by a check, unknown
+        to the table): O(kept), done at checkpoint time, not per message."""
+        for txid in [t for t in self._kept if table.outcome(t) in (None, *FINAL)]:
+            del self._kept[txid]
+
+    def trace_context(self, txid: str) -> dict[str, str]:
+        """The properties of a kept half of `txid`, where its trace context travels."""
+        kept = self._kept.get(txid)
+        half = next(iter(kept.messages.values()), None) if kept is not None else None
+        return half.properties if half is not None else {}
+
+    def publish(self, actions: list[Publish]) -> list[Publish]:
+        """Submit the publishes whose bodies are kept, as one job; return the others
+        (to be read back with `publish_from_stream`). Never waits."""
+        appends: list[Append] = []
+        done: list[Published] = []
+        unkept: list[Publish] = []
+        for action in actions:
+            kept = self._kept.get(action.txid)
+            message = kept.messages.pop(action.index, None) if kept is not None else None
+            if message is None or kept is None:
+                unkept.append(action)
+                continue
+            if not kept.messages:
+                del self._kept[action.txid]
+            appends.append(self._topic_append(action, kept.group, message))
+            done.append(Published(txid=action.txid, index=action.index))
+        if appends:
+            self._writer.submit(appends, lambda _: self._on_published(done))
+        return unkept
+
+    async def publish_from_stream(self, action: Publish) -> None:
+        """After a restart the body is only in TXN_HALF: read it back by sequence."""
+        published = [Published(txid=action.txid, index=action.index)]
+        try:
+            raw = await retry_transient(self._js.get_msg, layout.HALF_STREAM, action.half_seq)
+            stored = read_raw_half(raw)
+        except Exception as error:  # gone (purged by hand?) or unreadable: never publishable
+            subject = layout.half_subject(self._partition)
+            reason = f"committed half {action.half_seq} cannot be read: {describe(error)}"
+            await self._quarantine(Append(subject, b"", {}), reason)
+            await self._on_published(published)
+            return
+        self._writer.submit(
+            [self._topic_append(action, stored.group, stored.message)],
+            lambda _: self._on_published(published),
+        )
+
+    def _topic_append(self, action: Publish, group: str, message: OutgoingMessage) -> Append:
+        headers = dict(message.properties)
+        headers[layout.MSG_ID_HEADER] = action.msg_id
+        headers[layout.TXID_HEADER] = action.txid
+        headers[layout.GROUP_HEADER] = group
+        headers[layout.INDEX_HEADER] = str(action.index)
+        headers[layout.COMMITTED_AT_HEADER] = repr(self._clock())
+        if message.tag is not None:
+            headers[layout.TAG_HEADER] = message.tag
+        if message.keys:
+            headers[layout.KEYS_HEADER] = ",".join(message.keys)
+        tracing.record_publish(headers, action.txid, action.msg_id, message.topic)
+        subject = layout.topic_subject(message.topic, message.tag)
+        return Append(subject, message.body, headers, layout.topic_stream(message.topic))

