@@ -14,9 +14,8 @@ import pytest
 from nats.aio.client import Client
 
 from tests.support.txn import CoordinatorClient, message
-from txactors.actors import Actor, ActorSystem
+from txactors.actors import Actor, ActorSystem, Request
 from txactors.actors.cell import ActorCell
-from txactors.actors.envelope import Envelope
 from txactors.coordinator.checker import Checker, CheckWork, Due
 from txactors.coordinator.service import run_coordinator
 from txactors.protocol import Decision
@@ -76,7 +75,7 @@ def partition_mail(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     delivered: list[str] = []
     deliver = ActorCell.deliver
 
-    async def counted(cell: ActorCell, envelope: Envelope) -> None:
+    async def counted(cell: ActorCell, envelope: Request) -> None:
         if cell.name == "coordinator-0":
             inner = getattr(envelope.message, "message", envelope.message)
             delivered.append(type(inner).__name__)

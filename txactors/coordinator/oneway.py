@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from txactors.actors import Request
+from txactors.actors.envelope import NO_REPLY
 from txactors.logs import get_logger
 from txactors.protocol import Error
 
@@ -43,7 +44,8 @@ class OneWayErrors:
     def wrap(self, request: Request) -> Request:
         """`request` as is when it has a reply subject; otherwise one whose answers are
         reported here instead of published."""
-        return request if request.reply is not None else _OneWayRequest(request.message, self)
+        one_way = request.reply is None or request.reply is NO_REPLY
+        return _OneWayRequest(request.message, self) if one_way else request
 
     def report(self, command: Any, error: Error) -> None:
         if self._on_error is not None:
