@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from bench import actors, consumer, fsync, spark, transactions, transfer
+from bench import actors, consumer, fsync, ingest, spark, transactions, transfer
 
 BENCHMARKS = {
     "actors": actors.main,
     "fsync": fsync.main,
+    "ingest": ingest.main,
     "transactions": transactions.main,
     "consumer": consumer.main,
     "transfer": transfer.main,
