@@ -120,7 +120,9 @@ async def fast(nc: Client, count: int, size: int, in_flight: int, flow: int) -> 
     batches: dict[str, _FastBatch] = {}
 
     async def on_reply(msg: Msg) -> None:
-        batches[msg.subject[len(inbox) + 1 :].split(".", 1)[0]].on_reply(msg.data)
+        batch = batches.get(msg.subject[len(inbox) + 1 :].split(".", 1)[0])
+        if batch is not None:  # else a late reply to a batch that already failed
+            batch.on_reply(msg.data)
 
     async def one(start: int, n: int, window: asyncio.Semaphore) -> None:
         async with window:
