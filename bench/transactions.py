@@ -1,59 +1,63 @@
-"""Transactional messages end to end, next to raw acked JetStream publishes in the same run.
+"""Transactional messages as deployed, next to the fastest raw JetStream publishing, one run.
 
-- rate and latency, once per flush setting of nats-server (`sync_interval: always`, the
-  durable default, and `interval`, nats-server's lazy two-minute default), each on a server of its
-  own: `send_in_transaction` (prepare, a trivial local transaction, commit) until a consumer
-  has the message, at concurrency 1 and 64; next to raw acked publishes of the same single
-  messages on the same server: one at a time, and 256 in flight. Goals: at concurrency 64
-  with `always`, at least as many committed transactions per second as raw publishes with 256
-  in flight (group commit makes the transactional path cheaper per message than a plain
-  durable publish); otherwise >= 1/3 of raw.
-- check cycle: the cost of one checker cycle with 1,000 open transactions after 100,000
-  resolved ones, against the same cycle with no history (must not grow with history).
-- recovery: time for a restarted coordinator to rebuild 10,000 open transactions.
-- duplicate and unexpected check-backs in a check-heavy run (both must be 0).
+Per fsync setting of nats-server (`always`, the durable default, then `interval`), on a fresh
+embedded server each (`bench.deployed`):
+
+- raw baseline (`bench.raw`): one acked publish at a time (the latency of one write),
+  pipelined acked publishes (`RAW_IN_FLIGHT` awaiting acks), and atomic batch publish
+  (`RAW_BATCH` messages, all or nothing, one ack); the faster rate is the baseline.
+- txactors end to end: producers in this process (prepare, a trivial local transaction,
+  commit), the coordinator in its own process started by the CLI (one process serving both
+  partitions, then two serving one each), a consumer in its own process
+  (`bench.e2e_consumer`); concurrency 1 and 64; then 64 producers paced at half the one-
+  coordinator maximum (the consumer keeps up: consumed p99 <= 100 ms).
+- per run: commit and consumed latency, NATS messages in and out per transaction as the
+  server counts them, and CPU per transaction of each process.
+
+The checker rows (check cycle, check storm, recovery) are `bench.checker`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import collections
-import random
+import itertools
+import struct
 import time
-from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import nats
 from nats.aio.client import Client
-from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.table import Table
 
-from txactors import layout
-from txactors.consumer import ConsumedMessage, Consumer
-from txactors.coordinator import (
-    CheckAnswered,
-    CoordinatorConfig,
-    Decision,
-    End,
-    Half,
-    HalvesStored,
-    OpPersisted,
-    PersistOp,
-    Publish,
-    Published,
-    SendCheck,
-    TransactionTable,
-)
-from txactors.coordinator.service import run_coordinator
+from bench import checker, raw
+from bench.deployed import PARTITIONS, Deployment, Usage, deployment
 from txactors.logs import configure_logging
-from txactors.metrics import CoordinatorMetrics
-from txactors.producer import CheckView, TransactionProducer, TxMessage
-from txactors.server import EmbeddedNatsServer, Fsync
-from txactors.topics import ensure_topic_stream
+from txactors.producer import Decision, TransactionProducer, TxMessage
+from txactors.server import Fsync
 
-BODY = b"x" * 128
+SETTINGS: tuple[Fsync, ...] = ("always", "interval")
+"""The embedded server's fsync settings: `always` (the durable default) is the one that counts."""
+BODY_SIZE = 128
+STAMP = struct.Struct("<d")
+"""Each body starts with its send time on the monotonic clock (`bench.e2e_consumer` reads it)."""
+RAW_IN_FLIGHT = 256
+RAW_BATCH = 1000
+"""Messages per atomic batch (JetStream's most), two batches in flight."""
+CONCURRENCY = (1, 64)
+CONSUMED_TIMEOUT = 300.0
+
+END_VARIANTS: dict[str, dict[str, Any]] = {"acked end": {}}
+"""Ways to end a transaction, benched side by side: label → keyword arguments of
+`TransactionProducer.send_in_transaction`. The hook for the one-way end: once the producer has
+it, add its keyword here (e.g. `"one-way end": {"one_way": True}`) and every run repeats."""
+
+TARGET_RATE = 1 / 3
+TARGET_C1_LATENCY = 4.0
+TARGET_CPU = 3.0
+TARGET_MSGS = 5.0
+TARGET_CONSUMED_P99 = 0.100
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -65,273 +69,224 @@ def p50_p99(seconds: list[float]) -> str:
     return f"{percentile(seconds, 0.5) * 1e3:.1f} / {percentile(seconds, 0.99) * 1e3:.1f}"
 
 
-async def run_workers(count: int, workers: int, one: Callable[[int], Awaitable[None]]) -> float:
-    """Seconds to run `one(i)` for i < count spread over `workers` tasks."""
-    if count % workers:
-        raise ValueError(f"count {count} must be a multiple of workers {workers}")
-    per_worker = count // workers
-    started = time.perf_counter()
-    async with anyio.create_task_group() as tg:
-        for w in range(workers):
-
-            async def worker(w: int = w) -> None:
-                for i in range(per_worker):
-                    await one(w * per_worker + i)
-
-            tg.start_soon(worker)
-    return time.perf_counter() - started
+def stamped() -> bytes:
+    return STAMP.pack(time.monotonic()) + b"x" * (BODY_SIZE - STAMP.size)
 
 
-async def raw_publishes(nc: Client, count: int, in_flight: int) -> tuple[float, list[float]]:
-    """(acked msg/s, latencies) of single-message publishes, `in_flight` awaiting their acks."""
-    js = nc.jetstream(publish_async_max_pending=max(in_flight, 1))
-    await ensure_topic_stream(js, "rawbench")
-    latencies: list[float] = []
-    pending: collections.deque[tuple[float, asyncio.Future[Any]]] = collections.deque()
-    subject = layout.topic_subject("rawbench")
-
-    async def settle_oldest() -> None:
-        sent, future = pending.popleft()
-        await future
-        latencies.append(time.perf_counter() - sent)
-
-    started = time.perf_counter()
-    for i in range(count):
-        if len(pending) >= in_flight:
-            await settle_oldest()
-        future = await js.publish_async(subject, BODY, headers={"Nats-Msg-Id": f"r{i}"})
-        pending.append((time.perf_counter(), future))
-    while pending:
-        await settle_oldest()
-    seconds = time.perf_counter() - started
-    await js.purge_stream(layout.topic_stream("rawbench"))
-    return count / seconds, latencies
+def mark(ok: bool, target: str) -> str:
+    return f"{'✓' if ok else '✗'} {target}"
 
 
-async def transactions(
-    nc: Client, producer: TransactionProducer, count: int, workers: int, topic: str
-) -> tuple[float, list[float], list[float]]:
-    """(committed tx/s until the consumer had all, commit latencies, end-to-end latencies)."""
-    sent_at: dict[str, float] = {}
-    e2e: list[float] = []
-    all_in = anyio.Event()
+@dataclass(frozen=True)
+class Run:
+    """One measured run: `count` operations, their rate and latencies, and what they cost."""
 
-    async def handle(message: ConsumedMessage) -> None:
-        e2e.append(time.perf_counter() - sent_at[message.keys[0]])
-        if len(e2e) == count:
-            all_in.set()
+    count: int
+    rate: float
+    latencies: list[float]
+    usage: Usage
+    consumed: list[float] | None = None
 
+    def cpu_ms(self, role: str | None = None) -> float:
+        cpu = self.usage.cpu
+        return (cpu.get(role, 0.0) if role else sum(cpu.values())) / self.count * 1e3
+
+    def msgs(self) -> str:
+        return f"{self.usage.in_msgs / self.count:.1f} / {self.usage.out_msgs / self.count:.1f}"
+
+    def cpu_split(self) -> str:
+        roles = sorted(self.usage.cpu, key=lambda r: -self.usage.cpu[r])
+        return ", ".join(f"{r} {self.cpu_ms(r):.3f}" for r in roles if self.usage.cpu[r] > 0)
+
+
+async def measured(dep: Deployment, work: Any) -> tuple[Any, Usage]:
+    before = dep.snapshot()
+    result = await work
+    return result, dep.usage(before, dep.snapshot())
+
+
+async def raw_runs(dep: Deployment, nc: Client, scale: float) -> dict[str, Run]:
+    body = stamped()
+    runs: dict[str, Run] = {}
+    for name, count, work in (
+        ("one at a time", int(1000 * scale), lambda n: raw.pipelined(nc, body, n, 1)),
+        (
+            f"pipelined, {RAW_IN_FLIGHT} in flight",
+            int(20000 * scale),
+            lambda n: raw.pipelined(nc, body, n, RAW_IN_FLIGHT),
+        ),
+        (
+            f"atomic batches of {RAW_BATCH}, 2 in flight",
+            int(50000 * scale),
+            lambda n: raw.atomic_batches(nc, body, n, RAW_BATCH, 2),
+        ),
+    ):
+        (rate, latencies), usage = await measured(dep, work(count))
+        runs[name] = Run(count, rate, latencies, usage)
+    return runs
+
+
+async def e2e(
+    dep: Deployment,
+    producer: TransactionProducer,
+    count: int,
+    workers: int,
+    topic: str,
+    *,
+    pace: float | None = None,
+    send_options: dict[str, Any],
+) -> Run:
+    """`count` transactions over `workers` tasks (at most `pace` started per second), until the
+    consumer process had them all."""
     commit_latencies: list[float] = []
+    tickets = itertools.count()
 
-    async def one(i: int) -> None:
-        key = f"{topic}-{i}"
-        sent_at[key] = started = time.perf_counter()
-        result = await producer.send_in_transaction(
-            TxMessage(topic, BODY, keys=[key]), lambda m, a: Decision.COMMIT
-        )
-        assert result.state == "committed", result
-        commit_latencies.append(time.perf_counter() - started)
-
-    async with Consumer(nc, topic, "bench", handle, concurrency=64):
-        started = time.perf_counter()
-        await run_workers(count, workers, one)
-        await all_in.wait()
-        seconds = time.perf_counter() - started
-    return count / seconds, commit_latencies, e2e
-
-
-def check_cycle_cost(history: int, open_count: int = 1000, cycles: int = 10) -> float:
-    """Seconds per checker cycle over `open_count` open transactions after `history` resolved.
-
-    A cycle: every open transaction's check falls due (`tick`), is sent, answered UNKNOWN,
-    and its `checked` record persisted: the whole bookkeeping of one round of check-backs.
-    """
-    config = CoordinatorConfig(check_max=cycles + 1, check_jitter=0.0)
-    table = TransactionTable(config, rng=random.Random(7))
-    now, seq, op_seq = 1_000_000.0, 0, 0
-
-    def store(txid: str) -> None:
-        nonlocal seq
-        seq += 1
-        half = Half(index=0, topic="t", seq=seq, born=now)
-        event = HalvesStored(txid=txid, token="k", group="g", producer="p", halves=(half,))
-        table.handle(event, now)
-
-    def settle(actions: list[Any]) -> None:
-        nonlocal op_seq
-        while actions:
-            follow: list[Any] = []
-            for action in actions:
-                if isinstance(action, PersistOp):
-                    op_seq += 1
-                    follow += table.handle(OpPersisted(op_id=action.op_id, seq=op_seq), now)
-                elif isinstance(action, Publish):
-                    follow += table.handle(Published(txid=action.txid, index=action.index), now)
-                elif isinstance(action, SendCheck):
-                    answer = CheckAnswered(
-                        txid=action.txid, check_id=action.check_id, resolution=Decision.UNKNOWN
-                    )
-                    follow += table.handle(answer, now)
-            actions = follow
-
-    for i in range(history):
-        store(f"done-{i}")
-        end = End(txid=f"done-{i}", token="k", decision=Decision.COMMIT, request_id="r")
-        settle(table.handle(end, now))
-    for i in range(open_count):
-        store(f"open-{i}")
-    started = time.perf_counter()
-    for _ in range(cycles):
-        now += config.check_interval_max + config.max_immunity  # everything is due
-        actions = table.tick(now)
-        assert sum(isinstance(a, SendCheck) for a in actions) == open_count
-        settle(actions)
-    return (time.perf_counter() - started) / cycles
-
-
-async def recovery_seconds(nc: Client, open_count: int) -> float:
-    config = CoordinatorConfig(transaction_timeout=3600)
-    async with (
-        run_coordinator(nc, config=config),
-        TransactionProducer(nc, "recovery", lambda v: Decision.UNKNOWN) as producer,
-    ):
-
-        async def one(i: int) -> None:
-            await producer.begin().send(TxMessage("recovery", BODY))
-
-        await run_workers(max(open_count // 64, 1) * 64, 64, one)
-    started = time.perf_counter()
-    async with run_coordinator(nc, config=config):
-        return time.perf_counter() - started
-
-
-async def check_storm(nc: Client, count: int) -> tuple[float, float, int]:
-    """(duplicate checks, unexpected answers, checks sent) with UNKNOWN-then-decided txns."""
-    registry = CollectorRegistry()
-    metrics = CoordinatorMetrics(registry)
-    config = CoordinatorConfig(
-        transaction_timeout=0.2,
-        check_interval=0.2,
-        check_interval_max=0.5,
-        check_max=5,
-        check_answer_timeout=2.0,
-    )
-    asked: dict[str, int] = {}
-
-    async def checker(view: CheckView) -> Decision:
-        asked[view.txid] = asked.get(view.txid, 0) + 1
-        await anyio.sleep(random.uniform(0, 0.05))
-        return Decision.UNKNOWN if asked[view.txid] < 3 else Decision.COMMIT
-
-    async with (
-        run_coordinator(nc, config=config, metrics=metrics),
-        TransactionProducer(nc, "storm", checker, checker_concurrency=16) as producer,
-    ):
-
-        async def one(i: int) -> None:
-            await producer.send_in_transaction(
-                TxMessage("storm", BODY), lambda m, a: Decision.UNKNOWN
+    async def worker() -> None:
+        for i in tickets:
+            if i >= count:
+                return
+            if pace is not None:
+                await anyio.sleep(max(0.0, started + i / pace - time.monotonic()))
+            body = stamped()
+            result = await producer.send_in_transaction(
+                TxMessage(topic, body), lambda m, a: Decision.COMMIT, **send_options
             )
+            if result.state != "committed":
+                raise RuntimeError(f"transaction not committed: {result}")
+            commit_latencies.append(time.monotonic() - STAMP.unpack_from(body)[0])
 
-        count = max(count // 32, 1) * 32
-        await run_workers(count, 32, one)
-        with anyio.fail_after(60):
-            while (  # noqa: ASYNC110 (polling a metric: there is no event to wait on)
-                registry.get_sample_value("txactors_commits_total", {"partition": "0"}) or 0
-            ) < count:
-                await anyio.sleep(0.1)
-    sample = registry.get_sample_value
-    return (
-        sample("txactors_duplicate_checks_total", {"partition": "0"}) or 0.0,
-        sample("txactors_unexpected_check_answers_total", {"partition": "0"}) or 0.0,
-        sum(asked.values()),
-    )
-
-
-SETTINGS: tuple[Fsync, ...] = ("always", "interval")
-"""The embedded server's fsync settings compared: `sync_interval: always` (the durable
-default) and nats-server's own default (acknowledge at once, flush every two minutes)."""
-RAW_IN_FLIGHT = 256
+    async with dep.consumer(topic, count) as consumer:
+        before = dep.snapshot()
+        started = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            for _ in range(workers):
+                tg.start_soon(worker)
+        consumed, last = await consumer.result(CONSUMED_TIMEOUT)
+        usage = dep.usage(before, dep.snapshot())
+    return Run(count, count / (last - started), commit_latencies, usage, consumed)
 
 
-async def rates(table: Table, setting: Fsync, scale: float) -> None:
-    """Transactions at concurrency 1 and 64 next to raw publishes, on one server of `setting`."""
-    async with EmbeddedNatsServer(fsync=setting) as server:
-        nc = await nats.connect(server.url)
+class Report:
+    """The table: one block of rows per fsync setting, ratios against that run's baseline."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+        """Fraction of the full run's counts (`--quick`: 0.1)."""
+        self.table = Table(title="transactional messages as deployed vs raw JetStream (same run)")
+        for column in ("measure", "txactors", "raw baseline", "ratio", "target"):
+            self.table.add_column(column, justify="left" if column == "measure" else "right")
+
+    def row(self, *cells: str) -> None:
+        self.table.add_row(*cells, *("-",) * (5 - len(cells)))
+
+    def raw(self, setting: Fsync, runs: dict[str, Run]) -> tuple[Run, Run, Run]:
+        """Rows of the raw runs; (one at a time, pipelined, the faster of the last two)."""
+        for name, run in runs.items():
+            self.row(f"{setting}: raw {name}: acked msg/s", "-", f"{run.rate:,.0f}")
+            self.row(
+                "  ack latency p50 / p99 ms; NATS msgs in / out per msg",
+                "-",
+                f"{p50_p99(run.latencies)}; {run.msgs()}",
+            )
+            self.row(f"  CPU ms per msg ({run.cpu_split()})", "-", f"{run.cpu_ms():.3f}")
+        single, pipelined, batched = runs.values()
+        return single, pipelined, max(pipelined, batched, key=lambda r: r.rate)
+
+    def e2e(self, label: str, run: Run, raws: tuple[Run, Run, Run], workers: int) -> None:
+        """Rows of one end-to-end run, against the baseline (and pipelined publishes)."""
+        single, pipelined, base = raws
+        assert run.consumed is not None
+        ratio = run.rate / base.rate
+        self.row(
+            f"{label}: committed tx/s until consumed",
+            f"{run.rate:,.0f}",
+            f"{base.rate:,.0f}",
+            f"{ratio:.1%} (pipelined {run.rate / pipelined.rate:.0%})",
+            mark(ratio >= TARGET_RATE, f">= {TARGET_RATE:.0%}") if workers > 1 else "-",
+        )
+        commit_p50 = percentile(run.latencies, 0.5)
+        raw_p50 = percentile(single.latencies, 0.5)
+        self.row(
+            "  latency p50 / p99 ms: commit; consumed (raw: one acked publish)",
+            f"{p50_p99(run.latencies)}; {p50_p99(run.consumed)}",
+            p50_p99(single.latencies),
+            f"{commit_p50 / raw_p50:.1f}x" if workers == 1 else "-",
+            mark(commit_p50 <= TARGET_C1_LATENCY * raw_p50, f"<= {TARGET_C1_LATENCY:.0f}x")
+            if workers == 1
+            else "-",
+        )
+        in_msgs, out_msgs = (n / run.count for n in (run.usage.in_msgs, run.usage.out_msgs))
+        self.row(
+            "  NATS msgs in / out per txn (server's count)",
+            run.msgs(),
+            base.msgs(),
+            "-",
+            mark(max(in_msgs, out_msgs) <= TARGET_MSGS, f"<= {TARGET_MSGS:.0f} / 5"),
+        )
+        cpu_ratio = run.cpu_ms() / base.cpu_ms()
+        self.row(
+            f"  CPU ms per txn ({run.cpu_split()})",
+            f"{run.cpu_ms():.3f}",
+            f"{base.cpu_ms():.3f}",
+            f"{cpu_ratio:.0f}x (pipelined {run.cpu_ms() / pipelined.cpu_ms():.0f}x)",
+            mark(cpu_ratio <= TARGET_CPU, f"<= {TARGET_CPU:.0f}x"),
+        )
+
+    def paced(self, label: str, run: Run, pace: float) -> None:
+        assert run.consumed is not None
+        p99 = percentile(run.consumed, 0.99)
+        self.row(
+            f"{label}: paced at {pace:,.0f} tx/s (half the max): consumed p50 / p99 ms; "
+            f"CPU ms per txn ({run.cpu_split()})",
+            f"{p50_p99(run.consumed)}; {run.cpu_ms():.3f}",
+            "-",
+            "-",
+            mark(p99 <= TARGET_CONSUMED_P99, f"p99 <= {TARGET_CONSUMED_P99 * 1e3:.0f} ms"),
+        )
+
+
+async def coordinated(
+    report: Report, dep: Deployment, nc: Client, raws: tuple[Run, Run, Run], processes: int
+) -> None:
+    """Every end-to-end run with `processes` coordinator processes; with one, the paced run
+    at half its maximum rate too."""
+    setting, scale = dep.server.fsync, report.scale
+    where = f"{setting}: {processes} coordinator process{'es' if processes > 1 else ''}"
+    async with (
+        dep.coordinators(processes),
+        TransactionProducer(
+            nc, "bench", lambda v: Decision.COMMIT, partitions=PARTITIONS
+        ) as producer,
+    ):
+        max_rate = 0.0
+        for (end, options), workers in itertools.product(END_VARIANTS.items(), CONCURRENCY):
+            count = max(int((1000 if workers == 1 else 10000) * scale), workers)
+            topic = f"e2e{processes}c{workers}-{end.replace(' ', '')}"
+            run = await e2e(dep, producer, count, workers, topic, send_options=options)
+            report.e2e(f"{where}, concurrency {workers}, {end}", run, raws, workers)
+            max_rate = max(max_rate, run.rate)
+        if processes == 1:
+            pace = max_rate / 2
+            count = max(int(pace * 8 * scale), 64)
+            run = await e2e(dep, producer, count, 64, "e2epaced", pace=pace, send_options={})
+            report.paced(where, run, pace)
+
+
+async def rates(report: Report, setting: Fsync) -> None:
+    async with deployment(setting) as dep:
+        nc = await nats.connect(dep.url)
         try:
-            async with (
-                run_coordinator(nc),
-                TransactionProducer(nc, "bench", lambda v: Decision.COMMIT) as producer,
-            ):
-                for workers, count, in_flight in (
-                    (1, int(2000 * scale), 1),
-                    (64, int(20000 * scale), RAW_IN_FLIGHT),
-                ):
-                    count = max(count // workers, 1) * workers
-                    raw_rate, raw_lat = await raw_publishes(nc, count, in_flight)
-                    rate, commit_lat, e2e_lat = await transactions(
-                        nc, producer, count, workers, f"bench{workers}"
-                    )
-                    ratio = rate / raw_rate
-                    goal = 1.0 if (setting, workers) == ("always", 64) else 1 / 3
-                    table.add_row(
-                        f"{setting}: committed tx/s until consumed, concurrency {workers} "
-                        f"(raw: {in_flight} in flight)",
-                        f"{rate:,.0f}",
-                        f"{raw_rate:,.0f}",
-                        f"{ratio:.0%}",
-                        f"{'✓' if ratio >= goal else '✗'} >= {goal:.0%}",
-                    )
-                    table.add_row(
-                        f"  {setting}: latency p50 / p99 ms, concurrency {workers} "
-                        "(commit; consumed)",
-                        f"{p50_p99(commit_lat)}; {p50_p99(e2e_lat)}",
-                        p50_p99(raw_lat),
-                        "-",
-                        "-",
-                    )
+            raws = report.raw(setting, await raw_runs(dep, nc, report.scale))
+            for processes in (1, 2):
+                await coordinated(report, dep, nc, raws, processes)
         finally:
             await nc.close()
 
 
 async def main(*, quick: bool = False) -> None:
     configure_logging("ERROR")
-    console = Console(width=150)
-    scale = 0.1 if quick else 1.0
-    table = Table(title="transactional messages vs raw acked JetStream publishes (same run)")
-    for column in ("measure", "txactors", "raw JetStream", "ratio", "goal"):
-        table.add_column(column, justify="left" if column == "measure" else "right")
+    report = Report(scale=0.1 if quick else 1.0)
     for setting in SETTINGS:
-        await rates(table, setting, scale)
-
-    async with EmbeddedNatsServer(fsync="always") as server:
-        nc = await nats.connect(server.url)
-        try:
-            history = int(100_000 * scale)
-            fresh, aged = check_cycle_cost(0), check_cycle_cost(history)
-            table.add_row(
-                f"check cycle, 1,000 open: after {history:,} resolved vs none (ms)",
-                f"{aged * 1e3:,.1f}",
-                f"{fresh * 1e3:,.1f}",
-                f"{aged / fresh:.2f}x",
-                "≈ 1x (no growth)",
-            )
-            duplicates, unexpected, checks = await check_storm(nc, int(500 * scale))
-            table.add_row(
-                f"duplicate / unexpected check-backs ({checks:,} checks)",
-                f"{duplicates:.0f} / {unexpected:.0f}",
-                "-",
-                "-",
-                "✓ 0 / 0" if duplicates == unexpected == 0 else "✗",
-            )
-            open_count = int(10_000 * scale)
-            table.add_row(
-                f"always: recovery with {open_count:,} open transactions (s)",
-                f"{await recovery_seconds(nc, open_count):.2f}",
-                "-",
-                "-",
-                "-",
-            )
-        finally:
-            await nc.close()
-    console.print(table)
+        await rates(report, setting)
+    await checker.checks(report.table, report.scale)
+    Console(width=200).print(report.table)

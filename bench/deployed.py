@@ -1,0 +1,209 @@
+"""The processes of a deployment, started and measured from outside for the benchmark.
+
+- `Deployment`: an embedded nats-server with its HTTP monitoring port, coordinators started
+  through the CLI (`python -m txactors.cli coordinator`, as an operator would), and a consumer
+  process per run (`bench.e2e_consumer`).
+- `Meter`: CPU seconds of each process (`/proc/<pid>/stat` utime + stime) and the server's
+  own message counts (`/varz` in_msgs / out_msgs) between two snapshots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import nats
+
+from txactors.lease_admin import list_leases
+from txactors.server import EmbeddedNatsServer, Fsync
+
+ROOT = Path(__file__).resolve().parent.parent
+TICKS = os.sysconf("SC_CLK_TCK")
+PARTITIONS = 2
+"""Partitions of every coordinator run: one process serves both, or two processes one each."""
+START_TIMEOUT = 30.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime: fields 14, 15
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    at: float
+    cpu: dict[str, float]
+    in_msgs: int
+    out_msgs: int
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What happened between two snapshots: seconds, CPU seconds per role, server messages."""
+
+    seconds: float
+    cpu: dict[str, float]
+    in_msgs: int
+    out_msgs: int
+
+
+@dataclass
+class Deployment:
+    """A server and the processes around it; `roles` maps a role name to its pids."""
+
+    server: EmbeddedNatsServer
+    monitor_port: int
+    logs: Path
+    roles: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def varz(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.monitor_port}/varz") as answer:
+            data: dict[str, Any] = json.load(answer)
+        return data
+
+    def snapshot(self) -> Snapshot:
+        varz = self.varz()
+        roles = {"producer": [os.getpid()], "nats-server": [self.server.pid or 0], **self.roles}
+        cpu = {role: sum(cpu_seconds(pid) for pid in pids) for role, pids in roles.items()}
+        return Snapshot(time.monotonic(), cpu, varz["in_msgs"], varz["out_msgs"])
+
+    @staticmethod
+    def usage(before: Snapshot, after: Snapshot) -> Usage:
+        return Usage(
+            after.at - before.at,
+            {role: after.cpu[role] - before.cpu.get(role, 0.0) for role in after.cpu},
+            after.in_msgs - before.in_msgs,
+            after.out_msgs - before.out_msgs,
+        )
+
+    def _log(self, name: str) -> IO[bytes]:
+        return (self.logs / f"{name}.log").open("ab")
+
+    @contextlib.asynccontextmanager
+    async def coordinators(self, count: int) -> AsyncIterator[None]:
+        """`count` coordinator processes sharing `PARTITIONS` (split evenly), as the CLI runs
+        them with their default settings; ready once every partition has its owner."""
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("TXACTORS_", "NATS_"))},
+            "PYTHONPATH": str(ROOT),
+            "NATS_URL": self.url,
+        }
+        processes = []
+        try:
+            for i in range(count):
+                log = self._log(f"coordinator-{count}-{i}")
+                processes.append(
+                    await asyncio.create_subprocess_exec(
+                        sys.executable,
+                        *("-m", "txactors.cli", "coordinator"),
+                        *("--partitions", str(PARTITIONS)),
+                        *("--max-partitions", str(PARTITIONS // count)),
+                        env=env,
+                        cwd=ROOT,
+                        stdout=log,
+                        stderr=log,
+                    )
+                )
+                log.close()
+            await self._leased(count)
+            self.roles["coordinator"] = [p.pid for p in processes]
+            yield
+        finally:
+            self.roles.pop("coordinator", None)
+            for process in processes:
+                with contextlib.suppress(ProcessLookupError):
+                    process.terminate()
+            for process in processes:
+                await process.wait()
+
+    async def _leased(self, owners: int) -> None:
+        nc = await nats.connect(self.url)
+        try:
+            deadline = time.monotonic() + START_TIMEOUT
+            while True:
+                with contextlib.suppress(Exception):
+                    table = await list_leases(nc, partitions=PARTITIONS)
+                    held = {lease.owner for lease in table.leases if lease.owner}
+                    if all(lease.owner for lease in table.leases) and len(held) == owners:
+                        return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{owners} coordinator(s) did not take the partitions")
+                await asyncio.sleep(0.1)
+        finally:
+            await nc.close()
+
+    @contextlib.asynccontextmanager
+    async def consumer(self, topic: str, count: int) -> AsyncIterator[Consumed]:
+        """A consumer process on `topic` expecting `count` messages; ready when entered."""
+        log = self._log(f"consumer-{topic}")
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            *("-m", "bench.e2e_consumer", self.url, topic, str(count)),
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            cwd=ROOT,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=log,
+            limit=1 << 26,
+        )
+        log.close()
+        assert process.stdout is not None and process.stdin is not None
+        try:
+            async with asyncio.timeout(START_TIMEOUT):
+                line = await process.stdout.readline()
+            if line.strip() != b"ready":
+                raise RuntimeError(f"consumer did not start: {line!r} (see {self.logs})")
+            self.roles["consumer"] = [process.pid]
+            yield Consumed(process)
+        finally:
+            self.roles.pop("consumer", None)
+            process.stdin.close()
+            with contextlib.suppress(ProcessLookupError):
+                process.terminate()
+            await process.wait()
+
+
+@dataclass
+class Consumed:
+    """The consumer process's report: its latencies and the time of the last message."""
+
+    process: asyncio.subprocess.Process
+
+    async def result(self, timeout: float) -> tuple[list[float], float]:
+        assert self.process.stdout is not None
+        async with asyncio.timeout(timeout):
+            line = await self.process.stdout.readline()
+        report: Mapping[str, Any] = json.loads(line)
+        return report["latencies"], report["last"]
+
+
+@contextlib.asynccontextmanager
+async def deployment(fsync: Fsync) -> AsyncIterator[Deployment]:
+    """A fresh embedded server of `fsync`, monitored over HTTP; logs go to a temporary dir."""
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="txbench-") as logs:
+        async with EmbeddedNatsServer(fsync=fsync, extra_args=("-m", str(port))) as server:
+            yield Deployment(server, port, Path(logs))
