@@ -33,6 +33,18 @@ TICKS = os.sysconf("SC_CLK_TCK")
 PARTITIONS = 2
 """Partitions of every coordinator run: one process serves both, or two processes one each."""
 START_TIMEOUT = 30.0
+PROFILE_ENV = "TXBENCH_PROFILE"
+"""A directory: run the coordinators and consumers under cProfile, one file per process
+there, and profile the producer's runs too (`bench.transactions`). Slows every process down."""
+
+
+def python(name: str) -> list[str]:
+    """The command line running module `name`, under cProfile if `PROFILE_ENV` is set."""
+    directory = os.environ.get(PROFILE_ENV)
+    if not directory:
+        return [sys.executable, "-m", name]
+    out = Path(directory) / f"{name.rsplit('.', 1)[-1]}-{time.monotonic_ns()}.prof"
+    return [sys.executable, "-m", "cProfile", "-o", str(out), "-m", name]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -117,8 +129,8 @@ class Deployment:
                 log = self._log(f"coordinator-{count}-{i}")
                 processes.append(
                     await asyncio.create_subprocess_exec(
-                        sys.executable,
-                        *("-m", "txactors.cli", "coordinator"),
+                        *python("txactors.cli"),
+                        "coordinator",
                         *("--partitions", str(PARTITIONS)),
                         *("--max-partitions", str(PARTITIONS // count)),
                         env=env,
@@ -160,8 +172,8 @@ class Deployment:
         """A consumer process on `topic` expecting `count` messages; ready when entered."""
         log = self._log(f"consumer-{topic}")
         process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            *("-m", "bench.e2e_consumer", self.url, topic, str(count)),
+            *python("bench.e2e_consumer"),
+            *(self.url, topic, str(count)),
             env={**os.environ, "PYTHONPATH": str(ROOT)},
             cwd=ROOT,
             stdin=asyncio.subprocess.PIPE,
@@ -180,10 +192,13 @@ class Deployment:
             yield Consumed(process)
         finally:
             self.roles.pop("consumer", None)
-            process.stdin.close()
-            with contextlib.suppress(ProcessLookupError):
+            process.stdin.close()  # it leaves by itself (writing its profile, if any)
+            try:
+                async with asyncio.timeout(10):
+                    await process.wait()
+            except TimeoutError:
                 process.terminate()
-            await process.wait()
+                await process.wait()
 
 
 @dataclass

@@ -19,10 +19,15 @@ The checker rows (check cycle, check storm, recovery) are `bench.checker`.
 
 from __future__ import annotations
 
+import contextlib
+import cProfile
 import itertools
+import os
 import struct
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -32,7 +37,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import checker, raw
-from bench.deployed import PARTITIONS, Deployment, Usage, deployment
+from bench.deployed import PARTITIONS, PROFILE_ENV, Deployment, Usage, deployment
 from txactors.logs import configure_logging
 from txactors.producer import Decision, TransactionProducer, TxMessage
 from txactors.server import Fsync
@@ -126,6 +131,19 @@ async def raw_runs(dep: Deployment, nc: Client, scale: float) -> dict[str, Run]:
     return runs
 
 
+@contextlib.contextmanager
+def profiled(name: str) -> Iterator[None]:
+    """cProfile this process meanwhile if `PROFILE_ENV` names a directory (else nothing)."""
+    directory = os.environ.get(PROFILE_ENV)
+    if not directory:
+        yield
+        return
+    profile = cProfile.Profile()
+    with profile:
+        yield
+    profile.dump_stats(Path(directory) / f"{name}.prof")
+
+
 async def e2e(
     dep: Deployment,
     producer: TransactionProducer,
@@ -158,9 +176,10 @@ async def e2e(
     async with dep.consumer(topic, count) as consumer:
         before = dep.snapshot()
         started = time.monotonic()
-        async with anyio.create_task_group() as tg:
-            for _ in range(workers):
-                tg.start_soon(worker)
+        with profiled(f"producer-{topic}"):
+            async with anyio.create_task_group() as tg:
+                for _ in range(workers):
+                    tg.start_soon(worker)
         consumed, last = await consumer.result(CONSUMED_TIMEOUT)
         usage = dep.usage(before, dep.snapshot())
     return Run(count, count / (last - started), commit_latencies, usage, consumed)
@@ -236,9 +255,9 @@ class Report:
         assert run.consumed is not None
         p99 = percentile(run.consumed, 0.99)
         self.row(
-            f"{label}: paced at {pace:,.0f} tx/s (half the max): consumed p50 / p99 ms; "
-            f"CPU ms per txn ({run.cpu_split()})",
-            f"{p50_p99(run.consumed)}; {run.cpu_ms():.3f}",
+            f"{label}: paced at {pace:,.0f} tx/s (half the max): latency p50 / p99 ms: "
+            f"commit; consumed; CPU ms per txn ({run.cpu_split()})",
+            f"{p50_p99(run.latencies)}; {p50_p99(run.consumed)}; {run.cpu_ms():.3f}",
             "-",
             "-",
             mark(p99 <= TARGET_CONSUMED_P99, f"p99 <= {TARGET_CONSUMED_P99 * 1e3:.0f} ms"),
