@@ -47,10 +47,10 @@ def python(name: str) -> list[str]:
     return [sys.executable, "-m", "cProfile", "-o", str(out), "-m", name]
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process `pid` so far."""
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of process `pid` so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime: fields 14, 15
+    return int(fields[11]) / TICKS, int(fields[12]) / TICKS  # utime, stime: fields 14, 15
 
 
 def free_port() -> int:
@@ -64,6 +64,7 @@ def free_port() -> int:
 class Snapshot:
     at: float
     cpu: dict[str, float]
+    sys: dict[str, float]
     in_msgs: int
     out_msgs: int
 
@@ -74,6 +75,9 @@ class Usage:
 
     seconds: float
     cpu: dict[str, float]
+    """User + system CPU seconds per role."""
+    sys: dict[str, float]
+    """System CPU seconds per role (the kernel: socket writes, fsync)."""
     in_msgs: int
     out_msgs: int
 
@@ -99,14 +103,17 @@ class Deployment:
     def snapshot(self) -> Snapshot:
         varz = self.varz()
         roles = {"producer": [os.getpid()], "nats-server": [self.server.pid or 0], **self.roles}
-        cpu = {role: sum(cpu_seconds(pid) for pid in pids) for role, pids in roles.items()}
-        return Snapshot(time.monotonic(), cpu, varz["in_msgs"], varz["out_msgs"])
+        times = {role: [cpu_seconds(pid) for pid in pids] for role, pids in roles.items()}
+        cpu = {role: sum(u + s for u, s in pairs) for role, pairs in times.items()}
+        sys = {role: sum(s for _, s in pairs) for role, pairs in times.items()}
+        return Snapshot(time.monotonic(), cpu, sys, varz["in_msgs"], varz["out_msgs"])
 
     @staticmethod
     def usage(before: Snapshot, after: Snapshot) -> Usage:
         return Usage(
             after.at - before.at,
             {role: after.cpu[role] - before.cpu.get(role, 0.0) for role in after.cpu},
+            {role: after.sys[role] - before.sys.get(role, 0.0) for role in after.sys},
             after.in_msgs - before.in_msgs,
             after.out_msgs - before.out_msgs,
         )

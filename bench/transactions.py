@@ -101,7 +101,11 @@ class Run:
 
     def cpu_split(self) -> str:
         roles = sorted(self.usage.cpu, key=lambda r: -self.usage.cpu[r])
-        return ", ".join(f"{r} {self.cpu_ms(r):.3f}" for r in roles if self.usage.cpu[r] > 0)
+        return ", ".join(
+            f"{r} {self.cpu_ms(r):.3f} ({self.usage.sys[r] / self.usage.cpu[r]:.0%} sys)"
+            for r in roles
+            if self.usage.cpu[r] > 0
+        )
 
 
 async def measured(dep: Deployment, work: Any) -> tuple[Any, Usage]:
