@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import nats
+from nats.aio.client import Client
 from prometheus_client import CollectorRegistry
 from rich.table import Table
 
@@ -89,7 +90,7 @@ def check_cycle_cost(history: int, open_count: int = 1000, cycles: int = 10) -> 
     return (time.perf_counter() - started) / cycles
 
 
-async def recovery_seconds(nc: nats.aio.client.Client, open_count: int) -> float:
+async def recovery_seconds(nc: Client, open_count: int) -> float:
     config = CoordinatorConfig(transaction_timeout=3600)
     async with (
         run_coordinator(nc, config=config),
@@ -105,7 +106,7 @@ async def recovery_seconds(nc: nats.aio.client.Client, open_count: int) -> float
         return time.perf_counter() - started
 
 
-async def check_storm(nc: nats.aio.client.Client, count: int) -> tuple[float, float, int]:
+async def check_storm(nc: Client, count: int) -> tuple[float, float, int]:
     """(duplicate checks, unexpected answers, checks sent) with UNKNOWN-then-decided txns."""
     registry = CollectorRegistry()
     metrics = CoordinatorMetrics(registry)

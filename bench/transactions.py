@@ -25,7 +25,7 @@ import itertools
 import os
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,30 +108,28 @@ class Run:
         )
 
 
-async def measured(dep: Deployment, work: Any) -> tuple[Any, Usage]:
-    before = dep.snapshot()
-    result = await work
-    return result, dep.usage(before, dep.snapshot())
-
-
 async def raw_runs(dep: Deployment, nc: Client, scale: float) -> dict[str, Run]:
+    """The raw methods in turn, each with what it cost (`Usage`)."""
     body = stamped()
-    runs: dict[str, Run] = {}
-    for name, count, work in (
-        ("one at a time", int(1000 * scale), lambda n: raw.pipelined(nc, body, n, 1)),
+    methods: list[tuple[str, int, Callable[[int], Awaitable[tuple[float, list[float]]]]]] = [
+        ("one at a time", 1000, lambda n: raw.pipelined(nc, body, n, 1)),
         (
             f"pipelined, {RAW_IN_FLIGHT} in flight",
-            int(20000 * scale),
+            20000,
             lambda n: raw.pipelined(nc, body, n, RAW_IN_FLIGHT),
         ),
         (
             f"atomic batches of {RAW_BATCH}, 2 in flight",
-            int(50000 * scale),
+            50000,
             lambda n: raw.atomic_batches(nc, body, n, RAW_BATCH, 2),
         ),
-    ):
-        (rate, latencies), usage = await measured(dep, work(count))
-        runs[name] = Run(count, rate, latencies, usage)
+    ]
+    runs: dict[str, Run] = {}
+    for name, full, work in methods:
+        count = int(full * scale)
+        before = dep.snapshot()
+        rate, latencies = await work(count)
+        runs[name] = Run(count, rate, latencies, dep.usage(before, dep.snapshot()))
     return runs
 
 
