@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -147,7 +148,7 @@ class Deployment:
                     )
                 )
                 log.close()
-            await self._leased(count)
+            await self._leased(processes)
             self.roles["coordinator"] = [p.pid for p in processes]
             yield
         finally:
@@ -158,7 +159,9 @@ class Deployment:
             for process in processes:
                 await process.wait()
 
-    async def _leased(self, owners: int) -> None:
+    async def _leased(self, processes: list[asyncio.subprocess.Process]) -> None:
+        """Until each process holds its share of the partitions; fails if one exits."""
+        owners = len(processes)
         nc = await nats.connect(self.url)
         try:
             deadline = time.monotonic() + START_TIMEOUT
@@ -168,6 +171,8 @@ class Deployment:
                     held = {lease.owner for lease in table.leases if lease.owner}
                     if all(lease.owner for lease in table.leases) and len(held) == owners:
                         return
+                if any(p.returncode is not None for p in processes):
+                    raise RuntimeError(f"a coordinator exited at start (see {self.logs})")
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{owners} coordinator(s) did not take the partitions")
                 await asyncio.sleep(0.1)
@@ -224,8 +229,14 @@ class Consumed:
 
 @contextlib.asynccontextmanager
 async def deployment(fsync: Fsync) -> AsyncIterator[Deployment]:
-    """A fresh embedded server of `fsync`, monitored over HTTP; logs go to a temporary dir."""
+    """A fresh embedded server of `fsync`, monitored over HTTP. The processes' logs go to a
+    temporary directory, removed after a good run and kept (and named) after a failed one."""
     port = free_port()
-    with tempfile.TemporaryDirectory(prefix="txbench-") as logs:
+    logs = Path(tempfile.mkdtemp(prefix="txbench-"))
+    try:
         async with EmbeddedNatsServer(fsync=fsync, extra_args=("-m", str(port))) as server:
-            yield Deployment(server, port, Path(logs))
+            yield Deployment(server, port, logs)
+    except BaseException:
+        print(f"the processes' logs are kept in {logs}", file=sys.stderr)
+        raise
+    shutil.rmtree(logs, ignore_errors=True)
