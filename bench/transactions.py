@@ -9,8 +9,9 @@ embedded server each (`bench.deployed`):
 - txactors end to end: producers in this process (prepare, a trivial local transaction,
   commit), the coordinator in its own process started by the CLI (one process serving both
   partitions, then two serving one each), a consumer in its own process
-  (`bench.e2e_consumer`); concurrency 1 and 64; then 64 producers paced at half the one-
-  coordinator maximum (the consumer keeps up: consumed p99 <= 100 ms).
+  (`bench.e2e_consumer`); concurrency 1 and 64, once per way to end (`END_VARIANTS`: acked
+  and one-way); with one coordinator, 64 producers paced at half that maximum too (the
+  consumer keeps up: consumed p99 <= 100 ms).
 - per run: commit and consumed latency, NATS messages in and out per transaction as the
   server counts them, and CPU per transaction of each process.
 
@@ -53,10 +54,13 @@ RAW_BATCH = 1000
 CONCURRENCY = (1, 64)
 CONSUMED_TIMEOUT = 300.0
 
-END_VARIANTS: dict[str, dict[str, Any]] = {"acked end": {}}
-"""Ways to end a transaction, benched side by side: label → keyword arguments of
-`TransactionProducer.send_in_transaction`. The hook for the one-way end: once the producer has
-it, add its keyword here (e.g. `"one-way end": {"one_way": True}`) and every run repeats."""
+END_VARIANTS: dict[str, dict[str, Any]] = {
+    "acked end": {"end_mode": "ack"},
+    "one-way end": {"end_mode": "oneway"},
+}
+"""Ways to end a transaction, each run in turn: label → keyword arguments of
+`TransactionProducer`. With a one-way end, the commit latency is until the end is published
+(unconfirmed); the consumed latency is the one that counts."""
 
 TARGET_RATE = 1 / 3
 TARGET_C1_LATENCY = 4.0
@@ -91,6 +95,8 @@ class Run:
     latencies: list[float]
     usage: Usage
     consumed: list[float] | None = None
+    confirmed: bool = True
+    """Every end was confirmed (an acked end): the commit latency is the durable commit's."""
 
     def cpu_ms(self, role: str | None = None) -> float:
         cpu = self.usage.cpu
@@ -154,14 +160,15 @@ async def e2e(
     topic: str,
     *,
     pace: float | None = None,
-    send_options: dict[str, Any],
 ) -> Run:
     """`count` transactions over `workers` tasks (at most `pace` started per second), until the
     consumer process had them all."""
     commit_latencies: list[float] = []
+    unconfirmed = 0
     tickets = itertools.count()
 
     async def worker() -> None:
+        nonlocal unconfirmed
         for i in tickets:
             if i >= count:
                 return
@@ -169,10 +176,11 @@ async def e2e(
                 await anyio.sleep(max(0.0, started + i / pace - time.monotonic()))
             body = stamped()
             result = await producer.send_in_transaction(
-                TxMessage(topic, body), lambda m, a: Decision.COMMIT, **send_options
+                TxMessage(topic, body), lambda m, a: Decision.COMMIT
             )
             if result.state not in ("committed", None):  # None: a one-way end (unconfirmed)
                 raise RuntimeError(f"transaction not committed: {result}")
+            unconfirmed += result.state is None
             commit_latencies.append(time.monotonic() - STAMP.unpack_from(body)[0])
 
     async with dep.consumer(topic, count) as consumer:
@@ -184,7 +192,8 @@ async def e2e(
                     tg.start_soon(worker)
         consumed, last = await consumer.result(CONSUMED_TIMEOUT)
         usage = dep.usage(before, dep.snapshot())
-    return Run(count, count / (last - started), commit_latencies, usage, consumed)
+    rate = count / (last - started)
+    return Run(count, rate, commit_latencies, usage, consumed, confirmed=not unconfirmed)
 
 
 class Report:
@@ -225,10 +234,12 @@ class Report:
             f"{ratio:.1%} (pipelined {run.rate / pipelined.rate:.0%})",
             mark(ratio >= TARGET_RATE, f">= {TARGET_RATE:.0%}") if workers > 1 else "-",
         )
-        commit_p50 = percentile(run.latencies, 0.5)
+        # an unconfirmed (one-way) end returns before the commit: the consumed latency counts
+        commit_p50 = percentile(run.latencies if run.confirmed else run.consumed, 0.5)
         raw_p50 = percentile(single.latencies, 0.5)
         self.row(
-            "  latency p50 / p99 ms: commit; consumed (raw: one acked publish)",
+            "  latency p50 / p99 ms: commit; consumed (raw: one acked publish)"
+            + ("" if run.confirmed else "; target on consumed"),
             f"{p50_p99(run.latencies)}; {p50_p99(run.consumed)}",
             p50_p99(single.latencies),
             f"{commit_p50 / raw_p50:.1f}x" if workers == 1 else "-",
@@ -269,28 +280,28 @@ class Report:
 async def coordinated(
     report: Report, dep: Deployment, nc: Client, raws: tuple[Run, Run, Run], processes: int
 ) -> None:
-    """Every end-to-end run with `processes` coordinator processes; with one, the paced run
-    at half its maximum rate too."""
+    """Every end-to-end run with `processes` coordinator processes, per way to end; with one
+    process, a run paced at half the maximum rate too."""
     setting, scale = dep.server.fsync, report.scale
     where = f"{setting}: {processes} coordinator process{'es' if processes > 1 else ''}"
-    async with (
-        dep.coordinators(processes),
-        TransactionProducer(
-            nc, "bench", lambda v: Decision.COMMIT, partitions=PARTITIONS
-        ) as producer,
-    ):
-        max_rate = 0.0
-        for (end, options), workers in itertools.product(END_VARIANTS.items(), CONCURRENCY):
-            count = max(int((1000 if workers == 1 else 10000) * scale), workers)
-            topic = f"e2e{processes}c{workers}-{end.replace(' ', '')}"
-            run = await e2e(dep, producer, count, workers, topic, send_options=options)
-            report.e2e(f"{where}, concurrency {workers}, {end}", run, raws, workers)
-            max_rate = max(max_rate, run.rate)
-        if processes == 1:
-            pace = max_rate / 2
-            count = max(int(pace * 8 * scale), 64)
-            run = await e2e(dep, producer, count, 64, "e2epaced", pace=pace, send_options={})
-            report.paced(where, run, pace)
+    async with dep.coordinators(processes):
+        for end, options in END_VARIANTS.items():
+            async with TransactionProducer(
+                nc, "bench", lambda v: Decision.COMMIT, partitions=PARTITIONS, **options
+            ) as producer:
+                max_rate = 0.0
+                for workers in CONCURRENCY:
+                    count = max(int((1000 if workers == 1 else 10000) * scale), workers)
+                    topic = f"e2e{processes}c{workers}-{end.replace(' ', '')}"
+                    run = await e2e(dep, producer, count, workers, topic)
+                    report.e2e(f"{where}, concurrency {workers}, {end}", run, raws, workers)
+                    max_rate = max(max_rate, run.rate)
+                if processes == 1:
+                    pace = max_rate / 2
+                    count = max(int(pace * 8 * scale), 64)
+                    topic = f"e2epaced-{end.replace(' ', '')}"
+                    run = await e2e(dep, producer, count, 64, topic, pace=pace)
+                    report.paced(f"{where}, {end}", run, pace)
 
 
 async def rates(report: Report, setting: Fsync) -> None:
