@@ -269,8 +269,8 @@ class Report:
         p99 = percentile(run.consumed, 0.99)
         self.row(
             f"{label}: paced at {pace:,.0f} tx/s (half the max): latency p50 / p99 ms: "
-            f"commit; consumed; CPU ms per txn ({run.cpu_split()})",
-            f"{p50_p99(run.latencies)}; {p50_p99(run.consumed)}; {run.cpu_ms():.3f}",
+            f"commit; consumed; NATS msgs in / out per txn; CPU ms per txn ({run.cpu_split()})",
+            f"{p50_p99(run.latencies)}; {p50_p99(run.consumed)}; {run.msgs()}; {run.cpu_ms():.3f}",
             "-",
             "-",
             mark(p99 <= TARGET_CONSUMED_P99, f"p99 <= {TARGET_CONSUMED_P99 * 1e3:.0f} ms"),
