@@ -150,7 +150,7 @@ async def _ask(nc: Client, partition: int, command: Any, reply_type: type[R], ti
 
 def _partition(txid: str, partitions: int) -> int:
     if partitions < 1:
-        raise ValueError(f"partitions must be >= 1, got {partitions}")
+        raise ConfigError(f"partitions must be >= 1, got {partitions}")
     return layout.partition_of(txid, partitions)
 
 
@@ -164,7 +164,7 @@ async def find_transactions(
     """Every partition's answer to `where` (its filters are applied by the coordinators),
     merged oldest first; at most `where.limit` of them, `more` counting the rest."""
     if partitions < 1:
-        raise ValueError(f"partitions must be >= 1, got {partitions}")
+        raise ConfigError(f"partitions must be >= 1, got {partitions}")
     replies = await asyncio.gather(
         *(_ask(nc, p, where, TransactionList, timeout) for p in range(partitions)),
         return_exceptions=True,

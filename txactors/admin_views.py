@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from txactors.coordinator.core.states import TxnState
+from txactors.errors import ConfigError
 from txactors.protocol import TransactionInfo
 
 STATE_MEANINGS: Final[Mapping[TxnState, str]] = {
@@ -53,20 +54,20 @@ _DURATION: Final = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
 
 def parse_duration(text: str) -> float:
     """Seconds in `90`, `90s`, `10m`, `1h30m`, `2d 3h` (what `human_duration` prints);
-    ValueError saying how to write one."""
+    ConfigError (a ValueError) saying how to write one."""
     spaced = text.strip().lower()
     try:
         seconds = float(spaced)
     except ValueError:
         parts = _DURATION.findall(spaced)
         if not parts or _DURATION.sub("", spaced).strip():
-            raise ValueError(
+            raise ConfigError(
                 f"{text!r} is not a duration: write seconds (90) or a number and a unit, "
                 "s m h d, e.g. 10m, 1h30m, 2d"
             ) from None
         seconds = sum(float(number) * _DURATION_UNITS[unit] for number, unit in parts)
     if not (math.isfinite(seconds) and seconds >= 0):
-        raise ValueError(f"{text!r} is not a duration: it must be a finite number >= 0")
+        raise ConfigError(f"{text!r} is not a duration: it must be a finite number >= 0")
     return seconds
 
 

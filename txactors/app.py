@@ -34,7 +34,7 @@ from txactors.consumer.consumer import Consumer, Handler
 from txactors.consumer.idempotent import PgConnection, apply_once_postgres, apply_once_sqlite
 from txactors.consumer.message import ConsumedMessage
 from txactors.consumer.retry import DEFAULT_MAX_RECONSUME, DEFAULT_RETRY_DELAYS
-from txactors.errors import PoisonMessage
+from txactors.errors import ConfigError, ConfigTypeError, PoisonMessage
 from txactors.layout import validate_name
 from txactors.logs import get_logger
 from txactors.metrics import ConsumerMetrics
@@ -135,7 +135,7 @@ class TxApp:
         group = validate_name("group", group or self.name)
         validate_name("topic", topic)
         if any((c.topic, c.group) == (topic, group) for c in self.consumers):
-            raise ValueError(
+            raise ConfigError(
                 f"{self.name}: group {group!r} already has a handler for topic {topic!r}; "
                 "two handlers would split its messages between them"
             )
@@ -188,7 +188,7 @@ class TxApp:
         """
         pulls: dict[str, Any] = {} if pull_expires is None else {"pull_expires": pull_expires}
         if not self.consumers:
-            raise ValueError(f"{self.name} has no consumers: decorate one with @app.consumer")
+            raise ConfigError(f"{self.name} has no consumers: decorate one with @app.consumer")
         for hook in self._startup:
             await hook()
         try:
@@ -232,7 +232,7 @@ def _observed(spec: ConsumerSpec, on_handled: OnHandled) -> Handler:
 
 def _inspect(handler: Callable[..., Any], *, idempotent: bool) -> _Signature:
     if not inspect.iscoroutinefunction(handler):
-        raise TypeError(f"{handler.__qualname__} must be an `async def` function")
+        raise ConfigTypeError(f"{handler.__qualname__} must be an `async def` function")
     hints = get_type_hints(handler)
     body: str | None = None
     message: str | None = None
@@ -240,19 +240,19 @@ def _inspect(handler: Callable[..., Any], *, idempotent: bool) -> _Signature:
     for name, parameter in inspect.signature(handler).parameters.items():
         annotation = hints.get(name, parameter.empty)
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
-            raise TypeError(f"{handler.__qualname__}: *args/**kwargs cannot be filled")
+            raise ConfigTypeError(f"{handler.__qualname__}: *args/**kwargs cannot be filled")
         if isinstance(annotation, type) and issubclass(annotation, ConsumedMessage):
             message = name
         elif name == CONNECTION_PARAMETER and idempotent:
             connection = True
         elif body is not None:
-            raise TypeError(
+            raise ConfigTypeError(
                 f"{handler.__qualname__}: both {body!r} and {name!r} would be the body; a "
                 f"handler takes one body, a ConsumedMessage, and with idempotent= a "
                 f"{CONNECTION_PARAMETER!r}"
             )
         elif annotation is parameter.empty:
-            raise TypeError(
+            raise ConfigTypeError(
                 f"{handler.__qualname__}: annotate {name!r} with the body's type "
                 "(a msgspec Struct, or bytes for the raw body)"
             )
@@ -260,7 +260,7 @@ def _inspect(handler: Callable[..., Any], *, idempotent: bool) -> _Signature:
             try:
                 msgspec.msgpack.Decoder(annotation)
             except TypeError as error:
-                raise TypeError(f"{handler.__qualname__}: {name!r}: {error}") from error
+                raise ConfigTypeError(f"{handler.__qualname__}: {name!r}: {error}") from error
             body = name
     return _Signature(body, hints.get(body) if body else None, message, connection)
 
@@ -279,7 +279,7 @@ def _database(idempotent: Idempotent) -> Database:
     db = idempotent() if callable(idempotent) else idempotent
     if isinstance(db, aiosqlite.Connection | PgConnection) or hasattr(db, "acquire"):
         return db
-    raise TypeError(
+    raise ConfigTypeError(
         f"idempotent= must be an aiosqlite connection or an asyncpg connection or pool "
         f"(or a function returning one), got {type(db).__name__}"
     )

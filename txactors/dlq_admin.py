@@ -29,7 +29,7 @@ from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg, StreamState
 
 from txactors.consumer.dlq import header_block_bytes
-from txactors.errors import TxActorsError
+from txactors.errors import ConfigError, TxActorsError
 from txactors.layout import (
     DELIVERIES_HEADER,
     DLQ_OMITTED_HEADER,
@@ -144,7 +144,7 @@ async def list_dead_letters(
 ) -> DeadLetterPage:
     """Up to `limit` entries of the group's DLQ from sequence `start` on, oldest first."""
     if limit < 1:
-        raise ValueError(f"limit must be >= 1, got {limit}")
+        raise ConfigError(f"limit must be >= 1, got {limit}")
     js = nc.jetstream()
     stream, state = await _dlq_stream(js, group)
     entries: list[DeadLetterInfo] = []

@@ -8,6 +8,7 @@
     │   └── Escalated*            an actor's failure escalated to its ActorSystem (cause chained)
     ├── CommandError              the actor replied with a protocol Error (code + message)
     ├── ConfigError               a setting or argument is invalid (also a ValueError)
+    │   └── ConfigTypeError       an argument has the wrong type (also a TypeError)
     ├── PoisonMessage             no retry can help this message: dead-letter it at once
     ├── TransactionError          a transactional send went wrong (carries the txid)
     │   ├── PrepareFailed         the halves were not stored; the local transaction did not run
@@ -73,6 +74,12 @@ class ConfigError(TxActorsError, ValueError):
     """A setting is invalid; the message names the setting (and its variable) to fix.
 
     Also a `ValueError`, so generic validation handlers work.
+    """
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """An argument has the wrong type (a handler without annotations, a body that is not
+    bytes). Also a `TypeError`, as Python raises for a wrong type, so `except TypeError` works.
     """
 
 

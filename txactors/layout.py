@@ -11,6 +11,8 @@ import re
 import zlib
 from typing import Final
 
+from txactors.errors import ConfigError
+
 # -- streams and buckets --------------------------------------------------------------------
 
 HALF_STREAM: Final = "TXN_HALF"
@@ -105,10 +107,10 @@ def name_problem(kind: str, name: str) -> str | None:
 
 
 def validate_name(kind: str, name: str) -> str:
-    """`name` if it is a valid `kind` (see `name_problem`), else ValueError saying why."""
+    """`name` if it is a valid `kind` (see `name_problem`), else ConfigError saying why."""
     problem = name_problem(kind, name)
     if problem is not None:
-        raise ValueError(problem)
+        raise ConfigError(problem)
     return name
 
 

@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from txactors.admin_views import human_duration
-from txactors.errors import TxActorsError
+from txactors.errors import ConfigError, TxActorsError
 from txactors.layout import LEASE_BUCKET
 
 _KV_OPERATION = "KV-Operation"
@@ -54,7 +54,7 @@ async def list_leases(nc: Client, *, partitions: int | None = None) -> LeaseTabl
     """Every lease in the bucket; with `partitions`, one row for each of 0..partitions-1,
     free ones included."""
     if partitions is not None and partitions < 1:
-        raise ValueError(f"partitions must be >= 1, got {partitions}")
+        raise ConfigError(f"partitions must be >= 1, got {partitions}")
     js = nc.jetstream()
     try:
         info = await js.stream_info(_STREAM, subjects_filter=f"{_PREFIX}>")

@@ -36,6 +36,7 @@ from types import TracebackType
 from typing import IO, NoReturn, Self
 
 from txactors.errors import (
+    ConfigError,
     NatsServerError,
     NatsServerNotFound,
     PortInUse,
@@ -128,7 +129,7 @@ class EmbeddedNatsServer:
         fsync_interval: float = DEFAULT_FSYNC_INTERVAL,
     ) -> None:
         if not 0 <= port <= 65535:
-            raise ValueError(f"port must be 0 (pick a free one) or 1-65535, got {port}")
+            raise ConfigError(f"port must be 0 (pick a free one) or 1-65535, got {port}")
         check_fsync(fsync)
         check_fsync_interval(fsync_interval)
         self.fsync: Fsync = fsync

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Literal, get_args
 
-from txactors.errors import DataDirLocked, DataDirNotWritable, NatsServerNotFound
+from txactors.errors import ConfigError, DataDirLocked, DataDirNotWritable, NatsServerNotFound
 
 BINARY_ENV = "TXACTORS_NATS_SERVER"
 BINARY_NAME = "nats-server.exe" if os.name == "nt" else "nats-server"
@@ -39,12 +39,12 @@ DEFAULT_FSYNC_INTERVAL = 120.0
 
 def check_fsync(fsync: str) -> None:
     if fsync not in FSYNC_MODES:
-        raise ValueError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {fsync!r}")
+        raise ConfigError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {fsync!r}")
 
 
 def check_fsync_interval(interval: float) -> None:
     if not 0 < interval < float("inf"):  # NaN fails too
-        raise ValueError(f"fsync_interval must be a positive number of seconds, got {interval}")
+        raise ConfigError(f"fsync_interval must be a positive number of seconds, got {interval}")
 
 
 def server_config(

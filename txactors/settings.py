@@ -60,7 +60,7 @@ class ProcessSettings(msgspec.Struct, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         if self.metrics_port is not None and not 1 <= self.metrics_port <= 65535:
-            raise ValueError(f"metrics_port must be in 1..65535, got {self.metrics_port}")
+            raise ConfigError(f"metrics_port must be in 1..65535, got {self.metrics_port}")
         level_number(self.log_level, source="log_level")
         check_fsync(self.fsync)
         check_fsync_interval(self.fsync_interval)

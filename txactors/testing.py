@@ -39,6 +39,7 @@ from txactors.consumer import ConsumedMessage, Consumer, Handler
 from txactors.coordinator import CoordinatorConfig
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import RunningCoordinator, run_coordinator
+from txactors.errors import ConfigError, TxActorsError
 from txactors.natsclient import connect
 from txactors.producer import Checker, TransactionProducer
 from txactors.server import EmbeddedNatsServer
@@ -67,7 +68,7 @@ class ManualClock:
     def advance(self, seconds: float) -> None:
         """Move time forward; the coordinator acts on what fell due within a few ms."""
         if seconds < 0:
-            raise ValueError(f"time only moves forward, not by {seconds}")
+            raise ConfigError(f"time only moves forward, not by {seconds}")
         self._now += seconds
 
 
@@ -113,7 +114,7 @@ class _Holder:
         await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         if not entered.done():  # what it held failed, and it stopped
             self._task.result()
-            raise RuntimeError("txactors.testing: the fixture's holder task stopped")
+            raise TxActorsError("txactors.testing: the fixture's holder task stopped")
         return entered.result()  # type: ignore[return-value]
 
     async def close(self) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from txactors.errors import ConfigError
+
 MINUTE: Final = 60.0
 HOUR: Final = 3600.0
 
@@ -39,24 +41,24 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         if self.max_reconsume < 0:
-            raise ValueError(f"max_reconsume must be >= 0, got {self.max_reconsume}")
+            raise ConfigError(f"max_reconsume must be >= 0, got {self.max_reconsume}")
         if not self.delays:
-            raise ValueError("retry delays must not be empty")
+            raise ConfigError("retry delays must not be empty")
         if any(d < 0 for d in self.delays):
-            raise ValueError(f"retry delays must be >= 0 seconds, got {list(self.delays)}")
+            raise ConfigError(f"retry delays must be >= 0 seconds, got {list(self.delays)}")
         object.__setattr__(self, "delays", tuple(float(d) for d in self.delays))
 
     def delay(self, retry: int) -> float:
         """Seconds to wait before retry number `retry` (1 = the first retry)."""
         if retry < 1:
-            raise ValueError(f"retries are numbered from 1, got {retry}")
+            raise ConfigError(f"retries are numbered from 1, got {retry}")
         return self.delays[min(retry, len(self.delays)) - 1]
 
     def after_failure(self, deliveries: int) -> float | None:
         """The delay before the next attempt after delivery number `deliveries` failed, or
         None when the retries are used up and the message goes to the dead-letter queue."""
         if deliveries < 1:
-            raise ValueError(f"deliveries are counted from 1, got {deliveries}")
+            raise ConfigError(f"deliveries are counted from 1, got {deliveries}")
         retry = deliveries  # the failed delivery n is followed by retry n
         if retry > self.max_reconsume:
             return None

@@ -12,6 +12,8 @@ import random
 
 import msgspec
 
+from txactors.errors import ConfigError
+
 HOUR = 3600.0
 
 
@@ -48,19 +50,19 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True):
         }
         for name, value in positive.items():
             if not value > 0:
-                raise ValueError(f"{name} must be > 0, got {value}")
+                raise ConfigError(f"{name} must be > 0, got {value}")
         if self.max_immunity < self.transaction_timeout:
-            raise ValueError("max_immunity must be >= transaction_timeout")
+            raise ConfigError("max_immunity must be >= transaction_timeout")
         if self.check_backoff < 1.0:
-            raise ValueError("check_backoff must be >= 1.0 (delays never shrink)")
+            raise ConfigError("check_backoff must be >= 1.0 (delays never shrink)")
         if self.check_interval_max < self.check_interval:
-            raise ValueError("check_interval_max must be >= check_interval")
+            raise ConfigError("check_interval_max must be >= check_interval")
         if not 0.0 <= self.check_jitter < 1.0:
-            raise ValueError("check_jitter must be in [0, 1)")
+            raise ConfigError("check_jitter must be in [0, 1)")
         if self.check_max < 1:
-            raise ValueError("check_max must be >= 1")
+            raise ConfigError("check_max must be >= 1")
         if self.recent_outcomes < 0:
-            raise ValueError("recent_outcomes must be >= 0")
+            raise ConfigError("recent_outcomes must be >= 0")
 
     def immunity(self, requested: float | None) -> float:
         """A message's check immunity: its own wish, clamped to [transaction_timeout, max]."""

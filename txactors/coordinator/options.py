@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from txactors.actors.replies import DEFAULT_INBOX_PREFIX, normalize_prefix
+from txactors.errors import ConfigError
 from txactors.protocol import OutgoingMessage
 
 
@@ -38,13 +39,13 @@ class CoordinatorOptions(msgspec.Struct, frozen=True, kw_only=True):
     another `inbox_prefix`); a request with any other reply subject is refused unexecuted."""
 
     def __post_init__(self) -> None:
-        normalize_prefix(self.inbox_prefix)  # ValueError when it cannot prefix a subject
+        normalize_prefix(self.inbox_prefix)  # ConfigError when it cannot prefix a subject
         if self.partitions < 1 or self.max_partitions < 1:
-            raise ValueError("partitions and max_partitions must be >= 1")
+            raise ConfigError("partitions and max_partitions must be >= 1")
         if self.lease_ttl <= 0:
-            raise ValueError("lease_ttl must be > 0 seconds")
+            raise ConfigError("lease_ttl must be > 0 seconds")
         if self.tick_interval <= 0 or self.checkpoint_interval <= 0:
-            raise ValueError("tick_interval and checkpoint_interval must be > 0")
+            raise ConfigError("tick_interval and checkpoint_interval must be > 0")
 
 
 class DiscardedTransaction(msgspec.Struct, frozen=True, kw_only=True):

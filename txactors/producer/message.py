@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from txactors.errors import ConfigError, ConfigTypeError
 from txactors.layout import NO_TAG, RESERVED_HEADER_PREFIXES, validate_name
 from txactors.protocol import OutgoingMessage
 
@@ -45,27 +46,27 @@ class TxMessage:
     def __post_init__(self) -> None:
         validate_name("topic", self.topic)
         if not isinstance(self.body, bytes | bytearray | memoryview | msgspec.Struct):
-            raise TypeError(
+            raise ConfigTypeError(
                 f"body must be bytes or a msgspec.Struct, not {type(self.body).__name__}"
             )
         if isinstance(self.keys, str):
-            raise TypeError("keys must be a list of strings, not one string")
+            raise ConfigTypeError("keys must be a list of strings, not one string")
         for key in self.keys:
             if not isinstance(key, str) or not key or "," in key or _has_line_break(key):
-                raise ValueError(
+                raise ConfigError(
                     f"key {key!r} must be a non-empty string without commas or line breaks "
                     "(keys travel comma-separated in one header)"
                 )
         if self.tag is not None:
             validate_name("tag", self.tag)
             if self.tag == NO_TAG:
-                raise ValueError(f"tag {NO_TAG!r} is reserved for messages without a tag")
+                raise ConfigError(f"tag {NO_TAG!r} is reserved for messages without a tag")
         for name, value in self.properties.items():
             _check_property(name, value)
         if self.check_immunity is not None and not (
             math.isfinite(self.check_immunity) and self.check_immunity > 0
         ):
-            raise ValueError(
+            raise ConfigError(
                 f"check_immunity must be a positive number of seconds, not {self.check_immunity!r}"
             )
 
@@ -89,15 +90,15 @@ def _has_line_break(text: str) -> bool:
 
 def _check_property(name: object, value: object) -> None:
     if not isinstance(name, str) or not _HEADER_NAME.match(name):
-        raise ValueError(
+        raise ConfigError(
             f"property name {name!r} must be a header token: letters, digits and "
             "!#$%&'*+-.^_`|~ (it is delivered as a NATS header)"
         )
     reserved = [p for p in RESERVED_HEADER_PREFIXES if name.lower().startswith(p.lower())]
     if reserved:
-        raise ValueError(
+        raise ConfigError(
             f"property {name!r} uses the reserved prefix {reserved[0]!r}; "
             f"txactors and NATS own headers starting with {' or '.join(RESERVED_HEADER_PREFIXES)}"
         )
     if not isinstance(value, str) or _has_line_break(value):
-        raise ValueError(f"property {name!r} must be a string without line breaks, not {value!r}")
+        raise ConfigError(f"property {name!r} must be a string without line breaks, not {value!r}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from txactors.errors import ConfigError
 from txactors.protocol import Decision
 
 DEFAULT_CAPACITY = 10_000
@@ -23,7 +24,7 @@ class UnconfirmedOutcomes:
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         if capacity < 1:
-            raise ValueError("capacity must be at least 1")
+            raise ConfigError("capacity must be at least 1")
         self._capacity = capacity
         self._decisions: OrderedDict[str, Decision] = OrderedDict()
 

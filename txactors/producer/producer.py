@@ -21,7 +21,7 @@ from typing import Any, Self
 import structlog
 from nats.aio.client import Client
 
-from txactors.errors import ActorDeadError, PrepareFailed
+from txactors.errors import ActorDeadError, ConfigError, PrepareFailed
 from txactors.layout import validate_name
 from txactors.logs import get_logger
 from txactors.producer.checks import Checker, CheckResponder, CheckWorker
@@ -82,9 +82,9 @@ class TransactionProducer:
         self.group = validate_name("group", group)
         self.instance = validate_name("instance", instance or default_instance_id())
         if partitions < 1:
-            raise ValueError(f"partitions must be at least 1, not {partitions}")
+            raise ConfigError(f"partitions must be at least 1, not {partitions}")
         if request_timeout <= 0 or check_timeout <= 0:
-            raise ValueError("request_timeout and check_timeout must be positive")
+            raise ConfigError("request_timeout and check_timeout must be positive")
         self.end_mode = _end_mode(end_mode)
         outcomes = UnconfirmedOutcomes()
         in_flight = InFlight()
@@ -169,7 +169,7 @@ def _end_mode(value: EndMode | str) -> EndMode:
         return EndMode(value)
     except ValueError:
         modes = ", ".join(repr(m.value) for m in EndMode)
-        raise ValueError(f"end_mode must be one of {modes}, not {value!r}") from None
+        raise ConfigError(f"end_mode must be one of {modes}, not {value!r}") from None
 
 
 async def _run_local(local_transaction: LocalTransaction, message: Any, arg: Any) -> Decision:
