@@ -31,9 +31,9 @@
         └── ServerExitedEarly     the process died before it was ready (log tail attached)
 
 * defined beside the code that raises it (txactors.actors, the admin modules,
-  txactors.coordinator, txactors.natsclient). Two private ones never leave their module:
-  `coordinator.writers._Troubled` and `coordinator.validation._Refused` are control flow,
-  caught where they are raised; they derive from TxActorsError all the same.
+  txactors.coordinator, txactors.natsclient). Two never leave the coordinator:
+  `coordinator.link.Troubled` (a write that did not land, caught by the writers) and
+  `coordinator.validation._Refused` are control flow; they derive from TxActorsError all the same.
 
 Callers catch the precise class they can act on; `TxActorsError` catches them all.
 """
