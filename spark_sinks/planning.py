@@ -1,0 +1,147 @@
+"""Before Spark starts: what each topic's query will do, settled without a JVM.
+
+`plan` checks schemas, that each stream exists, purged sequences and where each query
+stands, so a mistake is one line and a run with nothing new needs no JVM (spark_sinks.cli).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from spark_sinks.catalog import checkpoint_dir, default_checkpoints, needs_registering
+from spark_sinks.checkpoint import Position, pin_start, pinned_start, position
+from spark_sinks.errors import DataLoss, SinkError
+from spark_sinks.jetstream_read import Bounds, stream_bounds
+from spark_sinks.offsets import (
+    as_starting,
+    check_not_rewound,
+    data_loss_error,
+    initial_offsets,
+    lost,
+    parse_starting,
+    require,
+)
+from spark_sinks.schema import load_struct, payload_columns, spark_schema, struct_path
+from txactors.layout import topic_stream
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+    from txactors.config import NatsConfig
+
+Schema = type[msgspec.Struct] | str | None
+"""A topic's payload type: a Struct, its `module:Name` path, or None for raw bytes."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPlan:
+    topic: str
+    struct_path: str | None
+    schema: StructType
+    checkpoint: Path
+    start: dict[str, int]  # the pinned startingOffsets: {topic: first sequence to read}
+    position: Position
+    bounds: Bounds
+
+    @property
+    def read_up_to(self) -> int:
+        """The last sequence in a committed batch (or before the start, for a new query)."""
+        committed = self.position.committed
+        if committed is not None:
+            return committed.get(topic_stream(self.topic), 0)
+        return self.start[self.topic] - 1
+
+    @property
+    def caught_up(self) -> bool:
+        return self.position.planned is None and self.read_up_to >= self.bounds.last
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    warehouse: Path
+    topics: list[TopicPlan]
+    skipped: list[str] = field(default_factory=list)  # data loss let through, to report
+
+    @property
+    def caught_up(self) -> bool:
+        return all(t.caught_up for t in self.topics)
+
+    def needs_registering(self) -> bool:
+        return any(needs_registering(self.warehouse, t.topic, t.schema) for t in self.topics)
+
+    def seqs(self) -> dict[str, int]:
+        return {t.topic: t.read_up_to for t in self.topics}
+
+
+def plan(
+    warehouse: Path,
+    topics: Mapping[str, Schema],
+    *,
+    nats: NatsConfig,
+    checkpoint_location: Path | None = None,
+    starting_offsets: str | None = None,
+    fail_on_data_loss: bool = True,
+    pin: bool = True,
+) -> Plan:
+    """Check everything that can fail before Spark starts, and say where each query stands.
+
+    SchemaError for a Struct that will not import or map, StreamMissing for a topic without a
+    stream (never created here: the sink only reads), DataLoss for sequences purged since the
+    last run (unless `fail_on_data_loss` is off). A new query's `startingOffsets` are resolved
+    and pinned in its checkpoint (`pin`), so a rerun of its first batch starts at the same place.
+    """
+    if nats.url is None:
+        raise SinkError("the sink needs a NATS URL; start the embedded server first")
+    warehouse = warehouse.resolve()
+    checkpoints = (checkpoint_location or default_checkpoints(warehouse)).resolve()
+    paths = {topic: struct_path_of(schema) for topic, schema in topics.items()}
+    schemas = {topic: _schema_of(path) for topic, path in paths.items()}
+    starting = parse_starting(starting_offsets, list(topics))
+    streams = [topic_stream(t) for t in topics]
+    bounds = asyncio.run(stream_bounds(nats, streams))
+    plans = []
+    losses = []
+    for topic in topics:
+        stream = topic_stream(topic)
+        held = require(bounds, stream, topic)
+        checkpoint = checkpoint_dir(checkpoints, topic)
+        start = pinned_start(checkpoint)
+        if start is None:
+            fresh = initial_offsets(_for(starting, topic), [topic], bounds)
+            start = as_starting(fresh, [topic])
+            if pin:
+                pin_start(checkpoint, start)
+        topic_plan = TopicPlan(
+            topic, paths[topic], schemas[topic], checkpoint, start, position(checkpoint), held
+        )
+        read = {stream: topic_plan.read_up_to}
+        check_not_rewound(read, bounds)
+        losses += lost(read, bounds)
+        plans.append(topic_plan)
+    if losses and fail_on_data_loss:
+        raise DataLoss(data_loss_error(losses))
+    return Plan(warehouse, plans, [f"{loss.describe()}; skipped" for loss in losses])
+
+
+def _for(starting: str | dict[str, int], topic: str) -> str | dict[str, int]:
+    return starting if isinstance(starting, str) else {topic: starting[topic]}
+
+
+def struct_path_of(schema: Schema) -> str | None:
+    if schema is None or isinstance(schema, str):
+        return schema
+    return struct_path(schema)
+
+
+def _schema_of(path: str | None) -> StructType:
+    """The query's schema; imports and maps the Struct here, not in a worker, so it fails early."""
+    struct = load_struct(path) if path is not None else None
+    if struct is not None:
+        payload_columns(struct)
+    return spark_schema(struct)
