@@ -5,7 +5,9 @@
     jetstream_read.py  stream bounds and sequence ranges from JetStream
     schema.py          msgspec Struct → Spark columns; messages → Arrow batches (and rejects)
     checkpoint.py      what a query's checkpoint says, read without Spark
-    job.py             checks before Spark, one streaming query per topic, progress
+    planning.py        checks before Spark: schemas, streams, purged sequences, start points
+    job.py             the run: one streaming query per topic
+    progress.py        what a run reports, read off the queries as it polls
     catalog.py         warehouse layout and the metastore tables (`<topic>`, view `_rejects`)
     session.py         a SparkSession that works: Java check, Python workers, Hive catalog
     cli.py             `txactors sink run|query|demo`
