@@ -62,6 +62,10 @@ END_VARIANTS: dict[str, dict[str, Any]] = {
 `TransactionProducer`. With a one-way end, the commit latency is until the end is published
 (unconfirmed); the consumed latency is the one that counts."""
 
+ACKED_ONLY_ENV = "TXBENCH_ACKED_ONLY"
+"""Set (to anything): only fsync `always`, one coordinator process, the acked end, unpaced, no
+checker rows: the quick loop for working on the commit path's latency and CPU."""
+
 TARGET_RATE = 1 / 3
 TARGET_C1_LATENCY = 4.0
 TARGET_CPU = 3.0
@@ -286,6 +290,8 @@ async def coordinated(
     where = f"{setting}: {processes} coordinator process{'es' if processes > 1 else ''}"
     async with dep.coordinators(processes):
         for end, options in END_VARIANTS.items():
+            if os.environ.get(ACKED_ONLY_ENV) and options.get("end_mode") != "ack":
+                continue
             async with TransactionProducer(
                 nc, "bench", lambda v: Decision.COMMIT, partitions=PARTITIONS, **options
             ) as producer:
@@ -296,7 +302,7 @@ async def coordinated(
                     run = await e2e(dep, producer, count, workers, topic)
                     report.e2e(f"{where}, concurrency {workers}, {end}", run, raws, workers)
                     max_rate = max(max_rate, run.rate)
-                if processes == 1:
+                if processes == 1 and not os.environ.get(ACKED_ONLY_ENV):
                     pace = max_rate / 2
                     count = max(int(pace * 8 * scale), 64)
                     topic = f"e2epaced-{end.replace(' ', '')}"
@@ -309,7 +315,7 @@ async def rates(report: Report, setting: Fsync) -> None:
         nc = await nats.connect(dep.url)
         try:
             raws = report.raw(setting, await raw_runs(dep, nc, report.scale))
-            for processes in (1, 2):
+            for processes in (1,) if os.environ.get(ACKED_ONLY_ENV) else (1, 2):
                 await coordinated(report, dep, nc, raws, processes)
         finally:
             await nc.close()
@@ -318,7 +324,9 @@ async def rates(report: Report, setting: Fsync) -> None:
 async def main(*, quick: bool = False) -> None:
     configure_logging("ERROR")
     report = Report(scale=0.1 if quick else 1.0)
-    for setting in SETTINGS:
+    acked_only = bool(os.environ.get(ACKED_ONLY_ENV))
+    for setting in SETTINGS[:1] if acked_only else SETTINGS:
         await rates(report, setting)
-    await checker.checks(report.table, report.scale)
+    if not acked_only:
+        await checker.checks(report.table, report.scale)
     Console(width=200).print(report.table)

@@ -35,9 +35,9 @@ def reply_refusal(reply: str, prefix: str = DEFAULT_INBOX_PREFIX) -> str | None:
         return "the request has no reply subject"
     if not reply.startswith(prefix) or len(reply) == len(prefix):
         return f"the reply subject is not under the inbox prefix {prefix!r}"
-    if any(char in _FORBIDDEN_CHARS for char in reply):
+    if not _FORBIDDEN_CHARS.isdisjoint(reply):  # per request: no generator over each char
         return "the reply subject holds a wildcard or whitespace"
-    if "" in reply.split("."):
+    if ".." in reply or reply.startswith(".") or reply.endswith("."):
         return "the reply subject has an empty token"
     return None
 

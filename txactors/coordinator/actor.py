@@ -166,7 +166,7 @@ class PartitionCoordinator(Actor):
             seconds=round(time.perf_counter() - started, 3),
         )
         self._publisher.forget_finished(self.table)
-        for run in (self._halves.run, self._published.run, self._oplog.run, self._answers.run):
+        for run in (self._halves.run, self._published.run, self._oplog.run):
             self.start_task(run)
         self.start_task(self._save_checkpoints)
         self._checker = await self.system.spawn(
@@ -176,6 +176,7 @@ class PartitionCoordinator(Actor):
             supervisor=Supervisor(max_restarts=5, within=60.0, backoff_initial=0.5),
         )
         self._apply(self.table.finish_recovery(self.clock()))
+        await self._answers.flush()
 
     def _new_checker(self) -> Checker:
         return Checker(
@@ -234,6 +235,7 @@ class PartitionCoordinator(Actor):
                 await self._flush_checker()
             case _:
                 raise TypeError(f"coordinator got an unexpected {type(message).__name__}")
+        await self._answers.flush()
 
     def _end(self, request: Request, end: EndTransaction) -> None:
         request_id = self._answers.wait(request, lambda state: Ended(txid=end.txid, state=state))
@@ -297,9 +299,11 @@ class PartitionCoordinator(Actor):
         if any(isinstance(a, Publish) for a in actions):
             crash_if_armed(FaultPoint.AFTER_COMMIT_RECORD)
         self._apply(actions)
+        await self._answers.flush()
 
     async def _on_published(self, published: list[Published]) -> None:
         self._step(*published)
+        await self._answers.flush()
 
     async def _quarantine(self, append: Append, reason: str) -> None:
         self.table.counters.quarantined += 1
@@ -341,9 +345,10 @@ class PartitionCoordinator(Actor):
         acks: list[PubAck | None],
     ) -> None:
         digest = tokens.digest(token)
-        stored, refused = self._prepares.finish(prepare.txid, digest, appends, acks)
+        stored, refused = self._prepares.finish(prepare, digest, appends, acks)
         if refused:
             self._halves_refused(request, prepare, digest, stored, refused)
+            await self._answers.flush()
             return
         for half in stored:
             self._publisher.keep(half)
@@ -353,6 +358,7 @@ class PartitionCoordinator(Actor):
             request, lambda state: Prepared(txid=txid, token=token, seqs=seqs)
         )
         self._step(stored_event(prepare, digest, stored, request_id))
+        await self._answers.flush()
 
     def _halves_refused(
         self,

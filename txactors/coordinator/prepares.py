@@ -13,10 +13,11 @@ from nats.js.api import PubAck
 from txactors import layout
 from txactors.coordinator import tokens
 from txactors.coordinator.core.events import HalvesStored
+from txactors.coordinator.core.records import Half
 from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.effects import Append
-from txactors.coordinator.store import StoredHalf, half_headers, read_half
-from txactors.protocol import ErrorCode, Prepare
+from txactors.coordinator.store import StoredHalf, half_headers
+from txactors.protocol import ErrorCode, OutgoingMessage, Prepare
 
 
 class PreparesInFlight:
@@ -67,18 +68,45 @@ class PreparesInFlight:
         ]
 
     def finish(
-        self, txid: str, digest: str, appends: list[Append], acks: list[PubAck | None]
+        self, prepare: Prepare, digest: str, appends: list[Append], acks: list[PubAck | None]
     ) -> tuple[list[StoredHalf], list[str]]:
         """The halves stored, and what JetStream refused for good (quarantined)."""
-        pairs = list(zip(appends, acks, strict=True))
-        stored = [read_half(ack.seq, a.headers, a.payload) for a, ack in pairs if ack is not None]
-        refused = [f"message {a.headers.get(layout.INDEX_HEADER)}" for a, ack in pairs if not ack]
+        txid = prepare.txid
+        triples = list(zip(prepare.messages, appends, acks, strict=True))
+        stored = [_stored(prepare, digest, m, a, ack.seq) for m, a, ack in triples if ack]
+        refused = [
+            f"message {a.headers.get(layout.INDEX_HEADER)}" for _, a, ack in triples if not ack
+        ]
         in_flight = self._next.get(txid)
         if in_flight is not None and tokens.same(in_flight[0], digest):
             last_index = max((s.half.index for s in stored), default=-1)
             if in_flight[1] <= last_index + 1 or refused:
                 del self._next[txid]  # no later prepare of this txid in flight
         return stored, refused
+
+
+def _stored(
+    prepare: Prepare, digest: str, message: OutgoingMessage, append: Append, seq: int
+) -> StoredHalf:
+    """The half as `read_half` would read it back, built from what was written instead of
+    parsing its headers again. Equal because the boundary refused reserved property names
+    (the only ones `read_half` drops) and these headers never crossed the wire."""
+    headers = append.headers
+    return StoredHalf(
+        txid=prepare.txid,
+        token=digest,
+        group=prepare.group,
+        producer=prepare.producer,
+        begins=prepare.token is None,
+        half=Half(
+            index=int(headers[layout.INDEX_HEADER]),
+            topic=message.topic,
+            seq=seq,
+            born=float(headers[layout.BORN_HEADER]),
+            immunity=message.check_immunity,
+        ),
+        message=message,
+    )
 
 
 def stored_event(

@@ -18,7 +18,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any, Self
 
-import structlog
 from nats.aio.client import Client
 
 from txactors.errors import ActorDeadError, ConfigError, PrepareFailed
@@ -152,10 +151,7 @@ class TransactionProducer:
         and gives an unconfirmed result.
         """
         txn = self.begin()
-        with (
-            structlog.contextvars.bound_contextvars(txid=txn.txid, group=self.group),
-            txn.traced(),
-        ):
+        with txn.logging_context(), txn.traced():
             try:
                 await txn.send(message)
             except PrepareFailed:
