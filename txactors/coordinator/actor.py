@@ -324,16 +324,18 @@ class PartitionCoordinator(Actor):
         if (refusal := self._prepares.refusal(self.table, prepare, digest)) is not None:
             await request.answer(Error(*refusal))
             return
-        problem = await self._publisher.declare({m.topic for m in prepare.messages})
-        if problem is not None:
-            await request.answer(Error(ErrorCode.INTERNAL, problem))
-            return
-        # Checked again with no wait before the submit: a step may have run meanwhile.
-        if (refusal := self._prepares.refusal(self.table, prepare, digest)) is not None:
-            await request.answer(Error(*refusal))
-            return
+        topics = {m.topic for m in prepare.messages}
+        if not self._publisher.declared(topics):
+            problem = await self._publisher.declare(topics)
+            if problem is not None:
+                await request.answer(Error(ErrorCode.INTERNAL, problem))
+                return
+            # Checked again with no wait before the submit: a step may have run meanwhile.
+            if (refusal := self._prepares.refusal(self.table, prepare, digest)) is not None:
+                await request.answer(Error(*refusal))
+                return
         appends = self._prepares.start(self.table, prepare, digest, self.clock())
-        stored = functools.partial(self._halves_appended, request, prepare, token, appends)
+        stored = functools.partial(self._halves_appended, request, prepare, token, digest, appends)
         self._halves.submit(appends, stored)
 
     async def _halves_appended(
@@ -341,10 +343,10 @@ class PartitionCoordinator(Actor):
         request: Request,
         prepare: Prepare,
         token: str,
+        digest: str,
         appends: list[Append],
         acks: list[PubAck | None],
     ) -> None:
-        digest = tokens.digest(token)
         stored, refused = self._prepares.finish(prepare, digest, appends, acks)
         if refused:
             self._halves_refused(request, prepare, digest, stored, refused)

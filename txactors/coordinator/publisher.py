@@ -70,6 +70,10 @@ class Publisher:
         self._on_published = on_published
         self._kept: dict[str, _Kept] = {}
 
+    def declared(self, topics: set[str]) -> bool:
+        """Every topic's stream is known to exist (`declare` would not wait)."""
+        return topics <= self._topics
+
     async def declare(self, topics: set[str]) -> str | None:
         """Make sure each topic has its stream; why not, if JetStream cannot say so now."""
         for topic in topics - self._topics:
