@@ -67,7 +67,7 @@ from txactors.coordinator.publisher import Publisher
 from txactors.coordinator.recovery import last_op_seq, recover
 from txactors.coordinator.store import StoredHalf, load_checkpoint, save_checkpoint
 from txactors.coordinator.validation import Boundary
-from txactors.errors import MailboxFull
+from txactors.errors import ActorError, MailboxFull
 from txactors.faults import FaultPoint, crash_if_armed
 from txactors.logs import get_logger
 from txactors.metrics import CoordinatorMetrics
@@ -234,7 +234,7 @@ class PartitionCoordinator(Actor):
                 self._step(event)
                 await self._flush_checker()
             case _:
-                raise TypeError(f"coordinator got an unexpected {type(message).__name__}")
+                raise ActorError(f"coordinator got an unexpected {type(message).__name__}")
         await self._answers.flush()
 
     def _end(self, request: Request, end: EndTransaction) -> None:

@@ -33,7 +33,7 @@ from txactors.coordinator.link import describe
 from txactors.coordinator.options import Clock
 from txactors.coordinator.store import checked_message, read_raw_half
 from txactors.coordinator.validation import check_answer_problem
-from txactors.errors import ActorDeadError, AskTimeout, CommandError
+from txactors.errors import ActorDeadError, ActorError, AskTimeout, CommandError
 from txactors.logs import get_logger
 from txactors.metrics import CoordinatorMetrics
 from txactors.protocol import CheckResult, CheckTransaction, Decision, ErrorCode, encode
@@ -92,7 +92,7 @@ class Checker(Actor):
 
     async def receive(self, message: CheckWork) -> None:
         if not isinstance(message, CheckWork):
-            raise TypeError(f"checker got an unexpected {type(message).__name__}")
+            raise ActorError(f"checker got an unexpected {type(message).__name__}")
         self._deadline = message.deadline
         self._changed.set()
         for send in message.sends:

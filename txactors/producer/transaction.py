@@ -34,7 +34,7 @@ import anyio
 import structlog
 
 from txactors import tracing
-from txactors.errors import PrepareFailed, TransactionStateError, TxActorsError
+from txactors.errors import ConfigError, PrepareFailed, TransactionStateError, TxActorsError
 from txactors.logs import get_logger
 from txactors.producer.client import CoordinatorClient
 from txactors.producer.message import TxMessage
@@ -128,7 +128,7 @@ class Transaction:
         """
         messages = [message] if isinstance(message, TxMessage) else list(message)
         if not messages:
-            raise ValueError("send() needs at least one TxMessage")
+            raise ConfigError("send() needs at least one TxMessage")
         outgoing = [m.to_outgoing() for m in messages]
         if self._span is not None:
             self._span_topics.update(m.topic for m in messages)
