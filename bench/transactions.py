@@ -71,6 +71,9 @@ TARGET_C1_LATENCY = 4.0
 TARGET_CPU = 3.0
 TARGET_MSGS = 5.0
 TARGET_CONSUMED_P99 = 0.100
+PACE_ENV = "TXBENCH_PACE"
+"""tx/s: run only the paced rows (fsync `always`, one coordinator) at this rate, to measure
+or profile them alone; the maximum is not measured then."""
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -272,7 +275,8 @@ class Report:
         assert run.consumed is not None
         p99 = percentile(run.consumed, 0.99)
         self.row(
-            f"{label}: paced at {pace:,.0f} tx/s (half the max): latency p50 / p99 ms: "
+            f"{label}: paced at {pace:,.0f} tx/s (half the max; {run.rate:,.0f} until consumed): "
+            "latency p50 / p99 ms: "
             f"commit; consumed; NATS msgs in / out per txn; CPU ms per txn ({run.cpu_split()})",
             f"{p50_p99(run.latencies)}; {p50_p99(run.consumed)}; {run.msgs()}; {run.cpu_ms():.3f}",
             "-",
@@ -321,9 +325,31 @@ async def rates(report: Report, setting: Fsync) -> None:
             await nc.close()
 
 
+async def paced_only(report: Report, pace: float) -> None:
+    """The paced rows alone at `pace` tx/s (`PACE_ENV`), fsync `always`, one coordinator."""
+    async with deployment("always") as dep, dep.coordinators(1):
+        nc = await nats.connect(dep.url)
+        try:
+            for end, options in END_VARIANTS.items():
+                async with TransactionProducer(
+                    nc, "bench", lambda v: Decision.COMMIT, partitions=PARTITIONS, **options
+                ) as producer:
+                    count = max(int(pace * 8 * report.scale), 64)
+                    run = await e2e(
+                        dep, producer, count, 64, f"paced-{end.replace(' ', '')}", pace=pace
+                    )
+                    report.paced(f"always: 1 coordinator process, {end}", run, pace)
+        finally:
+            await nc.close()
+
+
 async def main(*, quick: bool = False) -> None:
     configure_logging("ERROR")
     report = Report(scale=0.1 if quick else 1.0)
+    if os.environ.get(PACE_ENV):
+        await paced_only(report, float(os.environ[PACE_ENV]))
+        Console(width=200).print(report.table)
+        return
     acked_only = bool(os.environ.get(ACKED_ONLY_ENV))
     for setting in SETTINGS[:1] if acked_only else SETTINGS:
         await rates(report, setting)

@@ -6,6 +6,7 @@ answers, then cuts the connection), so the re-sent batch meets JetStream's dedup
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -46,9 +47,11 @@ class Reports:
 
 @contextlib.asynccontextmanager
 async def running(
-    nc: Client, reports: Reports, max_in_flight: int = 2
+    nc: Client, reports: Reports, max_in_flight: int = 2, linger: float = 0.0
 ) -> AsyncIterator[PipelinedWriter]:
-    writer = PipelinedWriter(nc, nc.jetstream(), reports.quarantine, max_in_flight=max_in_flight)
+    writer = PipelinedWriter(
+        nc, nc.jetstream(), reports.quarantine, max_in_flight=max_in_flight, linger=linger
+    )
     async with anyio.create_task_group() as tg:
         tg.start_soon(writer.run)
         yield writer
@@ -92,6 +95,47 @@ async def test_appends_queued_while_writes_are_in_flight_go_out_as_one_atomic_ba
         for i in range(1, 40):  # the other 39 wait for it, then go out together
             writer.submit(appends("TOPIC_gc", "topic.gc._", [f"m{i}"]), reports.report)
         await reports.wait(40)
+    assert writes == 2
+    seqs = [acks[0].seq for acks in reports.acks if acks[0] is not None]
+    assert await stored(private_nc, "TOPIC_gc") == [(s, f"m{i}") for i, s in enumerate(seqs)]
+
+
+async def test_appends_linger_behind_a_write_in_flight_and_share_the_next_one(
+    private_nc: Client,
+) -> None:
+    await ensure_topic_stream(private_nc.jetstream(), "gc")
+    reports = Reports()
+    writes = 0
+    held = asyncio.Event()
+    async with running(private_nc, reports, max_in_flight=2, linger=0.05) as writer:
+        publish = writer._inbox.publish
+
+        async def counted(*args: Any) -> Any:  # the first write's ack is held back
+            nonlocal writes
+            writes += 1
+            future = await publish(*args)
+            if writes > 1:
+                return future
+            delayed = asyncio.get_running_loop().create_future()
+            asyncio.ensure_future(held.wait()).add_done_callback(
+                lambda _: future.add_done_callback(lambda f: delayed.set_result(f.result()))
+            )
+            return delayed
+
+        writer._inbox.publish = counted  # type: ignore[method-assign]
+        writer.submit(appends("TOPIC_gc", "topic.gc._", ["m0"]), reports.report)
+        with anyio.fail_after(5):
+            while not writer._open:  # nothing was in flight: it went out at once
+                await anyio.lowlevel.checkpoint()
+        for i in range(1, 6):  # a slot is free, but they linger for each other
+            writer.submit(appends("TOPIC_gc", "topic.gc._", [f"m{i}"]), reports.report)
+            for _ in range(5):
+                await anyio.lowlevel.checkpoint()
+        with anyio.fail_after(5):
+            while writes < 2:
+                await anyio.sleep(0.01)
+        held.set()
+        await reports.wait(6)
     assert writes == 2
     seqs = [acks[0].seq for acks in reports.acks if acks[0] is not None]
     assert await stored(private_nc, "TOPIC_gc") == [(s, f"m{i}") for i, s in enumerate(seqs)]

@@ -133,8 +133,8 @@ class PartitionCoordinator(Actor):
             partition, on_error=metrics.oneway(partition) if metrics else None
         )
         self._prepares = PreparesInFlight(partition)
-        self._halves = PipelinedWriter(nc, js, self._quarantine)
-        published = PipelinedWriter(nc, js, self._quarantine)
+        self._halves = PipelinedWriter(nc, js, self._quarantine, linger=options.write_linger)
+        published = PipelinedWriter(nc, js, self._quarantine, linger=options.write_linger)
         self._published = published
         self._publisher = Publisher(
             nc, js, published, partition, options, clock, self._quarantine, self._on_published

@@ -4,10 +4,13 @@ With `sync_interval: always` (the durable default) nats-server flushes to disk o
 it receives, so the number of writes, not of messages, sets the pace: appends queue while a
 few writes await their acks, and the next write carries everything queued for one stream, as
 an atomic batch (`allow_atomic`: stored all or nothing, one ack, consecutive sequences) where
-the stream allows it. Completions are reported in the order the appends were submitted. One
-connection delivers the writes in issue order, so submit order is stream order: the table
-sees halves in TXN_HALF order, as its checkpoint rule wants. (TXN_OP has its own writer,
-`oplog.py`.)
+the stream allows it. With a `linger`, appends queued while a write is in flight wait up to
+that long for more to join them before taking a free pipeline slot (Nagle, or Kafka's
+`linger.ms` while busy): at moderate rates a write then carries several transactions instead
+of one, and an idle writer still sends at once. Completions are reported in the order the
+appends were submitted. One connection delivers the writes in issue order, so submit order
+is stream order: the table sees halves in TXN_HALF order, as its checkpoint rule wants.
+(TXN_OP has its own writer, `oplog.py`.)
 
 Faults (see `link.classify`): when the connection drops, or an ack is overdue, or JetStream
 answers with a transient error, *every* pending ack is given up at once and the unfinished
@@ -121,11 +124,13 @@ class PipelinedWriter:
         quarantine: Quarantine,
         *,
         max_in_flight: int = MAX_WRITES_IN_FLIGHT,
+        linger: float = 0.0,
     ) -> None:
         self._nc = nc
         self._js = js
         self._quarantine = quarantine
         self._max_in_flight = max_in_flight
+        self._linger = linger
         self._inbox = AckInbox(nc)
         self._jobs: collections.deque[_Job] = collections.deque()
         self._queued: collections.deque[_Slot] = collections.deque()
@@ -136,7 +141,11 @@ class PipelinedWriter:
         self._wakeup = anyio.Event()
         """Set when there is a job to collect."""
         self._asked = anyio.Event()
-        """Set when appends were queued: the issuer sends them if there is room."""
+        """Set when appends were queued or a write settled: the issuer sends if there is room."""
+        self._issued = anyio.Event()
+        """Set when a write went out: the collector may be waiting for its append's write."""
+        self._oldest = 0.0
+        """When the oldest queued append was queued: it lingers until `_linger` after it."""
         self._issuing = anyio.Lock()
         self._gap = False
         """A write failed to go out: nothing more is issued until the collector re-issues."""
@@ -147,10 +156,13 @@ class PipelinedWriter:
         """Queue the appends; `report(acks)` runs once all are settled (None: quarantined).
 
         Never waits, so an actor may submit in the middle of a step. They go out at once
-        (the issuer's next turn) if fewer than `max_in_flight` writes await their acks,
-        else with the next write. While the connection is down nothing is issued.
+        (the issuer's next turn) if no write awaits its ack; if fewer than `max_in_flight`
+        do, once the oldest queued append has lingered `linger` seconds; else with the next
+        write. While the connection is down nothing is issued.
         """
         job = _Job([_Slot(a) for a in appends], report)
+        if not self._queued:
+            self._oldest = time.monotonic()
         self._jobs.append(job)
         self._queued.extend(job.slots)
         self._asked.set()
@@ -163,11 +175,24 @@ class PipelinedWriter:
             await self._collect()
 
     async def _issue_when_asked(self) -> None:
+        """The one place writes go out (but re-issues after a fault): when there is room, at
+        once if nothing is in flight, else once the oldest queued append has lingered
+        `linger` seconds or a batch is full."""
         while True:
-            self._asked = anyio.Event()
-            await self._asked.wait()
-            if len(self._open) < self._max_in_flight:
-                await self._issue_queued()
+            if not self._queued or self._gap or len(self._open) >= self._max_in_flight:
+                self._asked = anyio.Event()
+                await self._asked.wait()
+                continue
+            if not self._nc.is_connected:
+                await anyio.sleep(LINK_POLL)  # the collector re-issues once it is back
+                continue
+            wait = self._oldest + self._linger - time.monotonic()
+            if wait > 0 and self._open and len(self._queued) < BATCH_MESSAGES:
+                self._asked = anyio.Event()
+                with anyio.move_on_after(wait):
+                    await self._asked.wait()  # more appends: a full batch goes at once
+                continue
+            await self._issue_queued()
 
     async def _collect(self) -> None:
         """Settles acks in issue order and reports each finished job."""
@@ -199,6 +224,7 @@ class PipelinedWriter:
                 if not await self._issue(batch):
                     self._queued.extendleft(reversed(batch.slots))
                     self._gap = True
+            self._issued.set()
 
     def _next_batch(self) -> _Batch:
         """Take the first queued slot and the queued slots of its stream that may join it."""
@@ -256,16 +282,15 @@ class PipelinedWriter:
     async def _settle(self, slot: _Slot) -> None:
         if slot.settled:
             return
-        if slot.batch is None:
+        while slot.batch is None:  # the issuer sends it once it has lingered
             if self._gap or not self._nc.is_connected:
                 raise Troubled("not sent while the connection was down")
-            await self._issue_queued()  # everything before it is settled: room to issue
-            if slot.batch is None:
-                raise Troubled("not sent while the connection was down")
+            self._issued = anyio.Event()
+            with anyio.move_on_after(LINK_POLL):
+                await self._issued.wait()
         batch = slot.batch
         await self._settle_batch(batch)
-        if self._queued and len(self._open) < self._max_in_flight:
-            await self._issue_queued()
+        self._asked.set()  # room for the next write
 
     async def _settle_batch(self, batch: _Batch) -> None:
         future = batch.future

@@ -34,6 +34,11 @@ class CoordinatorOptions(msgspec.Struct, frozen=True, kw_only=True):
     """A dead coordinator's partitions are taken over within this many seconds."""
     max_partitions: int = 1 << 16
     """Most partitions this process takes: set it to split partitions across processes."""
+    write_linger: float = 0.0
+    """Seconds a half or topic append queued behind a write in flight may wait for others to
+    share its write (Kafka's `linger.ms`, only while busy): fewer writes and fsyncs per
+    transaction at moderate rates, for up to that much latency. 0: a write goes as soon as
+    a pipeline slot is free."""
     inbox_prefix: str = DEFAULT_INBOX_PREFIX
     """Only reply subjects under this prefix are answered (an account's clients may use
     another `inbox_prefix`); a request with any other reply subject is refused unexecuted."""
@@ -44,6 +49,8 @@ class CoordinatorOptions(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError("partitions and max_partitions must be >= 1")
         if self.lease_ttl <= 0:
             raise ConfigError("lease_ttl must be > 0 seconds")
+        if self.write_linger < 0:
+            raise ConfigError("write_linger must be >= 0 seconds")
         if self.tick_interval <= 0 or self.checkpoint_interval <= 0:
             raise ConfigError("tick_interval and checkpoint_interval must be > 0")
 
