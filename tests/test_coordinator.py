@@ -242,8 +242,12 @@ async def test_coordinator_command_serves_prometheus_metrics(make_nats_server: o
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
                 return str(reply.read().decode())
 
-        text = await anyio.to_thread.run_sync(scrape)
-        assert 'txactors_commits_total{partition="0"} 1.0' in text
+        # counted once `done` is written, which may follow the producer's answer
+        with anyio.fail_after(10):
+            while 'txactors_commits_total{partition="0"} 1.0' not in (
+                text := await anyio.to_thread.run_sync(scrape)
+            ):
+                await anyio.sleep(0.01)
         assert 'txactors_pending_transactions{partition="0"} 0.0' in text
         assert "txactors_commit_latency_seconds_bucket" in text
     finally:
