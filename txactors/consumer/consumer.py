@@ -48,6 +48,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from txactors.consumer.dlq import ensure_dlq_stream
 from txactors.consumer.handling import Handler, Handling
 from txactors.consumer.retry import DEFAULT_MAX_RECONSUME, DEFAULT_RETRY_DELAYS, RetryPolicy
+from txactors.errors import ConfigError
 from txactors.layout import topic_filter, topic_subject, validate_name
 from txactors.logs import get_logger
 from txactors.metrics import ConsumerMetrics
@@ -101,11 +102,11 @@ class Consumer:
         metrics: ConsumerMetrics | None = None,
     ) -> None:
         if replicas < 1:
-            raise ValueError(f"replicas must be >= 1, got {replicas}")
+            raise ConfigError(f"replicas must be >= 1, got {replicas}")
         if concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+            raise ConfigError(f"concurrency must be >= 1, got {concurrency}")
         if not ack_wait > 0 or not pull_expires > 0:
-            raise ValueError("ack_wait and pull_expires must be > 0 seconds")
+            raise ConfigError("ack_wait and pull_expires must be > 0 seconds")
         self.topic = validate_name("topic", topic)
         self.group = validate_name("group", group)
         for tag in tags:
