@@ -18,7 +18,7 @@ from nats.js.errors import NotFoundError
 
 from apps.common.report import Check
 from txactors import layout
-from txactors.admin import find_transactions
+from txactors.admin import CoordinatorUnavailable, find_transactions
 from txactors.coordinator.core.states import TxnState
 from txactors.protocol import ListTransactions
 
@@ -60,10 +60,15 @@ async def wait_drained(
 ) -> bool:
     """Wait until drained (see the module docstring) for every `(topic, consumer group)`
     and `producer_group` (None: every group), and `also()` is true; False if that did not
-    happen within `timeout` seconds."""
+    happen within `timeout` seconds. A coordinator that does not serve yet (just restarted,
+    waiting for its old lease to expire) is not drained yet, not an error."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if await open_transactions(nc, producer_group, partitions=partitions) == 0:
+        try:
+            still_open = await open_transactions(nc, producer_group, partitions=partitions)
+        except CoordinatorUnavailable:  # restarted, not serving yet (a lease still expiring)
+            still_open = None
+        if still_open == 0:
             counts = [await unhandled_messages(nc, topic, group) for topic, group in groups]
             if not any(counts) and (also is None or await also()):
                 return True
