@@ -156,6 +156,7 @@ def profiled(name: str) -> Iterator[None]:
     profile = cProfile.Profile()
     with profile:
         yield
+    Path(directory).mkdir(parents=True, exist_ok=True)
     profile.dump_stats(Path(directory) / f"{name}.prof")
 
 
