@@ -62,12 +62,14 @@ class AskTimeout(ActorError, TimeoutError):
 
 
 class CommandError(TxActorsError):
-    """The actor answered with an `Error` reply; `code` is one of protocol.ErrorCode."""
+    """The actor answered with an `Error` reply; `code` is one of protocol.ErrorCode, and
+    `retry_after` the seconds to wait before trying again when the failure should pass."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, retry_after: float | None = None) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        self.retry_after = retry_after
 
 
 class ConfigError(TxActorsError, ValueError):
@@ -91,12 +93,22 @@ class PoisonMessage(TxActorsError):
 
 class TransactionError(TxActorsError):
     """A transactional send went wrong; `txid` names the transaction, `code` is the
-    coordinator's protocol.ErrorCode when it answered with one (None when it did not)."""
+    coordinator's protocol.ErrorCode when it answered with one (None when it did not), and
+    `retry_after` the seconds to wait before trying again when the failure should pass
+    (None: no hint; the coordinator may be down, or retrying cannot help)."""
 
-    def __init__(self, message: str, *, txid: str, code: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        txid: str,
+        code: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.txid = txid
         self.code = code
+        self.retry_after = retry_after
 
 
 class PrepareFailed(TransactionError):

@@ -61,11 +61,14 @@ class Command(Message, kw_only=True):
     version the server does not know is refused with `unsupported_version`."""
 
 
-class Error(Message):
+class Error(Message, omit_defaults=True):
     """The reply to any request that could not be carried out."""
 
     code: str
     message: str
+    retry_after: float | None = None
+    """Seconds to wait before trying again, when the failure is expected to pass (the
+    coordinator cannot write now, a topic stream is being elected); absent otherwise."""
 
 
 _msgpack_encoder: Final = msgspec.msgpack.Encoder()

@@ -47,23 +47,28 @@ class _Next(enum.Enum):
 
 
 class TaskFailed:
-    """Mailbox message: a task the actor started with `start_task` raised `error`."""
+    """Mailbox message: a task the actor started with `start_task` raised `error`.
 
-    __slots__ = ("error",)
+    `instance` is the instance that started it: a task of an instance already replaced (it
+    failed while its instance was being restarted) must not fail the fresh one."""
 
-    def __init__(self, error: Exception) -> None:
+    __slots__ = ("error", "instance")
+
+    def __init__(self, error: Exception, instance: Actor | None = None) -> None:
         self.error = error
+        self.instance = instance
 
 
 class _TaskRunner:
     """Runs an instance's background tasks; a failure comes back through the mailbox so the
     supervisor handles it like a failed message (Akka's pipe-to-self, in a task group)."""
 
-    __slots__ = ("_cell", "_tasks")
+    __slots__ = ("_cell", "_instance", "_tasks")
 
-    def __init__(self, cell: ActorCell, tasks: TaskGroup) -> None:
+    def __init__(self, cell: ActorCell, tasks: TaskGroup, instance: Actor) -> None:
         self._cell = cell
         self._tasks = tasks
+        self._instance = instance
 
     def start(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         self._tasks.start_soon(self._guarded, fn, args)
@@ -76,7 +81,7 @@ class _TaskRunner:
                 "actor_task_failed", task=getattr(fn, "__name__", repr(fn)), error=repr(error)
             )
             with contextlib.suppress(ActorDeadError):
-                await self._cell.deliver(Request(TaskFailed(error)))
+                await self._cell.deliver(Request(TaskFailed(error, self._instance)))
 
 
 class Escalated(ActorError):
@@ -170,7 +175,7 @@ class ActorCell:
                 instance.ref = self.ref
                 self._instance = instance
                 async with anyio.create_task_group() as tasks:
-                    instance._task_runner = _TaskRunner(self, tasks)
+                    instance._task_runner = _TaskRunner(self, tasks, instance)
                     outcome = await self._live(instance, task_status)
                     tasks.cancel_scope.cancel()
                 if outcome is _Next.STOP:
@@ -205,6 +210,11 @@ class ActorCell:
             handed = later and request.reply is not None
             try:
                 if isinstance(request.message, TaskFailed):
+                    if request.message.instance not in (None, instance):
+                        log.debug("stale_task_failure_ignored", error=repr(request.message.error))
+                        self._current = None
+                        request.settle()
+                        continue
                     raise request.message.error  # a failed background task fails its actor
                 if handed:
                     await instance.receive(request)  # the actor answers through the handle

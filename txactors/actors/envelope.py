@@ -116,5 +116,5 @@ NO_REPLY = NoReply()
 def unwrap(value: Any) -> Any:
     """An `Error` reply becomes a `CommandError`, locally and remotely alike."""
     if isinstance(value, Error):
-        raise CommandError(value.code, value.message)
+        raise CommandError(value.code, value.message, value.retry_after)
     return value

@@ -79,7 +79,7 @@ class NatsReply:
 def error_reply(error: BaseException) -> Error:
     """The wire form of a failure; internals are named, not dumped."""
     if isinstance(error, CommandError):
-        return Error(error.code, error.message)
+        return Error(error.code, error.message, error.retry_after)
     if isinstance(error, ActorDeadError):
         return Error(ErrorCode.INTERNAL, str(error))
     return Error(ErrorCode.INTERNAL, f"{type(error).__name__}: {error}")

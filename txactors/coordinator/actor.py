@@ -13,7 +13,15 @@ prepare request and the end request; every write's completion is a direct step. 
 checker is another actor: its messages (`Due`, `Checked`) come through the mailbox, off the
 commit path, tagged with the epoch of the instance that started it, so a restarted
 instance (fresh table, fresh checker) ignores what its predecessor's checker said. The
-writers die with their instance, so nothing of theirs outlives it.
+writers die with their instance, but not at once: between a failure and the restart they may
+still complete, so each completion carries the epoch of the instance that submitted it and
+is dropped once that instance has ended (and a failure of one of its tasks is dropped by the
+actor cell), so a restarted instance never trips over its predecessor's writes.
+
+Faults stay local: the halves, each topic and the discards have writers of their own (a
+topic's outage holds up only its own commits, see `publisher.py`), JetStream's transient
+errors in recovery and checkpoints are retried with backoff, and while the halves cannot be
+written a prepare is answered at once with a retry-after hint instead of queueing behind them.
 """
 
 from __future__ import annotations
@@ -57,7 +65,7 @@ from txactors.coordinator.core.events import (
 from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.discard import discard, quarantine
 from txactors.coordinator.effects import Append, PipelinedWriter
-from txactors.coordinator.link import describe
+from txactors.coordinator.link import RETRY_MAX, describe, retry_transient
 from txactors.coordinator.listing import info, select
 from txactors.coordinator.oneway import OneWayErrors
 from txactors.coordinator.oplog import OpLog
@@ -92,6 +100,8 @@ log = get_logger(__name__)
 _epochs = itertools.count(1)
 
 CHECKER_MAILBOX = 4096
+MIN_RETRY_AFTER = 0.5
+"""Seconds a producer is told to wait at least before retrying a prepare refused for now."""
 
 
 class PartitionCoordinator(Actor):
@@ -134,11 +144,20 @@ class PartitionCoordinator(Actor):
         )
         self._prepares = PreparesInFlight(partition)
         self._halves = PipelinedWriter(nc, js, self._quarantine, linger=options.write_linger)
-        published = PipelinedWriter(nc, js, self._quarantine, linger=options.write_linger)
-        self._published = published
+        self._discards = PipelinedWriter(nc, js, self._quarantine, linger=options.write_linger)
         self._publisher = Publisher(
-            nc, js, published, partition, options, clock, self._quarantine, self._on_published
+            nc,
+            js,
+            self.start_task,
+            partition,
+            options,
+            clock,
+            self._quarantine,
+            functools.partial(self._on_published, self._epoch),
         )
+        self._ended = False
+        """Set when this instance is retired: completions of its writes are stale from then."""
+        self.stale_completions = 0
         self._oplog: OpLog | None = None
         self._checker: LocalActorRef | None = None
         self._sends: list[SendCheck] = []
@@ -149,14 +168,15 @@ class PartitionCoordinator(Actor):
 
     async def on_start(self) -> None:
         started = time.perf_counter()
-        checkpoint = await load_checkpoint(self.checkpoints, self.partition)
+        checkpoint = await retry_transient(load_checkpoint, self.checkpoints, self.partition)
         halves, ops = await recover(
             self.js, self.table, self.partition, checkpoint, self._publisher.keep, self.clock()
         )
         if self.metrics is not None:
             self.metrics.track(self.partition, self.table)
         fence = await last_op_seq(self.js, self.partition)
-        self._oplog = OpLog(self.nc, self.js, self.partition, fence, self._ops_appended)
+        appended = functools.partial(self._ops_appended, self._epoch)
+        self._oplog = OpLog(self.nc, self.js, self.partition, fence, appended)
         log.info(
             "coordinator_recovered",
             partition=self.partition,
@@ -166,7 +186,7 @@ class PartitionCoordinator(Actor):
             seconds=round(time.perf_counter() - started, 3),
         )
         self._publisher.forget_finished(self.table)
-        for run in (self._halves.run, self._published.run, self._oplog.run):
+        for run in (self._halves.run, self._discards.run, self._oplog.run):
             self.start_task(run)
         self.start_task(self._save_checkpoints)
         self._checker = await self.system.spawn(
@@ -191,6 +211,7 @@ class PartitionCoordinator(Actor):
         )
 
     async def on_stop(self) -> None:
+        self._ended = True
         checker, self._checker = self._checker, None  # writers finishing meanwhile tell nobody
         if checker is not None:
             await checker.stop()
@@ -261,7 +282,7 @@ class PartitionCoordinator(Actor):
                 case SendCheck():
                     self._sends.append(action)
                 case Discard():
-                    self.start_task(discard, self.js, self._published, action, self.on_discard)
+                    self.start_task(discard, self.js, self._discards, action, self.on_discard)
                 case Acknowledge() | Refuse():
                     self._answers.settle(action)
         for unkept in self._publisher.publish(publishes):
@@ -293,7 +314,17 @@ class PartitionCoordinator(Actor):
 
     # -- completions of the writers (direct steps, see the module docstring) ---------------
 
-    async def _ops_appended(self, op_ids: list[int], seq: int) -> None:
+    def _stale(self, epoch: int, what: str) -> bool:
+        """Whether a completion comes from a write of an instance that has ended."""
+        if epoch == self._epoch and not self._ended:
+            return False
+        self.stale_completions += 1
+        log.debug("stale_completion_ignored", partition=self.partition, what=what, epoch=epoch)
+        return True
+
+    async def _ops_appended(self, epoch: int, op_ids: list[int], seq: int) -> None:
+        if self._stale(epoch, "ops"):
+            return
         events = [OpPersisted(op_id=op_id, seq=seq) for op_id in op_ids]
         actions = self.table.handle_batch(events, self.clock())
         if any(isinstance(a, Publish) for a in actions):
@@ -301,7 +332,9 @@ class PartitionCoordinator(Actor):
         self._apply(actions)
         await self._answers.flush()
 
-    async def _on_published(self, published: list[Published]) -> None:
+    async def _on_published(self, epoch: int, published: list[Published]) -> None:
+        if self._stale(epoch, "published"):
+            return
         self._step(*published)
         await self._answers.flush()
 
@@ -324,22 +357,33 @@ class PartitionCoordinator(Actor):
         if (refusal := self._prepares.refusal(self.table, prepare, digest)) is not None:
             await request.answer(Error(*refusal))
             return
+        if self._halves.trouble is not None:
+            # Queued, it would wait out the outage and the producer's timeout; told to come
+            # back, the producer neither wonders whether its halves were stored nor hammers.
+            problem = f"TXN_HALF cannot be written now ({self._halves.trouble}); try again"
+            retry_after = min(max(self._halves.retry_after, MIN_RETRY_AFTER), RETRY_MAX)
+            await request.answer(Error(ErrorCode.INTERNAL, problem, retry_after))
+            return
         topics = {m.topic for m in prepare.messages}
         if not self._publisher.declared(topics):
-            problem = await self._publisher.declare(topics)
-            if problem is not None:
-                await request.answer(Error(ErrorCode.INTERNAL, problem))
+            undeclared = await self._publisher.declare(topics)
+            if undeclared is not None:
+                error = Error(ErrorCode.INTERNAL, undeclared.reason, undeclared.retry_after)
+                await request.answer(error)
                 return
             # Checked again with no wait before the submit: a step may have run meanwhile.
             if (refusal := self._prepares.refusal(self.table, prepare, digest)) is not None:
                 await request.answer(Error(*refusal))
                 return
         appends = self._prepares.start(self.table, prepare, digest, self.clock())
-        stored = functools.partial(self._halves_appended, request, prepare, token, digest, appends)
+        stored = functools.partial(
+            self._halves_appended, self._epoch, request, prepare, token, digest, appends
+        )
         self._halves.submit(appends, stored)
 
     async def _halves_appended(
         self,
+        epoch: int,
         request: Request,
         prepare: Prepare,
         token: str,
@@ -347,6 +391,8 @@ class PartitionCoordinator(Actor):
         appends: list[Append],
         acks: list[PubAck | None],
     ) -> None:
+        if self._stale(epoch, "halves"):
+            return  # the producer's prepare times out; the check-back settles its halves
         stored, refused = self._prepares.finish(prepare, digest, appends, acks)
         if refused:
             self._halves_refused(request, prepare, digest, stored, refused)

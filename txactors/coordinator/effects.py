@@ -20,8 +20,11 @@ a whole batch if any of its `Nats-Msg-Id`s is already stored (a re-sent batch wh
 attempt did land), or if one message is refused: then each append of it is written alone,
 where a duplicate is answered with its first sequence and a bad one is refused by itself.
 A permanent error (too large, stream gone or refusing the write) is not retried: the append
-is handed to `quarantine` and reported as `None`, so the partition goes on. Nothing is
-reported before its append is settled.
+is handed to `quarantine` and reported as `None`, so the partition goes on. A writer given
+`redeclare` (a topic's) instead declares a stream that is gone again and retries: what it
+writes is committed, and must not be put aside because an operator dropped the stream.
+Nothing is reported before its append is settled. While a fault lasts, `trouble` says why,
+so the partition can tell producers when to come back rather than queue more behind it.
 """
 
 from __future__ import annotations
@@ -46,11 +49,11 @@ from txactors.coordinator.link import (
     LINK_POLL,
     LINK_TROUBLE,
     RETRY_INITIAL,
-    RETRY_MAX,
     AckInbox,
     Fault,
     LinkLost,
     Troubled,
+    backoff,
     classify,
     describe,
     link_generation,
@@ -83,6 +86,8 @@ class Append:
 
 Quarantine = Callable[[Append, str], Awaitable[None]]
 """Keeps an append JetStream refused for good (with the reason) where an operator sees it."""
+Redeclare = Callable[[Append], Awaitable[None]]
+"""Declares the stream that should hold an append whose stream is gone (never raises)."""
 
 
 @dataclass(slots=True)
@@ -125,10 +130,12 @@ class PipelinedWriter:
         *,
         max_in_flight: int = MAX_WRITES_IN_FLIGHT,
         linger: float = 0.0,
+        redeclare: Redeclare | None = None,
     ) -> None:
         self._nc = nc
         self._js = js
         self._quarantine = quarantine
+        self._redeclare = redeclare
         self._max_in_flight = max_in_flight
         self._linger = linger
         self._inbox = AckInbox(nc)
@@ -149,6 +156,10 @@ class PipelinedWriter:
         self._issuing = anyio.Lock()
         self._gap = False
         """A write failed to go out: nothing more is issued until the collector re-issues."""
+        self.trouble: str | None = None
+        """Why the oldest job waits for a retry (None: writes are going through)."""
+        self.retry_after = RETRY_INITIAL
+        """The wait before the next retry while in `trouble`: a hint for producers."""
 
     def submit(
         self, appends: list[Append], report: Callable[[list[PubAck | None]], Awaitable[None]]
@@ -207,10 +218,12 @@ class PipelinedWriter:
                 for slot in job.slots:
                     await self._settle(slot)
             except Troubled as trouble:
+                self.trouble, self.retry_after = str(trouble), delay
                 await self._reissue(str(trouble), delay)
-                delay = min(delay * 2, RETRY_MAX)
+                delay = backoff(delay)
                 continue
             delay = RETRY_INITIAL
+            self.trouble = None
             self._jobs.popleft()
             await job.report([slot.ack for slot in job.slots])
 
@@ -366,7 +379,9 @@ class PipelinedWriter:
         try:  # no responders: JetStream is down, or no stream holds the subject any more
             await self._js.find_stream_name_by_subject(append.subject)
         except nats.js.errors.NotFoundError:
-            return True
+            if self._redeclare is None:
+                return True
+            await self._redeclare(append)  # then tried again, after the backoff
         except LINK_TROUBLE:
             return False
         return False

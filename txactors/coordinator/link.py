@@ -12,6 +12,7 @@ import asyncio
 import enum
 import itertools
 import json
+import random
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -39,6 +40,11 @@ NO_RESPONDERS = "503"
 LINK_TROUBLE = (nats.errors.Error, TimeoutError, OSError)
 """What a NATS or JetStream call raises when the broker, not our code, is the problem."""
 
+TRANSIENT_ERR_CODES = frozenset({10005, 10008, 10009, 10118, 10119, 10195, 10202})
+"""JetStream answers that pass while a cluster forms, elects a leader or changes members,
+whatever their HTTP-like code (no suitable peers for placement, temporarily unavailable,
+not the leader, stream or consumer offline, member change in progress)."""
+
 
 class Fault(enum.Enum):
     TRANSIENT = "transient"
@@ -56,23 +62,38 @@ def classify(error: BaseException) -> Fault:
     """
     if isinstance(error, nats.js.errors.ServiceUnavailableError | nats.js.errors.ServerError):
         return Fault.TRANSIENT
+    if isinstance(error, nats.js.errors.APIError) and error.err_code in TRANSIENT_ERR_CODES:
+        return Fault.TRANSIENT
     if isinstance(error, nats.js.errors.APIError | nats.errors.MaxPayloadError):
         return Fault.PERMANENT
     return Fault.TRANSIENT
 
 
+def backoff(delay: float) -> float:
+    """The wait after `delay`: doubled up to `RETRY_MAX`, with up to a fifth of jitter so
+    the partitions of a coordinator do not all come back to a recovering server at once."""
+    return min(delay * 2, RETRY_MAX) * (1 - random.random() / 5)
+
+
+def transient(error: BaseException) -> bool:
+    """A broker failure worth trying again (`LINK_TROUBLE`, `LinkLost`, not `PERMANENT`)."""
+    return isinstance(error, (*LINK_TROUBLE, LinkLost)) and classify(error) is Fault.TRANSIENT
+
+
 async def retry_transient(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """`await fn(*args)`, tried again with backoff while it fails transiently (`classify`)."""
+    """`await fn(*args)`, tried again with capped, jittered backoff while it fails
+    transiently (`classify`): a partition rides out a leader election instead of failing."""
     delay = RETRY_INITIAL
     while True:
         try:
             return await fn(*args)
-        except LINK_TROUBLE as error:
-            if classify(error) is Fault.PERMANENT:
+        except (*LINK_TROUBLE, LinkLost) as error:
+            if not transient(error):
                 raise
-            log.warning("jetstream_retry", call=fn.__name__, error=describe(error), delay=delay)
+            name = getattr(fn, "__name__", type(fn).__name__)
+            log.warning("jetstream_retry", call=name, error=describe(error), delay=delay)
         await anyio.sleep(delay)
-        delay = min(delay * 2, RETRY_MAX)
+        delay = backoff(delay)
 
 
 def link_generation(nc: Client) -> int:

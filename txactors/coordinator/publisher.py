@@ -6,8 +6,17 @@ commit never waits for one.
 The partition keeps the messages of its open transactions (from their prepare, or read
 back during recovery), so a publish costs one topic write and no read; a body it no longer
 has (after a restart the checkpoint skipped, or a purge) is read back from TXN_HALF by
-sequence. The `Publish` actions of one step go out as one job, and their completion comes
-back as one list of `Published` events, which the partition feeds to its table as one step.
+sequence. The `Publish` actions of one step go out as one job per topic stream, and each
+job's completion comes back as one list of `Published` events, which the partition feeds to
+its table as one step.
+
+Each topic stream has a `PipelinedWriter` of its own: a topic whose stream is unavailable
+(its leader being elected, its server down, the stream deleted) holds up only the commits
+that have a message in it, while every other topic's commits go through. This is safe
+because the decision is durable in TXN_OP before any publish: a transaction's topics may be
+written in any order, and its `done` record waits until all of them are (the table's rule).
+The unavailable topic's writer retries with backoff (declaring a deleted stream again) and
+catches up, in order and with the same dedupe ids, once the stream is back.
 """
 
 from __future__ import annotations
@@ -25,7 +34,15 @@ from txactors.coordinator.core.events import Published
 from txactors.coordinator.core.states import FINAL
 from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.effects import Append, PipelinedWriter, Quarantine
-from txactors.coordinator.link import LINK_TROUBLE, LinkLost, describe, linked, retry_transient
+from txactors.coordinator.link import (
+    LINK_TROUBLE,
+    RETRY_MAX,
+    LinkLost,
+    describe,
+    linked,
+    retry_transient,
+    transient,
+)
 from txactors.coordinator.options import Clock, CoordinatorOptions
 from txactors.coordinator.store import StoredHalf, read_raw_half
 from txactors.errors import ConfigError
@@ -36,6 +53,16 @@ from txactors.topics import ensure_topic_stream
 log = get_logger(__name__)
 
 OnPublished = Callable[[list[Published]], Awaitable[None]]
+StartTask = Callable[[Callable[[], Awaitable[None]]], None]
+"""Runs a writer's loop as a task of the partition actor's instance (it dies with it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NotDeclared:
+    """Why a topic's stream cannot be declared now; `retry_after` set when it may pass."""
+
+    reason: str
+    retry_after: float | None
 
 
 @dataclass(slots=True)
@@ -51,7 +78,7 @@ class Publisher:
         self,
         nc: Client,
         js: JetStreamContext,
-        writer: PipelinedWriter,
+        start: StartTask,
         partition: int,
         options: CoordinatorOptions,
         clock: Clock,
@@ -63,7 +90,9 @@ class Publisher:
         self._options = options
         self._topics: set[str] = set()
         """Topics whose stream is known to exist."""
-        self._writer = writer
+        self._start = start
+        self._writers: dict[str, PipelinedWriter] = {}
+        """One per topic (so per topic stream), made when a publish first names it."""
         self._partition = partition
         self._clock = clock
         self._quarantine = quarantine
@@ -74,23 +103,52 @@ class Publisher:
         """Every topic's stream is known to exist (`declare` would not wait)."""
         return topics <= self._topics
 
-    async def declare(self, topics: set[str]) -> str | None:
-        """Make sure each topic has its stream; why not, if JetStream cannot say so now."""
+    async def declare(self, topics: set[str]) -> NotDeclared | None:
+        """Make sure each topic has its stream; why not, if JetStream cannot say so now.
+
+        Tried once: the prepare waiting for it holds the partition's mailbox, so a transient
+        failure is answered with a retry-after hint instead of being waited out here.
+        """
         for topic in topics - self._topics:
-            declare = functools.partial(
-                ensure_topic_stream,
-                self._js,
-                topic,
-                duplicate_window=self._options.topic_duplicate_window,
-                replicas=self._options.replicas,
-            )
             try:
-                await linked(self._nc, declare)
+                await linked(self._nc, self._declare, topic)
             except (ConfigError, LinkLost, *LINK_TROUBLE) as error:
                 log.warning("topic_stream_not_declared", topic=topic, error=describe(error))
-                return f"the stream of topic {topic} cannot be declared now: {describe(error)}"
+                reason = f"the stream of topic {topic} cannot be declared now: {describe(error)}"
+                return NotDeclared(reason, RETRY_MAX if transient(error) else None)
             self._topics.add(topic)
         return None
+
+    async def _declare(self, topic: str) -> None:
+        await ensure_topic_stream(
+            self._js,
+            topic,
+            duplicate_window=self._options.topic_duplicate_window,
+            replicas=self._options.replicas,
+        )
+
+    async def _redeclare(self, topic: str, _: Append) -> None:
+        """A topic stream is gone while committed messages wait for it: declare it again."""
+        try:
+            await linked(self._nc, self._declare, topic)
+        except (ConfigError, LinkLost, *LINK_TROUBLE) as error:
+            log.warning("topic_stream_not_redeclared", topic=topic, error=describe(error))
+        else:
+            log.warning("topic_stream_redeclared", topic=topic, partition=self._partition)
+
+    def _writer(self, topic: str) -> PipelinedWriter:
+        writer = self._writers.get(topic)
+        if writer is None:
+            writer = PipelinedWriter(
+                self._nc,
+                self._js,
+                self._quarantine,
+                linger=self._options.write_linger,
+                redeclare=functools.partial(self._redeclare, topic),
+            )
+            self._writers[topic] = writer
+            self._start(writer.run)
+        return writer
 
     def keep(self, stored: StoredHalf) -> None:
         """Remember a stored half's message until its transaction is finished."""
@@ -110,10 +168,9 @@ class Publisher:
         return half.properties if half is not None else {}
 
     def publish(self, actions: list[Publish]) -> list[Publish]:
-        """Submit the publishes whose bodies are kept, as one job; return the others
-        (to be read back with `publish_from_stream`). Never waits."""
-        appends: list[Append] = []
-        done: list[Published] = []
+        """Submit the publishes whose bodies are kept, as one job per topic stream; return
+        the others (to be read back with `publish_from_stream`). Never waits."""
+        jobs: dict[str, tuple[list[Append], list[Published]]] = {}  # by topic
         unkept: list[Publish] = []
         for action in actions:
             kept = self._kept.get(action.txid)
@@ -123,11 +180,15 @@ class Publisher:
                 continue
             if not kept.messages:
                 del self._kept[action.txid]
+            appends, done = jobs.setdefault(message.topic, ([], []))
             appends.append(self._topic_append(action, kept.group, message))
             done.append(Published(txid=action.txid, index=action.index))
-        if appends:
-            self._writer.submit(appends, lambda _: self._on_published(done))
+        for topic, (appends, done) in jobs.items():
+            self._writer(topic).submit(appends, functools.partial(self._reported, done))
         return unkept
+
+    async def _reported(self, done: list[Published], _: object) -> None:
+        await self._on_published(done)
 
     async def publish_from_stream(self, action: Publish) -> None:
         """After a restart the body is only in TXN_HALF: read it back by sequence."""
@@ -141,10 +202,9 @@ class Publisher:
             await self._quarantine(Append(subject, b"", {}), reason)
             await self._on_published(published)
             return
-        self._writer.submit(
-            [self._topic_append(action, stored.group, stored.message)],
-            lambda _: self._on_published(published),
-        )
+        append = self._topic_append(action, stored.group, stored.message)
+        writer = self._writer(stored.message.topic)
+        writer.submit([append], functools.partial(self._reported, published))
 
     def _topic_append(self, action: Publish, group: str, message: OutgoingMessage) -> Append:
         headers = dict(message.properties)

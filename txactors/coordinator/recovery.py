@@ -4,13 +4,16 @@ Reads only from the checkpointed offsets, so the cost follows what was still ope
 last checkpoint, not the whole history (RocketMQ keeps the same two consume offsets).
 A record that cannot be read (a half without its headers, an op message that does not
 decode, a record the table refuses) is quarantined and skipped: one bad record in the
-coordinator's own streams must not keep a partition from starting.
+coordinator's own streams must not keep a partition from starting. A read JetStream cannot
+answer now (a timeout, a leader election) is retried with backoff from where it stopped.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable
 
+import anyio
 import msgspec
 import nats.errors
 import nats.js.errors
@@ -24,6 +27,14 @@ from txactors.coordinator.core.events import HalvesStored, OpReplayed
 from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.core.transactions import Checkpoint
 from txactors.coordinator.discard import quarantine
+from txactors.coordinator.link import (
+    LINK_TROUBLE,
+    RETRY_INITIAL,
+    backoff,
+    describe,
+    retry_transient,
+    transient,
+)
 from txactors.coordinator.store import StoredHalf, decode_ops, read_half
 from txactors.logs import get_logger
 
@@ -35,28 +46,55 @@ log = get_logger(__name__)
 async def read_subject(
     js: JetStreamContext, stream: str, subject: str, start_seq: int
 ) -> AsyncIterator[Msg]:
-    """Every message of `subject` from `start_seq` to the current end, in stream order."""
-    config = ConsumerConfig(
-        deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-        opt_start_seq=max(start_seq, 1),
-        ack_policy=AckPolicy.NONE,
-        inactive_threshold=60.0,
-    )
-    sub = await js.pull_subscribe(subject, stream=stream, config=config)
+    """Every message of `subject` from `start_seq` to the current end, in stream order.
+
+    A transient failure (`link.transient`) drops the consumer and reads on from the message
+    after the last one yielded, after a backoff; a permanent one is raised.
+    """
+    next_seq = max(start_seq, 1)
+    delay = RETRY_INITIAL
+    sub: JetStreamContext.PullSubscription | None = None
+    remaining = 0
     try:
-        info = await sub.consumer_info()
-        remaining = info.num_pending or 0
-        while remaining > 0:
+        while True:
             try:
-                msgs = await sub.fetch(min(FETCH_BATCH, remaining), timeout=2.0)
-            except nats.errors.TimeoutError:
-                remaining = (await sub.consumer_info()).num_pending or 0
+                if sub is None:
+                    config = ConsumerConfig(
+                        deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                        opt_start_seq=next_seq,
+                        ack_policy=AckPolicy.NONE,
+                        inactive_threshold=60.0,
+                    )
+                    sub = await js.pull_subscribe(subject, stream=stream, config=config)
+                    remaining = (await sub.consumer_info()).num_pending or 0
+                if remaining <= 0:
+                    return
+                try:
+                    msgs = await sub.fetch(min(FETCH_BATCH, remaining), timeout=2.0)
+                except nats.errors.TimeoutError:
+                    remaining = (await sub.consumer_info()).num_pending or 0
+                    continue
+            except LINK_TROUBLE as error:
+                if not transient(error):
+                    raise
+                log.warning(
+                    "recovery_read_retry", subject=subject, error=describe(error), delay=delay
+                )
+                if sub is not None:
+                    with contextlib.suppress(*LINK_TROUBLE):
+                        await sub.unsubscribe()
+                    sub = None
+                await anyio.sleep(delay)
+                delay = backoff(delay)
                 continue
+            delay = RETRY_INITIAL
             for msg in msgs:
+                next_seq = msg.metadata.sequence.stream + 1
                 yield msg
             remaining = msgs[-1].metadata.num_pending if msgs else remaining
     finally:
-        await sub.unsubscribe()
+        if sub is not None:
+            await sub.unsubscribe()
 
 
 async def recover(
@@ -132,7 +170,8 @@ def _stored_event(stored: StoredHalf) -> HalvesStored:
 async def last_op_seq(js: JetStreamContext, partition: int) -> int:
     """The stream sequence of the partition's newest op record (0: none): the fence's start."""
     try:
-        last = await js.get_last_msg(layout.OP_STREAM, layout.op_subject(partition))
+        subject = layout.op_subject(partition)
+        last = await retry_transient(js.get_last_msg, layout.OP_STREAM, subject)
     except nats.js.errors.NotFoundError:
         return 0
     return last.seq or 0

@@ -12,10 +12,19 @@ An end is acknowledged (a request: the caller learns the state reached, or the r
 one-way (a publish without a reply subject, RocketMQ's `endTransactionOneway`: no round
 trip, and no answer either way). A one-way end's decision is kept in memory like an
 unconfirmed one, so a check-back for an end that was lost or refused is answered from it.
+
+A prepare the coordinator refused with a `retry_after` hint (it cannot write now) stored
+nothing, so it is sent again, up to `prepare_retries` times, each after waiting at least
+the hint (plus jitter, so producers refused together do not come back together). Once they
+are spent, `PrepareFailed.retry_after` carries the last hint to the caller.
 """
 
 from __future__ import annotations
 
+import random
+from collections.abc import Awaitable, Callable
+
+import anyio
 import nats.errors
 from nats.aio.client import Client
 
@@ -45,6 +54,12 @@ _UNREACHABLE = (AskTimeout, ActorDeadError, nats.errors.Error, OSError)
 #: check-back) can still settle it. Every other code is a definite refusal.
 _RETRYABLE_CODES = frozenset({ErrorCode.INTERNAL, ErrorCode.TIMEOUT})
 
+NO_COORDINATOR_RETRY_AFTER = 1.0
+"""The hint on a prepare nobody served (no coordinator holds the partition right now): about
+what a failover takes to start serving it again."""
+
+Sleep = Callable[[float], Awaitable[None]]
+
 
 class CoordinatorClient:
     """Prepare and end requests for one producer instance, routed by partition."""
@@ -59,6 +74,8 @@ class CoordinatorClient:
         request_timeout: float,
         outcomes: UnconfirmedOutcomes,
         in_flight: InFlight,
+        prepare_retries: int = 0,
+        sleep: Sleep = anyio.sleep,
     ) -> None:
         self.group = group
         self.instance = instance
@@ -66,6 +83,8 @@ class CoordinatorClient:
         self.in_flight = in_flight
         self._partitions = partitions
         self._timeout = request_timeout
+        self._prepare_retries = prepare_retries
+        self._sleep = sleep
         self._prepare = [
             RemoteActorRef(nc, prepare_subject(p), Prepared) for p in range(partitions)
         ]
@@ -84,24 +103,35 @@ class CoordinatorClient:
             token=token,
             version=PROTOCOL_VERSION,
         )
-        try:
-            reply: Prepared = await self._prepare[partition].ask(command, self._timeout)
-        except CommandError as error:
-            log.warning("prepare_refused", code=error.code, reason=error.message)
-            raise PrepareFailed(
-                f"the coordinator refused the prepare of {txid}: {error}",
-                txid=txid,
-                code=error.code,
-            ) from error
-        except _UNREACHABLE as error:
-            log.warning("prepare_unreachable", partition=partition, error=repr(error))
-            raise PrepareFailed(
-                f"the coordinator of partition {partition} did not confirm the prepare of "
-                f"{txid} ({error!r}); is it running? Halves may have been stored: the "
-                "check-back will roll them back",
-                txid=txid,
-            ) from error
-        return reply
+        retries = self._prepare_retries
+        while True:
+            try:
+                reply: Prepared = await self._prepare[partition].ask(command, self._timeout)
+            except CommandError as error:
+                if error.retry_after is not None and retries > 0:
+                    retries -= 1
+                    wait = error.retry_after * (1 + random.random() / 5)
+                    log.info("prepare_retry", code=error.code, reason=error.message, wait=wait)
+                    await self._sleep(wait)
+                    continue
+                log.warning("prepare_refused", code=error.code, reason=error.message)
+                raise PrepareFailed(
+                    f"the coordinator refused the prepare of {txid}: {error}",
+                    txid=txid,
+                    code=error.code,
+                    retry_after=error.retry_after,
+                ) from error
+            except _UNREACHABLE as error:
+                log.warning("prepare_unreachable", partition=partition, error=repr(error))
+                nobody = isinstance(error, ActorDeadError)  # nothing was stored: come back
+                raise PrepareFailed(
+                    f"the coordinator of partition {partition} did not confirm the prepare of "
+                    f"{txid} ({error!r}); is it running? Halves may have been stored: the "
+                    "check-back will roll them back",
+                    txid=txid,
+                    retry_after=NO_COORDINATOR_RETRY_AFTER if nobody else None,
+                ) from error
+            return reply
 
     async def end(self, txid: str, token: str, decision: Decision) -> Ended | None:
         """Send the end; None when it was not confirmed (the decision is then remembered

@@ -39,6 +39,7 @@ LocalTransaction = Callable[[Any, Any], Awaitable[Decision] | Decision]
 
 DEFAULT_CHECKER_CONCURRENCY = 4
 DEFAULT_CHECK_TIMEOUT = 30.0
+DEFAULT_PREPARE_RETRIES = 2
 
 
 def default_instance_id() -> str:
@@ -58,8 +59,11 @@ class TransactionProducer:
     checks run at once, each for at most `check_timeout` seconds. `partitions` must match
     the coordinators' partition count. `end_mode` says how transactions end by default:
     `"ack"` waits for the coordinator's answer, `"oneway"` publishes the end and goes on
-    (see `EndMode`); `begin(end_mode=...)` chooses per transaction. A producer runs once:
-    enter it a single time.
+    (see `EndMode`); `begin(end_mode=...)` chooses per transaction. A prepare the
+    coordinator refuses for now, with a retry-after hint (it cannot write at the moment), is
+    sent again up to `prepare_retries` times, each after waiting at least the hint; then
+    `PrepareFailed.retry_after` says how long to wait. A producer runs once: enter it a
+    single time.
 
         async with TransactionProducer(nc, "bank-a", checker) as producer:
             result = await producer.send_in_transaction(message, debit, arg=transfer)
@@ -77,6 +81,7 @@ class TransactionProducer:
         checker_concurrency: int = DEFAULT_CHECKER_CONCURRENCY,
         check_timeout: float = DEFAULT_CHECK_TIMEOUT,
         end_mode: EndMode | str = EndMode.ACK,
+        prepare_retries: int = DEFAULT_PREPARE_RETRIES,
     ) -> None:
         self.group = validate_name("group", group)
         self.instance = validate_name("instance", instance or default_instance_id())
@@ -84,6 +89,8 @@ class TransactionProducer:
             raise ConfigError(f"partitions must be at least 1, not {partitions}")
         if request_timeout <= 0 or check_timeout <= 0:
             raise ConfigError("request_timeout and check_timeout must be positive")
+        if prepare_retries < 0:
+            raise ConfigError(f"prepare_retries must be 0 or more, not {prepare_retries}")
         self.end_mode = _end_mode(end_mode)
         outcomes = UnconfirmedOutcomes()
         in_flight = InFlight()
@@ -95,6 +102,7 @@ class TransactionProducer:
             request_timeout=request_timeout,
             outcomes=outcomes,
             in_flight=in_flight,
+            prepare_retries=prepare_retries,
         )
         self._responder = CheckResponder(
             nc,
