@@ -111,7 +111,9 @@ class CoordinatorClient:
                 if error.retry_after is not None and retries > 0:
                     retries -= 1
                     wait = error.retry_after * (1 + random.random() / 5)
-                    log.info("prepare_retry", code=error.code, reason=error.message, wait=wait)
+                    log.warning(
+                        "prepare_retry", code=error.code, retry_after=error.retry_after, wait=wait
+                    )
                     await self._sleep(wait)
                     continue
                 log.warning("prepare_refused", code=error.code, reason=error.message)
