@@ -29,10 +29,10 @@ from txactors.coordinator.link import (
     LINK_POLL,
     LINK_TROUBLE,
     RETRY_INITIAL,
-    RETRY_MAX,
     AckInbox,
     Fault,
     Troubled,
+    backoff,
     classify,
     describe,
     link_generation,
@@ -156,7 +156,7 @@ class OpLog:
                 self._last_seq = ack.seq
                 return ack.seq
             await anyio.sleep(delay)
-            delay = min(delay * 2, RETRY_MAX)
+            delay = backoff(delay)
 
     async def _await(self, future: asyncio.Future[PubAck], generation: int) -> PubAck:
         started = time.monotonic()
