@@ -1,20 +1,23 @@
 """Running a coordinator: streams, leases, one partition actor per owned partition.
 
 `run_coordinator` is what an application (or `txactors coordinator`) starts. It makes sure the
-JetStream layout exists, takes the leases of the partitions that are free (up to
+JetStream layout exists, announces itself as a member of the lease bucket, takes its share of
+the free partitions (balance.py: an even split over the live members, at most
 `max_partitions`), and for each one spawns a `PartitionCoordinator` (which recovers its state
 before it serves, then starts the partition's `Checker`) and serves `txn.coord.<p>.prepare`,
-`.end` and `.admin`. A keeper renews the leases, stops serving a partition whose lease is lost
-or cannot be renewed in time, and takes over partitions whose owner died. Renewing runs in a
-task of its own, from before the first partition is taken: a partition that is still recovering
-(however long that takes) keeps its lease. Several coordinator processes thus split the
-partitions, or stand by for each other. Only inbox reply subjects are answered
+`.end` and `.admin`. A keeper renews the leases (a failed renewal is retried soon), stops
+serving a partition whose lease is lost or cannot be renewed in time, takes over partitions
+whose owner died or left, and hands over a few at a time when a member joins. Renewing runs in
+a task of its own, from before the first partition is taken: a partition that is still
+recovering (however long that takes) keeps its lease. Several coordinator processes thus split
+the partitions evenly, and take over from each other. Only inbox reply subjects are answered
 (`options.inbox_prefix`), and a connection closed for good ends the coordinator with
 `NatsConnectionLost` rather than leaving it up serving nothing.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import socket
@@ -29,10 +32,12 @@ from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 
 from txactors import layout
-from txactors.actors import ActorSystem, LocalActorRef, ReplyGuard, Supervisor, serve
+from txactors.actors import ActorSystem, Directive, LocalActorRef, ReplyGuard, Supervisor, serve
 from txactors.coordinator.actor import PartitionCoordinator
+from txactors.coordinator.balance import MemberInfo, plan
 from txactors.coordinator.config import CoordinatorConfig
-from txactors.coordinator.leases import Leases, lease_bucket
+from txactors.coordinator.leases import LEASE_TROUBLE, Leases, lease_bucket
+from txactors.coordinator.oplog import FencedOut
 from txactors.coordinator.options import Clock, CoordinatorOptions, OnDiscard
 from txactors.coordinator.store import ensure_streams
 from txactors.logs import get_logger
@@ -42,9 +47,17 @@ from txactors.protocol import AdminCommand, EndTransaction, Prepare
 
 MAILBOX_SIZE = 8192
 RENEW_FRACTION = 1 / 3
-"""Leases are renewed every third of their TTL: two renewals may fail before it matters."""
+"""Leases are renewed every third of their TTL (and the bucket looked at to rebalance)."""
+RETRY_FRACTION = 0.1
+"""A failed renewal is tried again this fraction of the TTL later, and one attempt may take
+that long: the lease bucket electing a leader costs a few attempts, not the lease."""
+ATTEMPT_FLOOR = 0.2
+"""Seconds a renewal may take at least, however short the TTL (a loaded server's round trip)."""
 SELF_FENCE_FRACTION = 0.8
 """Without a renewal for this fraction of the TTL, an owner stops serving on its own."""
+HANDOVER_BATCH = 2
+"""Partitions a coordinator above its share hands over in one step; the next step waits until
+they are taken, so all but a few partitions keep serving while the load moves."""
 
 log = get_logger(__name__)
 
@@ -53,6 +66,7 @@ log = get_logger(__name__)
 class _Owned:
     revision: int
     renewed_at: float
+    """When the last renewal that succeeded was sent (the keeper's clock)."""
     ref: LocalActorRef | None = None
     """None while the partition actor starts (recovers); its lease is renewed meanwhile."""
     subscriptions: list[Subscription] = field(default_factory=list)
@@ -75,7 +89,19 @@ def default_owner_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
+def _stop_when_fenced(error: Exception) -> Directive:
+    """A partition actor fenced out of TXN_OP has a successor: never restart it to write again."""
+    return Directive.STOP if isinstance(error, FencedOut) else Directive.RESTART
+
+
 class _PartitionKeeper:
+    """Holds this coordinator's leases and its share of the partitions.
+
+    Two loops: `renew` keeps the member key and the leases (never waiting on a recovery),
+    `rebalance` takes and hands over partitions (from the bucket's view, on every change of a
+    holder and every third of the TTL).
+    """
+
     def __init__(
         self,
         nc: Client,
@@ -84,6 +110,8 @@ class _PartitionKeeper:
         options: CoordinatorOptions,
         make_partition: Callable[[int], PartitionCoordinator],
         replies: ReplyGuard,
+        *,
+        clock: Clock = time.monotonic,
     ) -> None:
         self._nc = nc
         self._replies = replies
@@ -91,59 +119,145 @@ class _PartitionKeeper:
         self._leases = leases
         self._options = options
         self._make_partition = make_partition
+        self._clock = clock
+        self._info = MemberInfo(
+            partitions=options.partitions, max_partitions=options.max_partitions
+        )
+        self._changed = anyio.Event()
         self.owned: dict[int, _Owned] = {}
 
     async def renew(self) -> None:
-        """Keep the leases held, forever (apart from taking, which may wait on recoveries)."""
+        """Keep the member key and the leases, forever."""
         while True:
-            await anyio.sleep(self._options.lease_ttl * RENEW_FRACTION)
-            await self.keep_owned()
+            delay = await self.keep_owned()
+            await anyio.sleep(delay)
 
-    async def take(self) -> None:
+    async def rebalance(self) -> None:
+        """Take or hand over partitions on every change seen in the bucket, and every tick."""
         while True:
-            await anyio.sleep(self._options.lease_ttl * RENEW_FRACTION)
-            await self.take_free()
+            with anyio.move_on_after(self._options.lease_ttl * RENEW_FRACTION):
+                await self._changed.wait()
+            self._changed = anyio.Event()  # changes seen from now on wake the next step
+            await self.balance()
 
-    async def take_free(self) -> None:
-        for partition in range(self._options.partitions):
-            if len(self.owned) >= self._options.max_partitions:
-                return
-            if partition in self.owned:
-                continue
+    async def watch(self) -> None:
+        """Wake `rebalance` when a lease is given back or a member comes or goes (a poll would
+        notice it only a third of the TTL later)."""
+        while True:
+            try:
+                await self._leases.watch_holders(self._changed.set)
+            except LEASE_TROUBLE as error:
+                log.warning("lease_watch_failed", error=repr(error))
+            await anyio.sleep(self._options.lease_ttl * RETRY_FRACTION)
+
+    async def join(self) -> None:
+        """Announce this member, then take its share of what is free."""
+        try:
+            await self._leases.announce(self._info)
+        except LEASE_TROUBLE as error:  # announced by the next renewal
+            log.warning("member_announce_failed", error=repr(error))
+        await self.balance()
+
+    async def balance(self) -> None:
+        """One step: hand over a few partitions above our share, or take free ones below it."""
+        ttl = self._options.lease_ttl
+        try:
+            view = await self._leases.view(timeout=ttl * RENEW_FRACTION)
+        except LEASE_TROUBLE as error:
+            log.warning("lease_view_failed", error=repr(error))
+            return
+        step = plan(
+            me=self._leases.owner,
+            partitions=self._options.partitions,
+            members={**view.members, self._leases.owner: self._info},
+            holders=view.holders,
+            owned=frozenset(self.owned),
+            batch=HANDOVER_BATCH,
+        )
+        for partition in step.give:
+            log.info("partition_handed_over", partition=partition, share=step.share)
+            await self._stop(partition, give_back=True)
+        taken: list[int] = []
+        for partition in step.take:
+            if len(self.owned) >= step.share:
+                break
+            sent = self._clock()
             revision = await self._leases.take(partition)
             if revision is not None:
-                await self._start(partition, revision)
+                log.info("lease_taken", partition=partition, owner=self._leases.owner)
+                self.owned[partition] = _Owned(revision, sent)  # renewed from now on
+                taken.append(partition)
+        async with anyio.create_task_group() as starting:  # recover them side by side
+            for partition in taken:
+                starting.start_soon(self._start, partition, self.owned[partition])
 
-    async def keep_owned(self) -> None:
+    async def keep_owned(self) -> float:
+        """One round of renewals (all at once); returns the delay until the next round."""
+        ttl = self._options.lease_ttl
+        fence = ttl * SELF_FENCE_FRACTION
+        started = self._clock()
         for partition, owned in list(self.owned.items()):
             if owned.ref is not None and not owned.ref.is_alive:
                 log.error("partition_actor_died", partition=partition)
                 await self._stop(partition, give_back=True)
-                continue
+            elif started - owned.renewed_at >= fence:  # e.g. woken from a long stall
+                log.error("lease_expiring_stop_serving", partition=partition)
+                await self._stop(partition, give_back=False)
+        renewing = {p: owned.revision for p, owned in self.owned.items()}
+        deadline = min((o.renewed_at + fence for o in self.owned.values()), default=started + ttl)
+        timeout = max(0.0, min(max(ttl * RETRY_FRACTION, ATTEMPT_FLOOR), deadline - started))
+        results: dict[int, int | Exception | None] = {}
+        announced: list[Exception] = []
+
+        async def renew_one(partition: int, revision: int) -> None:
             try:
-                revision = await self._leases.renew(partition, owned.revision)
+                with anyio.fail_after(timeout):
+                    results[partition] = await self._leases.renew(partition, revision)
             except Exception as error:  # NATS trouble: we may or may not still hold it
-                log.warning("lease_renew_failed", partition=partition, error=repr(error))
-                silent = time.monotonic() - owned.renewed_at
-                if silent > self._options.lease_ttl * SELF_FENCE_FRACTION:
+                results[partition] = error
+
+        async def announce() -> None:
+            try:
+                with anyio.fail_after(timeout):
+                    await self._leases.announce(self._info)
+            except Exception as error:
+                announced.append(error)
+
+        async with anyio.create_task_group() as renewals:
+            renewals.start_soon(announce)
+            for partition, revision in renewing.items():
+                renewals.start_soon(renew_one, partition, revision)
+        failed = bool(announced)
+        for partition, result in results.items():
+            held = self.owned.get(partition)
+            if held is None or held.revision != renewing[partition]:
+                continue  # stopped (or taken again) meanwhile
+            if isinstance(result, Exception):
+                failed = True
+                log.warning("lease_renew_failed", partition=partition, error=repr(result))
+                if self._clock() - held.renewed_at >= fence:
                     log.error("lease_expiring_stop_serving", partition=partition)
                     await self._stop(partition, give_back=False)
-                continue
-            if revision is None:
+            elif result is None:
                 log.error("lease_lost", partition=partition)
                 await self._stop(partition, give_back=False)
             else:
-                owned.revision, owned.renewed_at = revision, time.monotonic()
+                held.revision, held.renewed_at = result, started
+        if announced:
+            log.warning("member_renew_failed", error=repr(announced[0]))
+        now = self._clock()
+        delay = ttl * (RETRY_FRACTION if failed else RENEW_FRACTION)
+        fences = [o.renewed_at + fence - now for o in self.owned.values()]
+        return max(0.0, min([delay, *fences]))
 
-    async def _start(self, partition: int, revision: int) -> None:
-        log.info("lease_taken", partition=partition, owner=self._leases.owner)
-        owned = _Owned(revision, time.monotonic())
-        self.owned[partition] = owned  # renewed from now on, while the actor recovers
+    async def _start(self, partition: int, owned: _Owned) -> None:
         ref = await self._system.spawn(
             lambda: self._make_partition(partition),
             name=f"coordinator-{partition}",
             mailbox_size=MAILBOX_SIZE,
-            supervisor=Supervisor(max_restarts=5, within=60.0, backoff_initial=0.5),
+            supervisor=Supervisor(
+                decide=_stop_when_fenced, max_restarts=5, within=60.0, backoff_initial=0.5
+            ),
         )
         owned.ref = ref
         if self.owned.get(partition) is not owned:  # the lease was lost while it recovered
@@ -173,9 +287,12 @@ class _PartitionKeeper:
             await self._leases.give_back(partition, owned.revision)
         log.info("partition_released", partition=partition, given_back=give_back)
 
-    async def stop_all(self) -> None:
-        for partition in list(self.owned):
-            await self._stop(partition, give_back=True)
+    async def leave(self) -> None:
+        """Withdraw, then give every lease back: the others take them over at once."""
+        await self._leases.withdraw()
+        async with anyio.create_task_group() as stopping:
+            for partition in list(self.owned):
+                stopping.start_soon(functools.partial(self._stop, partition, give_back=True))
 
 
 @asynccontextmanager
@@ -228,12 +345,13 @@ async def run_coordinator(
 
             keeper = _PartitionKeeper(nc, system, leases, options, make_partition, replies)
             tasks.start_soon(keeper.renew)
-            await keeper.take_free()
-            tasks.start_soon(keeper.take)
+            tasks.start_soon(keeper.watch)
+            await keeper.join()
+            tasks.start_soon(keeper.rebalance)
             tasks.start_soon(watch_connection, nc)
             try:
                 yield RunningCoordinator(leases.owner, keeper.owned)
             finally:
                 tasks.cancel_scope.cancel()
                 with anyio.CancelScope(shield=True):
-                    await keeper.stop_all()
+                    await keeper.leave()
