@@ -102,6 +102,15 @@ class CoordinatorProcess:
             await self.kill()
         return stopped
 
+    def pause(self) -> None:
+        """SIGSTOP: the process stalls (as under a long GC pause or a frozen VM) until `resume`."""
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGCONT)
+
     async def kill(self) -> None:
         if self.alive():
             assert self._proc is not None

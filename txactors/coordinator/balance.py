@@ -70,8 +70,9 @@ def plan(
     """What `me` should do now, from a view of the bucket (`holders`: partition → owner).
 
     `owned` (what `me` holds by its own account) overrides the view for `me`. Surplus is
-    handed over only to the extent other members are under their share (someone will take it),
-    `batch` at most at a time, highest partitions first.
+    handed over only to the extent other members are under their share by more than what is
+    free already (someone will take it), highest partitions first, and while fewer than
+    `batch` are free: at most `batch` partitions are in transit (served by nobody) at a time.
     """
     caps = {member: info.max_partitions for member, info in members.items()}
     if me not in caps:
@@ -83,15 +84,15 @@ def plan(
     held[me] = len(owned)
     dealt = shares(partitions, caps, held)
     share = dealt[me]
+    free = tuple(
+        p
+        for p in range(partitions)
+        if p not in owned and (holders.get(p) is None or holders[p] not in caps)
+    )
     if len(owned) > share:
-        takers = sum(max(0, dealt[m] - held.get(m, 0)) for m in caps if m != me)
-        count = min(len(owned) - share, batch, takers)
+        wanted = sum(max(0, dealt[m] - held.get(m, 0)) for m in caps if m != me)
+        count = max(0, min(len(owned) - share, batch - len(free), wanted - len(free)))
         return Plan(share=share, give=tuple(sorted(owned, reverse=True)[:count]))
     if len(owned) < share:
-        free = tuple(
-            p
-            for p in range(partitions)
-            if p not in owned and (holders.get(p) is None or holders[p] not in caps)
-        )
         return Plan(share=share, take=free)
     return Plan(share=share)

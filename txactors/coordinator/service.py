@@ -145,10 +145,13 @@ class _PartitionKeeper:
         notice it only a third of the TTL later)."""
         while True:
             try:
-                await self._leases.watch_holders(self._changed.set)
+                await self._leases.watch_holders(self._wake)
             except LEASE_TROUBLE as error:
                 log.warning("lease_watch_failed", error=repr(error))
             await anyio.sleep(self._options.lease_ttl * RETRY_FRACTION)
+
+    def _wake(self) -> None:
+        self._changed.set()  # the event of the step to come (each step has a new one)
 
     async def join(self) -> None:
         """Announce this member, then take its share of what is free."""
