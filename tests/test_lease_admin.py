@@ -42,8 +42,11 @@ async def test_owners_revisions_and_expiry_then_free_after_a_clean_stop(
             assert lease.revision is not None and lease.renewed_at is not None
             assert now - 10 < lease.renewed_at <= now + 1
             assert lease.expires_at == pytest.approx(lease.renewed_at + 10.0)
+        [member] = table.members
+        assert (member.owner, member.held, member.share, member.partitions) == ("coord-a", 3, 3, 3)
         shown = _text(lease_admin.render_leases(table, now=now))
         assert "3 partition(s) held by 1 coordinator(s)" in shown and "free" in shown
+        assert "1 live coordinator(s)" in shown and "3 / 3" in shown
         assert [
             lease.partition for lease in (await lease_admin.list_leases(private_nc)).leases
         ] == [
@@ -53,6 +56,7 @@ async def test_owners_revisions_and_expiry_then_free_after_a_clean_stop(
         ], "without --partitions: the keys in the bucket"
     after = await lease_admin.list_leases(private_nc)
     assert [lease.owner for lease in after.leases] == [None, None, None], "given back"
+    assert after.members == [], "withdrawn"
 
 
 def test_an_expired_lease_is_shown_as_such() -> None:

@@ -176,7 +176,7 @@ def render_leases(table: LeaseTable, *, now: float | None = None) -> Group:
     view.add_column("expires in", justify="right", no_wrap=True)
     for lease in table.leases:
         view.add_row(*_row(lease, now))
-    return Group(view, _members_view(table.members, now))
+    return Group(view, Text(""), _members_view(table.members, now))
 
 
 def _members_view(members: list[Member], now: float) -> Table:
