@@ -91,7 +91,7 @@ async def list_leases(nc: Client, *, partitions: int | None = None) -> LeaseTabl
     leases = [await _lease(js, key, ttl) for key in _partition_keys(keys)]
     members = await _members(js, sorted(k for k in keys if k.startswith(MEMBER_PREFIX)))
     held = Counter(lease.owner for lease in leases if lease.owner is not None)
-    total = partitions or max((info.partitions for info, _ in members.values()), default=0)
+    total = max((info.partitions for info, _ in members.values()), default=0)
     dealt = shares(
         total, {owner: info.max_partitions for owner, (info, _) in members.items()}, held
     )
