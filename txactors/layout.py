@@ -55,12 +55,33 @@ def discard_subject(group: str) -> str:
 # -- commands (core NATS request/reply) -----------------------------------------------------
 
 
-def prepare_subject(partition: int) -> str:
-    return f"txn.coord.{partition}.prepare"
+def prepare_subject(partition: int, group: str | None = None) -> str:
+    """Where a producer of `group` prepares: `txn.coord.<p>.prepare.<group>`, so that NATS
+    permissions can confine a group to its own subjects. Without a group: the subject older
+    clients use, still served (deprecated; not granted to producers of a confined deployment)."""
+    return f"txn.coord.{partition}.prepare" + ("" if group is None else f".{group}")
 
 
-def end_subject(partition: int) -> str:
-    return f"txn.coord.{partition}.end"
+def end_subject(partition: int, group: str | None = None) -> str:
+    """Where a producer of `group` ends its transactions (see `prepare_subject`)."""
+    return f"txn.coord.{partition}.end" + ("" if group is None else f".{group}")
+
+
+def prepare_filter(partition: int) -> str:
+    """What the coordinator of `partition` serves for every group's prepares."""
+    return prepare_subject(partition, "*")
+
+
+def end_filter(partition: int) -> str:
+    return end_subject(partition, "*")
+
+
+def subject_group(subject: str) -> str | None:
+    """The producer group a prepare or end subject names (None: the deprecated subject)."""
+    tokens = subject.split(".")
+    if len(tokens) == 5 and tokens[:2] == ["txn", "coord"] and tokens[3] in ("prepare", "end"):
+        return tokens[4]
+    return None
 
 
 def admin_subject(partition: int) -> str:

@@ -110,7 +110,13 @@ class Setting:
         return str(self.default)
 
     def from_text(self, text: str, where: str) -> Any:
-        """A value given as text (a flag, an environment variable): "15", "0.5", "nan"…"""
+        """A value given as text (a flag, an environment variable): "15", "0.5", "nan"…; a
+        table (`group_topics`) as JSON."""
+        if get_origin(self.type) is dict:
+            try:
+                return self._checked(msgspec.json.decode(text), where, strict=True)
+            except msgspec.DecodeError:
+                raise ConfigError(f"{where}: expected a JSON object, got {text!r}") from None
         return self._checked(text, where, strict=False)
 
     def from_file(self, value: Any, where: str) -> Any:
@@ -143,12 +149,16 @@ def _kinds_of(annotation: Any) -> list[Any]:
 def _kind_name(kind: Any) -> str:
     if get_origin(kind) is Literal:
         return "one of " + ", ".join(map(str, get_args(kind)))
+    if get_origin(kind) is dict:
+        return "a table of lists of text"
     return _KINDS.get(kind, str(kind))
 
 
 def _metavar(kind: Any) -> str:
     if get_origin(kind) is Literal:
         return "|".join(map(str, get_args(kind)))
+    if get_origin(kind) is dict:
+        return "JSON"
     return _METAVARS.get(kind, "VALUE")
 
 

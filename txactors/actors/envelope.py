@@ -32,11 +32,16 @@ class Request:
     nothing, so an answer racing a failure cannot reach the asker twice.
     """
 
-    __slots__ = ("_on_settled", "_settled", "message", "reply")
+    __slots__ = ("_on_settled", "_settled", "message", "reply", "subject")
 
-    def __init__(self, message: Any, reply: ReplySink | None = None) -> None:
+    def __init__(
+        self, message: Any, reply: ReplySink | None = None, subject: str | None = None
+    ) -> None:
         self.message = message
         self.reply = reply
+        self.subject = subject
+        """The NATS subject it arrived on (None: sent in this process); a subject may carry
+        who is allowed to send it (a producer group)."""
         self._settled = False
         self._on_settled: Callable[[], None] | None = None
 

@@ -141,7 +141,7 @@ async def serve(
             return
         sink = NatsReply(nc, msg.reply, encoding) if msg.reply else NO_REPLY
         try:
-            await ref.post(Request(message, sink))
+            await ref.post(Request(message, sink, msg.subject))
         except ActorDeadError as error:
             await answer(msg, error_reply(error), encoding)
 

@@ -45,7 +45,7 @@ class OneWayErrors:
         """`request` as is when it has a reply subject; otherwise one whose answers are
         reported here instead of published."""
         one_way = request.reply is None or request.reply is NO_REPLY
-        return _OneWayRequest(request.message, self) if one_way else request
+        return _OneWayRequest(request.message, self, request.subject) if one_way else request
 
     def report(self, command: Any, error: Error) -> None:
         if self._on_error is not None:
@@ -72,8 +72,8 @@ class _OneWayRequest(Request):
 
     __slots__ = ("_errors",)
 
-    def __init__(self, message: Any, errors: OneWayErrors) -> None:
-        super().__init__(message, None)
+    def __init__(self, message: Any, errors: OneWayErrors, subject: str | None) -> None:
+        super().__init__(message, None, subject)
         self._errors = errors
 
     async def answer(self, value: Any) -> None:

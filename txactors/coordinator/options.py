@@ -12,6 +12,7 @@ import msgspec
 
 from txactors.actors.replies import DEFAULT_INBOX_PREFIX, normalize_prefix
 from txactors.errors import ConfigError
+from txactors.layout import name_problem
 from txactors.protocol import OutgoingMessage
 
 
@@ -42,6 +43,11 @@ class CoordinatorOptions(msgspec.Struct, frozen=True, kw_only=True):
     inbox_prefix: str = DEFAULT_INBOX_PREFIX
     """Only reply subjects under this prefix are answered (an account's clients may use
     another `inbox_prefix`); a request with any other reply subject is refused unexecuted."""
+    group_topics: dict[str, list[str]] = {}
+    """The tenant policy: producer group -> the topics it may write, each a name or a prefix
+    ending in `*` (`{"orders": ["orders", "orders-*"]}`; a flag or variable takes it as
+    JSON). A prepare of a group not listed, or naming another topic, is refused `forbidden`
+    before anything is stored or declared. Empty: any group may write any topic."""
 
     def __post_init__(self) -> None:
         normalize_prefix(self.inbox_prefix)  # ConfigError when it cannot prefix a subject
@@ -53,6 +59,21 @@ class CoordinatorOptions(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError("write_linger must be >= 0 seconds")
         if self.tick_interval <= 0 or self.checkpoint_interval <= 0:
             raise ConfigError("tick_interval and checkpoint_interval must be > 0")
+        for group, patterns in self.group_topics.items():
+            problem = name_problem("group", group) or next(
+                filter(None, (_pattern_problem(p) for p in patterns)), None
+            )
+            if problem is not None:
+                raise ConfigError(f"group_topics: {problem}")
+
+
+def _pattern_problem(pattern: str) -> str | None:
+    """What is wrong with a topic pattern of `group_topics` (None: nothing)."""
+    if pattern == "*":
+        return None
+    prefix = pattern.removesuffix("*")
+    problem = name_problem("topic", prefix)
+    return problem and f"{problem}; a pattern is a topic name, optionally ending in '*'"
 
 
 class DiscardedTransaction(msgspec.Struct, frozen=True, kw_only=True):

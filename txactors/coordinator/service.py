@@ -4,8 +4,9 @@
 JetStream layout exists, announces itself as a member of the lease bucket, takes its share of
 the free partitions (balance.py: an even split over the live members, at most
 `max_partitions`), and for each one spawns a `PartitionCoordinator` (which recovers its state
-before it serves, then starts the partition's `Checker`) and serves `txn.coord.<p>.prepare`,
-`.end` and `.admin`. A keeper renews the leases (a failed renewal is retried soon), stops
+before it serves, then starts the partition's `Checker`) and serves `txn.coord.<p>.prepare.*`
+and `.end.*` (the last token: the producer group), `.admin`, and the deprecated `.prepare` and
+`.end` of older clients. A keeper renews the leases (a failed renewal is retried soon), stops
 serving a partition whose lease is lost or cannot be renewed in time, takes over partitions
 whose owner died or left, and hands over a few at a time when a member joins. Renewing runs in
 a task of its own, from before the first partition is taken: a partition that is still
@@ -269,8 +270,10 @@ class _PartitionKeeper:
         subscriptions = [
             await serve(self._nc, ref, subject, accepts, replies=self._replies)
             for subject, accepts in (
-                (layout.prepare_subject(partition), Prepare),
-                (layout.end_subject(partition), EndTransaction),
+                (layout.prepare_filter(partition), Prepare),
+                (layout.end_filter(partition), EndTransaction),
+                (layout.prepare_subject(partition), Prepare),  # deprecated: older clients
+                (layout.end_subject(partition), EndTransaction),  # deprecated: older clients
                 (layout.admin_subject(partition), AdminCommand),
             )
         ]

@@ -1,11 +1,14 @@
 """The coordinator's one input boundary: what it accepts from the bus, checked before it acts.
 
 Every verb a coordinator serves (`Prepare`, `EndTransaction`, the admin commands) and every
-answer a producer sends back to a check-back (`CheckResult`) passes through here, after
-msgspec has checked the types (protocol.Codec) and before anything is written. What is not
-allowed is refused with `bad_request`, the field's path (`$.messages[2].properties['a b']`)
-and what is allowed; nothing is trimmed, clamped or rewritten. The limits are chosen so that
-whatever passes can be stored, published, checked back and discarded without the broker
+answer a producer sends back to a check-back (`CheckResult`) passes through here, after msgspec
+has checked the types (protocol.Codec) and before anything is written. What is not allowed is
+refused with `bad_request`, the field's path (`$.messages[2].properties['a b']`) and what is
+allowed; nothing is trimmed, clamped or rewritten. What a well-formed request may not do is
+refused with `forbidden`: a prepare on another producer group's subject
+(`txn.coord.<p>.prepare.<group>` names the group NATS permissions let the sender use), or, under
+a tenant policy (`group_topics`), into a topic its group was not given. The limits are chosen so
+that whatever passes can be stored, published, checked back and discarded without the broker
 refusing it later (a record the broker refuses would stop a partition for good); the table in
 docs/protocol.md lists them. Pure, no I/O: tests/test_coordinator_validation.py drives it with
 Hypothesis.
@@ -15,7 +18,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from txactors import layout
@@ -72,8 +76,14 @@ _HEADER_BLOCK_END: Final = len(b"\r\n")
 class _Refused(TxActorsError):
     """Private control flow: caught in `Boundary.refusal`, which answers with an `Error`."""
 
+    code = ErrorCode.BAD_REQUEST
+
     def __init__(self, path: str, rule: str) -> None:
         super().__init__(f"{path}: {rule}")
+
+
+class _Forbidden(_Refused):
+    code = ErrorCode.FORBIDDEN
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,13 +95,18 @@ class Boundary:
     partitions: int
     max_messages: int
     max_immunity: float
+    group_topics: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """The tenant policy (CoordinatorOptions.group_topics); empty: any group, any topic."""
 
-    def refusal(self, command: Any, *, max_payload: int) -> Error | None:
-        """The `bad_request` (or `unknown_command`) to answer `command` with, or None if it
-        may go on.
+    def refusal(
+        self, command: Any, *, max_payload: int, subject: str | None = None
+    ) -> Error | None:
+        """The `bad_request`, `forbidden` (or `unknown_command`) to answer `command` with, or
+        None if it may go on.
 
-        `max_payload` is the connected server's (it can change on a reconnect). The version
-        is checked first: a newer client's other fields may mean something else.
+        `max_payload` is the connected server's (it can change on a reconnect); `subject` the
+        one the command arrived on (None: from this process). The version is checked first:
+        a newer client's other fields may mean something else.
         """
         if isinstance(command, Command):
             newer = unsupported_version(command.version)
@@ -104,6 +119,7 @@ class Boundary:
             match command:
                 case Prepare():
                     self._check_prepare(command, max_payload)
+                    self._check_tenant(command, subject)
                 case EndTransaction():
                     self._check_txid(command.txid)
                     _check_token("$.token", command.token)
@@ -119,8 +135,37 @@ class Boundary:
                     name = type(command).__name__
                     return Error(ErrorCode.UNKNOWN_COMMAND, f"{name} is not served here")
         except _Refused as refused:
-            return Error(ErrorCode.BAD_REQUEST, str(refused))
+            return Error(refused.code, str(refused))
         return None
+
+    def _check_tenant(self, prepare: Prepare, subject: str | None) -> None:
+        """The group the subject names (what NATS let the sender publish) is the prepare's,
+        and the policy gives that group every topic the prepare names."""
+        sent_as = layout.subject_group(subject) if subject is not None else None
+        if sent_as is not None and sent_as != prepare.group:
+            raise _Forbidden(
+                "$.group",
+                f"the prepare is for group {_quoted(prepare.group)} but came on the subject "
+                f"of group {_quoted(sent_as)}: a group prepares only on "
+                "txn.coord.<partition>.prepare.<its group>",
+            )
+        if not self.group_topics:
+            return
+        allowed = self.group_topics.get(prepare.group)
+        if allowed is None:
+            raise _Forbidden(
+                "$.group",
+                f"group {_quoted(prepare.group)} may not prepare here: the coordinator's "
+                "group_topics policy does not list it",
+            )
+        for i, message in enumerate(prepare.messages):
+            if not topic_allowed(message.topic, allowed):
+                raise _Forbidden(
+                    f"$.messages[{i}].topic",
+                    f"group {_quoted(prepare.group)} may not write to topic "
+                    f"{_quoted(message.topic)}; the group_topics policy allows it "
+                    f"{', '.join(allowed)}",
+                )
 
     def _check_txid(self, txid: str) -> None:
         _check_name("$.txid", "txid", txid)
@@ -184,6 +229,11 @@ class Boundary:
                 f"body and headers take {size} bytes; at most {limit} (the server's "
                 f"max_payload {max_payload} less {HEADER_RESERVE} kept for later headers)",
             )
+
+
+def topic_allowed(topic: str, patterns: tuple[str, ...]) -> bool:
+    """Whether `topic` is one of `patterns`: a topic name, or a prefix ending in `*`."""
+    return any(topic.startswith(p[:-1]) if p.endswith("*") else topic == p for p in patterns)
 
 
 def _check_listing(command: ListTransactions) -> None:

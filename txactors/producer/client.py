@@ -86,9 +86,9 @@ class CoordinatorClient:
         self._prepare_retries = prepare_retries
         self._sleep = sleep
         self._prepare = [
-            RemoteActorRef(nc, prepare_subject(p), Prepared) for p in range(partitions)
+            RemoteActorRef(nc, prepare_subject(p, group), Prepared) for p in range(partitions)
         ]
-        self._end = [RemoteActorRef(nc, end_subject(p), Ended) for p in range(partitions)]
+        self._end = [RemoteActorRef(nc, end_subject(p, group), Ended) for p in range(partitions)]
 
     async def prepare(
         self, txid: str, messages: list[OutgoingMessage], token: str | None
