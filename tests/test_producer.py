@@ -30,8 +30,10 @@ from txactors.errors import CommandError, EndRefused, PrepareFailed, Transaction
 from txactors.layout import (
     check_group_subject,
     check_instance_subject,
+    end_filter,
     end_subject,
     partition_of,
+    prepare_filter,
     prepare_subject,
 )
 from txactors.producer import CheckView, EndMode, Transaction, TransactionProducer, TxMessage
@@ -117,7 +119,7 @@ async def coordinator(
         for p in range(partitions):
             factory = functools.partial(StandInCoordinator, recorder, p)
             ref = await system.spawn(factory, name=f"coordinator-{p}")
-            subjects = [prepare_subject(p)] + ([end_subject(p)] if serve_end else [])
+            subjects = [prepare_filter(p)] + ([end_filter(p)] if serve_end else [])
             for subject in subjects:
                 subscriptions.append(await serve(nc, ref, subject, CoordinatorCommand))
         try:
@@ -341,7 +343,7 @@ async def test_a_oneway_end_is_published_without_a_reply_subject_and_remembered(
 ) -> None:
     checker = RecordingChecker(Decision.ROLLBACK)
     async with coordinator(nc, serve_end=False), producer(nc, checker=checker) as p:
-        subscription = await nc.subscribe(end_subject(0))
+        subscription = await nc.subscribe(end_subject(0, p.group))
         await nc.flush()
         async with p.begin(end_mode="oneway") as txn:
             await txn.send(message())
@@ -595,7 +597,7 @@ async def test_a_check_while_the_prepare_awaits_its_reply_is_unknown(nc: Client)
     async with producer(nc, checker=checker, request_timeout=1.0) as p:
         txn = p.begin()
         # No coordinator answers; the test only sees the prepare go out.
-        prepares = await nc.subscribe(prepare_subject(partition_of(txn.txid, 1)))
+        prepares = await nc.subscribe(prepare_subject(partition_of(txn.txid, 1), p.group))
 
         async def send() -> None:
             try:
