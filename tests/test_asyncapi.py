@@ -90,8 +90,8 @@ def test_channels_are_the_subjects_of_layout() -> None:
     channels = asyncapi.document()["channels"]
     values = {"partition": "3", "group": "bank", "producer": "p-1", "topic": "orders", "tag": "_"}
     expected = {
-        "prepare": layout.prepare_subject(3),
-        "end": layout.end_subject(3),
+        "prepare": layout.prepare_subject(3, "bank"),
+        "end": layout.end_subject(3, "bank"),
         "admin": layout.admin_subject(3),
         "checkInstance": layout.check_instance_subject("bank", "p-1"),
         "checkGroup": layout.check_group_subject("bank"),
@@ -191,7 +191,7 @@ async def test_a_real_coordinator_answers_with_the_documented_fields(nc: Client)
     body = protocol.OutgoingMessage(topic="asyncapi", body=b"\x00\xff", keys=["k"])
     async with run_coordinator(nc):
         prepared = await ask(
-            layout.prepare_subject(0),
+            layout.prepare_subject(0, "g"),
             protocol.Prepare(txid="asyncapi-doc", group="g", producer="p", messages=[body]),
         )
         _assert_fits(schemas, "Prepared", prepared)
@@ -203,7 +203,7 @@ async def test_a_real_coordinator_answers_with_the_documented_fields(nc: Client)
         listed = await ask(layout.admin_subject(0), protocol.ListTransactions())
         _assert_fits(schemas, "TransactionList", listed)
         ended = await ask(
-            layout.end_subject(0),
+            layout.end_subject(0, "g"),
             protocol.EndTransaction(
                 txid="asyncapi-doc", token=prepared["token"], decision=protocol.Decision.ROLLBACK
             ),

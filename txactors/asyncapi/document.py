@@ -117,13 +117,17 @@ def channels() -> dict[str, Any]:
     ]
     return {
         "prepare": _channel(
-            layout.prepare_subject(_PARTITION),
-            "Store half messages (core NATS request/reply).",
+            layout.prepare_subject(_PARTITION, "{group}"),
+            "Store half messages (core NATS request/reply); `{group}` is the prepare's group, "
+            "or the prepare is refused `forbidden`. Deprecated, for older clients: "
+            f"`{layout.prepare_subject(_PARTITION)}`, the same without the group.",
             "Prepare",
         ),
         "end": _channel(
-            layout.end_subject(_PARTITION),
-            "Commit, roll back or leave a transaction to its check-back.",
+            layout.end_subject(_PARTITION, "{group}"),
+            "Commit, roll back or leave a transaction to its check-back; `{group}` is the "
+            "transaction's group. Deprecated, for older clients: "
+            f"`{layout.end_subject(_PARTITION)}`, the same without the group.",
             "EndTransaction",
         ),
         "admin": _channel(
