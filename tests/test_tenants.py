@@ -10,6 +10,7 @@ topic it was not given. The operator lists transactions and leases.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -32,7 +33,8 @@ from txactors.consumer import ConsumedMessage, Consumer
 from txactors.coordinator.config import CoordinatorConfig
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import run_coordinator
-from txactors.errors import AskTimeout, CommandError, PrepareFailed
+from txactors.coordinator.validation import Boundary
+from txactors.errors import AskTimeout, CommandError, ConfigError, PrepareFailed
 from txactors.lease_admin import list_leases
 from txactors.producer import TransactionProducer, TxMessage
 from txactors.protocol import (
@@ -132,6 +134,49 @@ async def _stream_exists(deployment: Deployment, name: str) -> bool:
     except nats.js.errors.NotFoundError:
         return False
     return True
+
+
+BOUNDARY = Boundary(
+    partition=0,
+    partitions=1,
+    max_messages=10,
+    max_immunity=60.0,
+    group_topics={g: tuple(ps) for g, ps in POLICY.items()},
+)
+
+
+@pytest.mark.parametrize(
+    ("group", "topic", "subject", "code"),
+    [
+        ("orders", "orders", layout.prepare_subject(0, "orders"), None),
+        ("orders", "orders-eu", layout.prepare_subject(0, "orders"), None),
+        ("orders", "orders", layout.prepare_subject(0), None),  # deprecated, still policed
+        ("orders", "ordersx", layout.prepare_subject(0, "orders"), ErrorCode.FORBIDDEN),
+        ("orders", "payments", layout.prepare_subject(0), ErrorCode.FORBIDDEN),
+        ("payments", "payments", layout.prepare_subject(0, "orders"), ErrorCode.FORBIDDEN),
+        ("intruders", "orders", layout.prepare_subject(0, "intruders"), ErrorCode.FORBIDDEN),
+        ("orders", "bad.topic", layout.prepare_subject(0, "payments"), ErrorCode.BAD_REQUEST),
+    ],
+)
+def test_the_boundary_keeps_groups_to_their_subjects_and_topics(
+    group: str, topic: str, subject: str, code: ErrorCode | None
+) -> None:
+    refusal = BOUNDARY.refusal(_prepare(group, topic), max_payload=1 << 20, subject=subject)
+    assert (refusal and refusal.code) == code, refusal
+
+
+def test_without_a_policy_any_group_writes_any_topic_on_its_own_subject() -> None:
+    boundary = dataclasses.replace(BOUNDARY, group_topics={})
+    own = layout.prepare_subject(0, "x")
+    assert boundary.refusal(_prepare("x", "anything"), max_payload=1 << 20, subject=own) is None
+
+
+@pytest.mark.parametrize(
+    "policy", [{"a b": ["t"]}, {"g": ["t.u"]}, {"g": ["t*u"]}, {"g": ["**"]}, {"": ["t"]}]
+)
+def test_a_malformed_policy_is_refused_at_start(policy: dict[str, list[str]]) -> None:
+    with pytest.raises(ConfigError, match="group_topics"):
+        CoordinatorOptions(group_topics=policy)
 
 
 def test_operations_md_gives_exactly_the_configuration_tested() -> None:

@@ -76,14 +76,9 @@ _HEADER_BLOCK_END: Final = len(b"\r\n")
 class _Refused(TxActorsError):
     """Private control flow: caught in `Boundary.refusal`, which answers with an `Error`."""
 
-    code = ErrorCode.BAD_REQUEST
-
-    def __init__(self, path: str, rule: str) -> None:
+    def __init__(self, path: str, rule: str, code: ErrorCode = ErrorCode.BAD_REQUEST) -> None:
         super().__init__(f"{path}: {rule}")
-
-
-class _Forbidden(_Refused):
-    code = ErrorCode.FORBIDDEN
+        self.code = code
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -143,28 +138,31 @@ class Boundary:
         and the policy gives that group every topic the prepare names."""
         sent_as = layout.subject_group(subject) if subject is not None else None
         if sent_as is not None and sent_as != prepare.group:
-            raise _Forbidden(
+            raise _Refused(
                 "$.group",
                 f"the prepare is for group {_quoted(prepare.group)} but came on the subject "
                 f"of group {_quoted(sent_as)}: a group prepares only on "
                 "txn.coord.<partition>.prepare.<its group>",
+                ErrorCode.FORBIDDEN,
             )
         if not self.group_topics:
             return
         allowed = self.group_topics.get(prepare.group)
         if allowed is None:
-            raise _Forbidden(
+            raise _Refused(
                 "$.group",
                 f"group {_quoted(prepare.group)} may not prepare here: the coordinator's "
                 "group_topics policy does not list it",
+                ErrorCode.FORBIDDEN,
             )
         for i, message in enumerate(prepare.messages):
             if not topic_allowed(message.topic, allowed):
-                raise _Forbidden(
+                raise _Refused(
                     f"$.messages[{i}].topic",
                     f"group {_quoted(prepare.group)} may not write to topic "
                     f"{_quoted(message.topic)}; the group_topics policy allows it "
                     f"{', '.join(allowed)}",
+                    ErrorCode.FORBIDDEN,
                 )
 
     def _check_txid(self, txid: str) -> None:
