@@ -137,7 +137,7 @@ async def test_a_prepare_during_a_write_outage_is_told_when_to_come_back(
         async def arrived(_: Msg) -> None:
             arrivals.append(time.monotonic())
 
-        await private_nc.subscribe(layout.prepare_subject(0), cb=arrived)
+        await private_nc.subscribe(layout.prepare_subject(0, "shop"), cb=arrived)
 
         async def stuck() -> None:
             with contextlib.suppress(AskTimeout, CommandError):
@@ -205,7 +205,7 @@ async def test_the_producer_retries_a_prepare_after_the_hint_and_old_clients_see
             reply = Prepared(txid="t", token="k", seqs=[7])
         await msg.respond(encode(reply))
 
-    await private_nc.subscribe(layout.prepare_subject(0), cb=coordinator)
+    await private_nc.subscribe(layout.prepare_subject(0, "shop"), cb=coordinator)
 
     async def checker(view: CheckView) -> Decision:
         return Decision.ROLLBACK

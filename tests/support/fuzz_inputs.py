@@ -713,6 +713,12 @@ def raw_requests(partitions: int) -> st.SearchStrategy[Request]:
             for p in range(partitions)
             for f in (layout.prepare_subject, layout.end_subject, layout.admin_subject)
         ]
+        + [
+            f(p, group)  # the grouped subjects of protocol v2 clients, any group token
+            for p in range(partitions)
+            for f in (layout.prepare_subject, layout.end_subject)
+            for group in ("fuzz", "other-group")
+        ]
     )
     content_types = st.one_of(
         st.none(),
@@ -880,6 +886,12 @@ def raw_frames(partitions: int) -> st.SearchStrategy[RawFrame]:
             f(p)
             for p in range(partitions)
             for f in (layout.prepare_subject, layout.end_subject, layout.admin_subject)
+        ]
+        + [
+            f(p, group)  # the grouped subjects of protocol v2 clients, any group token
+            for p in range(partitions)
+            for f in (layout.prepare_subject, layout.end_subject)
+            for group in ("fuzz", "other-group")
         ]
     )
     return st.builds(
