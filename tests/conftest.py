@@ -22,6 +22,8 @@ from txactors.logs import LOG_LEVEL_ENV, configure_logging
 from txactors.natsclient import connect
 from txactors.server import EmbeddedNatsServer
 
+pytest_plugins = ["tests.support.cluster"]  # the `nats_cluster` fixture
+
 
 def _configure_test_logging() -> None:
     # Quiet by default; TXACTORS_LOG_LEVEL=DEBUG shows everything.

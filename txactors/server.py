@@ -50,6 +50,7 @@ from txactors.server_setup import (
     DEFAULT_FSYNC_INTERVAL,
     FSYNC_MODES,
     LOCK_FILE_NAME,
+    ClusterNode,
     Fsync,
     check_fsync,
     check_fsync_interval,
@@ -69,6 +70,7 @@ __all__ = [
     "FSYNC_MODES",
     "LOCK_FILE_NAME",
     "LOG_FILE_NAME",
+    "ClusterNode",
     "EmbeddedNatsServer",
     "Fsync",
     "check_fsync",
@@ -113,6 +115,9 @@ class EmbeddedNatsServer:
     The server runs from a configuration file written into the data directory; a `-c FILE`
     among `extra_args` is included into it (its own `jetstream` block would be replaced by ours).
     While the server runs, the data directory is locked: a second server on it fails at once.
+
+    With `cluster` it is one node of a NATS cluster (`EmbeddedNatsCluster` runs a whole one);
+    give it a fixed `port` then, so the others' clients can list it before it starts.
     """
 
     def __init__(
@@ -127,6 +132,7 @@ class EmbeddedNatsServer:
         extra_args: Sequence[str] = (),
         fsync: Fsync = DEFAULT_FSYNC,
         fsync_interval: float = DEFAULT_FSYNC_INTERVAL,
+        cluster: ClusterNode | None = None,
     ) -> None:
         if not 0 <= port <= 65535:
             raise ConfigError(f"port must be 0 (pick a free one) or 1-65535, got {port}")
@@ -142,6 +148,7 @@ class EmbeddedNatsServer:
         self.ready_timeout = ready_timeout
         self.stop_timeout = stop_timeout
         self.extra_args = tuple(extra_args)
+        self.cluster = cluster
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_offset = 0
         self._lock: IO[str] | None = None
@@ -225,7 +232,9 @@ class EmbeddedNatsServer:
         try:
             if self._port and not port_is_free(self._host, self._port):
                 raise _port_in_use(self._host, self._port)
-            config = write_config(data_dir, self.fsync, self.fsync_interval, self.extra_args)
+            config = write_config(
+                data_dir, self.fsync, self.fsync_interval, self.extra_args, self.cluster
+            )
             cmd = [str(binary), "-c", str(config), "-a", self._host]
             cmd += ["-p", str(self._port or -1), *without_config(self.extra_args)]
             self._spawn(cmd, data_dir / LOG_FILE_NAME)

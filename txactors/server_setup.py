@@ -1,6 +1,6 @@
 """What the embedded nats-server is started with: which binary, its data directory (made,
 writable, locked for one server), and the configuration file we write for it (JetStream's store
-and fsync policy, a caller's own file included).
+and fsync policy, a caller's own file included, and for a cluster node its name and routes).
 
 Durable by default: nats-server's own default acknowledges a JetStream write at once and
 flushes it to disk up to two minutes later, so a power cut or kernel crash loses writes it has
@@ -20,6 +20,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Literal, get_args
+
+import msgspec
 
 from txactors.errors import ConfigError, DataDirLocked, DataDirNotWritable, NatsServerNotFound
 
@@ -47,22 +49,56 @@ def check_fsync_interval(interval: float) -> None:
         raise ConfigError(f"fsync_interval must be a positive number of seconds, got {interval}")
 
 
+class ClusterNode(msgspec.Struct, frozen=True, kw_only=True):
+    """What makes a server one node of a NATS cluster (JetStream replicates across the nodes)."""
+
+    server_name: str
+    """Unique in the cluster: JetStream names its peers (and stream leaders) by it."""
+    cluster_name: str
+    """The same on every node."""
+    listen: str
+    """`host:port` where this node accepts routes from the others."""
+    routes: tuple[str, ...]
+    """`nats-route://host:port` of every node (its own included is harmless, as in the docs)."""
+    monitor: str | None = None
+    """`host:port` of the HTTP monitoring endpoint (`/healthz`, `/jsz`), if any."""
+
+
 def server_config(
-    store_dir: Path, fsync: Fsync, interval: float, include: Path | None = None
+    store_dir: Path,
+    fsync: Fsync,
+    interval: float,
+    include: Path | None = None,
+    cluster: ClusterNode | None = None,
 ) -> str:
-    """The nats-server configuration we run with: JetStream in `store_dir`, flushed per `fsync`.
+    """The nats-server configuration we run with: JetStream in `store_dir`, flushed per `fsync`;
+    with `cluster`, the node's name, routes and monitoring port too.
 
     `include` (relative to the configuration file's directory: nats-server joins it onto that
-    directory) brings in a caller's own settings; our `jetstream` block comes after, so it wins.
+    directory) brings in a caller's own settings; our blocks come after, so they win.
     """
     lines = [f"include {_quoted(str(include))}"] if include is not None else []
     sync = "always" if fsync == "always" else _quoted(f"{max(1, round(interval * 1000))}ms")
+    if cluster is not None:
+        lines.append(f"server_name: {_quoted(cluster.server_name)}")
+        if cluster.monitor is not None:
+            lines.append(f"http: {_quoted(cluster.monitor)}")
     lines += [
         "jetstream {",
         f"  store_dir: {_quoted(str(store_dir))}",
         f"  sync_interval: {sync}",
         "}",
     ]
+    if cluster is not None:
+        lines += [
+            "cluster {",
+            f"  name: {_quoted(cluster.cluster_name)}",
+            f"  listen: {_quoted(cluster.listen)}",
+            "  routes: [",
+            *(f"    {_quoted(route)}" for route in cluster.routes),
+            "  ]",
+            "}",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -151,7 +187,13 @@ def lock_data_dir(data_dir: Path) -> IO[str]:
     return lock
 
 
-def write_config(data_dir: Path, fsync: Fsync, interval: float, extra_args: Sequence[str]) -> Path:
+def write_config(
+    data_dir: Path,
+    fsync: Fsync,
+    interval: float,
+    extra_args: Sequence[str],
+    cluster: ClusterNode | None = None,
+) -> Path:
     """The configuration file for one start (absolute, so includes resolve against it); a
     `-c FILE` among `extra_args` is included into it."""
     path = data_dir.resolve() / CONFIG_FILE_NAME
@@ -161,7 +203,7 @@ def write_config(data_dir: Path, fsync: Fsync, interval: float, extra_args: Sequ
         if user_config is not None
         else None
     )
-    path.write_text(server_config(path.parent, fsync, interval, include))
+    path.write_text(server_config(path.parent, fsync, interval, include, cluster))
     return path
 
 

@@ -5,28 +5,54 @@ and the coordinator publishes to topics no consumer has seen. So both call
 `ensure_topic_stream`, which creates the stream or widens an existing one, and is safe to call
 from many processes at once. It never narrows what someone else declared (a shorter duplicate
 window, fewer subjects, fewer replicas), because another role may depend on it.
+
+Declarations happen at start-up, which on a cluster may be while it forms or elects: JetStream
+then answers "temporarily unavailable", "no suitable peers for placement" or nothing at all.
+`declaring` retries those with backoff up to a deadline instead of failing the process.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final, TypeVar
 
+import anyio
+import nats.errors
 from nats.js import JetStreamContext
 from nats.js.api import StorageType, StreamConfig
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
 from txactors.errors import ConfigError
 from txactors.layout import topic_filter, topic_stream, validate_name
+from txactors.logs import get_logger
+
+log = get_logger(__name__)
 
 DEFAULT_DUPLICATE_WINDOW: Final = 600.0
 """Seconds JetStream remembers a `Nats-Msg-Id`: a commit replayed by a coordinator that
 restarted within this window is dropped by the server; a later replay is caught by the
 consumer's idempotent helper. The coordinator passes its own recovery horizon."""
 
-_STREAM_NAME_IN_USE: Final = 10058
+STREAM_NAME_IN_USE: Final = 10058
+"""JetStream's answer to creating a stream that exists with another configuration."""
 _REPLICAS_NOT_SUPPORTED: Final = 10074
 """JetStream's answer to replicas > 1 on a server that is not part of a cluster."""
+_PLACEMENT_CODES: Final = frozenset({10005, 10023})
+""""no suitable peers for placement", "insufficient resources": too few peers for the replicas,
+which lasts only while peers are joining (unless the cluster is too small for good)."""
+_UNAVAILABLE_CODES: Final = frozenset({10008, 10009})
+""""JetStream system temporarily unavailable", "cluster can not handle request": no meta
+leader yet, or an election."""
+
+DECLARE_DEADLINE: Final = 60.0
+"""Seconds a start-up declaration keeps retrying what a forming cluster answers. A cluster's
+servers started together elect within a second or two, but an orchestrator starts them one
+by one, and a fresh cluster elects its first meta leader only once every configured peer is
+up; a minute covers a rolling start without hiding a cluster that never forms."""
+_BACKOFF_FIRST: Final = 0.1
+_BACKOFF_MAX: Final = 2.0
+
+T = TypeVar("T")
 
 
 def replicas_error(what: str, replicas: int, error: APIError) -> ConfigError:
@@ -42,6 +68,50 @@ def is_replicas_error(error: APIError) -> bool:
     return error.err_code == _REPLICAS_NOT_SUPPORTED
 
 
+def is_placement_error(error: BaseException) -> bool:
+    """Too few peers for the replicas asked: transient while peers join, else a ConfigError."""
+    return isinstance(error, APIError) and error.err_code in _PLACEMENT_CODES
+
+
+def is_transient(error: BaseException) -> bool:
+    """What a cluster that forms, elects or places answers for a while, not for good."""
+    if isinstance(error, APIError) and error.err_code in _UNAVAILABLE_CODES:
+        return True
+    return is_placement_error(error) or isinstance(
+        error,
+        ServiceUnavailableError  # any 503
+        | NoStreamResponseError  # no responders: JetStream not up on that server yet
+        | nats.errors.NoRespondersError
+        | TimeoutError,  # nats.errors.TimeoutError too
+    )
+
+
+async def declaring(
+    what: str, declare: Callable[[], Awaitable[T]], *, deadline: float, replicas: int = 1
+) -> T:
+    """`await declare()`, retried with backoff while JetStream's answer is transient (see
+    `is_transient`) and `deadline` seconds have not passed; each retry is logged. Too few
+    peers for `replicas` at the deadline is a ConfigError; other errors stand as raised."""
+    give_up = anyio.current_time() + deadline
+    delay = _BACKOFF_FIRST
+    attempt = 1
+    while True:
+        try:
+            return await declare()
+        except Exception as error:
+            if not is_transient(error) or anyio.current_time() + delay > give_up:
+                if is_placement_error(error):
+                    assert isinstance(error, APIError)
+                    raise replicas_error(what, replicas, error) from error
+                raise
+            log.warning(
+                "declare_retry", what=what, attempt=attempt, retry_in=delay, error=repr(error)
+            )
+        await anyio.sleep(delay)
+        delay = min(delay * 2, _BACKOFF_MAX)
+        attempt += 1
+
+
 async def ensure_stream(
     js: JetStreamContext,
     name: str,
@@ -51,14 +121,32 @@ async def ensure_stream(
     storage: StorageType = StorageType.FILE,
     replicas: int = 1,
     allow_atomic: bool = False,
+    deadline: float = DECLARE_DEADLINE,
 ) -> None:
     """Create stream `name`, or update it to also cover `subjects`, `duplicate_window` and
     `replicas` (an existing stream with more replicas keeps them), and to take atomic batches
-    if `allow_atomic` (an existing stream that takes them keeps doing so).
+    if `allow_atomic` (an existing stream that takes them keeps doing so). Transient answers
+    are retried for `deadline` seconds (`declaring`).
 
     Raises ConfigError when the stream exists with another storage type, which JetStream
     cannot change in place, or when the server cannot hold `replicas` copies.
     """
+
+    async def declare() -> None:
+        await _ensure_stream(js, name, subjects, duplicate_window, storage, replicas, allow_atomic)
+
+    await declaring(f"stream {name}", declare, deadline=deadline, replicas=replicas)
+
+
+async def _ensure_stream(
+    js: JetStreamContext,
+    name: str,
+    subjects: Sequence[str],
+    duplicate_window: float,
+    storage: StorageType,
+    replicas: int,
+    allow_atomic: bool,
+) -> None:
     for _ in range(3):  # lost a create race → read what the winner made, then widen it
         try:
             info = await js.stream_info(name)
@@ -77,7 +165,7 @@ async def ensure_stream(
             except APIError as exc:
                 if is_replicas_error(exc):
                     raise replicas_error(f"stream {name}", replicas, exc) from exc
-                if exc.err_code != _STREAM_NAME_IN_USE:
+                if exc.err_code != STREAM_NAME_IN_USE:
                     raise
                 continue
         current = info.config
@@ -134,10 +222,11 @@ async def ensure_topic_stream(
     *,
     duplicate_window: float = DEFAULT_DUPLICATE_WINDOW,
     replicas: int = 1,
+    deadline: float = DECLARE_DEADLINE,
 ) -> str:
     """Declare `TOPIC_<topic>` on `topic.<topic>.>` (file storage, `replicas` copies, atomic
     batches allowed so the coordinator can write a commit's messages in one write); returns
-    the stream name."""
+    the stream name. Transient answers are retried for `deadline` seconds."""
     name = topic_stream(validate_name("topic", topic))
     await ensure_stream(
         js,
@@ -146,5 +235,6 @@ async def ensure_topic_stream(
         duplicate_window=duplicate_window,
         replicas=replicas,
         allow_atomic=True,
+        deadline=deadline,
     )
     return name

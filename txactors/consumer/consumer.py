@@ -53,7 +53,7 @@ from txactors.layout import topic_filter, topic_subject, validate_name
 from txactors.logs import get_logger
 from txactors.metrics import ConsumerMetrics
 from txactors.natsclient import raising_connection_lost, watch_connection
-from txactors.topics import ensure_topic_stream
+from txactors.topics import DECLARE_DEADLINE, declaring, ensure_topic_stream
 
 __all__ = ["Consumer", "Handler"]
 
@@ -229,7 +229,11 @@ class Consumer:
         else:
             config.filter_subjects = filters
         # Creates the durable, or updates it when this instance's settings differ.
-        info = await js.add_consumer(self._stream, config)
+        info = await declaring(
+            f"consumer {self._stream}/{self.durable_name}",
+            lambda: js.add_consumer(self._stream, config),
+            deadline=DECLARE_DEADLINE,
+        )
         self.metrics.lag.labels(self.topic, self.group).set(info.num_pending or 0)
 
     async def _close(self, sub: Subscription) -> None:

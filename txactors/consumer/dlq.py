@@ -41,7 +41,7 @@ from txactors.layout import (
     topic_stream,
     validate_name,
 )
-from txactors.topics import ensure_stream
+from txactors.topics import DECLARE_DEADLINE, ensure_stream
 
 MAX_ERROR_CHARS = 1024
 """Headers travel in every copy of the message; a long traceback belongs in the logs."""
@@ -50,11 +50,13 @@ JETSTREAM_MAX_HEADER_BYTES: Final = 65_535
 _HEADER_BLOCK_FRAME: Final = len(b"NATS/1.0\r\n") + len(b"\r\n")
 
 
-async def ensure_dlq_stream(js: JetStreamContext, group: str, *, replicas: int = 1) -> str:
+async def ensure_dlq_stream(
+    js: JetStreamContext, group: str, *, replicas: int = 1, deadline: float = DECLARE_DEADLINE
+) -> str:
     """Declare `DLQ_<group>` on `dlq.<group>.>` (file storage, `replicas` copies); returns
-    the stream name."""
+    the stream name. Transient answers are retried for `deadline` seconds."""
     name = dlq_stream(validate_name("group", group))
-    await ensure_stream(js, name, [dlq_filter(group)], replicas=replicas)
+    await ensure_stream(js, name, [dlq_filter(group)], replicas=replicas, deadline=deadline)
     return name
 
 

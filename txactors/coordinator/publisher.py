@@ -125,6 +125,7 @@ class Publisher:
             topic,
             duplicate_window=self._options.topic_duplicate_window,
             replicas=self._options.replicas,
+            deadline=0.0,  # once: callers answer or retry a transient failure themselves
         )
 
     async def _redeclare(self, topic: str, _: Append) -> None:

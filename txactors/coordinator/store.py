@@ -24,7 +24,14 @@ from txactors.coordinator import tokens
 from txactors.coordinator.core.records import Half, OpRecord
 from txactors.coordinator.core.transactions import Checkpoint
 from txactors.protocol import CheckedMessage, OutgoingMessage
-from txactors.topics import ensure_replicas, is_replicas_error, replicas_error
+from txactors.topics import (
+    DECLARE_DEADLINE,
+    STREAM_NAME_IN_USE,
+    declaring,
+    ensure_replicas,
+    is_replicas_error,
+    replicas_error,
+)
 
 DEDUPE_WINDOW: Final = 120.0
 """Seconds JetStream remembers a `Nats-Msg-Id`: covers a retried append after a timeout."""
@@ -35,12 +42,18 @@ _checkpoint_decoder: Final = msgspec.json.Decoder(Checkpoint)
 
 
 async def ensure_streams(
-    js: JetStreamContext, *, half_retention: float, replicas: int = 1
+    js: JetStreamContext,
+    *,
+    half_retention: float,
+    replicas: int = 1,
+    deadline: float = DECLARE_DEADLINE,
 ) -> KeyValue:
-    """Create (or keep) TXN_HALF, TXN_OP, TXN_DISCARD and the checkpoint bucket."""
+    """Create (or keep) TXN_HALF, TXN_OP, TXN_DISCARD and the checkpoint bucket, retrying
+    transient answers for `deadline` seconds each (`declaring`)."""
     retention = half_retention * 2  # halves must outlive the retention decision about them
     await _ensure(
         js,
+        deadline,
         StreamConfig(
             name=layout.HALF_STREAM,
             subjects=[layout.half_subject_filter()],
@@ -54,6 +67,7 @@ async def ensure_streams(
     )
     await _ensure(
         js,
+        deadline,
         StreamConfig(
             name=layout.OP_STREAM,
             subjects=[layout.op_subject_filter()],
@@ -65,6 +79,7 @@ async def ensure_streams(
     )
     await _ensure(
         js,
+        deadline,
         StreamConfig(
             name=layout.DISCARD_STREAM,
             subjects=[layout.discard_subject_filter()],
@@ -79,12 +94,25 @@ async def ensure_streams(
         KeyValueConfig(
             bucket=layout.CHECKPOINT_BUCKET, history=1, storage=StorageType.FILE, replicas=replicas
         ),
+        deadline=deadline,
     )
 
 
-async def ensure_bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
+async def ensure_bucket(
+    js: JetStreamContext, config: KeyValueConfig, *, deadline: float = DECLARE_DEADLINE
+) -> KeyValue:
     """Open KV bucket `config.bucket`, creating it if absent; it gets `config.replicas` copies
-    at least (an existing bucket keeps an operator's other settings)."""
+    at least (an existing bucket keeps an operator's other settings). Transient answers are
+    retried for `deadline` seconds (`declaring`)."""
+    return await declaring(
+        f"KV bucket {config.bucket}",
+        lambda: _ensure_bucket(js, config),
+        deadline=deadline,
+        replicas=config.replicas,
+    )
+
+
+async def _ensure_bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
     try:
         kv = await js.key_value(config.bucket)
     except nats.js.errors.BucketNotFoundError:
@@ -100,15 +128,24 @@ async def ensure_bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValu
     return kv
 
 
-async def _ensure(js: JetStreamContext, config: StreamConfig) -> None:
+async def _ensure(js: JetStreamContext, deadline: float, config: StreamConfig) -> None:
     replicas = config.num_replicas or 1
+    await declaring(
+        f"stream {config.name}",
+        lambda: _ensure_once(js, config, replicas),
+        deadline=deadline,
+        replicas=replicas,
+    )
+
+
+async def _ensure_once(js: JetStreamContext, config: StreamConfig, replicas: int) -> None:
     try:
         await js.add_stream(config)
         return
     except nats.js.errors.APIError as error:
         if is_replicas_error(error):
             raise replicas_error(f"stream {config.name}", replicas, error) from error
-        if not isinstance(error, nats.js.errors.BadRequestError):
+        if error.err_code != STREAM_NAME_IN_USE:  # "no suitable peers" is a 400 too
             raise
     # Exists with another config (an older version, or an operator's tuning): keep it, but
     # make sure our subjects are in it, it takes atomic batches if we write them, and it has
