@@ -13,6 +13,7 @@ then answers "temporarily unavailable", "no suitable peers for placement" or not
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final, TypeVar
 
@@ -51,6 +52,11 @@ by one, and a fresh cluster elects its first meta leader only once every configu
 up; a minute covers a rolling start without hiding a cluster that never forms."""
 _BACKOFF_FIRST: Final = 0.1
 _BACKOFF_MAX: Final = 2.0
+_ATTEMPT_FIRST: Final = 1.0
+"""Seconds the first attempt may take when there is time to retry. A server without a meta
+leader does not answer a request at all, and one asked before the leader was elected stays
+unanswered after it; so an attempt is given up early and sent again, with twice the time
+each try (a slow but healthy server gets its full JetStream timeout soon enough)."""
 
 T = TypeVar("T")
 
@@ -90,14 +96,18 @@ async def declaring(
     what: str, declare: Callable[[], Awaitable[T]], *, deadline: float, replicas: int = 1
 ) -> T:
     """`await declare()`, retried with backoff while JetStream's answer is transient (see
-    `is_transient`) and `deadline` seconds have not passed; each retry is logged. Too few
-    peers for `replicas` at the deadline is a ConfigError; other errors stand as raised."""
+    `is_transient`) and `deadline` seconds have not passed; each retry is logged, and each
+    attempt is given up after a time that doubles from `_ATTEMPT_FIRST`. Too few peers for
+    `replicas` at the deadline is a ConfigError; other errors stand as raised. `deadline=0`:
+    one attempt, as the caller's JetStream context times it."""
     give_up = anyio.current_time() + deadline
     delay = _BACKOFF_FIRST
+    limit = _ATTEMPT_FIRST if deadline > 0 else math.inf
     attempt = 1
     while True:
         try:
-            return await declare()
+            with anyio.fail_after(limit):
+                return await declare()
         except Exception as error:
             if not is_transient(error) or anyio.current_time() + delay > give_up:
                 if is_placement_error(error):
@@ -109,6 +119,7 @@ async def declaring(
             )
         await anyio.sleep(delay)
         delay = min(delay * 2, _BACKOFF_MAX)
+        limit *= 2
         attempt += 1
 
 
