@@ -4,6 +4,10 @@ coordinator started while the cluster is still forming."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,11 +22,14 @@ from txactors.consumer import ConsumedMessage, Consumer
 from txactors.coordinator import CoordinatorOptions
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import ConfigError, PrepareFailed
-from txactors.nats_cluster import EmbeddedNatsCluster
+from txactors.nats_cluster import DEFAULT_CLUSTER_NAME, EmbeddedNatsCluster
 from txactors.natsclient import connect
 from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
+from txactors.server import CONFIG_FILE_NAME
+from txactors.server_setup import DEFAULT_FSYNC_INTERVAL, ClusterNode, server_config
 from txactors.topics import ensure_topic_stream
 
+ROOT = Path(__file__).resolve().parent.parent
 NODES = {"n1", "n2", "n3"}
 REPLICATED = (
     "TXN_HALF",
@@ -188,3 +195,53 @@ async def test_more_replicas_than_the_cluster_has_is_a_config_error_after_the_de
         assert any(e["event"] == "declare_retry" for e in logs), "retried until the deadline"
     finally:
         await nc.close()
+
+
+async def test_txactors_server_nodes_3_runs_a_cluster_that_holds_three_replicas(
+    tmp_path: Path,
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NATS_", "TXACTORS_"))}
+    proc = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "txactors.cli", "server", "--nodes", "3"),
+        *("--data-dir", str(tmp_path / "cli")),
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    assert proc.stdout is not None
+    try:
+        with anyio.fail_after(30):
+            urls = (await proc.stdout.readline()).decode().strip()
+        assert len(urls.split(",")) == 3, urls
+        nc = await connect(urls.split(","))
+        try:
+            await ensure_topic_stream(nc.jetstream(), "orders", replicas=3)
+            assert_three_copies(
+                "TOPIC_orders", (await nc.jetstream().stream_info("TOPIC_orders")).cluster
+            )
+        finally:
+            await nc.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), timeout=15) == 0
+    config = (tmp_path / "cli" / "n2" / CONFIG_FILE_NAME).read_text()
+    assert 'server_name: "n2"' in config and "sync_interval: always" in config
+
+
+def test_the_documented_node_configuration_is_what_the_fixture_writes() -> None:
+    """docs/operations.md shows node n1's file as `server_config` writes it for the fixture
+    (there with the test's ports and directories), plus the client `listen` line that the
+    fixture passes on the command line instead."""
+    text = (ROOT / "docs" / "operations.md").read_text()
+    block = text.split("<!-- cluster-node-config", 1)[1].split("```", 2)[1]
+    lines = block.strip("\n").splitlines()
+    assert lines[:2] == ["# n1.conf", "listen: 0.0.0.0:4222"]
+    node = ClusterNode(
+        server_name="n1",
+        cluster_name=DEFAULT_CLUSTER_NAME,
+        listen="0.0.0.0:6222",
+        routes=tuple(f"nats-route://n{i}:6222" for i in (1, 2, 3)),
+        monitor="0.0.0.0:8222",
+    )
+    written = server_config(Path("/var/lib/nats"), "always", DEFAULT_FSYNC_INTERVAL, None, node)
+    assert "\n".join(lines[2:]) + "\n" == written

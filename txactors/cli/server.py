@@ -46,10 +46,19 @@ def server(
             help="Seconds between flushes with --fsync interval.", envvar=FSYNC_INTERVAL_ENV
         ),
     ] = 120.0,
+    nodes: Annotated[
+        int,
+        typer.Option(
+            help="Servers to run as one JetStream cluster (3 to try --replicas 3); ports are "
+            "picked free, each node stores into --data-dir/nN.",
+            min=1,
+        ),
+    ] = 1,
 ) -> None:
     """Run an embedded nats-server with JetStream in the foreground until Ctrl-C or SIGTERM.
 
-    The first line on stdout is the URL to connect to (e.g. NATS_URL for other processes).
+    The first line on stdout is the URL to connect to (e.g. NATS_URL for other processes);
+    with --nodes, every node's URL, comma-separated.
     """
     from txactors.server_setup import check_fsync, check_fsync_interval
 
@@ -61,6 +70,10 @@ def server(
         check_fsync_interval(fsync_interval)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--fsync-interval") from None
+    if nodes > 1 and port:
+        raise typer.BadParameter(
+            "a cluster's ports are picked free: leave --port 0", param_hint="--port"
+        )
     configure_logging()
     try:
         code = asyncio.run(
@@ -70,6 +83,7 @@ def server(
                 host=host,
                 fsync=fsync,  # type: ignore[arg-type]  # checked above
                 fsync_interval=fsync_interval,
+                nodes=nodes,
             )
         )
     except NatsServerError as exc:
@@ -79,33 +93,49 @@ def server(
 
 
 async def _run_server(
-    *, port: int, data_dir: Path | None, host: str, fsync: Fsync, fsync_interval: float
+    *,
+    port: int,
+    data_dir: Path | None,
+    host: str,
+    fsync: Fsync,
+    fsync_interval: float,
+    nodes: int,
 ) -> int:
+    from txactors.nats_cluster import EmbeddedNatsCluster
     from txactors.server import EmbeddedNatsServer
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with EmbeddedNatsServer(
-        data_dir, port=port, host=host, fsync=fsync, fsync_interval=fsync_interval
-    ) as nats_server:
-        typer.echo(nats_server.url)
+    servers: EmbeddedNatsServer | EmbeddedNatsCluster = (
+        EmbeddedNatsServer(
+            data_dir, port=port, host=host, fsync=fsync, fsync_interval=fsync_interval
+        )
+        if nodes == 1
+        else EmbeddedNatsCluster(
+            data_dir, size=nodes, host=host, fsync=fsync, fsync_interval=fsync_interval
+        )
+    )
+    members = servers.nodes if isinstance(servers, EmbeddedNatsCluster) else [servers]
+    async with servers:
+        typer.echo(servers.urls if isinstance(servers, EmbeddedNatsCluster) else servers.url)
         kept = "" if data_dir is not None else " (temporary; --data-dir to keep it)"
         flushed = (
             "fsync before every ack"
             if fsync == "always"
             else f"fsync every {fsync_interval:g}s (acked writes can be lost on a power cut)"
         )
-        typer.echo(f"data dir: {nats_server.data_dir}{kept}; {flushed}; Ctrl-C to stop", err=True)
+        typer.echo(f"data dir: {servers.data_dir}{kept}; {flushed}; Ctrl-C to stop", err=True)
         while not stop.is_set():
-            if not nats_server.running:
-                typer.echo(
-                    f"error: nats-server exited unexpectedly; its log:\n{nats_server.log_tail()}",
-                    err=True,
-                )
-                return 1
-            # Wake on a signal at once; otherwise look at the child twice a second.
+            for member in members:
+                if not member.running:
+                    typer.echo(
+                        f"error: nats-server exited unexpectedly; its log:\n{member.log_tail()}",
+                        err=True,
+                    )
+                    return 1
+            # Wake on a signal at once; otherwise look at the children twice a second.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=0.5)
     return 0
