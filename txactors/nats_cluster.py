@@ -231,18 +231,21 @@ class EmbeddedNatsCluster:
         return await self._streams_not_ready(names)
 
     async def _streams_not_ready(self, names: set[str]) -> str | None:
-        nc = await nats.connect(
-            [self.nodes[self.index_of(n)].url for n in sorted(names)],
-            allow_reconnect=False,
-            connect_timeout=_HTTP_TIMEOUT,
-        )
+        try:
+            nc = await nats.connect(
+                [self.nodes[self.index_of(n)].url for n in sorted(names)],
+                allow_reconnect=False,
+                connect_timeout=_HTTP_TIMEOUT,
+                error_cb=_ignore,  # a failed poll is retried, not news
+            )
+        except (nats.errors.Error, TimeoutError, OSError) as error:
+            return f"no node takes a connection: {error!r}"
         try:
             js = nc.jetstream(timeout=_HTTP_TIMEOUT * 2)
             for listed in await js.streams_info():
                 stream = listed.config.name or "?"
-                why = _group_not_ready(
-                    f"stream {stream}", (await js.stream_info(stream)).cluster, names
-                )
+                cluster = (await js.stream_info(stream)).cluster
+                why = _group_not_ready(f"stream {stream}", cluster, names)
                 if why is None:
                     for consumer in await js.consumers_info(stream):
                         what = f"consumer {stream}/{consumer.name}"
@@ -275,6 +278,10 @@ class EmbeddedNatsCluster:
                 return 0, {"error": repr(error)}
 
         return await asyncio.to_thread(get)
+
+
+async def _ignore(error: Exception) -> None:
+    pass
 
 
 def _group_not_ready(what: str, cluster: ClusterInfo | None, names: set[str]) -> str | None:
