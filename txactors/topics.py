@@ -21,7 +21,13 @@ import anyio
 import nats.errors
 from nats.js import JetStreamContext
 from nats.js.api import StorageType, StreamConfig
-from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
+from nats.js.errors import (
+    APIError,
+    NoStreamResponseError,
+    NotFoundError,
+    ServerError,
+    ServiceUnavailableError,
+)
 
 from txactors.errors import ConfigError
 from txactors.layout import topic_filter, topic_stream, validate_name
@@ -41,9 +47,10 @@ _REPLICAS_NOT_SUPPORTED: Final = 10074
 _PLACEMENT_CODES: Final = frozenset({10005, 10023})
 """"no suitable peers for placement", "insufficient resources": too few peers for the replicas,
 which lasts only while peers are joining (unless the cluster is too small for good)."""
-_UNAVAILABLE_CODES: Final = frozenset({10008, 10009})
-""""JetStream system temporarily unavailable", "cluster can not handle request": no meta
-leader yet, or an election."""
+_UNAVAILABLE_CODES: Final = frozenset({10008, 10009, 10118, 10119, 10195, 10202})
+"""Answers that pass once a cluster has elected (as the coordinator's `link.classify` counts
+them): temporarily unavailable, not the leader, stream or consumer offline, member change in
+progress."""
 
 DECLARE_DEADLINE: Final = 60.0
 """Seconds a start-up declaration keeps retrying what a forming cluster answers. A cluster's
@@ -81,12 +88,15 @@ def is_placement_error(error: BaseException) -> bool:
 
 def is_transient(error: BaseException) -> bool:
     """What a cluster that forms, elects or places answers for a while, not for good."""
-    if isinstance(error, APIError) and error.err_code in _UNAVAILABLE_CODES:
-        return True
-    return is_placement_error(error) or isinstance(
+    if isinstance(error, APIError):
+        return (
+            error.err_code in _UNAVAILABLE_CODES
+            or is_placement_error(error)
+            or isinstance(error, ServiceUnavailableError | ServerError)  # any 503 or 500
+        )
+    return isinstance(
         error,
-        ServiceUnavailableError  # any 503
-        | NoStreamResponseError  # no responders: JetStream not up on that server yet
+        NoStreamResponseError  # no responders: JetStream not up on that server yet
         | nats.errors.NoRespondersError
         | TimeoutError,  # nats.errors.TimeoutError too
     )
@@ -99,7 +109,8 @@ async def declaring(
     `is_transient`) and `deadline` seconds have not passed; each retry is logged, and each
     attempt is given up after a time that doubles from `_ATTEMPT_FIRST`. Too few peers for
     `replicas` at the deadline is a ConfigError; other errors stand as raised. `deadline=0`:
-    one attempt, as the caller's JetStream context times it."""
+    one attempt, as the caller's JetStream context times it, its error as raised (the caller
+    tells transient from permanent itself)."""
     give_up = anyio.current_time() + deadline
     delay = _BACKOFF_FIRST
     limit = _ATTEMPT_FIRST if deadline > 0 else math.inf
@@ -110,7 +121,7 @@ async def declaring(
                 return await declare()
         except Exception as error:
             if not is_transient(error) or anyio.current_time() + delay > give_up:
-                if is_placement_error(error):
+                if is_placement_error(error) and deadline > 0:
                     assert isinstance(error, APIError)
                     raise replicas_error(what, replicas, error) from error
                 raise
