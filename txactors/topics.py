@@ -48,9 +48,12 @@ _PLACEMENT_CODES: Final = frozenset({10005, 10023})
 """"no suitable peers for placement", "insufficient resources": too few peers for the replicas,
 which lasts only while peers are joining (unless the cluster is too small for good)."""
 _UNAVAILABLE_CODES: Final = frozenset({10008, 10009, 10118, 10119, 10195, 10202})
-"""Answers that pass once a cluster has elected (as the coordinator's `link.classify` counts
-them): temporarily unavailable, not the leader, stream or consumer offline, member change in
-progress."""
+"""Answers that pass once a cluster has elected: temporarily unavailable, not the leader,
+stream or consumer offline, member change in progress."""
+CLUSTER_TRANSIENT_CODES: Final = _UNAVAILABLE_CODES | _PLACEMENT_CODES
+"""Every JetStream answer that passes while a cluster forms, elects or changes members,
+whatever its HTTP-like code: one list for declarations here and the coordinator's writes
+(`coordinator.link.classify`)."""
 
 DECLARE_DEADLINE: Final = 60.0
 """Seconds a start-up declaration keeps retrying what a forming cluster answers. A cluster's
@@ -90,8 +93,7 @@ def is_transient(error: BaseException) -> bool:
     """What a cluster that forms, elects or places answers for a while, not for good."""
     if isinstance(error, APIError):
         return (
-            error.err_code in _UNAVAILABLE_CODES
-            or is_placement_error(error)
+            error.err_code in CLUSTER_TRANSIENT_CODES
             or isinstance(error, ServiceUnavailableError | ServerError)  # any 503 or 500
         )
     return isinstance(

@@ -181,9 +181,12 @@ class PipelinedWriter:
 
     async def run(self) -> None:
         """The issuer and the collector, until cancelled."""
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(self._issue_when_asked)
-            await self._collect()
+        try:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(self._issue_when_asked)
+                await self._collect()
+        finally:
+            await self._inbox.close()
 
     async def _issue_when_asked(self) -> None:
         """The one place writes go out (but re-issues after a fault): when there is room, at

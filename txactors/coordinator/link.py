@@ -9,6 +9,7 @@ timeout; `AckInbox` settles every answer to our writes, refusals included. The w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import itertools
 import json
@@ -21,10 +22,12 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js.api import Header, PubAck
 
 from txactors.errors import TxActorsError
 from txactors.logs import get_logger
+from txactors.topics import CLUSTER_TRANSIENT_CODES
 
 log = get_logger(__name__)
 
@@ -39,11 +42,6 @@ NO_RESPONDERS = "503"
 
 LINK_TROUBLE = (nats.errors.Error, TimeoutError, OSError)
 """What a NATS or JetStream call raises when the broker, not our code, is the problem."""
-
-TRANSIENT_ERR_CODES = frozenset({10005, 10008, 10009, 10118, 10119, 10195, 10202})
-"""JetStream answers that pass while a cluster forms, elects a leader or changes members,
-whatever their HTTP-like code (no suitable peers for placement, temporarily unavailable,
-not the leader, stream or consumer offline, member change in progress)."""
 
 
 class Fault(enum.Enum):
@@ -62,7 +60,7 @@ def classify(error: BaseException) -> Fault:
     """
     if isinstance(error, nats.js.errors.ServiceUnavailableError | nats.js.errors.ServerError):
         return Fault.TRANSIENT
-    if isinstance(error, nats.js.errors.APIError) and error.err_code in TRANSIENT_ERR_CODES:
+    if isinstance(error, nats.js.errors.APIError) and error.err_code in CLUSTER_TRANSIENT_CODES:
         return Fault.TRANSIENT
     if isinstance(error, nats.js.errors.APIError | nats.errors.MaxPayloadError):
         return Fault.PERMANENT
@@ -154,7 +152,7 @@ class AckInbox:
     def __init__(self, nc: Client) -> None:
         self._nc = nc
         self._prefix = nc.new_inbox()
-        self._subscribed = False
+        self._subscription: Subscription | None = None
         self._futures: dict[str, asyncio.Future[PubAck]] = {}
         self._tokens = itertools.count()
 
@@ -162,9 +160,8 @@ class AckInbox:
         self, subject: str, payload: bytes, headers: dict[str, str]
     ) -> asyncio.Future[PubAck]:
         """Send the write now; the future settles with JetStream's answer."""
-        if not self._subscribed:
-            await self._nc.subscribe(f"{self._prefix}.*", cb=self._answered)
-            self._subscribed = True
+        if self._subscription is None:
+            self._subscription = await self._nc.subscribe(f"{self._prefix}.*", cb=self._answered)
         token = str(next(self._tokens))
         future: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
         self._futures[token] = future
@@ -177,6 +174,14 @@ class AckInbox:
             future.cancel()
             raise
         return future
+
+    async def close(self) -> None:
+        """Unsubscribe: a writer's inbox dies with its partition actor (a restarted actor
+        makes new writers, and the old subscriptions would pile up on the connection)."""
+        subscription, self._subscription = self._subscription, None
+        if subscription is not None:
+            with anyio.CancelScope(shield=True), contextlib.suppress(nats.errors.Error):
+                await subscription.unsubscribe()
 
     async def _answered(self, msg: Msg) -> None:
         future = self._futures.get(msg.subject[len(self._prefix) + 1 :])

@@ -106,6 +106,12 @@ class OpLog:
         self._wakeup.set()
 
     async def run(self) -> None:
+        try:
+            await self._write_forever()
+        finally:
+            await self._inbox.close()
+
+    async def _write_forever(self) -> None:
         while True:
             if not self._pending.op_ids:
                 self._wakeup = anyio.Event()
