@@ -263,7 +263,7 @@ class PartitionCoordinator(Actor):
 
     def _end(self, request: Request, end: EndTransaction) -> None:
         sent_as = layout.subject_group(request.subject) if request.subject else None
-        if sent_as is not None and (view := self.table.show(end.txid)) and view.group != sent_as:
+        if sent_as is not None and self.table.group_of(end.txid) not in (None, sent_as):
             # The token proves it already; the group NATS let the sender use must agree.
             problem = f"{end.txid} is a transaction of another group than {sent_as!r}"
             self._answers.send(request, Error(ErrorCode.FORBIDDEN, problem))

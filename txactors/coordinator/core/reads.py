@@ -55,6 +55,12 @@ class Reads:
         txn = self._open.get(txid)
         return None if txn is None else view(txn)
 
+    def group_of(self, txid: str) -> str | None:
+        """The producer group of an open transaction (None: not open here); cheaper than
+        `show` for the tenant check every grouped end makes."""
+        txn = self._open.get(txid)
+        return None if txn is None else txn.group
+
     def transactions(self, states: Collection[TxnState] | None = None) -> list[TxnView]:
         """Open and discarded transactions (optionally only in `states`), oldest first."""
         views = [view(t) for t in self._open.values() if states is None or t.state in states]
