@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from bench import actors, consumer, fsync, ingest, spark, transactions, transfer
+from bench import actors, consumer, fsync, ingest, scale, spark, transactions, transfer
 
 BENCHMARKS = {
     "actors": actors.main,
     "fsync": fsync.main,
     "ingest": ingest.main,
     "transactions": transactions.main,
+    "scale": scale.main,
     "consumer": consumer.main,
     "transfer": transfer.main,
     "spark": spark.main,

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,8 @@ from txactors.server import EmbeddedNatsServer, Fsync
 ROOT = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")
 PARTITIONS = 2
-"""Partitions of every coordinator run: one process serves both, or two processes one each."""
+"""Partitions of the coordinator runs of `bench.transactions`: one process serves both, or two
+processes one each (`bench.scale` runs more)."""
 START_TIMEOUT = 30.0
 PROFILE_ENV = "TXBENCH_PROFILE"
 """A directory: run the coordinators and consumers under cProfile, one file per process
@@ -123,9 +125,11 @@ class Deployment:
         return (self.logs / f"{name}.log").open("ab")
 
     @contextlib.asynccontextmanager
-    async def coordinators(self, count: int) -> AsyncIterator[None]:
-        """`count` coordinator processes sharing `PARTITIONS` (split evenly), as the CLI runs
-        them with their default settings; ready once every partition has its owner."""
+    async def coordinators(self, count: int, partitions: int = PARTITIONS) -> AsyncIterator[None]:
+        """`count` coordinator processes sharing `partitions`, as the CLI runs them with their
+        default settings (they split the partitions between them by themselves, balance.py);
+        ready once the split is even. One role per process: `coordinator`, or `coordinator 1`
+        .. `coordinator <count>`."""
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith(("TXACTORS_", "NATS_"))},
             "PYTHONPATH": str(ROOT),
@@ -139,8 +143,7 @@ class Deployment:
                     await asyncio.create_subprocess_exec(
                         *python("txactors.cli"),
                         "coordinator",
-                        *("--partitions", str(PARTITIONS)),
-                        *("--max-partitions", str(PARTITIONS // count)),
+                        *("--partitions", str(partitions)),
                         env=env,
                         cwd=ROOT,
                         stdout=log,
@@ -148,33 +151,46 @@ class Deployment:
                     )
                 )
                 log.close()
-            await self._leased(processes)
-            self.roles["coordinator"] = [p.pid for p in processes]
+            await self._balanced(processes, partitions)
+            pids = [p.pid for p in processes]
+            roles = (
+                ["coordinator"] if count == 1 else [f"coordinator {i + 1}" for i in range(count)]
+            )
+            self.roles.update({role: [pid] for role, pid in zip(roles, pids, strict=True)})
             yield
         finally:
-            self.roles.pop("coordinator", None)
+            for role in [r for r in self.roles if r.startswith("coordinator")]:
+                del self.roles[role]
             for process in processes:
                 with contextlib.suppress(ProcessLookupError):
                     process.terminate()
             for process in processes:
                 await process.wait()
 
-    async def _leased(self, processes: list[asyncio.subprocess.Process]) -> None:
-        """Until each process holds its share of the partitions; fails if one exits."""
+    async def _balanced(self, processes: list[asyncio.subprocess.Process], partitions: int) -> None:
+        """Until every partition is served and each process holds its even share (`partitions
+        // count`, or one more); fails if one exits or the split stays uneven."""
         owners = len(processes)
+        share = partitions // owners
         nc = await nats.connect(self.url)
         try:
             deadline = time.monotonic() + START_TIMEOUT
             while True:
                 with contextlib.suppress(Exception):
-                    table = await list_leases(nc, partitions=PARTITIONS)
-                    held = {lease.owner for lease in table.leases if lease.owner}
-                    if all(lease.owner for lease in table.leases) and len(held) == owners:
+                    table = await list_leases(nc, partitions=partitions)
+                    held = Counter(lease.owner for lease in table.leases if lease.owner)
+                    if (
+                        all(lease.owner for lease in table.leases)
+                        and len(held) == owners
+                        and all(share <= n <= share + 1 for n in held.values())
+                    ):
                         return
                 if any(p.returncode is not None for p in processes):
                     raise RuntimeError(f"a coordinator exited at start (see {self.logs})")
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{owners} coordinator(s) did not take the partitions")
+                    raise TimeoutError(
+                        f"{owners} coordinator(s) did not split {partitions} partitions evenly"
+                    )
                 await asyncio.sleep(0.1)
         finally:
             await nc.close()
