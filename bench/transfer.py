@@ -21,8 +21,8 @@ from rich.console import Console
 from rich.table import Table
 
 from apps.common.db import DEFAULT_PG_DSN, Storage
-from apps.transfer.bank import ALIPAY, YUEBAO
 from apps.common.timing import Timing
+from apps.transfer.bank import ALIPAY, YUEBAO
 from apps.transfer.demo import DemoConfig, run_demo
 from bench.inprocess import transactions
 from txactors.coordinator.service import run_coordinator
