@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -57,6 +57,17 @@ def parse_schemas(topics: Sequence[str], schemas: Sequence[str]) -> dict[str, Sc
                 f"--schema {item!r}: topic {topic!r} is not in --topics ({', '.join(found)})"
             )
         found[topic] = path
+    return found
+
+
+def parse_conf(items: Sequence[str]) -> dict[str, str]:
+    """`--conf spark.executor.memory=2g` (repeated) → {key: value}, as spark-submit takes it."""
+    found = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SinkError(f"--conf {item!r}: expected KEY=VALUE, e.g. spark.executor.memory=2g")
+        found[key.strip()] = value
     return found
 
 
@@ -119,6 +130,9 @@ def sink_and_show(
     starting_offsets: str | None = None,
     fail_on_data_loss: bool = True,
     max_offsets_per_trigger: int | None = None,
+    parallelism: int | None = None,
+    master: str | None = None,
+    conf: Mapping[str, str] | None = None,
     sql: str | None = None,
     limit: int = 20,
 ) -> int:
@@ -126,7 +140,8 @@ def sink_and_show(
 
     What `txactors sink run` does, callable from the demos after a run. Everything that can
     be checked without Spark is checked first (`job.plan`); a catch-up run that finds nothing
-    new and no tables to update starts no JVM at all (unless `sql` needs one).
+    new and no tables to update starts no JVM at all (unless `sql` needs one). `master` and
+    `conf` go to the session (`local_session`).
     """
     from spark_sinks.job import plan, run_sink
     from spark_sinks.session import local_session
@@ -146,9 +161,9 @@ def sink_and_show(
                 print_progress(Skipped(message))
             print_progress(CaughtUp(planned.seqs(), waiting=False))
             if sql is not None:
-                show(local_session(warehouse), sql, limit)
+                show(local_session(warehouse, master=master, conf=conf), sql, limit)
             return 0
-        spark = local_session(warehouse)
+        spark = local_session(warehouse, master=master, conf=conf)
         stop = threading.Event()
         with _stop_on_signals(stop):
             rows = run_sink(
@@ -160,6 +175,7 @@ def sink_and_show(
                 interval=interval,
                 fail_on_data_loss=fail_on_data_loss,
                 max_offsets_per_trigger=max_offsets_per_trigger,
+                parallelism=parallelism,
                 on_progress=print_progress,
                 stop=stop,
             )

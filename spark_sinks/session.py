@@ -3,7 +3,8 @@
 Three things fail late and vaguely if not set before the JVM starts, so they are settled here:
 - Java: Spark 4 needs 17+; without it pyspark dies with "Java gateway process exited".
 - Python workers: they must run this interpreter and import `spark_sinks` and `txactors`, or
-  Spark reports only "Python worker failed to connect back".
+  Spark reports only "Python worker failed to connect back"; on a cluster, an executor's
+  workers get our PYTHONPATH (`spark.executorEnv.PYTHONPATH`), not the worker daemon's.
 - The catalog: Spark's Hive catalog with its embedded Derby metastore, kept in the warehouse
   directory, so tables registered by one run are there for the next process (the default
   in-memory catalog forgets them). Derby allows one JVM per metastore at a time, and a second
@@ -19,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -104,12 +106,17 @@ def check_catalog_free(warehouse: Path) -> None:
 
 
 def local_session(
-    warehouse: Path, *, master: str | None = None, app_name: str = "txactors-sink"
+    warehouse: Path,
+    *,
+    master: str | None = None,
+    conf: Mapping[str, str] | None = None,
+    app_name: str = "txactors-sink",
 ) -> SparkSession:
     """A session with the Hive catalog kept under `warehouse` and the `txactors` source.
 
-    `master` defaults to spark-submit's `--master` when run by it, else `local[*]`. On a
-    cluster, put the warehouse on shared storage and use a shared metastore, not Derby.
+    `master` defaults to spark-submit's `--master` when run by it, else `local[*]`; `conf`
+    (Spark settings, `--conf` of `txactors sink run`) goes last, so it overrides ours. On a
+    cluster, put the warehouse on shared storage (docs/spark.md "On a cluster").
     """
     check_java()
     prepare_python_workers()
@@ -136,8 +143,13 @@ def local_session(
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
+        # Executors of a cluster do not inherit our environment: their Python workers import
+        # the project (and the payload Structs) from the same paths as ours.
+        .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
         .enableHiveSupport()
     )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     # Under spark-submit the JVM already runs (and was told its master); do not override it.
     if master is not None or "PYSPARK_GATEWAY_PORT" not in os.environ:
         builder = builder.master(master or "local[*]")

@@ -58,6 +58,22 @@ def sink_run(
     max_offsets_per_trigger: Annotated[
         int | None, typer.Option(min=1, help="At most this many sequences per micro-batch.")
     ] = None,
+    parallelism: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Input partitions a batch is split into, read in parallel [default: 2]."
+        ),
+    ] = None,
+    master: Annotated[
+        str | None,
+        typer.Option(
+            help="Spark master, e.g. spark://host:7077 [default: spark-submit's, else local[*]]."
+        ),
+    ] = None,
+    conf: Annotated[
+        list[str] | None,
+        typer.Option(help="KEY=VALUE: a Spark setting, as spark-submit --conf (repeatable)."),
+    ] = None,
     query: Annotated[str | None, typer.Option(help="SQL to show after the run.")] = None,
 ) -> None:
     """Sink topics from NATS_URL (or an embedded server over TXACTORS_DATA_DIR) into tables.
@@ -78,6 +94,9 @@ def sink_run(
             starting_offsets=starting_offsets,
             fail_on_data_loss=fail_on_data_loss,
             max_offsets_per_trigger=max_offsets_per_trigger,
+            parallelism=parallelism,
+            master=master,
+            conf=sink_cli.parse_conf(conf or []),
             sql=query,
         )
 
