@@ -143,16 +143,19 @@ def local_session(
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
-        # Executors of a cluster do not inherit our environment: their Python workers import
-        # the project (and the payload Structs) from the same paths as ours.
-        .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
         .enableHiveSupport()
     )
+    # Under spark-submit the JVM already runs, told its master and how executors find the
+    # code (--py-files, --conf): do not override those.
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    if not submitted:
+        # Executors of a cluster do not inherit our environment: their Python workers import
+        # the project (and the payload Structs) from the same paths as ours.
+        builder = builder.config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
+    if master is not None or not submitted:
+        builder = builder.master(master or "local[*]")
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
-    # Under spark-submit the JVM already runs (and was told its master); do not override it.
-    if master is not None or "PYSPARK_GATEWAY_PORT" not in os.environ:
-        builder = builder.master(master or "local[*]")
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)

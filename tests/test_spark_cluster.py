@@ -49,7 +49,10 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parent.parent
 TXACTORS = str(Path(sys.executable).parent / "txactors")
-MODELS = "tests.support.spark_models"
+MODELS = "driver_only_models"
+"""The payload Structs' module, importable only from the driver's PYTHONPATH (`models`): the
+executors import it only if the sink hands them that path, as it must on a real cluster (the
+venv's editable install would hand them the project itself)."""
 BATCH = 10_000
 """maxOffsetsPerTrigger: each bulk batch is two input partitions (source.MIN_PARTITION_SIZE)."""
 TOPICS = {"transfers": 3 * BATCH, "rawbytes": 500}
@@ -157,7 +160,19 @@ def _wait_for_workers(webui: int, daemons: list[subprocess.Popen[bytes]], tmp: P
         time.sleep(0.5)
 
 
-def sink_run(warehouse: Path, url: str, master: str, *extra: str) -> str:
+@pytest.fixture
+def models(tmp_path: Path) -> Path:
+    directory = tmp_path / "models"
+    directory.mkdir()
+    (directory / f"{MODELS}.py").write_text(
+        '"""Only on the driver\'s PYTHONPATH."""\n\n'
+        "from tests.support.spark_models import Transfer\n\n"
+        '__all__ = ["Transfer"]\n'
+    )
+    return directory
+
+
+def sink_run(warehouse: Path, url: str, master: str, models: Path, *extra: str) -> str:
     """`txactors sink run --once` over every topic on `master`; returns its stderr."""
     topics = [*TOPICS, "orders"]
     command = [
@@ -170,7 +185,7 @@ def sink_run(warehouse: Path, url: str, master: str, *extra: str) -> str:
         **os.environ,
         "NATS_URL": url,
         "TXACTORS_WAREHOUSE": str(warehouse),
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(models)]),
         "PYSPARK_PYTHON": sys.executable,
         "SPARK_LOCAL_IP": "127.0.0.1",
     }
@@ -213,7 +228,7 @@ async def commit_input(nc: Any) -> int:
 
 
 async def test_the_sink_on_a_standalone_cluster_reads_in_the_executors_and_writes_what_local_does(
-    make_nats_server: MakeNatsServer, cluster: Cluster, tmp_path: Path
+    make_nats_server: MakeNatsServer, cluster: Cluster, models: Path, tmp_path: Path
 ) -> None:
     url, nc = await connect(make_nats_server)
     try:
@@ -225,7 +240,7 @@ async def test_the_sink_on_a_standalone_cluster_reads_in_the_executors_and_write
     on_cluster = tmp_path / "cluster" / "warehouse"
     on_cluster.parent.mkdir()
     stderr = await asyncio.to_thread(
-        sink_run, on_cluster, url, cluster.master,
+        sink_run, on_cluster, url, cluster.master, models,
         "--conf", "spark.executor.memory=512m",
         "--conf", "spark.eventLog.enabled=true",
         "--conf", "spark.eventLog.rolling.enabled=false",  # one file, plain JSON lines
@@ -254,7 +269,7 @@ async def test_the_sink_on_a_standalone_cluster_reads_in_the_executors_and_write
     # (b) A local run over the same input writes the same tables.
     local = tmp_path / "local" / "warehouse"
     local.parent.mkdir()
-    await asyncio.to_thread(sink_run, local, url, "local[2]")
+    await asyncio.to_thread(sink_run, local, url, "local[2]", models)
     for topic, count in [*TOPICS.items(), ("orders", orders)]:
         here, there = committed_rows(local, topic), committed_rows(on_cluster, topic)
         assert sum(len(rows) for rows in here.values()) == count
