@@ -565,6 +565,7 @@ async def test_sink_mistakes_are_one_line_before_spark_starts(
         "not in --topics": (["--schema", f"transfer={models}:Transfer"], "not in --topics"),
         "no stream": (["--topics", "transfer"], "no stream TOPIC_transfer on the server"),
         "bad start": (["--starting-offsets", "{}"], "startingOffsets"),
+        "bad conf": (["--conf", "spark.executor.memory"], "expected KEY=VALUE"),
     }
     for name, (args, message) in cases.items():
         result = await asyncio.to_thread(

@@ -61,7 +61,7 @@ def sink_run(
     parallelism: Annotated[
         int | None,
         typer.Option(
-            min=1, help="Input partitions a batch is split into, read in parallel [default: 2]."
+            min=1, help="Input partitions a batch is split into, read in parallel (default 2)."
         ),
     ] = None,
     master: Annotated[
