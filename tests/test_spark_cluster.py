@@ -189,11 +189,18 @@ def sink_run(warehouse: Path, url: str, master: str, models: Path, *extra: str) 
         "PYSPARK_PYTHON": sys.executable,
         "SPARK_LOCAL_IP": "127.0.0.1",
     }
-    done = subprocess.run(
-        command, env=env, cwd=warehouse.parent, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-5000:]
-    return done.stderr
+    # Its own process group, so a run that overstays takes its driver JVM down with it.
+    with subprocess.Popen(
+        command, env=env, cwd=warehouse.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    ) as run:  # fmt: skip
+        try:
+            _, stderr = run.communicate(timeout=600)
+        finally:
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+    assert run.returncode == 0, stderr[-5000:]
+    return stderr
 
 
 async def commit_input(nc: Any) -> int:
