@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import nats.errors
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
@@ -176,7 +177,6 @@ class LoadRig:
             [
                 cluster.urls,
                 str(self.producer_journal),
-                str(self.stop_file),
                 "--workers",
                 str(WORKERS),
                 "--partitions",
@@ -317,30 +317,37 @@ class LoadRig:
 
     async def _on_topics(self) -> dict[str, Counter[str]]:
         """Nats-Msg-Id -> how often, per topic, read from each topic stream to its end."""
+        return {topic: await self._read_topic(topic) for topic in TOPICS}
+
+    async def _read_topic(self, topic: str) -> Counter[str]:
+        """Read by an ephemeral consumer, from scratch again when a fetch fails (its interest
+        may not have reached every node yet), until it has counted every message."""
         assert self.nc is not None
         js = self.nc.jetstream(timeout=10)
-        found: dict[str, Counter[str]] = {}
-        for topic in TOPICS:
-            stream = layout.topic_stream(topic)
-            total = (await js.stream_info(stream)).state.messages
-            sub = await js.pull_subscribe(
-                layout.topic_filter(topic),
-                stream=stream,
-                config=ConsumerConfig(
-                    ack_policy=AckPolicy.NONE,
-                    deliver_policy=DeliverPolicy.ALL,
-                    num_replicas=1,
-                    mem_storage=True,
-                ),
-            )
-            ids: Counter[str] = Counter()
-            with anyio.fail_after(60):
-                while ids.total() < total:
-                    for msg in await sub.fetch(500, timeout=5):
-                        ids[(msg.headers or {}).get(layout.MSG_ID_HEADER, "?")] += 1
-            await sub.unsubscribe()
-            found[topic] = ids
-        return found
+        stream = layout.topic_stream(topic)
+        total = (await js.stream_info(stream)).state.messages
+        with anyio.fail_after(60):
+            while True:
+                sub = await js.pull_subscribe(
+                    layout.topic_filter(topic),
+                    stream=stream,
+                    config=ConsumerConfig(
+                        ack_policy=AckPolicy.NONE,
+                        deliver_policy=DeliverPolicy.ALL,
+                        num_replicas=1,
+                        mem_storage=True,
+                    ),
+                )
+                ids: Counter[str] = Counter()
+                try:
+                    while ids.total() < total:
+                        for msg in await sub.fetch(500, timeout=5):
+                            ids[(msg.headers or {}).get(layout.MSG_ID_HEADER, "?")] += 1
+                    return ids
+                except (nats.errors.Error, TimeoutError):
+                    await anyio.sleep(0.2)
+                finally:
+                    await sub.unsubscribe()
 
     async def verdict(self) -> Verdict:
         transactions = self._transactions()

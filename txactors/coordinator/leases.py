@@ -117,8 +117,12 @@ class Leases:
             log.info("member_not_withdrawn", owner=self.owner, error=repr(error))
 
     async def view(self, timeout: float) -> LeaseView:
-        """Members and holders as the bucket has them now. Raises on a transport problem."""
-        watcher = await self._kv.watchall()
+        """Members and holders as the bucket has them now. Raises on a transport problem, and
+        `TimeoutError` when the bucket does not answer within `timeout`: while it elects a
+        leader, creating the watch would otherwise wait out the JetStream API timeout (5 s),
+        and the partitions it left free would wait that long to be taken again."""
+        with anyio.fail_after(timeout):
+            watcher = await self._kv.watchall()
         members: dict[str, MemberInfo] = {}
         holders: dict[int, str] = {}
         try:
