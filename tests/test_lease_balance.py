@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import anyio
 import pytest
 from nats.aio.client import Client
 
@@ -198,3 +199,18 @@ async def test_a_renewal_that_landed_unanswered_keeps_the_lease(private_nc: Clie
     await kv.put("0", b"other")  # someone else holds it now
     assert await leases.renew(0, renewed) is None
     assert await other.holder(0) == "other"
+
+
+class ElectingBucket:
+    """A KV whose bucket has no leader: creating a watch waits (nats-py would wait 5 s)."""
+
+    async def watchall(self) -> Any:
+        await anyio.sleep_forever()
+
+
+async def test_a_view_of_a_bucket_without_a_leader_gives_up_within_its_timeout() -> None:
+    """Otherwise partitions left free during the bucket's election wait out the JetStream API
+    timeout before anyone takes them again."""
+    leases = Leases(cast(Any, ElectingBucket()), "me")
+    with anyio.fail_after(2), pytest.raises(TimeoutError):
+        await leases.view(timeout=0.1)
