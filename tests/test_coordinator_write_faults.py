@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
+from typing import Any
+
 import anyio
 import nats.js.errors
 import pytest
@@ -16,6 +20,7 @@ from txactors.consumer import Consumer
 from txactors.coordinator import CoordinatorOptions
 from txactors.coordinator.checker import Checked, Due
 from txactors.coordinator.core.events import CheckFailed, CheckFailure
+from txactors.coordinator.link import AckInbox
 from txactors.coordinator.recovery import read_subject
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import ConfigError
@@ -105,3 +110,23 @@ async def test_replicas_reach_every_stream_the_coordinator_and_consumer_declare(
     assert (await js.stream_info("TOPIC_orders")).config.num_replicas == 1
     with pytest.raises(nats.js.errors.NotFoundError):
         await js.stream_info("DLQ_audit")  # the refused consumer declared nothing after it
+
+
+async def test_an_answer_to_a_write_given_up_on_is_not_an_unretrieved_error(nc: Client) -> None:
+    """A refusal that arrives after its batch was abandoned (the writer reissued it) is
+    retrieved by the inbox itself: no "Future exception was never retrieved" on stderr."""
+    unretrieved: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: unretrieved.append(context))
+    try:
+        inbox = AckInbox(nc)
+        future = await inbox.publish("no.stream.takes.this", b"x", {})
+        with anyio.fail_after(5):
+            while not future.done():
+                await anyio.sleep(0.01)
+        del future
+        gc.collect()
+    finally:
+        loop.set_exception_handler(previous)
+    assert unretrieved == []

@@ -165,7 +165,15 @@ class AckInbox:
         token = str(next(self._tokens))
         future: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
         self._futures[token] = future
-        future.add_done_callback(lambda _: self._futures.pop(token, None))
+
+        def forget(done: asyncio.Future[PubAck]) -> None:
+            self._futures.pop(token, None)
+            if not done.cancelled():
+                # Retrieved here: the answer to a write given up on (its connection or batch
+                # abandoned) is news to nobody, not "Future exception was never retrieved".
+                done.exception()
+
+        future.add_done_callback(forget)
         try:
             await self._nc.publish(
                 subject, payload, reply=f"{self._prefix}.{token}", headers=headers
