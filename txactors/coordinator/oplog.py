@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 
 import anyio
@@ -51,6 +52,10 @@ DEFERRABLE = frozenset({OpKind.DONE, OpKind.CHECKED})
 is advisory. Lost in a crash, they cost a re-publish (deduplicated) or one more check."""
 DEFER = 0.02
 """Seconds deferrable records wait for a decision to share their write."""
+READ_BACK_TIMEOUT = 1.0
+"""Seconds a read-back of the subject's last message may take. A request sent while TXN_OP
+has no leader is never answered: waiting out the JetStream API timeout (5 s) would hold the
+partition's decisions that long after a new leader is elected."""
 OP_BATCH_BYTES = 256 * 1024
 """Most bytes of op records in one TXN_OP message: a group commit never nears `max_payload`."""
 
@@ -141,23 +146,32 @@ class OpLog:
             except nats.js.errors.APIError as error:
                 # Our own earlier attempt may have landed (its ack lost): then the fence
                 # refuses the retry, and the record is already where it belongs.
-                landed = await self._landed(payload)
-                if landed is not None:
-                    self._last_seq = landed
-                    return landed
-                if error.err_code == WRONG_LAST_SEQUENCE:
-                    raise FencedOut(
-                        f"{self._subject} was written by someone else after seq "
-                        f"{self._last_seq}: another coordinator owns this partition; this one stops"
-                    ) from error
-                level = log.error if classify(error) is Fault.PERMANENT else log.warning
-                level("op_append_refused", subject=self._subject, error=describe(error))
+                try:
+                    landed = await self._landed(payload)
+                except LINK_TROUBLE as unread:  # ours or a successor's? Ask again after a retry
+                    log.warning("op_append_retry", subject=self._subject, error=describe(unread))
+                else:
+                    if landed is not None:
+                        self._last_seq = landed
+                        return landed
+                    if error.err_code == WRONG_LAST_SEQUENCE:
+                        raise FencedOut(
+                            f"{self._subject} was written by someone else after seq "
+                            f"{self._last_seq}: another coordinator owns this partition; "
+                            "this one stops"
+                        ) from error
+                    level = log.error if classify(error) is Fault.PERMANENT else log.warning
+                    level("op_append_refused", subject=self._subject, error=describe(error))
             except (*LINK_TROUBLE, Troubled) as error:
                 log.warning("op_append_retry", subject=self._subject, error=describe(error))
-                landed = await self._landed(payload)
-                if landed is not None:
-                    self._last_seq = landed
-                    return landed
+                # No stream took the write (no responders: TXN_OP electing a leader), so
+                # nothing landed; otherwise its ack may be what was lost.
+                if not isinstance(error, nats.js.errors.NoStreamResponseError):
+                    with suppress(*LINK_TROUBLE):
+                        landed = await self._landed(payload)
+                        if landed is not None:
+                            self._last_seq = landed
+                            return landed
             else:
                 self._last_seq = ack.seq
                 return ack.seq
@@ -175,12 +189,12 @@ class OpLog:
         return future.result()
 
     async def _landed(self, payload: bytes) -> int | None:
-        """The seq of our own write if it is the subject's last message (a lost ack)."""
-        try:
-            await wait_connected(self._nc)
+        """The seq of our own write if it is the subject's last message (a lost ack), else
+        None. Raises `LINK_TROUBLE` when the subject cannot be read within
+        `READ_BACK_TIMEOUT`."""
+        await wait_connected(self._nc)
+        with anyio.fail_after(READ_BACK_TIMEOUT):
             last = await self._js.get_last_msg(layout.OP_STREAM, self._subject)
-        except LINK_TROUBLE:
-            return None
         if last.seq is not None and last.seq > self._last_seq and last.data == payload:
             return last.seq
         return None
