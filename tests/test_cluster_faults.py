@@ -5,8 +5,9 @@ a load producer, each in its own process, every stream with three replicas), kil
 with SIGKILL once commits flow, waits for the load to go on without it, brings back a node,
 settles and checks the promises: nothing committed lost, nothing rolled back or unknown
 delivered, every producer error a retriable one, and the longest gap between confirmed
-commits within the target (lease TTL + a leader election: a few seconds). The measured gaps
-are printed and documented in docs/operations.md ("What a node or coordinator failure costs").
+commits under `GAP_LIMIT` (what bounds it: NATS's leader election after a SIGKILL, 4-9 s, and
+the lease TTL). The measured gaps are printed and documented in docs/operations.md ("What a
+node or coordinator failure costs").
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ WARM_UP = 50
 UNDER_FAULT = 300
 """Commits confirmed after the fault before a node comes back: the system serves without it."""
 AFTER_RESTART = 100
-GAP_LIMIT = 15.0
-"""Seconds: far over the target (lease TTL + election, a few seconds) on a busy 2-core
-machine; a longer gap is a stall to investigate, not noise."""
+GAP_LIMIT = 20.0
+"""Seconds. The worst case expected: NATS's elections after a SIGKILL (4-9 s, the meta
+leader's and the streams' side by side), re-taking the leases and recovering (1-2 s), plus a
+producer request that waits out its 5 s timeout. Longer is a stall to investigate, not noise."""
 
 
 @pytest_asyncio.fixture
