@@ -20,7 +20,7 @@ from txactors.consumer import Consumer
 from txactors.coordinator import CoordinatorOptions
 from txactors.coordinator.checker import Checked, Due
 from txactors.coordinator.core.events import CheckFailed, CheckFailure
-from txactors.coordinator.link import AckInbox
+from txactors.coordinator.link import FIRST_ATTEMPT, AckInbox, retry_transient
 from txactors.coordinator.recovery import read_subject
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import ConfigError
@@ -130,3 +130,21 @@ async def test_an_answer_to_a_write_given_up_on_is_not_an_unretrieved_error(nc: 
     finally:
         loop.set_exception_handler(previous)
     assert unretrieved == []
+
+
+async def test_a_read_sent_to_a_leader_that_died_is_sent_again_within_the_first_attempt() -> None:
+    """The first request goes unanswered (sent while the stream had no leader); the next one,
+    after the election, is answered. Waiting out the JetStream timeout (5 s) would hold a
+    recovery or a commit that long."""
+    calls = 0
+
+    async def read() -> str:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            await anyio.sleep_forever()
+        return "answered"
+
+    with anyio.fail_after(FIRST_ATTEMPT + 1):
+        assert await retry_transient(read) == "answered"
+    assert calls == 2

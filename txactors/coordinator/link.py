@@ -37,6 +37,11 @@ RETRY_INITIAL = 0.05
 RETRY_MAX = 2.0
 ACK_TIMEOUT = 5.0
 """An ack not back this long after its append, on a live connection, counts as lost."""
+FIRST_ATTEMPT = 1.0
+"""Seconds the first attempt of a retried read may take. A request sent while the stream has
+no leader is never answered: waiting out the JetStream API timeout (5 s) would hold a
+recovery or a commit that long after the election. Later attempts get twice as long each, so
+a slow server is waited for too."""
 LINK_POLL = 0.05
 NO_RESPONDERS = "503"
 
@@ -80,11 +85,14 @@ def transient(error: BaseException) -> bool:
 
 async def retry_transient(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     """`await fn(*args)`, tried again with capped, jittered backoff while it fails
-    transiently (`classify`): a partition rides out a leader election instead of failing."""
+    transiently (`classify`): a partition rides out a leader election instead of failing.
+    The first attempt may take `FIRST_ATTEMPT` seconds, each next one twice as long."""
     delay = RETRY_INITIAL
+    attempt = FIRST_ATTEMPT
     while True:
         try:
-            return await fn(*args)
+            with anyio.fail_after(attempt):
+                return await fn(*args)
         except (*LINK_TROUBLE, LinkLost) as error:
             if not transient(error):
                 raise
@@ -92,6 +100,7 @@ async def retry_transient(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
             log.warning("jetstream_retry", call=name, error=describe(error), delay=delay)
         await anyio.sleep(delay)
         delay = backoff(delay)
+        attempt *= 2
 
 
 def link_generation(nc: Client) -> int:
