@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 from txactors.consumer import ConsumedMessage, Consumer
 from txactors.coordinator import CoordinatorOptions
 from txactors.coordinator.service import run_coordinator
-from txactors.errors import ConfigError, PrepareFailed
+from txactors.errors import ConfigError, NatsServerError, PrepareFailed
 from txactors.nats_cluster import DEFAULT_CLUSTER_NAME, EmbeddedNatsCluster
 from txactors.natsclient import connect
 from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
@@ -245,3 +245,12 @@ def test_the_documented_node_configuration_is_what_the_fixture_writes() -> None:
     )
     written = server_config(Path("/var/lib/nats"), "always", DEFAULT_FSYNC_INTERVAL, None, node)
     assert "\n".join(lines[2:]) + "\n" == written
+
+
+async def test_a_cluster_that_never_gets_ready_leaves_no_server_running(tmp_path: Path) -> None:
+    cluster = EmbeddedNatsCluster(tmp_path / "cluster", size=3, ready_timeout=0.01)
+    with pytest.raises(NatsServerError, match="not ready"):
+        async with cluster:
+            pass
+    pids = [node.pid for node in cluster.nodes]
+    assert all(not node.running for node in cluster.nodes), pids

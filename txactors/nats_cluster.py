@@ -27,6 +27,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self
 
+import anyio
 import nats
 import nats.errors
 import nats.js.errors
@@ -149,7 +150,12 @@ class EmbeddedNatsCluster:
     # -- lifecycle -----------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.stop()  # no node outlives a cluster that never came up
+            raise
         return self
 
     async def __aexit__(

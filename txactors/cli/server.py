@@ -52,6 +52,7 @@ def server(
             help="Servers to run as one JetStream cluster (3 to try --replicas 3); ports are "
             "picked free, each node stores into --data-dir/nN.",
             min=1,
+            max=9,  # a cluster to try on one machine; JetStream clusters are 3 or 5
         ),
     ] = 1,
 ) -> None:
