@@ -8,9 +8,11 @@ from typing import Any, cast
 import anyio
 import pytest
 from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import StreamInfo
 
 from txactors.coordinator.balance import MemberInfo, plan, shares
-from txactors.coordinator.leases import Leases, lease_bucket
+from txactors.coordinator.leases import Leases, LeaseView, lease_bucket
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import (
     RENEW_FRACTION,
@@ -190,7 +192,8 @@ async def test_a_renewal_that_landed_unanswered_keeps_the_lease(private_nc: Clie
     """The bucket took the renewal but its answer was lost: the retry's revision is stale,
     yet the lease is still ours."""
     kv = await lease_bucket(private_nc.jetstream(), ttl=TTL, replicas=1)
-    leases, other = Leases(kv, "me"), Leases(kv, "other")
+    js = private_nc.jetstream()
+    leases, other = Leases(js, kv, "me"), Leases(js, kv, "other")
     first = await leases.take(0)
     assert first is not None
     landed = await kv.update("0", b"me", last=first)  # the renewal whose answer was lost
@@ -202,15 +205,45 @@ async def test_a_renewal_that_landed_unanswered_keeps_the_lease(private_nc: Clie
 
 
 class ElectingBucket:
-    """A KV whose bucket has no leader: creating a watch waits (nats-py would wait 5 s)."""
+    """JetStream whose lease bucket has no leader: requests wait (nats-py would wait 5 s)."""
 
-    async def watchall(self) -> Any:
+    async def stream_info(self, name: str, subjects_filter: str | None = None) -> Any:
         await anyio.sleep_forever()
 
 
 async def test_a_view_of_a_bucket_without_a_leader_gives_up_within_its_timeout() -> None:
     """Otherwise partitions left free during the bucket's election wait out the JetStream API
     timeout before anyone takes them again."""
-    leases = Leases(cast(Any, ElectingBucket()), "me")
+    bucket = cast(Any, ElectingBucket())
+    leases = Leases(bucket, bucket, "me")
     with anyio.fail_after(2), pytest.raises(TimeoutError):
         await leases.view(timeout=0.1)
+
+
+class OldServer:
+    """JetStream as a server without `subjects_filter` answers: no subjects in stream info."""
+
+    def __init__(self, js: JetStreamContext) -> None:
+        self._js = js
+
+    async def stream_info(self, name: str, subjects_filter: str | None = None) -> StreamInfo:
+        return await self._js.stream_info(name)
+
+
+async def test_a_view_has_the_live_members_and_holders(private_nc: Client) -> None:
+    """Read key by key, or through a watch from a server that cannot list the keys."""
+    js = private_nc.jetstream()
+    kv = await lease_bucket(js, ttl=TTL, replicas=1)
+    me, other = Leases(js, kv, "me"), Leases(js, kv, "other")
+    await me.announce(member(partitions=4))
+    await other.announce(member(partitions=4))
+    await other.withdraw()
+    assert await me.take(0) is not None
+    given = await other.take(1)
+    assert given is not None and await other.take(2) is not None
+    await other.give_back(1, given)
+    await kv.put("member.broken", b"not json")
+    expected = LeaseView(members={"me": member(partitions=4)}, holders={0: "me", 2: "other"})
+    assert await me.view(timeout=5) == expected
+    old = Leases(cast(Any, OldServer(js)), kv, "me")
+    assert await old.view(timeout=5) == expected

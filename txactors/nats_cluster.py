@@ -147,6 +147,17 @@ class EmbeddedNatsCluster:
                         return self.index_of(info.cluster.leader)
                 await asyncio.sleep(_POLL)
 
+    async def meta_leader(self) -> int | None:
+        """The index of the node leading the JetStream meta group, as the running nodes see
+        it; None while they elect one (they name a killed leader for seconds after)."""
+        running = {self._server_name(i) for i, node in enumerate(self.nodes) if node.running}
+        for name in sorted(running):
+            _, jsz = await self._monitor(self.index_of(name), "/jsz")
+            leader = (jsz.get("meta_cluster") or {}).get("leader")
+            if leader in running:
+                return self.index_of(leader)
+        return None
+
     # -- lifecycle -----------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:

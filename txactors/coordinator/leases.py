@@ -37,6 +37,8 @@ log = get_logger(__name__)
 LEASE_TROUBLE = (nats.errors.Error, TimeoutError, OSError)
 """What talking to the lease bucket raises while NATS or the bucket's leader is away."""
 _GONE = (KV_DEL, KV_PURGE)
+VIEW_READS = 32
+"""Gets of one view in flight at once (a bucket holds a key per partition and per member)."""
 
 
 class LeaseView(msgspec.Struct, frozen=True, kw_only=True):
@@ -62,10 +64,13 @@ async def lease_bucket(js: JetStreamContext, *, ttl: float, replicas: int) -> Ke
 class Leases:
     """Take, keep and give back partition leases for one coordinator process."""
 
-    def __init__(self, kv: KeyValue, owner: str) -> None:
+    def __init__(self, js: JetStreamContext, kv: KeyValue, owner: str) -> None:
         if not VALID_KEY_RE.match(owner):
             raise ConfigError(f"a coordinator's owner id must be a valid KV key, got {owner!r}")
+        self._js = js
         self._kv = kv
+        self._stream = f"KV_{layout.LEASE_BUCKET}"
+        self._prefix = f"$KV.{layout.LEASE_BUCKET}."
         self.owner = owner
         self.member_key = f"{MEMBER_PREFIX}{owner}"
 
@@ -117,30 +122,63 @@ class Leases:
             log.info("member_not_withdrawn", owner=self.owner, error=repr(error))
 
     async def view(self, timeout: float) -> LeaseView:
-        """Members and holders as the bucket has them now. Raises on a transport problem, and
-        `TimeoutError` when the bucket does not answer within `timeout`: while it elects a
-        leader, creating the watch would otherwise wait out the JetStream API timeout (5 s),
-        and the partitions it left free would wait that long to be taken again."""
+        """Members and holders as the bucket has them now, read within `timeout` (else
+        `TimeoutError`, so that partitions left free are not kept waiting behind a bucket that
+        elects a leader). Raises on a transport problem.
+
+        The keys come from the stream's subjects and each value from a get: both are answered
+        by the bucket's leader alone, whereas a watch creates a consumer, which waits for the
+        JetStream meta leader (seconds of election after the node leading it died)."""
+        values: dict[str, bytes] = {}
         with anyio.fail_after(timeout):
-            watcher = await self._kv.watchall()
+            info = await self._js.stream_info(self._stream, subjects_filter=f"{self._prefix}>")
+            subjects = info.state.subjects
+            if subjects is None and info.state.messages:  # a server without subjects_filter
+                values = await self._watched_values(timeout)
+            else:
+                limiter = anyio.CapacityLimiter(VIEW_READS)
+                async with anyio.create_task_group() as reads:
+                    for subject in subjects or ():
+                        key = subject.removeprefix(self._prefix)
+                        reads.start_soon(self._read, key, values, limiter)
         members: dict[str, MemberInfo] = {}
         holders: dict[int, str] = {}
+        for key, value in values.items():
+            if key.startswith(MEMBER_PREFIX):
+                try:
+                    members[key.removeprefix(MEMBER_PREFIX)] = msgspec.json.decode(
+                        value, type=MemberInfo
+                    )
+                except msgspec.DecodeError:
+                    log.warning("member_unreadable", key=key)
+            elif key.isdigit():
+                holders[int(key)] = value.decode(errors="replace")
+        return LeaseView(members=members, holders=holders)
+
+    async def _read(
+        self, key: str, values: dict[str, bytes], limiter: anyio.CapacityLimiter
+    ) -> None:
+        async with limiter:
+            try:
+                entry = await self._kv.get(key, validate_keys=False)
+            except nats.js.errors.KeyNotFoundError:  # deleted, or gone since listed
+                return
+        if entry.value:
+            values[key] = entry.value
+
+    async def _watched_values(self, timeout: float) -> dict[str, bytes]:
+        """Every key's value, read through a watch (needs the meta leader; for old servers)."""
+        values: dict[str, bytes] = {}
+        watcher = await self._kv.watchall()
         try:
             while (entry := await watcher.updates(timeout)) is not None:  # type: ignore[no-untyped-call]
                 if entry.operation in _GONE or not entry.value:
-                    continue
-                if entry.key.startswith(MEMBER_PREFIX):
-                    try:
-                        info = msgspec.json.decode(entry.value, type=MemberInfo)
-                    except msgspec.DecodeError:
-                        log.warning("member_unreadable", key=entry.key)
-                        continue
-                    members[entry.key.removeprefix(MEMBER_PREFIX)] = info
-                elif entry.key.isdigit():
-                    holders[int(entry.key)] = entry.value.decode(errors="replace")
+                    values.pop(entry.key, None)
+                else:
+                    values[entry.key] = entry.value
         finally:
             await _stop(watcher)
-        return LeaseView(members=members, holders=holders)
+        return values
 
     async def watch_holders(self, changed: Callable[[], None]) -> None:
         """Call `changed` whenever a key's holder changes (a lease taken or given back, a member

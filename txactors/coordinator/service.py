@@ -324,6 +324,7 @@ async def run_coordinator(
         js, half_retention=config.half_retention, replicas=options.replicas
     )
     leases = Leases(
+        js,
         await lease_bucket(js, ttl=options.lease_ttl, replicas=options.replicas),
         owner or default_owner_id(),
     )
