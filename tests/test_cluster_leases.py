@@ -8,14 +8,18 @@ point, most of a TTL away), without ever releasing a partition.
 
 from __future__ import annotations
 
+from contextlib import suppress
+
 import anyio
+import nats.errors
 import pytest
 from structlog.testing import capture_logs
 
 from txactors import layout
 from txactors.coordinator import CoordinatorOptions
-from txactors.coordinator.leases import lease_bucket
-from txactors.coordinator.service import run_coordinator
+from txactors.coordinator.balance import MemberInfo
+from txactors.coordinator.leases import Leases, lease_bucket
+from txactors.coordinator.service import RENEW_FRACTION, run_coordinator
 from txactors.errors import PrepareFailed
 from txactors.nats_cluster import EmbeddedNatsCluster
 from txactors.natsclient import connect
@@ -85,5 +89,39 @@ async def test_the_owner_keeps_serving_through_an_election_of_the_lease_bucket(
         events = [e["event"] for e in logs]
         assert not RELEASED & set(events), [e for e in logs if e["event"] in RELEASED]
         assert committed >= 3
+    finally:
+        await nc.close()
+
+
+async def test_a_view_needs_no_meta_leader(nats_cluster: EmbeddedNatsCluster) -> None:
+    """While the cluster elects a JetStream meta leader (seconds after the node leading it
+    died), the lease bucket's leader still answers a view: the partitions a dead coordinator
+    left free are taken without waiting for the election."""
+    admin = await connect(nats_cluster.url_list)
+    js = admin.jetstream()
+    stream = "KV_" + layout.LEASE_BUCKET
+    kv = await lease_bucket(js, ttl=LEASE_TTL, replicas=3)
+    await nats_cluster.stream_leader(js, stream)  # a new bucket elects its leader first
+    writer = Leases(js, kv, "other")
+    await writer.announce(MemberInfo(partitions=PARTITIONS, max_partitions=PARTITIONS))
+    assert await writer.take(0) is not None
+    meta = await nats_cluster.meta_leader()
+    assert meta is not None
+    with anyio.fail_after(30):  # the bucket led elsewhere: only the meta group elects
+        while (leader := await nats_cluster.stream_leader(js, stream)) == meta:
+            with suppress(nats.errors.Error):
+                await admin.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", b"", timeout=2)
+            await anyio.sleep(0.5)
+    await admin.close()
+    nc = await connect([url for i, url in enumerate(nats_cluster.url_list) if i != meta])
+    try:
+        lease_js = nc.jetstream()
+        leases = Leases(lease_js, await lease_js.key_value(layout.LEASE_BUCKET), "me")
+        await nats_cluster.kill(meta)
+        view = await leases.view(timeout=LEASE_TTL * RENEW_FRACTION)
+        assert await nats_cluster.meta_leader() is None, "read after the meta election"
+        assert view.holders == {0: "other"}
+        assert set(view.members) == {"other"}
+        assert await nats_cluster.stream_leader(lease_js, stream) == leader
     finally:
         await nc.close()
