@@ -59,7 +59,8 @@ async def check(rig: LoadRig, capsys: pytest.CaptureFixture[str], name: str, fau
     assert verdict.longest_gap < GAP_LIMIT, verdict.summary(fault)
 
 
-async def kill_node_and_restart(rig: LoadRig, victim: int, fault: float) -> None:
+async def commit_through_then_restart(rig: LoadRig, victim: int, fault: float) -> None:
+    """After node `victim` was killed at `fault`: commits go on, it restarts, they go on."""
     await rig.commits_after(fault, UNDER_FAULT)
     await rig.cluster.restart(victim)
     await rig.commits_after(time.time(), AFTER_RESTART)
@@ -92,7 +93,7 @@ async def test_killing_the_node_that_leads_the_halves(
     victim = await rig.cluster.stream_leader(rig.nc.jetstream(), layout.HALF_STREAM)
     fault = time.time()
     await rig.cluster.kill(victim)
-    await kill_node_and_restart(rig, victim, fault)
+    await commit_through_then_restart(rig, victim, fault)
     await check(rig, capsys, "TXN_HALF leader killed", fault)
 
 
@@ -109,7 +110,7 @@ async def test_killing_the_node_that_leads_a_topic_stream(
     victim = next((n for n in leaders if n != halves), leaders[0])
     fault = time.time()
     await rig.cluster.kill(victim)
-    await kill_node_and_restart(rig, victim, fault)
+    await commit_through_then_restart(rig, victim, fault)
     await check(rig, capsys, "topic leader killed", fault)
 
 
@@ -138,5 +139,5 @@ async def test_killing_a_node_and_a_coordinator_at_once(
     await rig.cluster.kill(victim)
     await rig.coordinators[0].kill()
     await survivor_holds_every_partition(rig, fault)
-    await kill_node_and_restart(rig, victim, fault)
+    await commit_through_then_restart(rig, victim, fault)
     await check(rig, capsys, "node and coordinator killed", fault)
