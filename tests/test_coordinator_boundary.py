@@ -25,7 +25,8 @@ from txactors import layout
 from txactors.coordinator import CoordinatorConfig, tokens
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import run_coordinator
-from txactors.coordinator.store import ensure_streams, half_headers, stored_headers
+from txactors.coordinator.store import ensure_streams, half_headers
+from txactors.copies import stored_headers
 from txactors.errors import CommandError
 from txactors.protocol import (
     CheckResult,

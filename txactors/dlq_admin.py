@@ -29,6 +29,7 @@ from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg, StreamState
 
 from txactors.consumer.dlq import header_block_bytes
+from txactors.copies import copied_headers, stored_headers
 from txactors.errors import ConfigError, TxActorsError
 from txactors.layout import (
     DELIVERIES_HEADER,
@@ -62,8 +63,7 @@ DLQ_ONLY_HEADERS: Final = frozenset(
     }
 )
 """Headers the dead letter (or an earlier replay) added: not carried into the replayed copy,
-nor any other `Nats-` header (JetStream would act on them again)."""
-_NATS_PREFIX: Final = "Nats-"
+nor any of the server's (`copies.copied_headers`: JetStream would act on them again)."""
 DEFAULT_LIMIT: Final = 100
 
 
@@ -211,11 +211,7 @@ async def _replay_one(
         or info.msg_id
         or f"{info.origin_stream or topic_stream(info.topic)}:{info.origin_seq}"
     )
-    copy = {
-        name: value
-        for name, value in headers.items()
-        if name not in DLQ_ONLY_HEADERS and not name.startswith(_NATS_PREFIX)
-    }
+    copy = {k: v for k, v in copied_headers(headers).items() if k not in DLQ_ONLY_HEADERS}
     copy[MSG_ID_HEADER] = replay_id(group, seq, original_id)
     copy[REPLAY_GROUP_HEADER] = group
     copy[REPLAY_OF_HEADER] = original_id
@@ -268,7 +264,7 @@ async def _original(
             f"{where}, and its original ({info.origin_stream} seq {info.origin_seq}) is gone: "
             "the topic stream no longer keeps it, so it cannot be replayed"
         ) from None
-    headers = dict(original.headers or {})
+    headers = stored_headers(original)
     if info.msg_id is not None and headers.get(MSG_ID_HEADER) != info.msg_id:
         raise DeadLetterError(
             f"{where}, but {info.origin_stream} seq {info.origin_seq} is another message "
@@ -321,7 +317,7 @@ def entry_name(group: str, seq: int) -> str:
 
 
 def _info(group: str, raw: RawStreamMsg, *, with_body: bool) -> DeadLetterInfo:
-    headers = {str(k): str(v) for k, v in (raw.headers or {}).items()}
+    headers = stored_headers(raw)
     subject = raw.subject or ""
     omitted = headers.get(DLQ_OMITTED_HEADER, "")
     body = raw.data or b""

@@ -13,9 +13,10 @@ not fit is dead-lettered *by reference*: the same headers without the body (`Txn
 body`), and if even those do not fit, only ours (`Txn-Omitted: body,headers`); the original
 stays readable at its stream sequence for as long as the topic stream keeps it.
 
-Of the original's `Nats-*` headers only the id survives, and it is ours: anyone may publish to a
-topic subject, and a copied `Nats-Expected-*`, `Nats-Rollup` or `Nats-TTL` would make JetStream
-refuse the copy for good (a consumer stuck retrying it) or act on the DLQ stream.
+Of the original's `Nats-*` headers only the id survives, and it is ours (`copies.copied_headers`
+drops the rest): anyone may publish to a topic subject, and a copied `Nats-Expected-*`,
+`Nats-Rollup`, `Nats-TTL` or an atomic batch's `Nats-Batch-*` would make JetStream refuse the
+copy for good (a consumer stuck retrying it) or act on the DLQ stream.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Final
 from nats.js import JetStreamContext
 
 from txactors.consumer.message import ConsumedMessage
+from txactors.copies import copied_headers
 from txactors.layout import (
     DELIVERIES_HEADER,
     DLQ_OMITTED_HEADER,
@@ -94,11 +96,7 @@ def dead_letter_entry(
         ERROR_HEADER: describe_error(error),
         DELIVERIES_HEADER: str(message.deliveries),
     }
-    original = {
-        k: str(v)
-        for k, v in message.headers.items()
-        if not str(k).strip().lower().startswith(_JETSTREAM_CONTROL_PREFIX)
-    }
+    original = copied_headers(message.headers)
     with_id = {**original, MSG_ID_HEADER: message.msg_id, **ours}
     references = {**ours, DLQ_OMITTED_HEADER: "body,headers"}
     candidates = [
@@ -114,9 +112,6 @@ def dead_letter_entry(
         if block <= JETSTREAM_MAX_HEADER_BYTES and block + len(entry.body) <= max_payload:
             return entry
     return candidates[-1]
-
-
-_JETSTREAM_CONTROL_PREFIX = "nats-"
 
 
 async def dead_letter(

@@ -14,6 +14,7 @@ from typing import TypeVar
 import msgspec
 from nats.aio.msg import Msg
 
+from txactors.copies import copied_headers
 from txactors.layout import (
     COMMITTED_AT_HEADER,
     KEYS_HEADER,
@@ -40,6 +41,8 @@ class ConsumedMessage:
     `<stream>:<sequence>`. Stable across redeliveries: the key for idempotent handling."""
     body: bytes
     headers: Mapping[str, str]
+    """The producer's properties and txactors' `Txn-*`: none of the server's `Nats-*` (a message
+    committed in an atomic batch is stored with `Nats-Batch-*`); the id is `msg_id`."""
     deliveries: int
     """1 on the first delivery, 2 on the first retry, …"""
     stream_seq: int
@@ -73,7 +76,8 @@ class ConsumedMessage:
     def from_nats(cls, msg: Msg) -> ConsumedMessage:
         """Build the view of a message delivered by a JetStream consumer on a topic stream."""
         meta = msg.metadata
-        headers = dict(msg.headers or {})
+        stored = msg.headers or {}
+        headers = copied_headers(stored)
         # topic.<topic>.<tag>; the subject, not a header, is what the consumer filtered on.
         _, topic, tag = msg.subject.split(".", 2)
         keys = headers.get(KEYS_HEADER, "")
@@ -82,7 +86,7 @@ class ConsumedMessage:
             tag=None if tag == NO_TAG else tag,
             keys=tuple(k for k in keys.split(",") if k),
             txid=headers.get(TXID_HEADER),
-            msg_id=headers.get(MSG_ID_HEADER) or f"{meta.stream}:{meta.sequence.stream}",
+            msg_id=stored.get(MSG_ID_HEADER) or f"{meta.stream}:{meta.sequence.stream}",
             body=msg.data,
             headers=headers,
             deliveries=meta.num_delivered,

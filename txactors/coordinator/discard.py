@@ -1,8 +1,10 @@
 """Putting records aside in TXN_DISCARD: discarded transactions and quarantined records.
 
 `discard` carries out a discard: copy the halves, say so, call the hook. The decision is
-already durable in TXN_OP when it runs. The copies carry a `Nats-Msg-Id`, so doing it again
-after a crash adds nothing.
+already durable in TXN_OP when it runs. A copy keeps the half's headers but the server's
+(`copies.copied_headers`: a half written in an atomic batch keeps `Nats-Batch-*`, which
+TXN_DISCARD would refuse) and carries a `Nats-Msg-Id` of its own, so doing it again after a
+crash adds nothing.
 
 `quarantine` keeps a record JetStream refused for good (too large, stream gone) or that
 recovery could not read (a garbage record in the coordinator's own streams), so that one bad
@@ -32,7 +34,8 @@ from txactors.coordinator.link import (
     retry_transient,
 )
 from txactors.coordinator.options import DiscardedTransaction, OnDiscard
-from txactors.coordinator.store import read_raw_half, stored_headers
+from txactors.coordinator.store import read_raw_half
+from txactors.copies import copied_headers, stored_headers
 from txactors.logs import get_logger
 
 log = get_logger(__name__)
@@ -53,7 +56,7 @@ async def discard(
             log.error("discarded_half_unreadable", txid=action.txid, seq=half.seq, error=str(error))
     appends = []
     for raw in raws:
-        headers = stored_headers(raw)
+        headers = copied_headers(stored_headers(raw))
         index = int(headers.get(layout.INDEX_HEADER, "0"))
         headers[layout.MSG_ID_HEADER] = f"{layout.message_id(action.txid, index)}:discard"
         headers[layout.DISCARD_REASON_HEADER] = action.reason.value
@@ -123,7 +126,7 @@ async def quarantine(
         ours[layout.MSG_ID_HEADER] = f"{stream}:{seq}:quarantine"
     elif isinstance(msg_id := headers.get(layout.MSG_ID_HEADER), str):
         ours[layout.MSG_ID_HEADER] = f"{msg_id}:quarantine"
-    kept = {k: str(v) for k, v in headers.items() if not k.strip().lower().startswith("nats-")}
+    kept = copied_headers(headers)
     copies = [
         ({**kept, **ours}, body),
         ({**ours, layout.BODY_DROPPED_HEADER: str(len(body))}, b""),

@@ -8,7 +8,6 @@ durable when JetStream acknowledged it.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 from collections.abc import Mapping
 from typing import Final
@@ -23,6 +22,7 @@ from txactors import layout
 from txactors.coordinator import tokens
 from txactors.coordinator.core.records import Half, OpRecord
 from txactors.coordinator.core.transactions import Checkpoint
+from txactors.copies import stored_headers
 from txactors.protocol import CheckedMessage, OutgoingMessage
 from txactors.topics import (
     DECLARE_DEADLINE,
@@ -241,26 +241,6 @@ def read_half(seq: int, headers: Mapping[str, str], body: bytes) -> StoredHalf:
 
 def read_raw_half(raw: RawStreamMsg) -> StoredHalf:
     return read_half(raw.seq or 0, stored_headers(raw), raw.data or b"")
-
-
-def stored_headers(raw: RawStreamMsg) -> dict[str, str]:
-    """The headers of a message read with `get_msg`, every value a `str`.
-
-    nats-py parses the headers of a (non-direct) `get_msg` as an email, which turns a
-    non-ASCII value (`café`) into an `email.header.Header`; we parse the raw block instead,
-    as NATS defines it: `Name: Value` lines, UTF-8 values.
-    """
-    if not raw.hdrs:
-        return dict(raw.headers or {})
-    block = base64.b64decode(raw.hdrs)
-    headers: dict[str, str] = {}
-    for line in block.split(b"\r\n")[1:]:  # the first line is `NATS/1.0`
-        name, colon, value = line.partition(b":")
-        if colon:
-            headers[name.strip().decode("ascii", "replace")] = value.strip().decode(
-                "utf-8", "replace"
-            )
-    return headers
 
 
 def user_properties(headers: Mapping[str, str]) -> dict[str, str]:
