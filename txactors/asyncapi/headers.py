@@ -83,7 +83,10 @@ def header_schemas() -> dict[str, Any]:
         "CommittedHeaders": {
             "type": "object",
             "description": "Set by the coordinator on every message it publishes; a message "
-            "someone else published on a topic subject may have none of them.",
+            "someone else published on a topic subject may have none of them. A message the "
+            "coordinator wrote in an atomic batch is also stored with the server's "
+            "`Nats-Batch-Id`, `Nats-Batch-Sequence` (and `Nats-Batch-Commit` on the last): "
+            "ignore them; a txactors consumer's handler never sees any `Nats-*` header.",
             "properties": committed,
             "required": [
                 layout.MSG_ID_HEADER,
@@ -97,7 +100,7 @@ def header_schemas() -> dict[str, Any]:
         "ReplayedHeaders": {
             "type": "object",
             "description": "A dead letter published again by `txactors dlq replay`: the "
-            "original's headers (no `Nats-*`, none the DLQ added) and these.",
+            "original's headers (none of the server's `Nats-*`, none the DLQ added) and these.",
             "properties": {
                 layout.MSG_ID_HEADER: _header(
                     "`replay:<group>:<dlq seq>:<original Nats-Msg-Id>`", pattern="^replay:"
@@ -113,8 +116,8 @@ def header_schemas() -> dict[str, Any]:
         },
         "DeadLetterHeaders": {
             "type": "object",
-            "description": "The original's headers (`Nats-*` left out, but for the id) and "
-            "these; with `Txn-Omitted: body,headers` only these.",
+            "description": "The original's headers (the server's `Nats-*` left out; the id is "
+            "the original's) and these; with `Txn-Omitted: body,headers` only these.",
             "properties": {
                 layout.MSG_ID_HEADER: _header(
                     "The original's id; absent only when even that does not fit beside ours."
@@ -142,7 +145,8 @@ def header_schemas() -> dict[str, Any]:
         },
         "DiscardedHeaders": {
             "type": "object",
-            "description": "A discarded half: its headers as stored in TXN_HALF, and why.",
+            "description": "A discarded half: its headers as stored in TXN_HALF but the "
+            "server's `Nats-*` (an atomic batch's included), and why.",
             "properties": {
                 layout.MSG_ID_HEADER: _header("`<txid>:<index>:discard`"),
                 **half,
@@ -165,7 +169,7 @@ def header_schemas() -> dict[str, Any]:
         "QuarantinedHeaders": {
             "type": "object",
             "description": "A record the coordinator put aside: JetStream refused it, or "
-            "recovery could not read it.",
+            "recovery could not read it. Its own headers but the server's `Nats-*`, and these.",
             "properties": {
                 layout.QUARANTINE_REASON_HEADER: _header("Why it was put aside."),
                 layout.ORIGIN_SUBJECT_HEADER: _header("The subject it was (to be) written to."),
