@@ -8,12 +8,14 @@ check-backs driven by its checker, crashes) live with the coordinator.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import gc
 import itertools
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -618,26 +620,204 @@ async def test_a_check_while_the_prepare_awaits_its_reply_is_unknown(nc: Client)
     assert checker.views == []
 
 
-@pytest.mark.parametrize("how", ["cancelled", "dropped"])
-async def test_an_abandoned_transaction_is_no_longer_in_flight(nc: Client, how: str) -> None:
-    checker = RecordingChecker(Decision.ROLLBACK)
-    async with coordinator(nc), producer(nc, checker=checker) as p:
-        if how == "cancelled":
-            with anyio.CancelScope() as scope:
-                async with p.begin() as txn:
-                    await txn.send(message())
-                    scope.cancel()
-                    await anyio.sleep(1)
-            txid = txn.txid
-        else:
-            dropped = p.begin()
-            await dropped.send(message())
-            txid = dropped.txid
-            del dropped  # never ended, and nothing can end it now
-            gc.collect()
-        reply = await ask_instance(nc, p, check_for(p.group, txid))
-    assert reply.resolution is Decision.ROLLBACK
+# -- a transaction the caller gave up on is not in flight -------------------------------------
+#
+# Each way of leaving the local work without an end is tried while the caller still holds
+# what a real caller would (the cancelled task, the timeout's exception, whose traceback holds
+# the transaction), and with the garbage collector off, so only what the producer does itself
+# can clear the mark: the check-back that follows must reach the checker.
+
+
+@contextmanager
+def collector_off() -> Iterator[None]:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+class Work:
+    """A local transaction that waits forever, or raises, once it has started."""
+
+    def __init__(self, *, raises: bool = False) -> None:
+        self.started = anyio.Event()
+        self.raises = raises
+
+    async def __call__(self, msg: Any = None, arg: Any = None) -> Decision:
+        self.started.set()
+        if self.raises:
+            raise RuntimeError("the local transaction failed")
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+
+Caller = Callable[[Callable[[], Awaitable[object]], Work], Awaitable[object]]
+"""Runs the producer call, gives up on it in its own way, and returns what it still holds."""
+
+
+async def task_cancelled(call: Callable[[], Awaitable[object]], work: Work) -> object:
+    task = asyncio.ensure_future(call())
+    with anyio.fail_after(10):
+        await work.started.wait()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return task  # a cancelled task keeps its CancelledError, and that its traceback
+
+
+async def anyio_fail_after(call: Callable[[], Awaitable[object]], work: Work) -> object:
+    async def expire(scope: anyio.CancelScope) -> None:
+        await work.started.wait()
+        scope.deadline = anyio.current_time()
+
+    with pytest.raises(TimeoutError) as caught, anyio.fail_after(60) as scope:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(expire, scope)
+            await call()
+    return caught.value
+
+
+async def asyncio_timeout(call: Callable[[], Awaitable[object]], work: Work) -> object:
+    async def expire(timeout: asyncio.Timeout) -> None:
+        await work.started.wait()
+        timeout.reschedule(asyncio.get_running_loop().time())
+
+    with pytest.raises(TimeoutError) as caught:
+        async with asyncio.timeout(60) as timeout:
+            helper = asyncio.ensure_future(expire(timeout))
+            await call()
+    await helper
+    return caught.value
+
+
+async def asyncio_wait_for(call: Callable[[], Awaitable[object]], work: Work) -> object:
+    with pytest.raises(TimeoutError) as caught:
+        await asyncio.wait_for(call(), timeout=1.0)  # the prepare or the local work: both count
+    return caught.value
+
+
+async def raised(call: Callable[[], Awaitable[object]], work: Work) -> object:
+    work.raises = True
+    with contextlib.suppress(RuntimeError):  # the block re-raises; send_in_transaction does not
+        return await call()
+    return None
+
+
+GIVE_UP: dict[str, Caller] = {
+    "exception": raised,
+    "task cancelled": task_cancelled,
+    "anyio.fail_after": anyio_fail_after,
+    "asyncio.timeout": asyncio_timeout,
+    "asyncio.wait_for": asyncio_wait_for,
+}
+
+
+async def assert_the_checker_answers(
+    nc: Client, p: TransactionProducer, checker: RecordingChecker, txid: str
+) -> None:
+    assert txid not in p._client.in_flight
+    reply = await ask_instance(nc, p, check_for(p.group, txid))
+    assert reply.resolution is checker.answer
     assert [view.txid for view in checker.views] == [txid]
+
+
+@pytest.mark.parametrize("way", GIVE_UP)
+async def test_a_send_in_transaction_given_up_on_is_left_to_the_checker(
+    nc: Client, way: str
+) -> None:
+    checker, work = RecordingChecker(Decision.ROLLBACK), Work()
+    async with coordinator(nc) as coord, producer(nc, checker=checker) as p:
+        with collector_off():
+            held = await GIVE_UP[way](lambda: p.send_in_transaction(message(), work), work)
+            [(_, prepare)] = coord.prepares
+            await assert_the_checker_answers(nc, p, checker, prepare.txid)
+            del held
+    # Given up, nothing was sent; after an exception the end says UNKNOWN, as documented.
+    assert [end.decision for end in coord.ends] == (
+        [Decision.UNKNOWN] if way == "exception" else []
+    )
+
+
+@pytest.mark.parametrize("way", GIVE_UP)
+async def test_a_begin_block_given_up_on_is_left_to_the_checker(nc: Client, way: str) -> None:
+    checker, work = RecordingChecker(Decision.ROLLBACK), Work()
+    txids: list[str] = []
+
+    async def block() -> None:
+        async with p.begin() as txn:
+            txids.append(txn.txid)
+            await txn.send(message())
+            await work()
+
+    async with coordinator(nc) as coord, producer(nc, checker=checker) as p:
+        with collector_off():
+            held = await GIVE_UP[way](block, work)
+            await assert_the_checker_answers(nc, p, checker, txids[0])
+            del held
+    assert [end.decision for end in coord.ends] == (
+        [Decision.ROLLBACK] if way == "exception" else []
+    )
+
+
+async def test_a_block_whose_end_is_cancelled_is_left_to_the_checker(nc: Client) -> None:
+    """The commit at the block's exit is a request too; cut off, nothing is in flight."""
+    checker = RecordingChecker(Decision.COMMIT)
+    async with (
+        coordinator(nc, serve_end=False),
+        producer(nc, checker=checker, request_timeout=30) as p,
+    ):
+        txn = p.begin()
+        # Someone takes the end and never answers: it waits until cut off.
+        ends = await nc.subscribe(end_subject(partition_of(txn.txid, 1), p.group))
+        with collector_off():
+            with pytest.raises(TimeoutError) as caught, anyio.fail_after(60) as scope:
+                async with txn:
+                    await txn.send(message())
+                    scope.deadline = anyio.current_time() + 0.2
+            await assert_the_checker_answers(nc, p, checker, txn.txid)
+            del caught
+        await ends.unsubscribe()
+
+
+async def test_a_send_cancelled_while_its_prepare_is_out_is_left_to_the_checker(
+    nc: Client,
+) -> None:
+    """Without a block, as `begin()` and `send()` may be used: the caller's task was
+    cancelled in the send, and whoever holds that task does not end the transaction."""
+    checker = RecordingChecker(Decision.ROLLBACK)
+    async with producer(nc, checker=checker) as p:
+        txn = p.begin()
+        prepares = await nc.subscribe(prepare_subject(partition_of(txn.txid, 1), p.group))
+        with collector_off():
+            task = asyncio.ensure_future(txn.send(message()))  # nobody answers the prepare
+            await prepares.next_msg(timeout=5)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await assert_the_checker_answers(nc, p, checker, txn.txid)
+        await prepares.unsubscribe()
+        with pytest.raises(TransactionStateError, match="interrupted by CancelledError"):
+            await txn.commit()  # halves may exist: only part of it could be delivered
+        assert (await txn.rollback()).local_state is Decision.ROLLBACK
+        del task
+
+
+@pytest.mark.parametrize("how", ["after a send", "after a failed send"])
+async def test_a_dropped_transaction_is_left_to_the_checker_at_once(nc: Client, how: str) -> None:
+    checker = RecordingChecker(Decision.ROLLBACK)
+    refuse = lambda _: Error(ErrorCode.BAD_REQUEST, "no")  # noqa: E731
+    knobs = {"refuse_prepare": refuse} if how == "after a failed send" else {}
+    async with coordinator(nc, **knobs), producer(nc, checker=checker) as p:
+        with collector_off():
+            dropped = p.begin()
+            txid = dropped.txid
+            with contextlib.suppress(PrepareFailed):
+                await dropped.send(message())
+            del dropped  # never ended, and nothing can end it now
+            await assert_the_checker_answers(nc, p, checker, txid)
 
 
 # -- TxMessage ---------------------------------------------------------------------------------

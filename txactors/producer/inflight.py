@@ -9,9 +9,12 @@ flight here the only true answer is UNKNOWN: the coordinator asks again later, w
 has arrived or this producer gave up on it.
 
 A transaction is in flight from just before its first prepare is sent until its end was
-answered (or failed), or it was abandoned: interrupted by a cancellation, or dropped without
-an end. The registry holds its transactions weakly, so one that is garbage collected without
-an end stops being in flight and the checker answers for it again.
+answered (or failed), or it was abandoned: the `async with` block (which `send_in_transaction`
+is too) was left by a cancellation, a timeout or any other interruption without an end, a
+prepare was cancelled, or the transaction was dropped without an end. The first ones clear
+the mark as they happen, even while a traceback still holds the transaction. The registry
+holds its transactions weakly, so a dropped one (a `Transaction` is never part of a
+reference cycle) stops being in flight at once and the checker answers for it again.
 """
 
 from __future__ import annotations

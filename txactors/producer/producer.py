@@ -20,7 +20,7 @@ from typing import Any, Self
 
 from nats.aio.client import Client
 
-from txactors.errors import ActorDeadError, ConfigError, PrepareFailed
+from txactors.errors import ActorDeadError, ConfigError
 from txactors.layout import validate_name
 from txactors.logs import get_logger
 from txactors.producer.checks import Checker, CheckResponder, CheckWorker
@@ -156,15 +156,15 @@ class TransactionProducer:
         as UNKNOWN (logged): the check-back decides. Raises `PrepareFailed`, without running
         the local transaction, if the halves were not confirmed; `EndRefused` if the
         coordinator refused the end. An end that does not reach the coordinator is logged
-        and gives an unconfirmed result.
+        and gives an unconfirmed result. Cancelled or timed out before its end, the
+        transaction is left UNKNOWN without a request, and the checker answers its
+        check-back from then on.
         """
-        txn = self.begin()
-        with txn.logging_context(), txn.traced():
-            try:
-                await txn.send(message)
-            except PrepareFailed:
-                await txn.rollback()  # nothing to send; remembered for the check-back
-                raise
+        # The block owns the transaction's fate: a failed prepare rolls back (nothing to
+        # send; remembered for the check-back), and a cancellation or timeout anywhere in
+        # it leaves the transaction to the checker at once.
+        async with self.begin() as txn:
+            await txn.send(message)
             return await txn.end(await _run_local(local_transaction, message, arg))
 
 

@@ -98,7 +98,9 @@ class Transaction:
         self._lock = anyio.Lock(fast_acquire=True)
         self._token: str | None = None
         self._seqs: list[int] = []
-        self._failed_send: PrepareFailed | None = None
+        self._failed_send: str | None = None
+        """Why a send failed. Kept as text: the exception's traceback holds this object,
+        and a cycle would keep a dropped transaction in flight until the next GC."""
         self._decision: Decision | None = None
         self._result: TransactionResult | None = None
         self._context_tokens: Mapping[str, contextvars.Token[Any]] = {}
@@ -144,16 +146,23 @@ class Transaction:
                 )
             if self._failed_send is not None:
                 raise TransactionStateError(
-                    f"an earlier send of transaction {self.txid} failed; roll it back",
+                    f"an earlier send of transaction {self.txid} failed ({self._failed_send}); "
+                    "roll it back",
                     txid=self.txid,
-                ) from self._failed_send
+                )
             # From here until the end, a check-back for it is answered UNKNOWN.
             self._client.in_flight.add(self.txid, self)
             try:
                 prepared = await self._client.prepare(self.txid, outgoing, self._token)
             except PrepareFailed as error:
-                self._failed_send = error
+                self._failed_send = str(error)
                 tracing.fail(self._span, error)
+                raise
+            except BaseException as error:
+                # Cancelled while the prepare was out: halves may exist, and nobody is at
+                # work on it any more (whoever holds the traceback is not).
+                self._failed_send = f"interrupted by {type(error).__name__}"
+                self._client.in_flight.discard(self.txid)
                 raise
             self._token = self._token or prepared.token
             self._seqs.extend(prepared.seqs)
@@ -189,10 +198,10 @@ class Transaction:
                     )
                 if self._failed_send is not None and decision is Decision.COMMIT:
                     raise TransactionStateError(
-                        f"a send of transaction {self.txid} failed, so committing would "
-                        "deliver only part of it; roll it back",
+                        f"a send of transaction {self.txid} failed ({self._failed_send}), so "
+                        "committing would deliver only part of it; roll it back",
                         txid=self.txid,
-                    ) from self._failed_send
+                    )
                 if self._result is not None and (self._result.confirmed or self._token is None):
                     return self._result
                 self._decision = decision
@@ -244,29 +253,40 @@ class Transaction:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        interruption = exc
         try:
-            if self._decision is not None:
-                return
-            if exc is None:
+            if self._decision is None and exc is None:
                 await self.commit()
-            elif isinstance(exc, Exception):
-                tracing.fail(self._span, exc)
+            elif self._decision is None and isinstance(exc, Exception):
+                if not (isinstance(exc, PrepareFailed) and exc.txid == self.txid):
+                    tracing.fail(self._span, exc)  # a failed send of its own is recorded
                 try:
                     await self.rollback()
                 except TxActorsError as error:  # never hide the caller's exception
                     log.error("rollback_failed", error=repr(error), cause=repr(exc))
-            else:
-                # Cancelled or interrupted: whether the local work committed is not known
-                # here, so nothing is sent and the check-back asks the checker.
-                self._decision = Decision.UNKNOWN
-                self._client.in_flight.discard(self.txid)
-                log.warning("transaction_interrupted", error=repr(exc), messages=len(self._seqs))
-                self._finish_span(exc)
+        except BaseException as error:  # the end itself was cancelled or interrupted
+            interruption = error
+            raise
         finally:
+            # However the block was left (cancelled, timed out, interrupted, or its end was):
+            # without a completed end nobody is at work on it any more.
+            if self._result is None:
+                self._abandon(interruption)
             if self._span_scope is not None:
                 self._span_scope.__exit__(None, None, None)
+                self._span_scope = None  # it holds this transaction: no cycle to outlive it
             structlog.contextvars.reset_contextvars(**self._context_tokens)
             self._context_bound = False
+
+    def _abandon(self, cause: BaseException | None) -> None:
+        """Work on it stopped without a completed end: it is no longer in flight, so a
+        check-back asks the checker. Undecided, it is left UNKNOWN without a request:
+        whether the local work committed is not known here."""
+        self._client.in_flight.discard(self.txid)
+        if self._decision is None:
+            self._decision = Decision.UNKNOWN
+            log.warning("transaction_interrupted", error=repr(cause), messages=len(self._seqs))
+        self._finish_span(cause)
 
     @contextmanager
     def traced(self) -> Iterator[None]:
