@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
 import sys
 import time
@@ -246,8 +247,8 @@ async def _cli(*args: str, stdin: bytes = b"") -> tuple[int, str, str]:
 async def test_cli_against_a_running_coordinator(private_nc: Client) -> None:
     assert private_nc.connected_url is not None
     url = private_nc.connected_url.geturl()
-    code, _, err = await _cli("txn", "list", "--url", url, "--json")
-    assert code == 2 and "txactors coordinator" in err, err
+    code, out, err = await _cli("txn", "list", "--url", url, "--json")
+    assert code == 2 and "txactors coordinator" in json.loads(out)["error"], out + err
 
     async with run_coordinator(private_nc, config=CoordinatorConfig(transaction_timeout=60)):
         await CoordinatorClient(private_nc).prepare("t1", message())

@@ -118,10 +118,11 @@ async def test_txn_list_filters_and_a_confirmed_bulk_commit(private_nc: Client) 
         await admin.rollback(private_nc, "lost-2")
         out_bytes, err_bytes = await asyncio.wait_for(process.communicate(b"y\n"), 60)
         assert process.returncode == 1, err_bytes.decode()
-        assert out_bytes.decode().splitlines() == [
-            "lost-1: committed",
-            "lost-2: conflict: transaction lost-2 is rolled_back; it cannot commit",
-        ]
+        assert out_bytes.decode().splitlines() == ["lost-1: committed"]
+        assert (
+            "error: lost-2: conflict: transaction lost-2 is rolled_back; it cannot commit\n"
+            in err_bytes.decode()
+        )
         assert "1 done, 1 failed" in err_bytes.decode()
         assert await topic_ids(private_nc, "orders") == ["lost-1:0"]
 
@@ -184,8 +185,68 @@ async def test_dlq_list_show_and_replay(private_nc: Client) -> None:
         "DLQ_g entry 1: replayed to TOPIC_orders seq 3",
         "DLQ_g entry 2: replayed to TOPIC_orders seq 4",
     ]
-    code, out, err = await _cli("dlq", "replay", "g", "1", "--url", url)
-    assert (code, out.strip()) == (1, "DLQ_g has no entry 1 (replayed or deleted already?)"), err
+    # Emptied: no entries, and no sequences that read like some (JetStream's first = last + 1).
+    (code, out, err), (_, listed_json, _) = await asyncio.gather(
+        _cli("dlq", "list", "--url", url), _cli("dlq", "list", "--url", url, "--json")
+    )
+    assert code == 0 and out.split()[-4:] == ["g", "0", "-", "-"], out + err
+    assert json.loads(listed_json) == [
+        {"group": "g", "entries": 0, "first_seq": None, "last_seq": None}
+    ]
+    # Replayed already: an error like every other, and JSON under --json.
+    (code, out, err), (code_json, out_json, _) = await asyncio.gather(
+        _cli("dlq", "replay", "g", "1", "--url", url),
+        _cli("dlq", "replay", "g", "1", "--url", url, "--json"),
+    )
+    assert (code, out, err) == (
+        1,
+        "",
+        "error: DLQ_g has no entry 1 (replayed or deleted already?)\n",
+    )
+    assert code_json == 1
+    assert json.loads(out_json) == [
+        {
+            "seq": 1,
+            "topic": None,
+            "topic_seq": None,
+            "duplicate": False,
+            "error": "DLQ_g has no entry 1 (replayed or deleted already?)",
+        }
+    ]
+
+
+async def test_under_json_every_error_is_json_too(private_nc: Client) -> None:
+    """A script reads the answer on stdout: a refusal, a missing stream, a bad flag alike."""
+    url = _url(private_nc)
+    async with run_coordinator(private_nc):
+        answers = await asyncio.gather(
+            _cli("txn", "show", "nosuch", "--url", url, "--json"),
+            _cli("dlq", "list", "nobody", "--url", url, "--json"),
+            _cli("txn", "list", "--state", "bogus", "--url", url, "--json"),
+            _cli("txn", "show", "nosuch", "--url", url),
+        )
+    (missing, missing_out, quiet), (no_dlq, no_dlq_out, _), (bad, bad_out, _) = answers[:3]
+    text, text_out, err = answers[3]
+    assert (missing, quiet) == (1, ""), quiet
+    assert json.loads(missing_out) == {"error": "nosuch: not open here", "code": "not_found"}
+    assert no_dlq == 1 and "no dead-letter stream" in json.loads(no_dlq_out)["error"]
+    assert bad == 2 and "bogus" in json.loads(bad_out)["error"]
+    assert (text, text_out) == (1, "")
+    assert err == "error: not_found: nosuch: not open here\n", err
+
+
+def test_help_shows_flags_without_a_value_type() -> None:
+    """`--help`, `--version`, `--json` take no value: help shows none; other options keep theirs."""
+    from typer.testing import CliRunner
+
+    from txactors.cli import app
+
+    for command in ([], ["dlq", "replay"], ["txn", "show"]):
+        shown = CliRunner().invoke(app, [*command, "--help"], terminal_width=100)
+        assert shown.exit_code == 0, shown.output
+        assert "<bool>" not in shown.output, shown.output
+        assert "--help" in shown.output
+    assert "<str>" in shown.output, "an option that takes a value still says which"
 
 
 async def test_lease_list(private_nc: Client) -> None:

@@ -140,6 +140,7 @@ async def test_run_serves_metrics_and_finishes_in_flight_handlers_on_sigterm(
                 code = await worker.wait()
             assert code == 0, stderr_path.read_text()
             assert log.read_text().splitlines() == ["start 1", "done 1"]
+            assert f"workers: 1 consumer on {server.url};" in stderr_path.read_text()
 
             info = await nc.jetstream().consumer_info(topic_stream("jobs"), "workers")
             assert (info.num_ack_pending, info.num_pending, info.num_redelivered) == (0, 0, 0)

@@ -116,8 +116,9 @@ class Replayed(msgspec.Struct, kw_only=True):
 class DlqSummary(msgspec.Struct, kw_only=True):
     group: str
     entries: int
-    first_seq: int
-    last_seq: int
+    first_seq: int | None
+    """None when empty (JetStream then says first = last + 1, which reads like an entry)."""
+    last_seq: int | None
 
 
 # -- reading --------------------------------------------------------------------------------
@@ -130,8 +131,8 @@ async def dlq_summaries(nc: Client) -> list[DlqSummary]:
         DlqSummary(
             group=info.config.name.removeprefix(dlq_stream("")),
             entries=info.state.messages,
-            first_seq=info.state.first_seq,
-            last_seq=info.state.last_seq,
+            first_seq=info.state.first_seq if info.state.messages else None,
+            last_seq=info.state.last_seq if info.state.messages else None,
         )
         for info in infos
         if info.config.name and info.config.name.startswith(dlq_stream(""))

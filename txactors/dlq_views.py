@@ -24,7 +24,10 @@ def render_summaries(summaries: Sequence[DlqSummary]) -> Table:
     table.add_column("last seq", justify="right")
     for summary in summaries:
         table.add_row(
-            summary.group, str(summary.entries), str(summary.first_seq), str(summary.last_seq)
+            summary.group,
+            str(summary.entries),
+            "-" if summary.first_seq is None else str(summary.first_seq),
+            "-" if summary.last_seq is None else str(summary.last_seq),
         )
     return table
 
@@ -98,17 +101,10 @@ def _body_text(body: bytes) -> Text:
     return Text(f"hex: {head[:256].hex(' ')}{more}")
 
 
-def replay_lines(results: Sequence[Replayed], group: str) -> list[str]:
-    """One line per replay, as `txactors dlq replay` prints them."""
-    lines = []
-    for result in results:
-        where = entry_name(group, result.seq)
-        if result.error is not None:
-            lines.append(result.error)
-        else:
-            again = " (already there: an earlier replay)" if result.duplicate else ""
-            lines.append(
-                f"{where}: replayed to {topic_stream(result.topic or '')} seq "
-                f"{result.topic_seq}{again}"
-            )
-    return lines
+def replay_line(result: Replayed, group: str) -> str:
+    """Where a replayed entry went, as `txactors dlq replay` prints it (failures are errors)."""
+    again = " (already there: an earlier replay)" if result.duplicate else ""
+    return (
+        f"{entry_name(group, result.seq)}: replayed to {topic_stream(result.topic or '')} seq "
+        f"{result.topic_seq}{again}"
+    )

@@ -67,9 +67,9 @@ async def run_worker(app: TxApp) -> int:
         loop.add_signal_handler(sig, on_signal)
     try:
         async with nats_session() as session, app.running(session.nc) as consumers:
+            count = f"{len(consumers)} consumer{'' if len(consumers) == 1 else 's'}"
             print(
-                f"{app.name}: {len(consumers)} consumers on {session.url}; "
-                "Ctrl-C or SIGTERM stops gracefully",
+                f"{app.name}: {count} on {session.url}; Ctrl-C or SIGTERM stops gracefully",
                 file=sys.stderr,
                 flush=True,
             )

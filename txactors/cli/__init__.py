@@ -14,9 +14,12 @@ import typer
 
 from txactors.cli import coordinator, dlq, lease, protocol, run, server, sink, txn
 from txactors.cli.exits import run_cli
+from txactors.cli.flags import show_flags_without_a_type
 from txactors.logs import LOG_FORMAT_ENV, LogFormat
 
 __all__ = ["app", "main", "run_cli"]
+
+show_flags_without_a_type()
 
 app = typer.Typer(
     help="Transactional messages on NATS JetStream, built from asyncio actors.",

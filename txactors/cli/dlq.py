@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from txactors.cli.exits import say_error
 from txactors.cli.operator import (
     JsonOption,
     NatsUrlOption,
@@ -113,7 +114,10 @@ def dlq_replay(
     if as_json:
         typer.echo(admin_views.to_json(results))
     else:
-        for line in dlq_views.replay_lines(results, group):
-            typer.echo(line)
+        for result in results:
+            if result.error is None:
+                typer.echo(dlq_views.replay_line(result, group))
+            else:
+                say_error(result.error)
     if any(result.error is not None for result in results):
         raise typer.Exit(1)

@@ -1,9 +1,12 @@
 """How every command line of ours ends: a failure an operator can fix is one line on stderr
-and an exit code, never a traceback (`txactors`, and the demos' own commands)."""
+and an exit code, never a traceback (`txactors`, and the demos' own commands). Every error
+line reads `error: …`; a command given `--json` answers its errors in JSON too."""
 
 from __future__ import annotations
 
+import json
 import sys
+from contextvars import ContextVar
 from typing import NoReturn
 
 import typer
@@ -16,12 +19,33 @@ _ParserError: type[Exception] = next(
 )
 
 
+_json_answers: ContextVar[bool] = ContextVar("txactors_json_answers", default=False)
+
+
+def answer_in_json(on: bool) -> bool:
+    """`--json`'s callback: from here on, this command's errors are JSON as well."""
+    _json_answers.set(on)
+    return on
+
+
+def say_error(message: str, code: str | None = None) -> None:
+    """An error as the command's answer: `error: [code: ]message` on stderr; under `--json`,
+    `{"error": message, "code": code}` on stdout, where a script reads the answer."""
+    text = " ".join(message.split())
+    if _json_answers.get():
+        typer.echo(json.dumps({"error": text, "code": code}))
+    else:
+        typer.echo(f"error: {code}: {text}" if code else f"error: {text}", err=True)
+
+
 def run_cli(command_line: typer.Typer) -> NoReturn:
     """Run `command_line`; each failure an operator can fix is one line on stderr, no traceback.
 
     Exit 2: a bad flag, environment variable, config file or setting. Exit 1: NATS could not be
     reached (or its embedded server not started). Anything else is a bug: it keeps its traceback.
     """
+    # Before parsing: a bad flag next to --json is answered in JSON too.
+    _json_answers.set("--json" in sys.argv[1:])
     try:
         code = typer.main.get_command(command_line).main(standalone_mode=False)
     except typer.Abort:
@@ -57,5 +81,5 @@ def _operator_error(error: BaseException) -> tuple[str, int] | None:
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    typer.echo(f"error: {' '.join(message.split())}", err=True)
+    say_error(message)
     sys.exit(code)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
+from txactors.cli.exits import answer_in_json, say_error
 from txactors.logs import configure_logging
 
 if TYPE_CHECKING:
@@ -19,7 +20,10 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 S = TypeVar("S", bound="msgspec.Struct")
 
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON, for scripts.")]
+JsonOption = Annotated[
+    bool,
+    typer.Option("--json", help="Print JSON, for scripts (errors too).", callback=answer_in_json),
+]
 YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
 NatsUrlOption = Annotated[
     str | None, typer.Option(help="The NATS server. Default: NATS_URL (one is required).")
@@ -43,13 +47,13 @@ def admin_call(url: str | None, work: Callable[[Client], Awaitable[T]]) -> T:
     try:
         return asyncio.run(run())
     except CommandError as exc:
-        typer.echo(f"{exc.code}: {exc.message}", err=True)
+        say_error(exc.message, exc.code)
         raise typer.Exit(1) from exc
     except (DeadLetterError, NoLeases) as exc:
-        typer.echo(f"error: {exc}", err=True)
+        say_error(str(exc))
         raise typer.Exit(1) from exc
     except (ConfigError, NatsConnectError, CoordinatorUnavailable) as exc:
-        typer.echo(f"error: {exc}", err=True)
+        say_error(str(exc))
         raise typer.Exit(2) from exc
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from txactors.cli.exits import say_error
 from txactors.cli.operator import JsonOption, YesOption, admin_call, ask_yes, print_one, print_rich
 
 if TYPE_CHECKING:
@@ -261,7 +262,10 @@ def txn_resolve(
         typer.echo(admin_views.to_json(results))
     else:
         for result in results:
-            typer.echo(f"{result.txid}: {result.state or result.error}")
+            if result.error is None:
+                typer.echo(f"{result.txid}: {result.state}")
+            else:
+                say_error(f"{result.txid}: {result.error}")
     typer.echo(
         f"{batch}: {len(results) - len(failed)} done, {len(failed)} failed "
         "(the coordinator logs each as operator_action with this batch)",
