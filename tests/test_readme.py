@@ -100,6 +100,14 @@ def block_named(filename: str) -> str:
     return block
 
 
+def toml_block_named(filename: str) -> str:
+    """The ```toml block that starts with the comment `# <filename>`."""
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```toml\n(.*?)```", readme, flags=re.DOTALL)
+    [block] = [b for b in blocks if b.startswith(f"# {filename}\n")]
+    return block
+
+
 def user_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("NATS_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -122,14 +130,24 @@ def test_readme_api_example_runs() -> None:
 
 
 def test_readme_handler_and_its_test_pass_under_pytest(tmp_path: Path) -> None:
-    """A user's project: their two files, no conftest, pytest-asyncio in strict mode."""
+    """A user's project: their two files and the README's pytest settings, no conftest,
+    pytest-asyncio in strict mode; any warning (a deprecation, say) fails it."""
     (tmp_path / "shop.py").write_text(block_named("shop.py"))
     (tmp_path / "test_shop.py").write_text(block_named("test_shop.py"))
-    (tmp_path / "pytest.ini").write_text(
-        "[pytest]\nasyncio_default_fixture_loop_scope = function\n"
-    )
+    (tmp_path / "pyproject.toml").write_text(toml_block_named("pyproject.toml"))
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", *plugin_args(), "-p", "no:cacheprovider", "-q", "-s"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *plugin_args(),
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-s",
+            "-W",
+            "error",
+        ],
         cwd=tmp_path,
         env=user_env(),
         capture_output=True,
@@ -140,3 +158,4 @@ def test_readme_handler_and_its_test_pass_under_pytest(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 passed" in result.stdout
     assert "shipping order 42 of transaction" in result.stdout, "the app's handler ran"
+    assert "warning" not in (result.stdout + result.stderr).lower(), result.stdout + result.stderr

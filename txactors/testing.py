@@ -1,7 +1,9 @@
 """Test your own transactional code against the real thing, in milliseconds: a pytest plugin.
 
 Installed with txactors (entry point `pytest11`), so its fixtures are there in every test
-(they need pytest-asyncio: `pip install txactors[testing]`). Each is named `txactors_*`:
+(they need pytest-asyncio: `pip install txactors[testing]`; each lives for one test, so set
+`asyncio_default_fixture_loop_scope = "function"` in your pytest settings, as the README
+shows, and pytest-asyncio does not warn). Each is named `txactors_*`:
 
 - `txactors_nats_server`: a private nats-server with JetStream on a free port, with its
   store in the test's temporary directory (so every test starts with empty streams);
