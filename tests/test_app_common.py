@@ -12,6 +12,7 @@ import pytest
 
 from apps.common.db import DEFAULT_PG_DSN, Database, Storage, Tx, pg_schema
 from apps.common.faults import Fault, parse_faults
+from apps.common.options import Backend, default_data_dir, storage_of
 from apps.common.report import Check, Reconciliation
 
 
@@ -24,6 +25,22 @@ def test_parse_faults_accepts_all_none_and_lists() -> None:
 def test_parse_faults_names_the_choices_for_an_unknown_fault() -> None:
     with pytest.raises(ValueError, match=r"unknown fault 'meteor'.*local-failure"):
         parse_faults("duplicate,meteor")
+
+
+def test_the_default_sqlite_directory_is_the_users_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not a fixed path in the shared temp directory: each user's demo has its own books."""
+    monkeypatch.setenv("HOME", str(tmp_path / "alice"))
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    alice = tmp_path / "alice" / ".local" / "share" / "txactors" / "transfer"
+    assert default_data_dir("transfer") == alice
+    assert storage_of("transfer", Backend.SQLITE).describe("alipay").startswith(str(alice))
+    xdg = {"XDG_DATA_HOME": str(tmp_path / "data")}
+    assert default_data_dir("orders", xdg) == tmp_path / "data" / "txactors" / "orders"
+    assert default_data_dir("orders", {"XDG_DATA_HOME": "relative"}).is_relative_to(
+        tmp_path / "alice"
+    ), "a relative XDG_DATA_HOME is ignored, as the XDG spec says"
 
 
 def test_schema_names_are_plain_identifiers() -> None:

@@ -72,7 +72,11 @@ def test_every_readme_shell_command_is_run_or_excused() -> None:
 def test_readme_demo_then_spark_sink_block_runs(tmp_path: Path) -> None:
     """The block as a user types it: `.venv/bin/` is this interpreter's, /tmp is tmp_path."""
     [block] = [b for b in shell_blocks() if b[0].startswith(SPARK_BLOCK_START)]
-    env = {**user_env(), "TXACTORS_WAREHOUSE": str(tmp_path / "warehouse")}
+    env = {
+        **user_env(),
+        "TXACTORS_WAREHOUSE": str(tmp_path / "warehouse"),
+        "XDG_DATA_HOME": str(tmp_path / "data"),  # the demo's databases, not the user's own
+    }
     bin_dir = Path(sys.executable).parent
     outputs = []
     for command in block:

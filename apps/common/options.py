@@ -1,7 +1,7 @@
 """The command-line flags both demos share, with the same names and defaults.
 
     --concurrency 16   --faults all   --seed 7
-    --db sqlite        --data-dir <temp>/txactors-<demo>
+    --db sqlite        --data-dir ~/.local/share/txactors/<demo> (or under $XDG_DATA_HOME)
     --db postgres      --pg-dsn postgresql://postgres@127.0.0.1:5432/test  --pg-prefix <demo>_
 
 Each demo adds only its own count (`--transfers`, `--orders`). The databases stay after a
@@ -11,7 +11,8 @@ run (so they can be inspected); the next run empties them and starts clean on NA
 from __future__ import annotations
 
 import enum
-import tempfile
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -39,7 +40,8 @@ Db = Annotated[Backend, typer.Option(help="Where every service keeps its databas
 DataDir = Annotated[
     Path | None,
     typer.Option(
-        help="SQLite: directory of the database files.", show_default="<temp>/txactors-<demo>"
+        help="SQLite: directory of the database files.",
+        show_default="~/.local/share/txactors/<demo>",
     ),
 ]
 PgDsn = Annotated[str, typer.Option(help="PostgreSQL: the database every service lives in.")]
@@ -51,8 +53,13 @@ PgPrefix = Annotated[
 ]
 
 
-def default_data_dir(demo: str) -> Path:
-    return Path(tempfile.gettempdir()) / f"txactors-{demo}"
+def default_data_dir(demo: str, environ: Mapping[str, str] = os.environ) -> Path:
+    """The user's own: `$XDG_DATA_HOME/txactors/<demo>`, by default under ~/.local/share. A
+    fixed name in the machine's temp directory was shared by every user, who then read each
+    other's books or could not write them at all."""
+    base = environ.get("XDG_DATA_HOME", "")
+    root = Path(base) if os.path.isabs(base) else Path.home() / ".local" / "share"
+    return root / "txactors" / demo
 
 
 def storage_of(
