@@ -12,7 +12,8 @@ The rules a caller can rely on, all checked locally before anything is sent:
   check-back settles an end that was lost);
 - from its first prepare until its end is answered, a check-back for it is answered UNKNOWN
   by this producer (see `inflight`), so the checker never judges a local transaction that
-  is still running.
+  is still running; given up on (the block cancelled or timed out, a send cancelled, the
+  object dropped), it is the checker's at once.
 
 Used as `async with producer.begin() as txn:`, leaving the block normally commits and an
 exception rolls back. Do the local database work *inside* the block, so it commits before
