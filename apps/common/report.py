@@ -1,7 +1,11 @@
 """Reconciliation results and progress bars, rendered the same way by every demo.
 
 A reconciliation is a list of `Check`s, each an expected and an actual number: the table
-says at a glance what was proven, and any mismatch is a red row and a non-zero exit. It is
+says at a glance what was proven, and any mismatch is a red row and a non-zero exit. Checks
+are about the books, the deliveries and the pipeline only. What happened on the way (how
+many operations committed, how many were refused or rolled back and why, what the fault
+injector did) is a list of `Tally` rows, shown first and never a mismatch: how many
+duplicates a run produced depends on timing, whether the books are right does not. It is
 also published as a plain (non-transactional) JetStream message on a reconciliation topic,
 so monitoring (or the Spark sink) can read every run's verdict.
 """
@@ -39,9 +43,19 @@ class Check(msgspec.Struct, frozen=True, kw_only=True):
         return self.actual >= self.expected if self.at_least else self.actual == self.expected
 
 
+class Tally(msgspec.Struct, frozen=True, kw_only=True):
+    """A count of what happened in the run, reported as it is: how operations ended (by
+    cause), or what a fault injector did. Not a check: no count here is a mismatch."""
+
+    section: str
+    name: str
+    count: int
+
+
 class Reconciliation(msgspec.Struct, frozen=True, kw_only=True):
     app: str
     checks: list[Check]
+    tallies: list[Tally] = msgspec.field(default_factory=list)
     at: float = msgspec.field(default_factory=time.time)
 
     @property
@@ -79,6 +93,20 @@ def render(reconciliation: Reconciliation, title: str) -> Table:
     return table
 
 
+def render_tallies(reconciliation: Reconciliation, title: str = "what happened") -> Table:
+    table = Table(title=title, box=box.SIMPLE_HEAVY)
+    table.add_column("", style="dim")
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    section = None
+    for tally in reconciliation.tallies:
+        table.add_row(
+            tally.section if tally.section != section else "", tally.name, f"{tally.count:,}"
+        )
+        section = tally.section
+    return table
+
+
 def verdict(reconciliation: Reconciliation) -> str:
     if reconciliation.ok:
         return f"[bold green]reconciled: {len(reconciliation.checks)} checks, 0 mismatches[/]"
@@ -93,7 +121,10 @@ def show(
     drain_timeout: float = 0.0,
     title: str = "reconciliation",
 ) -> None:
-    """The table, then the verdict: what both demos print at the end of a run."""
+    """What happened, the checks, then the verdict: what both demos print at the end of a
+    run."""
+    if reconciliation.tallies:
+        console.print(render_tallies(reconciliation))
     console.print(render(reconciliation, title))
     if not drained:
         console.print(f"[red]the pipeline did not drain within {drain_timeout:g}s[/]")

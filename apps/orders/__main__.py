@@ -13,7 +13,6 @@ from __future__ import annotations
 import anyio
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from apps.common.db import Storage
 from apps.common.faults import Fault
@@ -89,7 +88,6 @@ async def _run(
                 seed=seed,
                 progress=progress,
             )
-    console.print(_summary(report))
     console.print(f"{report.seconds:.1f}s from seeding to drained")
     assert report.reconciliation is not None
     show(
@@ -99,20 +97,6 @@ async def _run(
         drain_timeout=timing.drain_timeout,
     )
     return report
-
-
-def _summary(report: DemoReport) -> Table:
-    table = Table(title="payments and deliveries")
-    table.add_column("what")
-    table.add_column("count", justify="right")
-    for outcome, count in sorted(report.payments.items()):
-        table.add_row(f"payment: {outcome}", str(count))
-    for group, handler in report.handlers.items():
-        table.add_row(f"{group}: applied", str(handler.applied))
-        table.add_row(f"{group}: duplicates absorbed", str(handler.absorbed))
-    if report.consumer_killed_at is not None:
-        table.add_row(f"logistics consumer killed applying {report.consumer_killed_at}", "1")
-    return table
 
 
 if __name__ == "__main__":

@@ -104,6 +104,11 @@ class GroupHandler:
     absorbed: int = 0
     _acks_lost: set[str] = field(default_factory=set)
 
+    @property
+    def acks_lost(self) -> int:
+        """Applied deliveries whose ack was lost on purpose (`lose_first_ack`)."""
+        return len(self._acks_lost)
+
     async def __call__(self, message: ConsumedMessage) -> None:
         event = message.decode(OrderPaid)
         apply = APPLY[self.group]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -25,7 +25,7 @@ from apps.common.drain import wait_drained
 from apps.common.faults import Fault, FaultLog
 from apps.common.fresh import start_clean
 from apps.common.options import DEFAULT_CONCURRENCY, DEFAULT_SEED
-from apps.common.report import Reconciliation, publish
+from apps.common.report import Reconciliation, Tally, publish
 from apps.common.timing import Timing
 from apps.orders.child import (
     AFTER_COMMIT,
@@ -51,6 +51,7 @@ from apps.orders.reconcile import Expectation, reconcile
 from apps.orders.service import Charge, OrderService, PaymentAborted, PaymentDeclined
 from txactors.consumer import Consumer
 from txactors.coordinator.service import run_coordinator
+from txactors.errors import PrepareFailed
 from txactors.producer import TransactionProducer
 
 CATALOG = {"book": 1_250, "mug": 899, "lamp": 4_500, "pen": 199, "desk": 25_000, "tea": 650}
@@ -58,7 +59,7 @@ DATABASES = (ORDERS_DB, *CONSUMER_GROUPS)
 
 PAID = "paid"
 DECLINED = "declined (rolled back)"
-TOO_SLOW = "refused: too slow to commit locally"
+FENCED = "rolled back by a check-back before the local commit"
 KILLED_BEFORE = "producer killed before its local commit"
 KILLED_AFTER = "producer killed after its local commit"
 END_LOST = "end lost"
@@ -68,9 +69,37 @@ ENDS_PAID = {
     KILLED_AFTER: True,
     DECLINED: False,
     KILLED_BEFORE: False,
-    TOO_SLOW: False,
+    FENCED: False,
 }
-"""How each way a payment can go must end: paid and announced, or neither."""
+"""How each way a payment can go must end: paid and announced, or neither (any other way,
+such as a prepare the coordinator did not confirm, is unpaid)."""
+
+
+def prepare_failed(error: PrepareFailed) -> str:
+    """The outcome of a payment whose prepare the coordinator did not confirm."""
+    return f"refused: prepare not confirmed ({error.code or 'no answer'})"
+
+
+def ends_paid(outcome: str) -> bool:
+    return ENDS_PAID.get(outcome, False)
+
+
+def payment_tallies(outcomes: Mapping[str, str]) -> list[Tally]:
+    """How every payment ended, by cause, up front in the report: so a run in which many
+    were refused or rolled back says how many and why."""
+    ended = Counter(
+        f"{'paid' if ends_paid(outcome) else 'not paid'}: {outcome}"
+        for outcome in outcomes.values()
+    )
+    section = f"payments ({len(outcomes):,})"
+    return [Tally(section=section, name=name, count=n) for name, n in ended.most_common()]
+
+
+def delivery_tallies(handlers: Mapping[str, GroupHandler]) -> list[Tally]:
+    return [
+        Tally(section="deliveries", name=f"{group}: applied", count=handler.applied)
+        for group, handler in handlers.items()
+    ]
 
 
 @dataclass
@@ -193,21 +222,22 @@ async def run_demo(
             report.drained = await _drain(nc, report, timing, progress)
             report.seconds = time.monotonic() - started
             expectations = [
-                Expectation(outcome, ids, ENDS_PAID[outcome])
+                Expectation(outcome, ids, ends_paid(outcome))
                 for outcome, ids in _by_outcome(report.outcomes).items()
             ]
-            duplicates = len(plan.lose_first_ack) * len(CONSUMER_GROUPS)
-            absorbed = sum(handler.absorbed for handler in report.handlers.values())
-            producers = len(plan.killed_before_commit | plan.killed_after_commit)
-            extra = log.checks(
-                faults, producers=producers, duplicates=duplicates, absorbed=absorbed
+            handlers = report.handlers.values()
+            tallies = payment_tallies(report.outcomes) + delivery_tallies(report.handlers)
+            tallies += log.tallies(
+                faults,
+                acks_lost=sum(handler.acks_lost for handler in handlers),
+                absorbed=sum(handler.absorbed for handler in handlers),
             )
             report.reconciliation = await reconcile(
                 dbs[ORDERS_DB],
                 {group: dbs[group] for group in CONSUMER_GROUPS},
                 nc,
                 expectations=expectations,
-                extra=extra,
+                tallies=tallies,
             )
             await publish(nc, report.reconciliation)
     return report
@@ -273,12 +303,7 @@ async def _pay_all(
                 log.producer_exits.append(code)
                 outcome = KILLED_AFTER
             elif order_id in plan.end_lost:
-                txn, event = await service.prepare_payment(order_id)
-                try:
-                    await service.record_payment(txn.txid, event)
-                    outcome = END_LOST  # no end is sent: the check-back must settle it
-                except PaymentAborted:
-                    outcome = TOO_SLOW
+                outcome = await _pay_without_end(service, order_id)
             else:
                 try:
                     await service.pay_order(order_id)
@@ -286,7 +311,9 @@ async def _pay_all(
                 except PaymentDeclined:
                     outcome = DECLINED
                 except PaymentAborted:  # a loaded machine: the check-back rolled it back
-                    outcome = TOO_SLOW
+                    outcome = FENCED
+                except PrepareFailed as error:
+                    outcome = prepare_failed(error)
             report.outcomes[order_id] = outcome
             progress.advance(task)
 
@@ -295,11 +322,23 @@ async def _pay_all(
             tg.start_soon(pay, order_id)
 
 
+async def _pay_without_end(service: OrderService, order_id: str) -> str:
+    """Prepare and pay locally, but never send the end: the check-back must settle it."""
+    try:
+        txn, event = await service.prepare_payment(order_id)
+        await service.record_payment(txn.txid, event)
+    except PaymentAborted:
+        return FENCED
+    except PrepareFailed as error:
+        return prepare_failed(error)
+    return END_LOST
+
+
 async def _drain(nc: Client, report: DemoReport, timing: Timing, progress: Progress) -> bool:
     """Wait until no transaction is open and every group handled everything (see
     apps.common.drain); False if `drain_timeout` passed first."""
     tasks = {group: progress.add_task(f"{group} applied", total=None) for group in report.handlers}
-    paid = sum(ENDS_PAID[outcome] for outcome in report.outcomes.values())
+    paid = sum(ends_paid(outcome) for outcome in report.outcomes.values())
 
     async def show_progress() -> bool:
         for group, handler in report.handlers.items():

@@ -5,10 +5,13 @@
 - `transfers`: money sent, one row per transfer with the transaction id that carried it (the
   checker's evidence that the local transaction committed);
 - `credits`: money received, one row per application of a transfer (deliberately not unique
-  on the transfer, so reconciliation would *see* a double credit, not a constraint error).
+  on the transfer, so reconciliation would *see* a double credit, not a constraint error);
+- `attempts`: one row per transaction id, claimed by whichever comes first, the debit
+  (`debited`) or a check-back giving up on it (`rolled back`): so a debit still running when
+  the check-back answered ROLLBACK fails instead of committing, however slow it was.
 
-The debit and the transfer row are one local transaction; so are the message-apply record,
-the credit row and the balance update (`Database.apply_once`).
+The claim, the debit and the transfer row are one local transaction; so are the
+message-apply record, the credit row and the balance update (`Database.apply_once`).
 """
 
 from __future__ import annotations
@@ -30,7 +33,10 @@ SCHEMA = [
     "created_at DOUBLE PRECISION NOT NULL)",
     "CREATE TABLE IF NOT EXISTS credits (transfer_id TEXT NOT NULL, msg_id TEXT NOT NULL, "
     "account TEXT NOT NULL, amount BIGINT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS attempts (txid TEXT PRIMARY KEY, state TEXT NOT NULL)",
 ]
+DEBITED = "debited"
+ROLLED_BACK = "rolled back"
 
 
 class TransferRefused(ValueError):
@@ -39,6 +45,10 @@ class TransferRefused(ValueError):
 
 class InsufficientFunds(TransferRefused):
     pass
+
+
+class RolledBackByCheck(TransferRefused):
+    """A check-back answered ROLLBACK for this transfer before its debit committed."""
 
 
 class Bank:
@@ -73,8 +83,14 @@ class Bank:
         return None if value is None else int(value)
 
     async def debit(self, tx: Tx, transfer: Transfer, txid: str) -> None:
-        """Debit the source and record the transfer, in the caller's transaction; raises
-        InsufficientFunds (the caller rolls back) when the balance does not cover it."""
+        """Claim `txid`, debit the source and record the transfer, in the caller's
+        transaction; raises (the caller rolls back) InsufficientFunds when the balance does
+        not cover it, RolledBackByCheck when a check-back rolled `txid` back first."""
+        if not await _claim(tx, txid, DEBITED):
+            raise RolledBackByCheck(
+                f"transfer {transfer.id}: a check-back rolled transaction {txid} back "
+                "before its debit committed"
+            )
         changed = await tx.execute(
             "UPDATE accounts SET balance = balance - ? WHERE id = ? AND balance >= ?",
             transfer.amount,
@@ -116,6 +132,14 @@ class Bank:
             time.time(),
         )
 
+    async def give_up(self, txid: str) -> bool:
+        """Claim `txid` as rolled back, unless its debit claimed it first; True when the
+        debit did (it committed: the transaction must commit)."""
+        async with self.db.transaction() as tx:
+            await _claim(tx, txid, ROLLED_BACK)
+            state = await tx.fetchval("SELECT state FROM attempts WHERE txid = ?", txid)
+        return bool(state == DEBITED)
+
     async def has_transfer(self, txid: str) -> bool:
         found = await self.db.fetchval("SELECT 1 FROM transfers WHERE txid = ?", txid)
         return found is not None
@@ -143,3 +167,12 @@ class Bank:
 
     async def credited_count(self) -> int:
         return int(await self.db.fetchval("SELECT COUNT(*) FROM credits"))
+
+
+async def _claim(tx: Tx, txid: str, state: str) -> bool:
+    """Insert `txid`'s attempt row with `state`; False when it was already claimed (on
+    PostgreSQL, after waiting for the transaction that claimed it to end)."""
+    inserted = await tx.execute(
+        "INSERT INTO attempts (txid, state) VALUES (?, ?) ON CONFLICT DO NOTHING", txid, state
+    )
+    return inserted == 1

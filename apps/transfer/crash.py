@@ -6,11 +6,12 @@
 NATS comes from the environment (the parent sets NATS_URL to its server). `producer` joins
 the alipay group, prepares every transfer of the plan (a JSON list of `[Transfer fields,
 commit_locally]`), debits and records those marked to commit locally, prints
-`PREPARED <id> prepared|debited|late` for each (late: refused as too slow to commit
-locally), then SIGKILLs itself before any end: only check-backs, answered by a surviving
-alipay process, can resolve them. `consumer` joins the yuebao group with one handler, prints
-`READY`, and on its first message prints `APPLYING <id>` and SIGKILLs itself inside the open
-database transaction, after the credit and before its commit.
+`PREPARED <id> prepared|debited|fenced` for each (fenced: a surviving member's check-back
+gave up on it before its debit committed, so it was not debited), then SIGKILLs itself
+before any end: only check-backs, answered by a surviving alipay process, can resolve them.
+`consumer` joins the yuebao group with one handler, prints `READY`, and on its first message
+prints `APPLYING <id>` and SIGKILLs itself inside the open database transaction, after the
+credit and before its commit.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import msgspec
 
 from apps.common.db import Storage
 from apps.common.faults import kill_self
-from apps.transfer.bank import ALIPAY, YUEBAO, Bank, TransferRefused
+from apps.transfer.bank import ALIPAY, YUEBAO, Bank, RolledBackByCheck
 from apps.transfer.messages import SENDER_GROUP, Transfer
 from apps.transfer.receiver import Receiver
 from apps.transfer.sender import Sender
@@ -52,8 +53,8 @@ async def crash_producer(rollback_after: float, plan: Plan, storage: Storage) ->
                 try:
                     await sender.debit(transfer, txn.txid)
                     outcome = "debited"
-                except TransferRefused:  # too slow on a loaded machine: never debited
-                    outcome = "late"
+                except RolledBackByCheck:  # too slow on a loaded machine: never debited
+                    outcome = "fenced"
             print("PREPARED", transfer.id, outcome, flush=True)
 
         async with anyio.create_task_group() as tg:

@@ -25,7 +25,8 @@ from __future__ import annotations
 import enum
 import random
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Collection, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
@@ -40,9 +41,9 @@ from apps.common.drain import wait_drained
 from apps.common.faults import Child, Fault, FaultLog, child_process
 from apps.common.fresh import start_clean
 from apps.common.options import DEFAULT_CONCURRENCY, DEFAULT_SEED
-from apps.common.report import Reconciliation, progress_bar, publish
+from apps.common.report import Reconciliation, Tally, progress_bar, publish
 from apps.common.timing import Timing
-from apps.transfer.bank import ALIPAY, YUEBAO, Bank, InsufficientFunds, TransferRefused
+from apps.transfer.bank import ALIPAY, YUEBAO, Bank, InsufficientFunds, RolledBackByCheck
 from apps.transfer.messages import RECEIVER_GROUP, SENDER_GROUP, TOPIC, Transfer
 from apps.transfer.receiver import Receiver
 from apps.transfer.reconcile import Expectation, reconcile
@@ -51,13 +52,13 @@ from txactors.config import ENV_VARS
 from txactors.connection import nats_session
 from txactors.consumer import Consumer
 from txactors.coordinator.service import run_coordinator
+from txactors.errors import PrepareFailed
 from txactors.producer import TransactionProducer
 
 CRASH_MODULE = "apps.transfer.crash"
 OPENING = 100_000
 """Cents every account opens with (¥1,000), on top of what its planned transfers need."""
 MAX_AMOUNT = 5_000
-PRODUCER_CHILDREN = 1
 
 
 class Scenario(enum.StrEnum):
@@ -109,9 +110,44 @@ class Plan:
 
 
 CONSUMER_CRASHED = "consumer killed mid-apply"
-TOO_SLOW = "refused: too slow to commit locally"
+FENCED = "rolled back by a check-back before its debit committed"
+"""A transfer whose local transaction was still running when a check-back gave up on it (the
+crashing child's, whose debit races the survivor's check-backs): the debit fails, nothing
+moves. The cause, if it is ever more than a handful, is a local transaction slower than the
+checker's `rollback_after`."""
 POOR = "a-poor"
 """The account the insufficient-funds transfers come from: it opens with ¥1."""
+
+TRANSFERS = "transfers"
+COMMITTED = "committed: debited, announced, credited"
+CAUSES = {
+    Scenario.REFUSED: "refused: insufficient funds (local-failure fault)",
+    Scenario.CRASH_NOT_DEBITED: "rolled back: producer killed before its debit (producer-crash)",
+}
+"""Why a planned transfer that never commits does not: its fault."""
+UNEXPLAINED = "not debited, no cause seen (see the scenario rows)"
+
+
+def prepare_failed(error: PrepareFailed) -> str:
+    """The cause of a transfer whose prepare the coordinator did not confirm."""
+    return f"refused: prepare not confirmed ({error.code or 'no answer'})"
+
+
+def outcome_tallies(
+    planned: Sequence[Planned], debited: Collection[str], causes: Mapping[str, str]
+) -> list[Tally]:
+    """How every planned transfer ended, by cause: committed (alipay debited it, which the
+    checks prove was announced and credited once), or why not: its fault, or what the run
+    saw (`causes`, by transfer id). Up front in the report, so a run that refuses many says
+    how many and why."""
+    ended: Counter[str] = Counter()
+    for p in planned:
+        if p.id in debited:
+            ended[COMMITTED] += 1
+        else:
+            ended[causes.get(p.id) or CAUSES.get(p.scenario, UNEXPLAINED)] += 1
+    section = f"{TRANSFERS} ({len(planned):,})"
+    return [Tally(section=section, name=name, count=n) for name, n in ended.most_common()]
 
 
 def make_plan(count: int, faults: frozenset[Fault], accounts: int, rng: random.Random) -> Plan:
@@ -242,10 +278,10 @@ async def _run(
                         work.start_soon(
                             _producer_crash, crashing, timing, storage, env, faults, progress, sent
                         )
-                    late = await _send_all(
+                    causes = await _send_all(
                         ours, config.concurrency, sender, producer, progress, sent
                     )
-                late += faults.late
+                causes.update(faults.causes)
                 drained = await wait_drained(
                     nc,
                     [(TOPIC, RECEIVER_GROUP)],
@@ -257,22 +293,21 @@ async def _run(
                 await consumer.stop()
                 services.cancel_scope.cancel()
         expectations = [
-            Expectation(scenario, [p.id for p in plan.of(scenario) if p.id not in late], commits)
+            Expectation(scenario, [p.id for p in plan.of(scenario) if p.id not in causes], commits)
             for scenario, commits in COMMITS.items()
             if plan.of(scenario)
         ]
-        if late:
-            expectations.append(Expectation(TOO_SLOW, late, committed=False))
+        for cause in sorted(set(causes.values())):  # not planned: they must never apply
+            ids = [id_ for id_, why in causes.items() if why == cause]
+            expectations.append(Expectation(cause, ids, committed=False))
         if faults.crashed_apply:
             expectations.append(Expectation(CONSUMER_CRASHED, faults.crashed_apply, True))
-        extra = faults.log.checks(
-            config.faults,
-            producers=PRODUCER_CHILDREN,
-            duplicates=len(plan.of(Scenario.DUPLICATE)),
-            absorbed=receiver.duplicates,
+        tallies = outcome_tallies(plan.transfers, (await alipay.sent()).keys(), causes)
+        tallies += faults.log.tallies(
+            config.faults, acks_lost=receiver.acks_lost, absorbed=receiver.duplicates
         )
         reconciliation = await reconcile(
-            alipay, yuebao, nc=nc, expectations=expectations, extra=extra
+            alipay, yuebao, nc=nc, expectations=expectations, tallies=tallies
         )
         await publish(nc, reconciliation)
     return DemoResult(reconciliation, seconds, drained)
@@ -285,11 +320,11 @@ async def _send_all(
     producer: TransactionProducer,
     progress: Progress,
     task: TaskID,
-) -> list[str]:
-    """Send `transfers`, `concurrency` at a time; returns the ids refused as too slow to
-    commit locally (a loaded machine: rolled back by design, see `Sender`)."""
+) -> dict[str, str]:
+    """Send `transfers`, `concurrency` at a time; returns why each transfer that ended
+    without a debit for a reason its plan did not foresee did so, by id."""
     queue = list(reversed(transfers))
-    late: list[str] = []
+    causes: dict[str, str] = {}
 
     async def worker() -> None:
         while queue:
@@ -306,14 +341,16 @@ async def _send_all(
             except InsufficientFunds:
                 if planned.scenario is not Scenario.REFUSED:
                     raise
-            except TransferRefused:
-                late.append(planned.id)
+            except RolledBackByCheck:
+                causes[planned.id] = FENCED
+            except PrepareFailed as error:
+                causes[planned.id] = prepare_failed(error)
             progress.advance(task)
 
     async with anyio.create_task_group() as tg:
         for _ in range(concurrency):
             tg.start_soon(worker)
-    return late
+    return causes
 
 
 @dataclass
@@ -323,8 +360,9 @@ class Faults:
     log: FaultLog = field(default_factory=FaultLog)
     crashed_apply: list[str] = field(default_factory=list)
     """The transfer the consumer child was applying when it died."""
-    late: list[str] = field(default_factory=list)
-    """Transfers the producer child was too slow to debit (so they must roll back)."""
+    causes: dict[str, str] = field(default_factory=dict)
+    """Transfers the producer child meant to debit whose debit a check-back fenced off
+    (they must roll back), by id."""
 
 
 async def _producer_crash(
@@ -345,8 +383,8 @@ async def _producer_crash(
     async with child_process(CRASH_MODULE, *args, env=env) as child:
         for _ in crashing:
             transfer_id, outcome = (await child.expect("PREPARED")).split()
-            if outcome == "late":
-                faults.late.append(transfer_id)
+            if outcome == "fenced":
+                faults.causes[transfer_id] = FENCED
             progress.advance(task)
         faults.log.producer_exits.append(await child.wait())
 

@@ -38,6 +38,8 @@ class Receiver:
         self.applied = 0
         self.duplicates = 0
         """Deliveries of a message already applied: absorbed, nothing changed."""
+        self.acks_lost = 0
+        """Applied deliveries whose ack was lost on purpose (`lose_ack_for`)."""
 
     async def handle(self, message: ConsumedMessage) -> None:
         transfer = message.decode(Transfer)
@@ -52,6 +54,7 @@ class Receiver:
             return
         self.applied += 1
         if transfer.id in self._lose_ack_for:
+            self.acks_lost += 1
             raise LostAck(f"transfer {transfer.id} applied; its ack is lost on purpose")
 
     def consumer(self, nc: Client, **options: Any) -> Consumer:

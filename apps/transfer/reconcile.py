@@ -6,19 +6,22 @@ exactly once (same amount) by yuebao, and nothing was credited that alipay did n
 (a rolled-back, refused or discarded transfer). With a NATS connection, also the pipeline:
 every committed message on `transfers` matches a debit and vice versa, no transaction is
 left open or discarded, nothing was dead-lettered. A demo adds what it planned
-(`Expectation`s: which transfers must end committed, which never) and its fault counts.
+(`Expectation`s: which transfers must end committed, which never) and, as tallies that are
+reported but never a mismatch, how its transfers ended and what its faults did.
+
+`book_checks` is the verdict on the books alone, a pure function of what the databases hold.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import msgspec
 from nats.aio.client import Client
 
 from apps.common.drain import pipeline_checks
-from apps.common.report import Check, Reconciliation
+from apps.common.report import Check, Reconciliation, Tally
 from apps.transfer.bank import Bank
 from apps.transfer.messages import RECEIVER_GROUP, SENDER_GROUP, TOPIC, Transfer
 from txactors import layout
@@ -36,18 +39,47 @@ class Expectation:
     committed: bool
 
 
+@dataclass(frozen=True, slots=True)
+class Books:
+    """What both banks' databases hold, as reconciliation reads it."""
+
+    sent: Mapping[str, int]
+    """Amount of every recorded (debited) transfer in alipay, by transfer id."""
+    received: Mapping[str, list[int]]
+    """The amounts yuebao credited for each transfer id, one entry per credit."""
+    alipay: tuple[int, int]
+    """(sum of balances, sum of opening balances), in cents."""
+    yuebao: tuple[int, int]
+
+    @classmethod
+    async def read(cls, alipay: Bank, yuebao: Bank) -> Books:
+        return cls(
+            sent=await alipay.sent(),
+            received=await yuebao.received(),
+            alipay=await alipay.totals(),
+            yuebao=await yuebao.totals(),
+        )
+
+
 async def reconcile(
     alipay: Bank,
     yuebao: Bank,
     *,
     nc: Client | None = None,
     expectations: Sequence[Expectation] = (),
-    extra: Sequence[Check] = (),
+    tallies: Sequence[Tally] = (),
 ) -> Reconciliation:
-    sent = await alipay.sent()
-    received = await yuebao.received()
-    a_balance, a_opening = await alipay.totals()
-    b_balance, b_opening = await yuebao.totals()
+    books = await Books.read(alipay, yuebao)
+    checks = book_checks(books, expectations)
+    if nc is not None:
+        checks += await _pipeline_checks(nc, books.sent)
+    return Reconciliation(app=APP, checks=checks, tallies=[*tallies])
+
+
+def book_checks(books: Books, expectations: Sequence[Expectation] = ()) -> list[Check]:
+    """The books, exactly once, and each planned scenario: every row a mismatch if wrong."""
+    sent, received = books.sent, books.received
+    (a_balance, a_opening), (b_balance, b_opening) = books.alipay, books.yuebao
     once = {id_ for id_, amount in sent.items() if received.get(id_) == [amount]}
     checks = [
         Check(
@@ -114,13 +146,10 @@ async def reconcile(
                 actual=actual,
             )
         )
-    if nc is not None:
-        checks += await _pipeline_checks(nc, sent)
-    checks += extra
-    return Reconciliation(app=APP, checks=checks)
+    return checks
 
 
-async def _pipeline_checks(nc: Client, sent: dict[str, int]) -> list[Check]:
+async def _pipeline_checks(nc: Client, sent: Mapping[str, int]) -> list[Check]:
     js = nc.jetstream()
     published: list[str] = []
     async for msg in read_subject(js, layout.topic_stream(TOPIC), layout.topic_filter(TOPIC), 1):
