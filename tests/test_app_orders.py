@@ -22,11 +22,20 @@ import pytest_asyncio
 from nats.aio.client import Client
 
 from apps.common.db import Database, Storage
-from apps.common.faults import Fault
+from apps.common.faults import Fault, FaultLog
 from apps.common.report import RECONCILIATION_TOPIC, Reconciliation
 from apps.common.timing import Timing
 from apps.orders.consumers import create_schema
-from apps.orders.demo import DATABASES, DemoReport, open_databases, run_demo
+from apps.orders.demo import (
+    DATABASES,
+    DECLINED,
+    FENCED,
+    PAID,
+    DemoReport,
+    open_databases,
+    payment_tallies,
+    run_demo,
+)
 from apps.orders.events import CONSUMER_GROUPS, LOGISTICS, ORDERS_DB, POINTS, OrderItem, OrderPaid
 from apps.orders.reconcile import reconcile
 from apps.orders.service import (
@@ -143,6 +152,43 @@ async def test_duplicate_deliveries_are_absorbed(private_nc: Client, storage: St
 async def test_all_faults_at_once(private_nc: Client, storage: Storage) -> None:
     report = await demo(private_nc, storage, *Fault, orders=30)
     assert sum(report.payments.values()) == 30
+
+
+async def test_500_payments_at_once_with_every_fault_reconcile_and_say_how_each_ended(
+    private_nc: Client, storage: Storage
+) -> None:
+    """The load a user tries, with the demo's own timing: the verdict is OK and the report
+    counts every payment, by how it ended (only the planned faults leave an order unpaid)."""
+    report = await run_demo(
+        private_nc, url_of(private_nc), storage, orders=500, concurrency=500, faults=Fault
+    )
+    assert report.reconciliation is not None
+    assert report.reconciliation.mismatches == []
+    assert report.ok
+    ended = {
+        tally.name: tally.count
+        for tally in report.reconciliation.tallies
+        if tally.section == "payments (500)"
+    }
+    assert sum(ended.values()) == 500
+    assert ended["not paid: declined (rolled back)"] == 50
+    assert ended["not paid: producer killed before its local commit"] == 1
+    assert ended["paid: paid"] >= 400, ended  # nothing else is refused for the load
+
+
+def test_payments_are_tallied_by_how_they_ended_and_fault_counts_are_no_mismatch() -> None:
+    outcomes = {"o1": PAID, "o2": PAID, "o3": DECLINED, "o4": FENCED, "o5": "refused: odd"}
+    tallies = payment_tallies(outcomes)
+    assert {tally.section for tally in tallies} == {"payments (5)"}
+    assert {tally.name: tally.count for tally in tallies} == {
+        "paid: paid": 2,
+        "not paid: declined (rolled back)": 1,
+        f"not paid: {FENCED}": 1,
+        "not paid: refused: odd": 1,
+    }
+    # Fewer redeliveries absorbed than acks lost, no child killed: counted, not checked.
+    faults = FaultLog().tallies(frozenset(Fault), acks_lost=30, absorbed=12)
+    assert Reconciliation(app="orders", checks=[], tallies=tallies + faults).ok
 
 
 async def test_reconciliation_sees_a_double_apply(private_nc: Client, storage: Storage) -> None:
@@ -312,7 +358,7 @@ def test_the_command_runs_the_demo_and_reconciles(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "reconciled: " in result.stdout and ", 0 mismatches" in result.stdout
     assert "MISMATCH" not in result.stdout
-    assert "payment: paid" in result.stdout
+    assert "payments (6)" in result.stdout and "paid: paid" in result.stdout
     assert {p.name for p in tmp_path.glob("*.db")} == {f"{name}.db" for name in DATABASES}
 
 
