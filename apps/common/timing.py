@@ -17,7 +17,11 @@ class Timing:
             check_interval=0.25,
             check_interval_max=0.5,
             check_answer_timeout=2.0,
-            check_max=40,
+            # Two minutes of asking: a transaction whose local work is still running is
+            # answered UNKNOWN, and at --concurrency 500 a debit can wait tens of seconds for
+            # SQLite's one writer on a loaded machine. Discarding it then would leave a
+            # debit without its message. The faults are settled long before (rollback_after).
+            check_max=240,
         )
     )
     rollback_after: float = 2.0
