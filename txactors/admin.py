@@ -41,6 +41,7 @@ from txactors.errors import (
     NatsConnectError,
     TxActorsError,
 )
+from txactors.partition_count import client_count
 from txactors.protocol import (
     CommitTransaction,
     Ended,
@@ -137,7 +138,7 @@ async def _ask(nc: Client, partition: int, command: Any, reply_type: type[R], ti
     except ActorDeadError:
         raise CoordinatorUnavailable(
             f"no coordinator serves partition {partition} ({subject}); is `txactors coordinator` "
-            "running on this NATS server, with this many --partitions?"
+            "running on this NATS server?"
         ) from None
     except AskTimeout:
         raise CoordinatorUnavailable(
@@ -148,25 +149,32 @@ async def _ask(nc: Client, partition: int, command: Any, reply_type: type[R], ti
     return reply
 
 
-def _partition(txid: str, partitions: int) -> int:
-    if partitions < 1:
-        raise ConfigError(f"partitions must be >= 1, got {partitions}")
-    return layout.partition_of(txid, partitions)
+async def _partition_count(nc: Client, partitions: int | None, timeout: float) -> int:
+    """The coordinators' published partition count; `partitions`, if given, must equal it
+    (txactors/partition_count.py), and is used as it is while none is published."""
+    return await client_count(nc, partitions, timeout)
+
+
+async def _ask_owner(
+    nc: Client, txid: str, command: Any, reply_type: type[R], partitions: int | None, timeout: float
+) -> R:
+    """Ask the coordinator of `txid`'s partition."""
+    count = await _partition_count(nc, partitions, timeout)
+    return await _ask(nc, layout.partition_of(txid, count), command, reply_type, timeout)
 
 
 async def find_transactions(
     nc: Client,
     where: ListTransactions,
     *,
-    partitions: int = 1,
+    partitions: int | None = None,
     timeout: float = ADMIN_TIMEOUT,
 ) -> TransactionList:
     """Every partition's answer to `where` (its filters are applied by the coordinators),
     merged oldest first; at most `where.limit` of them, `more` counting the rest."""
-    if partitions < 1:
-        raise ConfigError(f"partitions must be >= 1, got {partitions}")
+    count = await _partition_count(nc, partitions, timeout)
     replies = await asyncio.gather(
-        *(_ask(nc, p, where, TransactionList, timeout) for p in range(partitions)),
+        *(_ask(nc, p, where, TransactionList, timeout) for p in range(count)),
         return_exceptions=True,
     )
     merged: list[TransactionInfo] = []
@@ -186,7 +194,7 @@ async def find_transactions(
 async def list_transactions(
     nc: Client,
     *,
-    partitions: int = 1,
+    partitions: int | None = None,
     states: Iterable[str] = (),
     timeout: float = ADMIN_TIMEOUT,
 ) -> list[TransactionInfo]:
@@ -198,50 +206,50 @@ async def list_transactions(
 
 
 async def show(
-    nc: Client, txid: str, *, partitions: int = 1, timeout: float = ADMIN_TIMEOUT
+    nc: Client, txid: str, *, partitions: int | None = None, timeout: float = ADMIN_TIMEOUT
 ) -> TransactionInfo:
     """One open or discarded transaction; CommandError(not_found) names a finished one's state."""
     command = ShowTransaction(txid=txid)
-    return await _ask(nc, _partition(txid, partitions), command, TransactionInfo, timeout)
+    return await _ask_owner(nc, txid, command, TransactionInfo, partitions, timeout)
 
 
 async def resume(
     nc: Client,
     txid: str,
     *,
-    partitions: int = 1,
+    partitions: int | None = None,
     batch: str | None = None,
     timeout: float = ADMIN_TIMEOUT,
 ) -> Ended:
     """Back to PREPARED with a fresh check count, so the checker asks the producer again."""
     command = ResumeTransaction(txid=txid, batch=batch)
-    return await _ask(nc, _partition(txid, partitions), command, Ended, timeout)
+    return await _ask_owner(nc, txid, command, Ended, partitions, timeout)
 
 
 async def commit(
     nc: Client,
     txid: str,
     *,
-    partitions: int = 1,
+    partitions: int | None = None,
     batch: str | None = None,
     timeout: float = ADMIN_TIMEOUT,
 ) -> Ended:
     """Commit without the producer's token; answered once every message is published."""
     command = CommitTransaction(txid=txid, batch=batch)
-    return await _ask(nc, _partition(txid, partitions), command, Ended, timeout)
+    return await _ask_owner(nc, txid, command, Ended, partitions, timeout)
 
 
 async def rollback(
     nc: Client,
     txid: str,
     *,
-    partitions: int = 1,
+    partitions: int | None = None,
     batch: str | None = None,
     timeout: float = ADMIN_TIMEOUT,
 ) -> Ended:
     """Roll back without the producer's token; nothing of it is ever delivered."""
     command = RollbackTransaction(txid=txid, batch=batch)
-    return await _ask(nc, _partition(txid, partitions), command, Ended, timeout)
+    return await _ask_owner(nc, txid, command, Ended, partitions, timeout)
 
 
 # -- bulk -----------------------------------------------------------------------------------
@@ -255,10 +263,10 @@ class Resolution(enum.StrEnum):
     ROLLBACK = "rollback"
 
 
-_RESOLVERS: Final = {
-    Resolution.RESUME: resume,
-    Resolution.COMMIT: commit,
-    Resolution.ROLLBACK: rollback,
+_COMMANDS: Final = {
+    Resolution.RESUME: ResumeTransaction,
+    Resolution.COMMIT: CommitTransaction,
+    Resolution.ROLLBACK: RollbackTransaction,
 }
 
 BULK_CONCURRENCY: Final = 16
@@ -285,19 +293,26 @@ async def resolve_all(
     txids: Iterable[str],
     resolution: Resolution,
     *,
-    partitions: int = 1,
+    partitions: int | None = None,
     batch: str | None = None,
     timeout: float = ADMIN_TIMEOUT,
 ) -> list[Resolved]:
     """Apply `resolution` to each transaction, BULK_CONCURRENCY at a time; one outcome per
     txid, in the order given. A refusal or an unreachable partition fails only its own."""
-    act = _RESOLVERS[resolution]
+    command = _COMMANDS[resolution]
+    count = await _partition_count(nc, partitions, timeout)  # read once for all of them
     gate = asyncio.Semaphore(BULK_CONCURRENCY)
 
     async def one(txid: str) -> Resolved:
         async with gate:
             try:
-                ended = await act(nc, txid, partitions=partitions, batch=batch, timeout=timeout)
+                ended = await _ask(
+                    nc,
+                    layout.partition_of(txid, count),
+                    command(txid=txid, batch=batch),
+                    Ended,
+                    timeout,
+                )
             except CommandError as exc:
                 return Resolved(txid=txid, error=f"{exc.code}: {exc.message}")
             except CoordinatorUnavailable as exc:

@@ -20,6 +20,17 @@ OP_STREAM: Final = "TXN_OP"
 DISCARD_STREAM: Final = "TXN_DISCARD"
 CHECKPOINT_BUCKET: Final = "TXN_CHECKPOINT"
 LEASE_BUCKET: Final = "TXN_LEASE"
+META_BUCKET: Final = "TXN_META"
+"""What the coordinators agree on and every client reads: the partition count."""
+PARTITIONS_KEY: Final = "partitions"
+"""Key of META_BUCKET: the partition count, an ASCII decimal."""
+
+
+def partitions_read_subject() -> str:
+    """Where any client reads the partition count: a JetStream direct get of the key's last
+    value (an empty request; the answer is the value, or status 404 while none is published).
+    The one JetStream subject a producer must be allowed to publish to."""
+    return f"$JS.API.DIRECT.GET.KV_{META_BUCKET}.$KV.{META_BUCKET}.{PARTITIONS_KEY}"
 
 
 def half_subject(partition: int) -> str:

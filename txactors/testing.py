@@ -144,7 +144,7 @@ async def _held() -> AsyncIterator[_Holder]:
 
 class MakeProducer(Protocol):
     def __call__(
-        self, group: str, checker: Checker, *, partitions: int = 1
+        self, group: str, checker: Checker, *, partitions: int | None = None
     ) -> Awaitable[TransactionProducer]: ...
 
 
@@ -201,7 +201,9 @@ async def txactors_coordinator(
 async def txactors_producer(txactors_nc: Client) -> AsyncIterator[MakeProducer]:
     async with _held() as holder:
 
-        async def make(group: str, checker: Checker, *, partitions: int = 1) -> TransactionProducer:
+        async def make(
+            group: str, checker: Checker, *, partitions: int | None = None
+        ) -> TransactionProducer:
             producer = TransactionProducer(txactors_nc, group, checker, partitions=partitions)
             return await holder.enter(producer)
 

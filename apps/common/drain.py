@@ -23,14 +23,16 @@ from txactors.coordinator.core.states import TxnState
 from txactors.protocol import ListTransactions
 
 
-async def open_transactions(nc: Client, group: str | None = None, *, partitions: int = 1) -> int:
+async def open_transactions(
+    nc: Client, group: str | None = None, *, partitions: int | None = None
+) -> int:
     """Transactions (of producer group `group`, or all) not yet in a final state (discarded
     is final for the checker)."""
     found = await find_transactions(nc, ListTransactions(group=group), partitions=partitions)
     return sum(info.state != TxnState.DISCARDED for info in found.transactions)
 
 
-async def discarded_transactions(nc: Client, group: str, *, partitions: int = 1) -> int:
+async def discarded_transactions(nc: Client, group: str, *, partitions: int | None = None) -> int:
     where = ListTransactions(group=group, states=[TxnState.DISCARDED])
     return len((await find_transactions(nc, where, partitions=partitions)).transactions)
 
@@ -56,7 +58,7 @@ async def wait_drained(
     producer_group: str | None = None,
     also: Callable[[], Awaitable[bool]] | None = None,
     poll: float = 0.1,
-    partitions: int = 1,
+    partitions: int | None = None,
 ) -> bool:
     """Wait until drained (see the module docstring) for every `(topic, consumer group)`
     and `producer_group` (None: every group), and `also()` is true; False if that did not

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from txactors.cli.operator import JsonOption, NatsUrlOption, admin_call, print_rich
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client
+
+    from txactors.lease_admin import LeaseTable
 
 app = typer.Typer(
     help="See which coordinator owns which partition (the TXN_LEASE bucket).",
@@ -18,7 +23,11 @@ app = typer.Typer(
 def lease_list(
     partitions: Annotated[
         int | None,
-        typer.Option(help="The coordinators' --partitions: also list the free ones.", min=1),
+        typer.Option(
+            help="Expect this partition count (an error if the coordinators publish another). "
+            "Default: the count they publish. Free partitions are listed too.",
+            min=1,
+        ),
     ] = None,
     as_json: JsonOption = False,
     url: NatsUrlOption = None,
@@ -26,10 +35,20 @@ def lease_list(
     """List each partition's lease: owner, revision, last renewal and when it expires."""
     from txactors import admin_views, lease_admin
 
-    leases = admin_call(url, lambda nc: lease_admin.list_leases(nc, partitions=partitions))
+    leases = admin_call(url, lambda nc: _leases(nc, partitions))
     if as_json:
         typer.echo(admin_views.to_json(leases))
     elif leases.leases:
         print_rich(lease_admin.render_leases(leases))
     else:
         typer.echo("no partition is leased: no coordinator is running")
+
+
+async def _leases(nc: Client, partitions: int | None) -> LeaseTable:
+    """The lease table, a row for every partition of the published count (or `partitions`)."""
+    from txactors import lease_admin
+    from txactors.admin import ADMIN_TIMEOUT
+    from txactors.partition_count import agreed_count, read_published
+
+    published = await read_published(nc, ADMIN_TIMEOUT)
+    return await lease_admin.list_leases(nc, partitions=agreed_count(published, partitions))

@@ -29,7 +29,14 @@ UrlOption = Annotated[
     typer.Option(help="NATS server the coordinator runs on. Default: NATS_URL (one is required)."),
 ]
 PartitionsOption = Annotated[
-    int, typer.Option(help="The coordinator's partition count (its --partitions).", min=1)
+    int | None,
+    typer.Option(
+        envvar="TXACTORS_PARTITIONS",
+        min=1,
+        show_default=False,
+        help="Expect this partition count: an error if the coordinators publish another. "
+        "Default: the count they publish.",
+    ),
 ]
 
 
@@ -101,7 +108,7 @@ def txn_list(
     topic: TopicFilter = None,
     older_than: OlderThanFilter = None,
     limit: LimitOption = 1000,
-    partitions: PartitionsOption = 1,
+    partitions: PartitionsOption = None,
     as_json: JsonOption = False,
     url: UrlOption = None,
 ) -> None:
@@ -126,7 +133,7 @@ def txn_list(
 @app.command("show")
 def txn_show(
     txid: TxidArgument,
-    partitions: PartitionsOption = 1,
+    partitions: PartitionsOption = None,
     as_json: JsonOption = False,
     url: UrlOption = None,
 ) -> None:
@@ -140,7 +147,7 @@ def txn_show(
 @app.command("resume")
 def txn_resume(
     txid: TxidArgument,
-    partitions: PartitionsOption = 1,
+    partitions: PartitionsOption = None,
     as_json: JsonOption = False,
     url: UrlOption = None,
 ) -> None:
@@ -158,7 +165,7 @@ def txn_resume(
 def txn_commit(
     txid: TxidArgument,
     yes: YesOption = False,
-    partitions: PartitionsOption = 1,
+    partitions: PartitionsOption = None,
     as_json: JsonOption = False,
     url: UrlOption = None,
 ) -> None:
@@ -176,7 +183,7 @@ def txn_commit(
 def txn_rollback(
     txid: TxidArgument,
     yes: YesOption = False,
-    partitions: PartitionsOption = 1,
+    partitions: PartitionsOption = None,
     as_json: JsonOption = False,
     url: UrlOption = None,
 ) -> None:
@@ -207,7 +214,7 @@ def txn_resolve(
     older_than: OlderThanFilter = None,
     limit: LimitOption = 1000,
     yes: YesOption = False,
-    partitions: PartitionsOption = 1,
+    partitions: PartitionsOption = None,
     as_json: JsonOption = False,
     url: UrlOption = None,
 ) -> None:
@@ -279,7 +286,7 @@ def _decide(
     act: Callable[..., Awaitable[Ended]],
     url: str | None,
     txid: str,
-    partitions: int,
+    partitions: int | None,
     yes: bool,
     as_json: bool,
     action: str,
@@ -292,7 +299,7 @@ def _decide(
     _print_ended(ended, as_json)
 
 
-def _confirm(url: str | None, txid: str, partitions: int, action: str, effect: str) -> None:
+def _confirm(url: str | None, txid: str, partitions: int | None, action: str, effect: str) -> None:
     """Show what is about to be decided (on stderr, so --json output stays clean) and ask."""
     from rich.console import Console
 

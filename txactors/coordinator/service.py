@@ -1,12 +1,14 @@
 """Running a coordinator: streams, leases, one partition actor per owned partition.
 
 `run_coordinator` is what an application (or `txactors coordinator`) starts. It makes sure the
-JetStream layout exists, announces itself as a member of the lease bucket, takes its share of
-the free partitions (balance.py: an even split over the live members, at most
-`max_partitions`), and for each one spawns a `PartitionCoordinator` (which recovers its state
-before it serves, then starts the partition's `Checker`) and serves `txn.coord.<p>.prepare.*`
-and `.end.*` (the last token: the producer group), `.admin`, and the deprecated `.prepare` and
-`.end` of older clients. A keeper renews the leases (a failed renewal is retried soon), stops
+JetStream layout exists, agrees on the partition count with the other coordinators
+(agreement.py: the first one publishes it, a later one with another count refuses),
+announces itself as a member of the lease bucket, takes its share of the free partitions
+(balance.py: an even split over the live members, at most `max_partitions`), and for each
+one spawns a `PartitionCoordinator` (which recovers its state before it serves, then starts
+the partition's `Checker`) and serves `txn.coord.<p>.prepare.*` and `.end.*` (the last
+token: the producer group), `.admin`, and the deprecated `.prepare` and `.end` of older
+clients. A keeper renews the leases (a failed renewal is retried soon), stops
 serving a partition whose lease is lost or cannot be renewed in time, takes over partitions
 whose owner died or left, and hands over a few at a time when a member joins. Renewing runs in
 a task of its own, from before the first partition is taken: a partition that is still
@@ -35,6 +37,7 @@ from nats.aio.subscription import Subscription
 from txactors import layout
 from txactors.actors import ActorSystem, Directive, LocalActorRef, ReplyGuard, Supervisor, serve
 from txactors.coordinator.actor import PartitionCoordinator
+from txactors.coordinator.agreement import agree_partition_count, meta_bucket
 from txactors.coordinator.balance import MemberInfo, plan
 from txactors.coordinator.config import CoordinatorConfig
 from txactors.coordinator.leases import LEASE_TROUBLE, Leases, lease_bucket
@@ -314,14 +317,18 @@ async def run_coordinator(
 ) -> AsyncIterator[RunningCoordinator]:
     """Coordinate every partition this process can lease, until the block exits.
 
-    On entry it takes the partitions that are free; those held by another live coordinator
-    are taken over in the background if their owner goes away.
+    On entry it publishes its partition count, or checks it against the one published
+    (PartitionCountMismatch), then takes the partitions that are free; those held by another
+    live coordinator are taken over in the background if their owner goes away.
     """
     config = config or CoordinatorConfig()
     options = options or CoordinatorOptions()
     js = nc.jetstream()
     checkpoints = await ensure_streams(
         js, half_retention=config.half_retention, replicas=options.replicas
+    )
+    await agree_partition_count(
+        await meta_bucket(js, replicas=options.replicas), options.partitions
     )
     leases = Leases(
         js,

@@ -17,6 +17,9 @@ A prepare the coordinator refused with a `retry_after` hint (it cannot write now
 nothing, so it is sent again, up to `prepare_retries` times, each after waiting at least
 the hint (plus jitter, so producers refused together do not come back together). Once they
 are spent, `PrepareFailed.retry_after` carries the last hint to the caller.
+
+Which partition a txid goes to depends on the coordinators' partition count, read where they
+publish it the first time a transaction needs it (txactors/partition_count.py).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from txactors.actors import RemoteActorRef
 from txactors.errors import ActorDeadError, AskTimeout, CommandError, EndRefused, PrepareFailed
 from txactors.layout import end_subject, partition_of, prepare_subject
 from txactors.logs import get_logger
+from txactors.partition_count import PartitionCount, PartitionCountUnknown
 from txactors.producer.inflight import InFlight
 from txactors.producer.outcomes import UnconfirmedOutcomes
 from txactors.protocol import (
@@ -70,7 +74,7 @@ class CoordinatorClient:
         *,
         group: str,
         instance: str,
-        partitions: int,
+        partitions: PartitionCount,
         request_timeout: float,
         outcomes: UnconfirmedOutcomes,
         in_flight: InFlight,
@@ -81,20 +85,41 @@ class CoordinatorClient:
         self.instance = instance
         self.outcomes = outcomes
         self.in_flight = in_flight
+        self._nc = nc
         self._partitions = partitions
         self._timeout = request_timeout
         self._prepare_retries = prepare_retries
         self._sleep = sleep
-        self._prepare = [
-            RemoteActorRef(nc, prepare_subject(p, group), Prepared) for p in range(partitions)
-        ]
-        self._end = [RemoteActorRef(nc, end_subject(p, group), Ended) for p in range(partitions)]
+        self._prepare: list[RemoteActorRef] = []
+        self._end: list[RemoteActorRef] = []
+
+    async def _route(self, txid: str) -> int:
+        """The partition of `txid`; the count is read the first time (PartitionCountUnknown
+        while no coordinator has published one, PartitionCountMismatch against an override)."""
+        count = await self._partitions.get()
+        if len(self._prepare) != count:
+            group = self.group
+            self._prepare = [
+                RemoteActorRef(self._nc, prepare_subject(p, group), Prepared) for p in range(count)
+            ]
+            self._end = [
+                RemoteActorRef(self._nc, end_subject(p, group), Ended) for p in range(count)
+            ]
+        return partition_of(txid, count)
 
     async def prepare(
         self, txid: str, messages: list[OutgoingMessage], token: str | None
     ) -> Prepared:
         """Store halves; raises `PrepareFailed` unless the coordinator confirmed them."""
-        partition = partition_of(txid, self._partitions)
+        try:
+            partition = await self._route(txid)
+        except PartitionCountUnknown as error:  # no coordinator yet: nothing was sent
+            log.warning("prepare_unrouted", error=str(error))
+            raise PrepareFailed(
+                f"the prepare of {txid} was not sent: {error}",
+                txid=txid,
+                retry_after=NO_COORDINATOR_RETRY_AFTER,
+            ) from error
         command = Prepare(
             txid=txid,
             group=self.group,
@@ -138,7 +163,7 @@ class CoordinatorClient:
     async def end(self, txid: str, token: str, decision: Decision) -> Ended | None:
         """Send the end; None when it was not confirmed (the decision is then remembered
         for the check-back). Raises `EndRefused` when the coordinator said no."""
-        partition = partition_of(txid, self._partitions)
+        partition = await self._route(txid)  # known: the prepare was routed
         command = EndTransaction(
             txid=txid, token=token, decision=decision, version=PROTOCOL_VERSION
         )
@@ -171,7 +196,7 @@ class CoordinatorClient:
     async def end_oneway(self, txid: str, token: str, decision: Decision) -> None:
         """Publish the end without waiting for (or getting) an answer. The decision is
         remembered first, so the check-back of an end that never arrives is answered."""
-        partition = partition_of(txid, self._partitions)
+        partition = await self._route(txid)
         command = EndTransaction(
             txid=txid, token=token, decision=decision, version=PROTOCOL_VERSION
         )

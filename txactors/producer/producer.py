@@ -23,6 +23,7 @@ from nats.aio.client import Client
 from txactors.errors import ActorDeadError, ConfigError
 from txactors.layout import validate_name
 from txactors.logs import get_logger
+from txactors.partition_count import PartitionCount, PartitionCountUnknown
 from txactors.producer.checks import Checker, CheckResponder, CheckWorker
 from txactors.producer.client import CoordinatorClient
 from txactors.producer.inflight import InFlight
@@ -56,8 +57,9 @@ class TransactionProducer:
     answer COMMIT, ROLLBACK, or UNKNOWN (ask again later). It is not called for a
     transaction this producer is still working on (prepare, local transaction or end still
     running): that check is answered UNKNOWN. Up to `checker_concurrency`
-    checks run at once, each for at most `check_timeout` seconds. `partitions` must match
-    the coordinators' partition count. `end_mode` says how transactions end by default:
+    checks run at once, each for at most `check_timeout` seconds. The partition count is
+    read where the coordinators publish it; `partitions`, if given, is checked against it
+    (`PartitionCountMismatch`). `end_mode` says how transactions end by default:
     `"ack"` waits for the coordinator's answer, `"oneway"` publishes the end and goes on
     (see `EndMode`); `begin(end_mode=...)` chooses per transaction. A prepare the
     coordinator refuses for now, with a retry-after hint (it cannot write at the moment), is
@@ -75,7 +77,7 @@ class TransactionProducer:
         group: str,
         checker: Checker,
         *,
-        partitions: int = 1,
+        partitions: int | None = None,
         instance: str | None = None,
         request_timeout: float = 5.0,
         checker_concurrency: int = DEFAULT_CHECKER_CONCURRENCY,
@@ -85,8 +87,6 @@ class TransactionProducer:
     ) -> None:
         self.group = validate_name("group", group)
         self.instance = validate_name("instance", instance or default_instance_id())
-        if partitions < 1:
-            raise ConfigError(f"partitions must be at least 1, not {partitions}")
         if request_timeout <= 0 or check_timeout <= 0:
             raise ConfigError("request_timeout and check_timeout must be positive")
         if prepare_retries < 0:
@@ -94,11 +94,12 @@ class TransactionProducer:
         self.end_mode = _end_mode(end_mode)
         outcomes = UnconfirmedOutcomes()
         in_flight = InFlight()
+        self._partitions = PartitionCount(nc, partitions, request_timeout)
         self._client = CoordinatorClient(
             nc,
             group=self.group,
             instance=self.instance,
-            partitions=partitions,
+            partitions=self._partitions,
             request_timeout=request_timeout,
             outcomes=outcomes,
             in_flight=in_flight,
@@ -117,6 +118,10 @@ class TransactionProducer:
         return f"<TransactionProducer {self.group}/{self.instance}>"
 
     async def __aenter__(self) -> Self:
+        try:  # a count that disagrees is refused before anything runs
+            await self._partitions.get()
+        except PartitionCountUnknown as error:  # read again by the first transaction
+            log.warning("partition_count_unknown", error=str(error))
         await self._responder.__aenter__()
         self._running = True
         log.info("producer_started", group=self.group, instance=self.instance)

@@ -1,0 +1,49 @@
+"""The coordinators agree on one partition count and publish it (txactors/partition_count.py).
+
+The first coordinator to start creates the key (only if absent); every later one reads it and
+refuses to start with another count: two counts at once would send a txid to two partitions.
+The count changes only on purpose, with every coordinator stopped (`txactors partitions set`).
+"""
+
+from __future__ import annotations
+
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig, StorageType
+from nats.js.kv import KeyValue
+
+from txactors import layout
+from txactors.coordinator.store import ensure_bucket
+from txactors.partition_count import PartitionCountMismatch, parse_count, where_published
+
+
+async def meta_bucket(js: JetStreamContext, *, replicas: int) -> KeyValue:
+    """TXN_META, with direct gets allowed: clients read it without stream info or consumers."""
+    return await ensure_bucket(
+        js,
+        KeyValueConfig(
+            bucket=layout.META_BUCKET,
+            history=1,
+            storage=StorageType.FILE,
+            replicas=replicas,
+            direct=True,
+        ),
+    )
+
+
+async def agree_partition_count(kv: KeyValue, partitions: int) -> None:
+    """Publish `partitions` if no count is published yet; PartitionCountMismatch (one line for
+    the operator) if another one is."""
+    try:
+        await kv.create(layout.PARTITIONS_KEY, str(partitions).encode())
+        return
+    except nats.js.errors.KeyWrongLastSequenceError:
+        pass
+    entry = await kv.get(layout.PARTITIONS_KEY)
+    published = parse_count(entry.value or b"")
+    if published != partitions:
+        raise PartitionCountMismatch(
+            f"this coordinator has --partitions {partitions}, but the coordinators' partition "
+            f"count is {published} ({where_published()}): start it with --partitions "
+            f"{published}; to change the count see docs/operations.md (Partitions)"
+        )
