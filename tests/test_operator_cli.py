@@ -250,18 +250,18 @@ def test_help_shows_flags_without_a_value_type() -> None:
 
 
 async def test_lease_list(private_nc: Client) -> None:
-    options = CoordinatorOptions(partitions=2)
+    """Every partition of the published count is listed, the free one too, without a flag."""
+    options = CoordinatorOptions(partitions=3, max_partitions=2)
     async with run_coordinator(private_nc, options=options, owner="coord-a"):
-        code, out, err = await _cli(
-            "lease", "list", "--url", _url(private_nc), "--partitions", "3", "--json"
+        (code, out, err), (wrong, _, refused) = await asyncio.gather(
+            _cli("lease", "list", "--url", _url(private_nc), "--json"),
+            _cli("lease", "list", "--url", _url(private_nc), "--partitions", "2"),
         )
     assert code == 0, err
     leases = json.loads(out)["leases"]
-    assert [(lease["partition"], lease["owner"]) for lease in leases] == [
-        (0, "coord-a"),
-        (1, "coord-a"),
-        (2, None),
-    ]
+    assert [lease["partition"] for lease in leases] == [0, 1, 2]
+    assert sorted(str(lease["owner"]) for lease in leases) == ["None", "coord-a", "coord-a"]
+    assert wrong == 2 and "set to 2 here, but the coordinators use 3" in refused, refused
 
 
 async def test_version_and_a_bad_log_format() -> None:

@@ -27,6 +27,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from txactors.actors import Actor, ActorSystem, RemoteActorRef, serve
+from txactors.coordinator.agreement import agree_partition_count, meta_bucket
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import CommandError, EndRefused, PrepareFailed, TransactionStateError
 from txactors.layout import (
@@ -116,6 +117,7 @@ async def coordinator(
     nc: Client, *, partitions: int = 1, serve_end: bool = True, **knobs: Any
 ) -> AsyncIterator[Recorder]:
     recorder = Recorder(**knobs)
+    await agree_partition_count(await meta_bucket(nc.jetstream(), replicas=1), partitions)
     async with ActorSystem("stand-in") as system:
         subscriptions = []
         for p in range(partitions):
@@ -382,8 +384,9 @@ async def test_the_end_mode_is_the_producers_unless_a_transaction_chooses(nc: Cl
         producer(nc, end_mode="fire-and-forget")
 
 
-async def test_transactions_go_to_the_partition_of_their_txid(nc: Client) -> None:
-    async with coordinator(nc, partitions=3) as coord, producer(nc, partitions=3) as p:
+async def test_transactions_go_to_the_partition_of_their_txid(private_nc: Client) -> None:
+    nc = private_nc  # a server of its own: the session's coordinators have 1 partition
+    async with coordinator(nc, partitions=3) as coord, producer(nc) as p:
         results = [await p.send_in_transaction(message(), commit) for _ in range(12)]
     routed = {prepare.txid: partition for partition, prepare in coord.prepares}
     assert routed == {r.txid: partition_of(r.txid, 3) for r in results}

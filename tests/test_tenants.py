@@ -36,6 +36,7 @@ from txactors.coordinator.service import run_coordinator
 from txactors.coordinator.validation import Boundary
 from txactors.errors import AskTimeout, CommandError, ConfigError, PrepareFailed
 from txactors.lease_admin import list_leases
+from txactors.partition_count import read_published
 from txactors.producer import TransactionProducer, TxMessage
 from txactors.protocol import (
     Decision,
@@ -296,6 +297,24 @@ async def test_a_producer_cannot_touch_the_coordinators_streams_and_buckets(
             await orders.violation(subject)
         after = {name: (await coordinator.stream_info(name)).state.messages for name in before}
         assert after == before
+
+
+async def test_a_producer_reads_the_partition_count_and_nothing_else_of_the_bucket(
+    make_nats_server: MakeNatsServer,
+) -> None:
+    async with deployed(make_nats_server) as deployment:
+        orders = deployment["orders"]
+        assert await read_published(orders.nc, timeout=5) == 1
+        assert await read_published(deployment["operator"].nc, timeout=5) == 1
+        other_key = f"$JS.API.DIRECT.GET.KV_{layout.META_BUCKET}.$KV.{layout.META_BUCKET}.x"
+        with pytest.raises(nats.errors.TimeoutError):
+            await orders.nc.request(other_key, b"", timeout=DENIED)
+        await orders.violation(other_key)
+        written = f"$KV.{layout.META_BUCKET}.{layout.PARTITIONS_KEY}"
+        await orders.nc.publish(written, b"7")
+        await orders.violation(written)
+        assert await read_published(orders.nc, timeout=5) == 1
+        assert deployment["operator"].violations == []
 
 
 async def test_a_producer_cannot_answer_another_groups_check_backs(

@@ -41,7 +41,7 @@ from txactors.errors import (
     NatsConnectError,
     TxActorsError,
 )
-from txactors.partition_count import client_count
+from txactors.partition_count import PartitionCountUnknown, client_count
 from txactors.protocol import (
     CommitTransaction,
     Ended,
@@ -152,7 +152,10 @@ async def _ask(nc: Client, partition: int, command: Any, reply_type: type[R], ti
 async def _partition_count(nc: Client, partitions: int | None, timeout: float) -> int:
     """The coordinators' published partition count; `partitions`, if given, must equal it
     (txactors/partition_count.py), and is used as it is while none is published."""
-    return await client_count(nc, partitions, timeout)
+    try:
+        return await client_count(nc, partitions, timeout)
+    except PartitionCountUnknown as error:  # no coordinator ever ran here (or unreadable)
+        raise CoordinatorUnavailable(str(error)) from None
 
 
 async def _ask_owner(

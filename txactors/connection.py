@@ -150,7 +150,7 @@ async def _connect(servers: list[str], config: NatsConfig, opts: dict[str, Any])
             await user_error_cb(exc)
 
     async def on_disconnected() -> None:
-        if connected:
+        if connected and not nc.is_closed:  # closed on purpose: nothing to report
             await user_disconnected_cb()
 
     opts.setdefault("reconnected_cb", _on_reconnected)

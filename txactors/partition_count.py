@@ -62,15 +62,13 @@ async def read_published(nc: Client, timeout: float) -> int | None:
             f"may this NATS user publish to {subject}? (docs/operations.md, Partitions)"
         ) from None
     headers = reply.headers or {}
-    if not reply.data:
-        if headers.get("Status") == "404":
-            return None
+    if headers.get("KV-Operation") in _GONE or headers.get("Status") == "404":
+        return None
+    if "Status" in headers:
         raise PartitionCountUnknown(
             f"reading the partition count ({where_published()}) was answered "
-            f"{headers.get('Status')} {headers.get('Description', '')}".rstrip()
+            f"{headers['Status']} {headers.get('Description', '')}".rstrip()
         )
-    if headers.get("KV-Operation") in _GONE:
-        return None
     return parse_count(reply.data)
 
 
