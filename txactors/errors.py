@@ -8,7 +8,9 @@
     │   └── Escalated*            an actor's failure escalated to its ActorSystem (cause chained)
     ├── CommandError              the actor replied with a protocol Error (code + message)
     ├── ConfigError               a setting or argument is invalid (also a ValueError)
-    │   └── ConfigTypeError       an argument has the wrong type (also a TypeError)
+    │   ├── ConfigTypeError       an argument has the wrong type (also a TypeError)
+    │   ├── PartitionCountMismatch*  a partition count disagrees with the published one
+    │   └── PartitionCountUnknown*   no partition count is published (or it is unreadable)
     ├── PoisonMessage             no retry can help this message: dead-letter it at once
     ├── TransactionError          a transactional send went wrong (carries the txid)
     │   ├── PrepareFailed         the halves were not stored; the local transaction did not run
@@ -31,8 +33,8 @@
         └── ServerExitedEarly     the process died before it was ready (log tail attached)
 
 * defined beside the code that raises it (txactors.actors, the admin modules,
-  txactors.coordinator, txactors.natsclient). Two never leave the coordinator:
-  `coordinator.link.Troubled` (a write that did not land, caught by the writers) and
+  txactors.coordinator, txactors.natsclient, txactors.partition_count). Two never leave the
+  coordinator: `coordinator.link.Troubled` (a write that did not land, caught by the writers) and
   `coordinator.validation._Refused` are control flow; they derive from TxActorsError all the same.
 
 Callers catch the precise class they can act on; `TxActorsError` catches them all.
