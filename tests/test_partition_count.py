@@ -30,6 +30,7 @@ from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import PrepareFailed
 from txactors.natsclient import connect
+from txactors.partition_admin import live_coordinators
 from txactors.partition_count import (
     PartitionCountMismatch,
     agreed_count,
@@ -191,6 +192,40 @@ async def test_a_client_count_that_disagrees_is_an_error(
             _cli(url, "txn", "resolve", "--rollback", "--group", "shop", "--partitions", "2"),
         )
         assert [(code, out, err) for code, out, err in runs] == [(2, "", expected)] * 3
+
+
+async def test_the_count_changes_only_with_every_coordinator_stopped(
+    make_nats_server: MakeNatsServer, tmp_path: Path
+) -> None:
+    async with four_partitions(make_nats_server, tmp_path) as (url, _):
+        assert await _cli(url, "partitions", "show") == (0, "4\n", "")
+        code, out, err = await _cli(url, "partitions", "set", "2", "--yes")
+        assert (code, out) == (1, "")
+        assert err.startswith("error: coordinators still run") and err.count("\n") == 1, err
+    nc = await connect(url)
+    try:
+        with anyio.fail_after(10):  # both left cleanly; a killed one's lease expires in 2 s
+            while await live_coordinators(nc):
+                await anyio.sleep(0.1)
+        code, out, err = await _cli(url, "partitions", "set", "2", "--yes")
+        assert (code, out) == (0, "partition count 2 (was 4): start the coordinators with it\n")
+        coordinator = CoordinatorProcess(url, _dir(tmp_path, "after"), partitions=2)
+        await coordinator.start()
+        try:
+            async with TransactionProducer(nc, "shop", lambda view: Decision.COMMIT) as producer:
+                results: list[TransactionResult] = []
+                while len({layout.partition_of(r.txid, 2) for r in results}) < 2:
+                    assert len(results) < 64, "64 txids on one partition of 2"
+                    results.append(
+                        await producer.send_in_transaction(
+                            TxMessage("orders", b"x"), lambda m, a: Decision.COMMIT
+                        )
+                    )
+        finally:
+            await coordinator.terminate()
+    finally:
+        await nc.close()
+    assert {r.state for r in results} == {"committed"}, "both partitions of the new count"
 
 
 async def test_a_producer_started_before_any_coordinator_reads_the_count_when_it_sends(

@@ -19,6 +19,7 @@
     ├── CoordinatorUnavailable*   no coordinator answered an admin command (txactors.admin)
     ├── DeadLetterError*          a dead letter cannot be read or replayed (txactors.dlq_admin)
     ├── NoLeases*                 no coordinator has run on this server (txactors.lease_admin)
+    ├── CoordinatorsRunning*      the partition count cannot change now (txactors.partition_admin)
     ├── CoordinatorStateError*    the coordinator's table was fed an impossible event (a bug)
     ├── FencedOut*                another coordinator wrote this partition's op log: stop
     ├── LinkLost*                 the connection dropped while a JetStream call waited

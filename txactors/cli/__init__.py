@@ -12,7 +12,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from txactors.cli import coordinator, dlq, lease, protocol, run, server, sink, txn
+from txactors.cli import coordinator, dlq, lease, partitions, protocol, run, server, sink, txn
 from txactors.cli.exits import run_cli
 from txactors.cli.flags import show_flags_without_a_type
 from txactors.logs import LOG_FORMAT_ENV, LogFormat
@@ -69,6 +69,7 @@ app.command()(coordinator.coordinator)
 app.add_typer(txn.app, name="txn")
 app.add_typer(dlq.app, name="dlq")
 app.add_typer(lease.app, name="lease")
+app.add_typer(partitions.app, name="partitions")
 app.add_typer(protocol.app, name="protocol")
 app.add_typer(sink.app, name="sink")
 app.command()(run.run)

@@ -36,6 +36,7 @@ def admin_call(url: str | None, work: Callable[[Client], Awaitable[T]]) -> T:
     from txactors.dlq_admin import DeadLetterError
     from txactors.errors import CommandError, ConfigError, NatsConnectError
     from txactors.lease_admin import NoLeases
+    from txactors.partition_admin import CoordinatorsRunning
 
     # Operator output stays clean; connection trouble is reported once, below.
     configure_logging(default="ERROR")
@@ -49,7 +50,7 @@ def admin_call(url: str | None, work: Callable[[Client], Awaitable[T]]) -> T:
     except CommandError as exc:
         say_error(exc.message, exc.code)
         raise typer.Exit(1) from exc
-    except (DeadLetterError, NoLeases) as exc:
+    except (DeadLetterError, NoLeases, CoordinatorsRunning) as exc:
         say_error(str(exc))
         raise typer.Exit(1) from exc
     except (ConfigError, NatsConnectError, CoordinatorUnavailable) as exc:

@@ -2,7 +2,8 @@
 
 The first coordinator to start creates the key (only if absent); every later one reads it and
 refuses to start with another count: two counts at once would send a txid to two partitions.
-The count changes only on purpose, with every coordinator stopped (`txactors partitions set`).
+The count changes only on purpose, with every coordinator stopped (partition_admin.py,
+`txactors partitions set`).
 """
 
 from __future__ import annotations
