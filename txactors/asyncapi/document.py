@@ -78,8 +78,10 @@ def messages() -> dict[str, Any]:
 
 
 _PARAMETERS: Final = {
-    "partition": "The transaction's partition: crc32(utf-8 txid) mod the coordinator's "
-    "partition count (1 by default).",
+    "partition": "The transaction's partition: crc32(utf-8 txid) mod the partition count "
+    f"the coordinators publish (key `{layout.PARTITIONS_KEY}` of KV bucket "
+    f"`{layout.META_BUCKET}`, read with a JetStream direct get on "
+    f"`{layout.partitions_read_subject()}`; docs/protocol.md).",
     "group": "A producer or consumer group name.",
     "producer": "The producer instance id sent in the transaction's Prepare.",
     "topic": "A topic name.",

@@ -20,7 +20,7 @@ class CoordinatorOptions(msgspec.Struct, frozen=True, kw_only=True):
     """How the coordinator process runs (the transaction rules are in CoordinatorConfig)."""
 
     partitions: int = 1
-    """Txid hash buckets (`crc32(txid) mod partitions`); producers must use the same count."""
+    """Txid hash buckets (`crc32(txid) mod partitions`); all coordinators agree, clients read it."""
     tick_interval: float = 0.1
     """How often due deadlines are looked at: the resolution of every check-back timer."""
     checkpoint_interval: float = 5.0
