@@ -16,6 +16,7 @@ from nats.js.kv import KeyValue
 from txactors import layout
 from txactors.coordinator.store import ensure_bucket
 from txactors.partition_count import PartitionCountMismatch, parse_count, where_published
+from txactors.topics import DECLARE_DEADLINE, declaring
 
 
 async def meta_bucket(js: JetStreamContext, *, replicas: int) -> KeyValue:
@@ -32,9 +33,21 @@ async def meta_bucket(js: JetStreamContext, *, replicas: int) -> KeyValue:
     )
 
 
-async def agree_partition_count(kv: KeyValue, partitions: int) -> None:
+async def agree_partition_count(
+    kv: KeyValue, partitions: int, *, deadline: float = DECLARE_DEADLINE
+) -> None:
     """Publish `partitions` if no count is published yet; PartitionCountMismatch (one line for
-    the operator) if another one is."""
+    the operator) if another one is. Transient answers (the bucket electing a leader while a
+    cluster boots) are retried for `deadline` seconds; a create whose answer was lost is then
+    found in place, with our count."""
+    await declaring(
+        f"the partition count in KV bucket {layout.META_BUCKET}",
+        lambda: _agree(kv, partitions),
+        deadline=deadline,
+    )
+
+
+async def _agree(kv: KeyValue, partitions: int) -> None:
     try:
         await kv.create(layout.PARTITIONS_KEY, str(partitions).encode())
         return
