@@ -15,7 +15,9 @@
     ├── TransactionError          a transactional send went wrong (carries the txid)
     │   ├── PrepareFailed         the halves were not stored; the local transaction did not run
     │   ├── EndRefused            the coordinator refused the end (conflict, forbidden, …)
-    │   └── TransactionStateError this Transaction cannot do that now (ended, or a send failed)
+    │   ├── TransactionStateError this Transaction cannot do that now (ended, or a send failed)
+    │   └── RolledBackByCheck     a check-back claimed the txid first: the local transaction
+    │                             must roll back (txactors.producer.txlog)
     ├── CoordinatorUnavailable*   no coordinator answered an admin command (txactors.admin)
     ├── DeadLetterError*          a dead letter cannot be read or replayed (txactors.dlq_admin)
     ├── NoLeases*                 no coordinator has run on this server (txactors.lease_admin)
@@ -120,6 +122,12 @@ class PrepareFailed(TransactionError):
     With `code` None the coordinator was unreachable or slow: halves may still have been
     stored, and the check-back resolves them (this producer answers ROLLBACK for them).
     """
+
+
+class RolledBackByCheck(TransactionError):
+    """A check-back found no record of this transaction and claimed it rolled back, so
+    recording it now fails on the log's key: the local transaction must roll back (let the
+    error propagate). The coordinator rolled, or will roll, its messages back."""
 
 
 class EndRefused(TransactionError):

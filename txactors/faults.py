@@ -19,6 +19,12 @@ class FaultPoint(enum.StrEnum):
     """Coordinator: the commit decision is durable in TXN_OP, nothing is published yet."""
     AFTER_PREPARE = "after_prepare"
     """Producer: halves stored, before the local transaction runs."""
+    AFTER_TXLOG_RECORD = "after_txlog_record"
+    """Producer (`TxLog.send_in_transaction`): txid recorded in the open local transaction."""
+    AFTER_LOCAL_WORK = "after_local_work"
+    """Producer (`TxLog.send_in_transaction`): the work done, the local commit not yet sent."""
+    AFTER_LOCAL_COMMIT = "after_local_commit"
+    """Producer (`TxLog.send_in_transaction`): the local transaction committed, no end sent."""
 
 
 _armed = os.environ.get(FAULT_ENV)

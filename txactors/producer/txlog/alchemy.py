@@ -1,0 +1,167 @@
+"""The transaction log through SQLAlchemy's async engine (the `sqlalchemy` extra): MySQL
+and MariaDB (asyncmy, aiomysql), PostgreSQL, SQLite, and whatever else it drives.
+
+`SqlAlchemyTxLog(engine, group)`: local transactions of the one-call form and check-backs
+each take a connection of the engine's pool. `record(conn, txid)` works on any
+`AsyncConnection` in a transaction (from an `AsyncSession`: `await session.connection()`).
+Only portable SQL: a claim is a plain INSERT in its own transaction, whose key violation
+means "taken"; each read is a transaction of its own, so under MySQL's REPEATABLE READ it
+sees the latest commit.
+
+MySQL and MariaDB keep a transaction open after a statement failed: when `record` raises
+`RolledBackByCheck`, let the error propagate so the transaction rolls back (the one-call
+form does). Durability is the server's: InnoDB's `innodb_flush_log_at_trx_commit = 1`
+(its default) flushes the log at each commit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Final
+
+import anyio
+import sqlalchemy as sa
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from txactors.logs import get_logger
+from txactors.producer.txlog.decide import COMMITTED, ROLLED_BACK, LogUnavailable
+from txactors.producer.txlog.log import PRUNE_BATCH, TxLog, duplicate_txid
+from txactors.producer.txlog.schema import (
+    DECISION_LENGTH,
+    GROUP_LENGTH,
+    INDEX,
+    TABLE,
+    TXID_LENGTH,
+)
+
+log = get_logger(__name__)
+
+metadata: Final = sa.MetaData()
+table: Final = sa.Table(
+    TABLE,
+    metadata,
+    sa.Column("producer_group", sa.String(GROUP_LENGTH), primary_key=True),
+    sa.Column("txid", sa.String(TXID_LENGTH), primary_key=True),
+    sa.Column("decision", sa.String(DECISION_LENGTH), nullable=False),
+    sa.Column("recorded_at", sa.Double(), nullable=False),
+    sa.Index(INDEX, "recorded_at"),
+)
+"""The same table as `schema.CREATE_TABLE`, for `metadata.create_all` or Alembic."""
+
+
+class SqlAlchemyLocal:
+    """A local transaction on a pooled connection (`SqlAlchemyTxLog.local`)."""
+
+    def __init__(self, connection: AsyncConnection) -> None:
+        self.connection = connection
+        self.committed = False
+
+    async def commit(self) -> None:
+        await self.connection.commit()
+        self.committed = True
+
+
+class SqlAlchemyTxLog(TxLog[AsyncConnection]):
+    """The log of `group` in the database of `engine`."""
+
+    def __init__(self, engine: AsyncEngine, group: str) -> None:
+        super().__init__(group)
+        self._engine = engine
+
+    async def create_table(self) -> None:
+        async with self._engine.begin() as conn:
+            await conn.run_sync(metadata.create_all, tables=[table])
+
+    async def record(self, conn: AsyncConnection, txid: str) -> None:
+        try:
+            await conn.execute(table.insert().values(self._row(txid, COMMITTED)))
+        except IntegrityError as error:
+            raise duplicate_txid(self.group, txid) from error
+
+    @asynccontextmanager
+    async def local(self) -> AsyncIterator[SqlAlchemyLocal]:
+        async with self._engine.connect() as conn:
+            local = SqlAlchemyLocal(conn)
+            try:
+                await conn.begin()
+                yield local
+            finally:
+                if not local.committed:
+                    with anyio.CancelScope(shield=True):
+                        await _rollback(conn)
+
+    async def lookup(self, txid: str) -> str | None:
+        query = sa.select(table.c.decision).where(
+            table.c.producer_group == self.group, table.c.txid == txid
+        )
+        try:
+            async with self._engine.begin() as conn:
+                found = (await conn.execute(query)).scalar_one_or_none()
+        except Exception as error:
+            if _unavailable(error):
+                raise LogUnavailable(repr(error)) from error
+            raise
+        return None if found is None else str(found)
+
+    async def claim(self, txid: str) -> bool:
+        try:
+            async with self._engine.begin() as conn:
+                await conn.execute(table.insert().values(self._row(txid, ROLLED_BACK)))
+        except IntegrityError:
+            return False  # recorded first: the row says what happened
+        except Exception as error:
+            if _unavailable(error):
+                raise LogUnavailable(repr(error)) from error
+            raise
+        return True
+
+    async def forget_before(self, cutoff: float) -> int:
+        removed = 0
+        while True:
+            async with self._engine.begin() as conn:
+                # Keys first, then a delete by key: MySQL allows no LIMIT in a subquery.
+                keys = (
+                    await conn.execute(
+                        sa.select(table.c.producer_group, table.c.txid)
+                        .where(table.c.recorded_at < cutoff)
+                        .limit(PRUNE_BATCH)
+                    )
+                ).all()
+                if keys:
+                    await conn.execute(
+                        table.delete().where(
+                            sa.tuple_(table.c.producer_group, table.c.txid).in_(
+                                [tuple(key) for key in keys]
+                            )
+                        )
+                    )
+            removed += len(keys)
+            if len(keys) < PRUNE_BATCH:
+                return removed
+
+    def _row(self, txid: str, decision: str) -> dict[str, object]:
+        return {
+            "producer_group": self.group,
+            "txid": txid,
+            "decision": decision,
+            "recorded_at": time.time(),
+        }
+
+
+def _unavailable(error: Exception) -> bool:
+    """Connection lost, lock wait timeout, deadlock, pool exhausted: ask again later."""
+    if isinstance(error, OperationalError | PoolTimeout | OSError | TimeoutError):
+        return True
+    return isinstance(error, DBAPIError) and error.connection_invalidated
+
+
+async def _rollback(conn: AsyncConnection) -> None:
+    """A rollback that fails left nothing committed (the pool discards the connection)."""
+    try:
+        await conn.rollback()
+    except sa.exc.SQLAlchemyError as error:
+        log.warning("txlog_rollback_failed", error=repr(error))

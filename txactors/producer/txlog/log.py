@@ -1,0 +1,168 @@
+"""`TxLog`: the transaction log in the producer's own database, and the one-call send.
+
+A backend (one module per database driver) knows the SQL; this class holds what every
+backend shares: the check-back (`check`, see `decide`), retention (`prune`) and the
+one-call form (`send_in_transaction`), which is the only order of steps in which a crash
+or a cancellation at any point still ends with the message delivered if and only if the
+business change committed:
+
+1. prepare the halves (a failure: nothing else runs, the halves are rolled back);
+2. open the local database transaction and record the txid first: a check-back that
+   claimed it already makes this fail before the work runs, and a check-back that comes
+   later waits on the row (or fails on it) instead of claiming it;
+3. run the user's work on the same connection;
+4. commit the local transaction (shielded: its outcome is then known);
+5. end the transaction with COMMIT.
+
+An exception before the commit rolls the local transaction back and the messages with it.
+A commit that raises has an unknown outcome: the log is asked at once (`settle`, the
+check-back's own decision), so the end says what really happened. A cancellation, or a
+crash, ends nothing: the coordinator's check-back asks the group, and the log answers.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Generic, Protocol, TypeVar
+
+import anyio
+
+from txactors.coordinator.config import CoordinatorConfig
+from txactors.errors import ConfigError, RolledBackByCheck
+from txactors.faults import FaultPoint, crash_if_armed
+from txactors.layout import validate_name
+from txactors.logs import get_logger
+from txactors.producer.checks import CheckView
+from txactors.producer.message import TxMessage
+from txactors.producer.producer import TransactionProducer
+from txactors.producer.transaction import TransactionResult
+from txactors.producer.txlog.decide import settle
+from txactors.producer.txlog.retention import CLOCK_MARGIN, retention_age
+from txactors.protocol import Decision
+
+C = TypeVar("C")
+C_co = TypeVar("C_co", covariant=True)
+
+log = get_logger(__name__)
+
+PRUNE_BATCH = 1000
+"""Rows removed per statement: short transactions that never hold the table for long."""
+
+
+class OpenLocal(Protocol[C_co]):
+    """A local database transaction that `TxLog.local()` opened: its connection, and its
+    commit. Left without a commit, it is rolled back."""
+
+    @property
+    def connection(self) -> C_co: ...
+
+    async def commit(self) -> None: ...
+
+
+Work = Callable[[C], Awaitable[object]]
+"""The business change: `work(connection)`, inside the local transaction. It must not
+commit or roll back itself: the one-call form does."""
+
+
+class TxLog(ABC, Generic[C]):
+    """The transaction log of producer group `group` in one database."""
+
+    def __init__(self, group: str) -> None:
+        self.group = validate_name("group", group)
+
+    @abstractmethod
+    async def create_table(self) -> None:
+        """Create the log table and its index if they are missing (docs/operations.md has
+        the same DDL as a migration)."""
+
+    @abstractmethod
+    async def record(self, conn: C, txid: str) -> None:
+        """Record `txid` as committed, on `conn`, inside the caller's open local transaction:
+        it commits or rolls back with the business change. Raises `RolledBackByCheck`
+        when a check-back claimed the txid first; the transaction must then roll back."""
+
+    @abstractmethod
+    def local(self) -> AbstractAsyncContextManager[OpenLocal[C]]:
+        """Open a durable local transaction on a connection of this database."""
+
+    @abstractmethod
+    async def lookup(self, txid: str) -> str | None:
+        """The recorded decision for `txid`, in a transaction of its own."""
+
+    @abstractmethod
+    async def claim(self, txid: str) -> bool:
+        """Insert `rolled_back` for `txid` and commit; False when the key was taken."""
+
+    @abstractmethod
+    async def forget_before(self, cutoff: float) -> int:
+        """Remove rows recorded before `cutoff` (epoch seconds); how many were removed."""
+
+    async def check(self, view: CheckView) -> Decision:
+        """The group's checker: `TransactionProducer(nc, group, txlog.check)`."""
+        if view.group != self.group:
+            raise ConfigError(f"this log answers for group {self.group!r}, not {view.group!r}")
+        return await settle(self, view.txid)
+
+    async def prune(
+        self, config: CoordinatorConfig | None = None, *, clock_margin: float = CLOCK_MARGIN
+    ) -> int:
+        """Remove the rows no check-back can ask about any more (see `retention`), for the
+        coordinators' `config`; how many were removed. Run it now and then (hourly)."""
+        age = retention_age(config or CoordinatorConfig(), clock_margin)
+        removed = await self.forget_before(time.time() - age)
+        log.info("txlog_pruned", group=self.group, removed=removed, older_than=age)
+        return removed
+
+    async def send_in_transaction(
+        self,
+        producer: TransactionProducer,
+        message: TxMessage | Sequence[TxMessage],
+        work: Work[C],
+    ) -> TransactionResult:
+        """Send `message` if and only if `work` commits: prepare, then one local transaction
+        (record the txid, run `work(connection)`, commit), then end with COMMIT.
+
+        `work` raising rolls both back and the error propagates; `RolledBackByCheck` if a
+        check-back had already decided the transaction. `PrepareFailed` (nothing ran) if
+        the halves were not stored. A commit that raises is settled from the log at once:
+        the error propagates unless the commit did happen.
+        """
+        if producer.group != self.group:
+            raise ConfigError(
+                f"the log is for group {self.group!r}, the producer for {producer.group!r}"
+            )
+        async with producer.begin() as txn:  # an exception rolls back, a cancel ends nothing
+            await txn.send(message)
+            crash_if_armed(FaultPoint.AFTER_PREPARE)
+            commit_error: Exception | None = None
+            async with self.local() as local:  # left uncommitted, it rolls back
+                await self.record(local.connection, txn.txid)
+                crash_if_armed(FaultPoint.AFTER_TXLOG_RECORD)
+                await work(local.connection)
+                crash_if_armed(FaultPoint.AFTER_LOCAL_WORK)
+                try:
+                    with anyio.CancelScope(shield=True):
+                        await local.commit()
+                except Exception as error:
+                    commit_error = error
+            if commit_error is not None:  # it may have committed all the same: ask the log
+                decision = await settle(self, txn.txid)
+                log.warning("local_commit_failed", error=repr(commit_error), settled=decision)
+                await txn.end(decision)
+                if decision is not Decision.COMMIT:
+                    raise commit_error
+            crash_if_armed(FaultPoint.AFTER_LOCAL_COMMIT)
+        assert txn.result is not None  # the block's exit ended it
+        return txn.result
+
+
+def duplicate_txid(group: str, txid: str) -> RolledBackByCheck:
+    """The error `record` raises when the key is taken."""
+    return RolledBackByCheck(
+        f"transaction {txid} of group {group!r} was decided by a check-back (rolled back) "
+        "before its local transaction recorded it; roll the local transaction back",
+        txid=txid,
+    )

@@ -1,0 +1,140 @@
+"""The transaction log in PostgreSQL through psycopg 3 (the `psycopg` extra).
+
+`PsycopgTxLog(pool, group)` with a `psycopg_pool.AsyncConnectionPool`: local transactions
+of the one-call form and check-backs each take a connection of the pool, so a check never
+runs inside a transaction the service has open. `record(conn, txid)` works on any psycopg
+`AsyncConnection` in a transaction; its failure on the key aborts that transaction
+(PostgreSQL refuses to commit it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, Protocol
+
+import anyio
+import psycopg
+
+from txactors.logs import get_logger
+from txactors.producer.txlog.decide import COMMITTED, ROLLED_BACK, LogUnavailable
+from txactors.producer.txlog.log import PRUNE_BATCH, TxLog, duplicate_txid
+from txactors.producer.txlog.postgres import DDL_LOCK, DURABLE, is_transient
+from txactors.producer.txlog.schema import CREATE_INDEX, CREATE_TABLE, TABLE
+
+log = get_logger(__name__)
+
+Connection = psycopg.AsyncConnection[Any]
+_INSERT = (
+    f"INSERT INTO {TABLE} (producer_group, txid, decision, recorded_at) VALUES (%s, %s, %s, %s)"
+)
+
+
+class PsycopgPool(Protocol):
+    """What we use of a `psycopg_pool.AsyncConnectionPool`."""
+
+    def connection(self) -> AbstractAsyncContextManager[Connection]: ...
+
+
+class PsycopgLocal:
+    """A local transaction on a pooled connection (`PsycopgTxLog.local`)."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self.committed = False
+
+    async def commit(self) -> None:
+        await self.connection.commit()
+        self.committed = True
+
+
+class PsycopgTxLog(TxLog[Connection]):
+    """The log of `group` in the database of `pool`."""
+
+    def __init__(self, pool: PsycopgPool, group: str) -> None:
+        super().__init__(group)
+        self._pool = pool
+
+    async def create_table(self) -> None:
+        async with self._pool.connection() as conn:
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (DDL_LOCK,))
+            await conn.execute(CREATE_TABLE)
+            await conn.execute(CREATE_INDEX)
+            await conn.commit()
+
+    async def record(self, conn: Connection, txid: str) -> None:
+        try:
+            await conn.execute(_INSERT, (self.group, txid, COMMITTED, time.time()))
+        except psycopg.errors.UniqueViolation as error:
+            raise duplicate_txid(self.group, txid) from error
+
+    @asynccontextmanager
+    async def local(self) -> AsyncIterator[PsycopgLocal]:
+        async with self._pool.connection() as conn:
+            local = PsycopgLocal(conn)
+            try:
+                await conn.execute(DURABLE)  # begins the transaction (autocommit is off)
+                yield local
+            finally:
+                if not local.committed:
+                    with anyio.CancelScope(shield=True):
+                        await _rollback(conn)
+
+    async def lookup(self, txid: str) -> str | None:
+        try:
+            async with self._pool.connection() as conn:
+                cursor = await conn.execute(
+                    f"SELECT decision FROM {TABLE} WHERE producer_group = %s AND txid = %s",
+                    (self.group, txid),
+                )
+                row = await cursor.fetchone()
+                await conn.rollback()  # a read: nothing to commit
+        except Exception as error:
+            if _unavailable(error):
+                raise LogUnavailable(repr(error)) from error
+            raise
+        return None if row is None else str(row[0])
+
+    async def claim(self, txid: str) -> bool:
+        try:
+            async with self._pool.connection() as conn:
+                await conn.execute(DURABLE)
+                cursor = await conn.execute(
+                    f"{_INSERT} ON CONFLICT DO NOTHING",
+                    (self.group, txid, ROLLED_BACK, time.time()),
+                )
+                claimed = cursor.rowcount == 1
+                await conn.commit()
+        except Exception as error:
+            if _unavailable(error):
+                raise LogUnavailable(repr(error)) from error
+            raise
+        return claimed
+
+    async def forget_before(self, cutoff: float) -> int:
+        removed = 0
+        while True:
+            async with self._pool.connection() as conn:
+                cursor = await conn.execute(
+                    f"DELETE FROM {TABLE} WHERE ctid IN (SELECT ctid FROM {TABLE} "
+                    "WHERE recorded_at < %s LIMIT %s)",
+                    (cutoff, PRUNE_BATCH),
+                )
+                count = cursor.rowcount
+                await conn.commit()
+            removed += count
+            if count < PRUNE_BATCH:
+                return removed
+
+
+def _unavailable(error: Exception) -> bool:
+    return isinstance(error, psycopg.OperationalError) or is_transient(error)
+
+
+async def _rollback(conn: Connection) -> None:
+    """A rollback that fails left nothing committed (the pool replaces the connection)."""
+    try:
+        await conn.rollback()
+    except psycopg.Error as error:
+        log.warning("txlog_rollback_failed", error=repr(error))
