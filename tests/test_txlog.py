@@ -72,17 +72,16 @@ async def test_a_check_while_the_local_transaction_runs_before_it_records(db: Ba
     a, b = await db.instance(group), await db.instance(group)
     txid = uuid.uuid4().hex
     answer: list[Decision] = []
-    async with anyio.create_task_group() as tg:
-        async with a.local() as local:
-            await db.write(local.connection, txid)
-            tg.start_soon(lambda: _append(answer, check(b, txid)))
-            await _settled(answer, 0.5)
-            try:
-                await a.record(local.connection, txid)
-            except RolledBackByCheck:
-                pass
-            else:
-                await local.commit()
+    async with anyio.create_task_group() as tg, a.local() as local:
+        await db.write(local.connection, txid)
+        tg.start_soon(lambda: _append(answer, check(b, txid)))
+        await _settled(answer, 0.5)
+        try:
+            await a.record(local.connection, txid)
+        except RolledBackByCheck:
+            pass
+        else:
+            await local.commit()
     committed = await db.committed(txid)
     assert answer == [Decision.COMMIT if committed else Decision.ROLLBACK]
     assert committed is isinstance(db, SqliteBackend)
@@ -96,15 +95,14 @@ async def test_a_check_after_the_record_waits_for_the_local_outcome(
     a, b = await db.instance(group), await db.instance(group)
     txid = uuid.uuid4().hex
     answer: list[Decision] = []
-    async with anyio.create_task_group() as tg:
-        async with a.local() as local:
-            await a.record(local.connection, txid)
-            await db.write(local.connection, txid)
-            tg.start_soon(lambda: _append(answer, check(b, txid)))
-            await _settled(answer, 0.5)
-            assert answer == [], "the check answered before the local transaction ended"
-            if outcome is Decision.COMMIT:
-                await local.commit()
+    async with anyio.create_task_group() as tg, a.local() as local:
+        await a.record(local.connection, txid)
+        await db.write(local.connection, txid)
+        tg.start_soon(lambda: _append(answer, check(b, txid)))
+        await _settled(answer, 0.5)
+        assert answer == [], "the check answered before the local transaction ended"
+        if outcome is Decision.COMMIT:
+            await local.commit()
     assert answer == [outcome]
     assert await db.committed(txid) is (outcome is Decision.COMMIT)
     assert [await check(a, txid), await check(b, txid)] == [outcome] * 2

@@ -165,6 +165,4 @@ class MariadbBackend(Backend):
 def backend(name: str, directory: Path) -> Backend:
     if name == "sqlite":
         return SqliteBackend(directory / "service.db")
-    return {"asyncpg": AsyncpgBackend, "psycopg": PsycopgBackend, "mariadb": MariadbBackend}[
-        name
-    ]()
+    return {"asyncpg": AsyncpgBackend, "psycopg": PsycopgBackend, "mariadb": MariadbBackend}[name]()

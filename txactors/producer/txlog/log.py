@@ -62,9 +62,10 @@ class OpenLocal(Protocol[C_co]):
     async def commit(self) -> None: ...
 
 
-Work = Callable[[C], Awaitable[object]]
-"""The business change: `work(connection)`, inside the local transaction. It must not
-commit or roll back itself: the one-call form does."""
+Work = Callable[[C, str], Awaitable[object]]
+"""The business change: `work(connection, txid)`, inside the local transaction (the txid
+to keep beside the change, if you like). It must not commit or roll back: the one-call
+form does."""
 
 
 class TxLog(ABC, Generic[C]):
@@ -123,7 +124,7 @@ class TxLog(ABC, Generic[C]):
         work: Work[C],
     ) -> TransactionResult:
         """Send `message` if and only if `work` commits: prepare, then one local transaction
-        (record the txid, run `work(connection)`, commit), then end with COMMIT.
+        (record the txid, run `work(connection, txid)`, commit), then end with COMMIT.
 
         `work` raising rolls both back and the error propagates; `RolledBackByCheck` if a
         check-back had already decided the transaction. `PrepareFailed` (nothing ran) if
@@ -141,7 +142,7 @@ class TxLog(ABC, Generic[C]):
             async with self.local() as local:  # left uncommitted, it rolls back
                 await self.record(local.connection, txn.txid)
                 crash_if_armed(FaultPoint.AFTER_TXLOG_RECORD)
-                await work(local.connection)
+                await work(local.connection, txn.txid)
                 crash_if_armed(FaultPoint.AFTER_LOCAL_WORK)
                 try:
                     with anyio.CancelScope(shield=True):
