@@ -179,14 +179,19 @@ async def _settled_transactions(
 
 
 async def _transactions_through_cuts(
-    power_cut: PowerCut, logs: Path, *, sync: str | None, setting: str, cuts: int
+    power_cut: PowerCut,
+    logs: Path,
+    *,
+    sync: str | None,
+    setting: str,
+    cuts: int,
+    peer: str = "tests.peers.powercut_producer",
 ) -> list[str]:
-    """Run the producer under load and cut `cuts` times; after each restart, what the
-    invariants found wrong (empty: nothing)."""
+    """Run the producer (`peer`) under load and cut `cuts` times; after each restart, what
+    the invariants found wrong (empty: nothing)."""
     machine = Machine(power_cut, logs, sync)
     ledger = power_cut.mountpoint / "ledger.db"
     rng = random.Random(SEED)
-    peer = "tests.peers.powercut_producer"
     problems: list[str] = []
     for cut in range(1, cuts + 1):
         await machine.boot()
@@ -216,6 +221,23 @@ async def _transactions_through_cuts(
 async def test_committed_transactions_survive_power_cuts(power_cut: PowerCut, tmp_path: Path):
     problems = await _transactions_through_cuts(
         power_cut, tmp_path / "logs", sync="always", setting="durable", cuts=CUTS
+    )
+    assert problems == []
+
+
+async def test_the_transaction_log_is_as_durable_as_the_business_rows(
+    power_cut: PowerCut, tmp_path: Path
+):
+    """The producer sends with `TxLog.send_in_transaction`, its log in the same SQLite file
+    as the business rows: after each cut the check-backs, answered from the log alone,
+    deliver exactly the business changes that survived."""
+    problems = await _transactions_through_cuts(
+        power_cut,
+        tmp_path / "logs",
+        sync="always",
+        setting="durable",
+        cuts=CUTS,
+        peer="tests.peers.powercut_txlog",
     )
     assert problems == []
 

@@ -26,7 +26,7 @@ from txactors.errors import RolledBackByCheck
 from txactors.producer import CheckView, Decision
 from txactors.producer.txlog import TxLog, retention_age, schedule_span
 
-pytestmark = pytest.mark.postgres  # with MariaDB: the test servers are required, not skipped
+pytestmark = [pytest.mark.postgres, pytest.mark.mariadb]  # required, never skipped
 
 
 @pytest_asyncio.fixture(params=BACKENDS)

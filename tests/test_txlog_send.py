@@ -32,7 +32,7 @@ from txactors.faults import CRASH_EXIT_CODE, FAULT_ENV, FaultPoint
 from txactors.producer import Transaction, TransactionProducer, TxMessage
 from txactors.producer.txlog.sqlite import SqliteLocal, SqliteTxLog
 
-pytestmark = pytest.mark.postgres  # the kill test runs on PostgreSQL and MariaDB too
+pytestmark = [pytest.mark.postgres, pytest.mark.mariadb]  # the kill test runs on each
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPIC = "paid"
