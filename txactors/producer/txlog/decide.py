@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Final, Protocol
 
+from txactors.errors import TxActorsError
 from txactors.logs import get_logger
 from txactors.protocol import Decision
 
@@ -31,7 +32,7 @@ ROLLED_BACK: Final = "rolled_back"
 """A check-back claimed the txid: the local transaction can no longer commit."""
 
 
-class LogUnavailable(Exception):
+class LogUnavailable(TxActorsError):
     """The database cannot answer now (unreachable, locked, a deadlock victim): the check
     is answered UNKNOWN and asked again later. Raised by a backend, never to the user."""
 
