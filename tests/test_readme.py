@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -118,11 +120,12 @@ def user_env() -> dict[str, str]:
     return env
 
 
-def test_readme_api_example_runs() -> None:
+def test_readme_api_example_runs(tmp_path: Path) -> None:
+    """Run where a user would, in a directory of their own (its database file lands there)."""
     [block] = [b for b in python_blocks() if "anyio.run(main)" in b]
     result = subprocess.run(
         [sys.executable, "-c", block],
-        cwd=ROOT,
+        cwd=tmp_path,
         env=user_env(),
         capture_output=True,
         text=True,
@@ -131,6 +134,10 @@ def test_readme_api_example_runs() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "shipping ('42',) b'order 42 paid'" in result.stdout, "the committed message arrived"
+    with closing(sqlite3.connect(tmp_path / "shop.db")) as db:
+        [(txid,)] = db.execute("SELECT txid FROM payments").fetchall()
+        logged = db.execute("SELECT txid, decision FROM txactors_txlog").fetchall()
+    assert logged == [(txid, "committed")], "the payment and its log row committed together"
 
 
 def test_readme_handler_and_its_test_pass_under_pytest(tmp_path: Path) -> None:
