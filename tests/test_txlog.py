@@ -148,10 +148,32 @@ async def test_retention_removes_only_rows_past_the_cutoff(db: Backend) -> None:
     assert await check(txlog, uuid.uuid4().hex) is Decision.ROLLBACK  # a claimed row
     cutoff = await _now_after_a_tick()
     await commit_locally(db, txlog, young)
-    assert await txlog.forget_before(cutoff) >= 2
+    assert await txlog.forget_before(cutoff) == 2  # this group's: `old` and the claim
     assert await txlog.lookup(old) is None
     assert await txlog.lookup(young) == "committed"
     assert await txlog.prune(CoordinatorConfig()) == 0  # nothing is 73 hours old
+
+
+async def test_pruning_follows_the_coordinators_retention(db: Backend) -> None:
+    """With a half retention of 0.2 s, a row is prunable 0.3 s after it was written; other
+    groups' rows are theirs to prune."""
+    txlog, other = await db.instance(new_group()), await db.instance(new_group())
+    config = CoordinatorConfig(
+        transaction_timeout=0.1, half_retention=0.2, check_answer_timeout=0.1
+    )
+    others = uuid.uuid4().hex
+    await commit_locally(db, other, others)
+    old = uuid.uuid4().hex
+    await commit_locally(db, txlog, old)
+    assert await txlog.prune(config, clock_margin=0) == 0  # young: a check may still come
+    await anyio.sleep(0.35)
+    young = uuid.uuid4().hex
+    await commit_locally(db, txlog, young)
+    with anyio.move_on_after(0.1):  # a few rounds, while `young` is still young
+        await txlog.prune_forever(config, every=0.02, clock_margin=0)
+    assert await txlog.lookup(old) is None
+    assert await txlog.lookup(young) == "committed"
+    assert await other.lookup(others) == "committed"
 
 
 # -- the database cannot answer: UNKNOWN -----------------------------------------------

@@ -48,7 +48,7 @@ table: Final = sa.Table(
     sa.Column("txid", sa.String(TXID_LENGTH), primary_key=True),
     sa.Column("decision", sa.String(DECISION_LENGTH), nullable=False),
     sa.Column("recorded_at", sa.Double(), nullable=False),
-    sa.Index(INDEX, "recorded_at"),
+    sa.Index(INDEX, "producer_group", "recorded_at"),
 )
 """The same table as `schema.CREATE_TABLE`, for `metadata.create_all` or Alembic."""
 
@@ -127,6 +127,7 @@ class SqlAlchemyTxLog(TxLog[AsyncConnection]):
                 keys = (
                     await conn.execute(
                         sa.select(table.c.producer_group, table.c.txid)
+                        .where(table.c.producer_group == self.group)
                         .where(table.c.recorded_at < cutoff)
                         .limit(PRUNE_BATCH)
                     )

@@ -26,7 +26,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, NoReturn, Protocol, TypeVar
 
 import anyio
 
@@ -99,7 +99,7 @@ class TxLog(ABC, Generic[C]):
 
     @abstractmethod
     async def forget_before(self, cutoff: float) -> int:
-        """Remove rows recorded before `cutoff` (epoch seconds); how many were removed."""
+        """Remove this group's rows recorded before `cutoff` (epoch seconds); how many."""
 
     async def check(self, view: CheckView) -> Decision:
         """The group's checker: `TransactionProducer(nc, group, txlog.check)`."""
@@ -116,6 +116,22 @@ class TxLog(ABC, Generic[C]):
         removed = await self.forget_before(time.time() - age)
         log.info("txlog_pruned", group=self.group, removed=removed, older_than=age)
         return removed
+
+    async def prune_forever(
+        self,
+        config: CoordinatorConfig | None = None,
+        *,
+        every: float = 3600.0,
+        clock_margin: float = CLOCK_MARGIN,
+    ) -> NoReturn:
+        """`prune` now and every `every` seconds, until cancelled: start it beside the
+        producer. A prune that fails (the database away) is logged and tried next time."""
+        while True:
+            try:
+                await self.prune(config, clock_margin=clock_margin)
+            except Exception:
+                log.exception("txlog_prune_failed", group=self.group)
+            await anyio.sleep(every)
 
     async def send_in_transaction(
         self,

@@ -109,7 +109,8 @@ class AsyncpgTxLog(TxLog[Any]):
             async with self._pool.acquire() as conn:
                 status = await conn.execute(
                     f"DELETE FROM {TABLE} WHERE ctid IN (SELECT ctid FROM {TABLE} "
-                    "WHERE recorded_at < $1 LIMIT $2)",
+                    "WHERE producer_group = $1 AND recorded_at < $2 LIMIT $3)",
+                    self.group,
                     cutoff,
                     PRUNE_BATCH,
                 )

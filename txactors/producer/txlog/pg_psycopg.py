@@ -118,8 +118,8 @@ class PsycopgTxLog(TxLog[Connection]):
             async with self._pool.connection() as conn:
                 cursor = await conn.execute(
                     f"DELETE FROM {TABLE} WHERE ctid IN (SELECT ctid FROM {TABLE} "
-                    "WHERE recorded_at < %s LIMIT %s)",
-                    (cutoff, PRUNE_BATCH),
+                    "WHERE producer_group = %s AND recorded_at < %s LIMIT %s)",
+                    (self.group, cutoff, PRUNE_BATCH),
                 )
                 count = cursor.rowcount
                 await conn.commit()

@@ -4,8 +4,8 @@
 
 `decision` is `committed` or `rolled_back` (see `decide`); `recorded_at` is epoch seconds
 (UTC), a plain number so one definition and one retention query serve every database. The
-index on it keeps retention from scanning the table. Names are limited as the protocol
-limits them (`layout.NAME_MAX_LENGTH`), so the key fits any index.
+index on (group, time) keeps each group's retention from scanning the table. Names are
+limited as the protocol limits them (`layout.NAME_MAX_LENGTH`), so the key fits any index.
 """
 
 from __future__ import annotations
@@ -28,4 +28,4 @@ CREATE_TABLE: Final = (
     "recorded_at DOUBLE PRECISION NOT NULL, "
     "PRIMARY KEY (producer_group, txid))"
 )
-CREATE_INDEX: Final = f"CREATE INDEX IF NOT EXISTS {INDEX} ON {TABLE} (recorded_at)"
+CREATE_INDEX: Final = f"CREATE INDEX IF NOT EXISTS {INDEX} ON {TABLE} (producer_group, recorded_at)"

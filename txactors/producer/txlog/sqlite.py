@@ -167,8 +167,8 @@ class SqliteTxLog(TxLog[aiosqlite.Connection]):
                 try:
                     cursor = await conn.execute(
                         f"DELETE FROM {TABLE} WHERE rowid IN (SELECT rowid FROM {TABLE} "
-                        "WHERE recorded_at < ? LIMIT ?)",
-                        (cutoff, PRUNE_BATCH),
+                        "WHERE producer_group = ? AND recorded_at < ? LIMIT ?)",
+                        (self.group, cutoff, PRUNE_BATCH),
                     )
                     count = cursor.rowcount
                 except BaseException:
