@@ -265,9 +265,11 @@ async def test_bad_input_is_refused_and_changes_nothing(
         open_databases(storage) as dbs,
         run_coordinator(private_nc, config=CoordinatorConfig(**FAST)),
     ):
-        service = OrderService(dbs[ORDERS_DB], decide_after=1.0)
+        service = OrderService(dbs[ORDERS_DB])
         await service.create_schema()
-        async with TransactionProducer(private_nc, "order-service", service.check) as producer:
+        async with TransactionProducer(
+            private_nc, "order-service", service.txlog.check
+        ) as producer:
             service.attach(producer)
             await service.create_order("o-1", "u-1", ITEMS)
             before = await snapshot(dbs[ORDERS_DB])
@@ -296,34 +298,33 @@ async def test_bad_input_is_refused_and_changes_nothing(
 async def snapshot(db: Database) -> list[tuple[object, ...]]:
     orders = await db.fetch("SELECT * FROM orders ORDER BY order_id")
     items = await db.fetch("SELECT * FROM order_items ORDER BY order_id, sku")
-    payments = await db.fetch("SELECT txid, order_id, state FROM payments ORDER BY txid")
-    return [*orders, *items, *payments]
+    logged = await db.fetch("SELECT txid, decision FROM txactors_txlog ORDER BY txid")
+    return [*orders, *items, *logged]
 
 
-async def test_checker_answers_from_the_order_status(storage: Storage) -> None:
-    """Paid → COMMIT; unpaid and young → UNKNOWN; unpaid and old → ROLLBACK, and the late
-    local commit of that attempt is then refused, so no order is paid without its message."""
-    now = 1_000.0
+async def test_check_backs_are_answered_from_the_transaction_log(storage: Storage) -> None:
+    """Recorded with the payment → COMMIT; not recorded → ROLLBACK at once, claimed in the
+    log, so the late local commit of that attempt is refused and no order is paid without
+    its message."""
     async with open_databases(storage) as dbs:
-        service = OrderService(dbs[ORDERS_DB], decide_after=5.0, clock=lambda: now)
+        service = OrderService(dbs[ORDERS_DB])
         await service.create_schema()
         for group in CONSUMER_GROUPS:
             await create_schema(group, dbs[group])
         await service.create_order("o-1", "u-1", ITEMS)
         await service.create_order("o-2", "u-1", ITEMS)
-        paid = event("o-1", at=now)
+        paid = event("o-1", at=1_000.0)
         await service.record_payment("tx-paid", paid)
-        slow = event("o-2", at=now)
+        slow = event("o-2", at=1_000.0)
 
-        assert await service.check(view("tx-paid", paid)) is Decision.COMMIT
-        assert await service.check(view("tx-slow", slow)) is Decision.UNKNOWN
-        now += 5.0
-        assert await service.check(view("tx-slow", slow)) is Decision.ROLLBACK
+        check = service.txlog.check
+        assert await check(view("tx-paid", paid)) is Decision.COMMIT
+        assert await check(view("tx-slow", slow)) is Decision.ROLLBACK
         with pytest.raises(PaymentAborted, match="rolled back by a check-back"):
             await service.record_payment("tx-slow", slow)
         assert (await service.get_order("o-2")).status == "unpaid"
-        assert await service.check(view("tx-slow", slow)) is Decision.ROLLBACK
-        assert await service.check(view("tx-paid", paid)) is Decision.COMMIT
+        assert await check(view("tx-slow", slow)) is Decision.ROLLBACK
+        assert await check(view("tx-paid", paid)) is Decision.COMMIT
 
 
 def event(order_id: str, *, at: float) -> OrderPaid:

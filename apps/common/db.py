@@ -4,8 +4,9 @@ Each demo service owns its database: a SQLite file, or a PostgreSQL schema. Its 
 written once against `Database`: SQL with `?` placeholders (rewritten to `$1, $2, …` for
 PostgreSQL; so never put a literal `?` in the SQL), run in `transaction()`, and
 `apply_once()` for consumers, which records the message id in txactors' message-apply
-table in the same local transaction as the change. Portable DDL: `TEXT`, `BIGINT`,
-`DOUBLE PRECISION` mean the same to both.
+table in the same local transaction as the change. A producer keeps its transaction log
+here too (`open_txlog`), so its check-backs answer themselves. Portable DDL: `TEXT`,
+`BIGINT`, `DOUBLE PRECISION` mean the same to both.
 
     storage = Storage.sqlite(Path("data"))       # or Storage.postgres(dsn, prefix="t1_")
     db = await storage.open("alipay", fresh=True)
@@ -27,6 +28,9 @@ import aiosqlite
 import anyio
 
 from txactors.consumer import apply_once_postgres, apply_once_sqlite
+from txactors.producer.txlog import TxLog
+from txactors.producer.txlog.pg_asyncpg import AsyncpgTxLog
+from txactors.producer.txlog.sqlite import SqliteTxLog
 
 DEFAULT_PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 SQLITE_BUSY_TIMEOUT = 30.0
@@ -36,6 +40,9 @@ _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 class Tx(Protocol):
     """The statements of one local transaction."""
+
+    connection: Any
+    """The driver's connection it runs on, for helpers that take one (`TxLog.record`)."""
 
     async def execute(self, sql: str, *args: Any) -> int:
         """Run a statement; returns the number of rows it changed."""
@@ -67,6 +74,16 @@ class Database(ABC):
         run) when the message was applied before."""
 
     @abstractmethod
+    async def open_txlog(self, group: str) -> TxLog[Any]:
+        """Producer `group`'s transaction log in this database (its table created if
+        missing); closed with the database."""
+
+    @abstractmethod
+    def tx(self, connection: Any) -> Tx:
+        """The statements of a local transaction the caller opened on `connection` (the
+        one `TxLog.send_in_transaction` hands its work)."""
+
+    @abstractmethod
     async def close(self) -> None: ...
 
     async def fetch(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
@@ -89,14 +106,14 @@ class Database(ABC):
 
 class _SqliteTx:
     def __init__(self, conn: aiosqlite.Connection) -> None:
-        self._conn = conn
+        self.connection = conn
 
     async def execute(self, sql: str, *args: Any) -> int:
-        cursor = await self._conn.execute(sql, args)
+        cursor = await self.connection.execute(sql, args)
         return max(cursor.rowcount, 0)
 
     async def fetch(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-        cursor = await self._conn.execute(sql, args)
+        cursor = await self.connection.execute(sql, args)
         return [tuple(row) for row in await cursor.fetchall()]
 
     async def fetchval(self, sql: str, *args: Any) -> Any:
@@ -115,6 +132,7 @@ class SqliteDatabase(Database):
         self.path = path
         self._conn = conn
         self._lock = anyio.Lock()
+        self._txlogs: list[SqliteTxLog] = []
 
     @classmethod
     async def open(cls, name: str, path: Path) -> SqliteDatabase:
@@ -147,7 +165,21 @@ class SqliteDatabase(Database):
                 self._conn, group, msg_id, lambda conn: work(_SqliteTx(conn))
             )
 
+    async def open_txlog(self, group: str) -> TxLog[Any]:
+        # Its own connection to the file: a check-back's transaction must never run inside
+        # one of ours. Writers of both connections take turns on SQLite's lock.
+        txlog = SqliteTxLog(self.path, group, busy_timeout=SQLITE_BUSY_TIMEOUT)
+        await txlog.__aenter__()
+        self._txlogs.append(txlog)
+        await txlog.create_table()
+        return txlog
+
+    def tx(self, connection: Any) -> Tx:
+        return _SqliteTx(connection)
+
     async def close(self) -> None:
+        for txlog in self._txlogs:
+            await txlog.__aexit__(None, None, None)
         await self._conn.close()
 
 
@@ -161,18 +193,18 @@ def _pg_sql(sql: str) -> str:
 
 class _PgTx:
     def __init__(self, conn: Any) -> None:
-        self._conn = conn
+        self.connection = conn
 
     async def execute(self, sql: str, *args: Any) -> int:
-        status: str = await self._conn.execute(_pg_sql(sql), *args)
+        status: str = await self.connection.execute(_pg_sql(sql), *args)
         count = status.rsplit(" ", 1)[-1]  # "UPDATE 3", "INSERT 0 1", "CREATE TABLE"
         return int(count) if count.isdigit() else 0
 
     async def fetch(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-        return [tuple(row) for row in await self._conn.fetch(_pg_sql(sql), *args)]
+        return [tuple(row) for row in await self.connection.fetch(_pg_sql(sql), *args)]
 
     async def fetchval(self, sql: str, *args: Any) -> Any:
-        return await self._conn.fetchval(_pg_sql(sql), *args)
+        return await self.connection.fetchval(_pg_sql(sql), *args)
 
 
 class PostgresDatabase(Database):
@@ -215,6 +247,14 @@ class PostgresDatabase(Database):
 
     async def apply_once(self, group: str, msg_id: str, work: Work) -> bool:
         return await apply_once_postgres(self._pool, group, msg_id, lambda conn: work(_PgTx(conn)))
+
+    async def open_txlog(self, group: str) -> TxLog[Any]:
+        txlog = AsyncpgTxLog(self._pool, group)  # in this schema: the pool's search_path
+        await txlog.create_table()
+        return txlog
+
+    def tx(self, connection: Any) -> Tx:
+        return _PgTx(connection)
 
     async def close(self) -> None:
         await self._pool.close()

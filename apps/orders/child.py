@@ -44,7 +44,6 @@ class ChildConfig(msgspec.Struct, frozen=True, kw_only=True):
     """`Storage.to_args()` of the demo's databases."""
     db: str
     """Which of them this child uses."""
-    decide_after: float
     ack_wait: float
     retry_delays: tuple[float, ...]
 
@@ -54,7 +53,6 @@ class ChildConfig(msgspec.Struct, frozen=True, kw_only=True):
             nats_url=nats_url,
             storage=storage.to_args(),
             db=db,
-            decide_after=timing.rollback_after,
             ack_wait=timing.ack_wait,
             retry_delays=timing.retry_delays,
         )
@@ -99,8 +97,9 @@ async def _kill_at(args: list[str], marker: str, timeout: float) -> tuple[str | 
 async def pay(config: ChildConfig, order_id: str, stage: str) -> None:
     nc = await connect(config.nats_url)
     db = await Storage.from_args(config.storage).open(config.db)
-    service = OrderService(db, decide_after=config.decide_after)
-    async with TransactionProducer(nc, PRODUCER_GROUP, service.check) as producer:
+    service = OrderService(db)
+    txlog = await service.open_txlog()
+    async with TransactionProducer(nc, PRODUCER_GROUP, txlog.check) as producer:
         service.attach(producer)
         txn, event = await service.prepare_payment(order_id)
         print("PREPARED", txn.txid, flush=True)

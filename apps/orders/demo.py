@@ -158,9 +158,7 @@ async def run_demo(
     async with open_databases(storage) as dbs:
         order_ids = [f"order-{i:05d}" for i in range(orders)]
         plan = FaultPlan.draw(order_ids, faults, rng)
-        service = OrderService(
-            dbs[ORDERS_DB], charge=_declining(plan.declined), decide_after=timing.rollback_after
-        )
+        service = OrderService(dbs[ORDERS_DB], charge=_declining(plan.declined))
         await service.create_schema()
         for group in CONSUMER_GROUPS:
             await create_schema(group, dbs[group])
@@ -185,7 +183,7 @@ async def run_demo(
 
         async with (
             run_coordinator(nc, config=timing.coordinator),
-            TransactionProducer(nc, PRODUCER_GROUP, service.check) as producer,
+            TransactionProducer(nc, PRODUCER_GROUP, service.txlog.check) as producer,
             AsyncExitStack() as consumers,
         ):
             await start_clean(

@@ -1,31 +1,30 @@
 """The order service: create orders, pay them, and answer check-backs from its own database.
 
-Paying is the transactional message: the `order.paid` half is stored first, then ONE local
-transaction marks the order paid (and charges it), then the end commits the message. If the
-process dies in between, the coordinator asks any live instance of the group, and `check`
-answers from the order's status.
-
-Why a `payments` row per attempt: "unpaid and old → ROLLBACK" is only safe if an attempt
-still running cannot commit after the checker said so. The local transaction and the
-checker's rollback both insert the attempt's row (keyed by txid); whichever is first wins,
-so a late local commit fails instead of paying an order whose message was rolled back.
+Paying is the transactional message, sent with the order-service group's transaction log
+(`txactors.producer.txlog`, in the orders database): the `order.paid` half is stored first,
+then ONE local transaction records the attempt's txid in the log, marks the order paid and
+charges it, then the end commits the message. If the process dies in between, the
+coordinator asks any live instance of the group, and the log answers (`txlog.check`): the
+txid recorded, COMMIT; not, the check claims it rolled back, so an attempt still running
+can no longer commit and pay an order whose message was rolled back.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import msgspec
 
 from apps.common.db import Database, Tx
-from apps.orders.events import PAID_TAG, TOPIC, OrderItem, OrderPaid
-from txactors.errors import PrepareFailed
-from txactors.producer import CheckView, Decision, Transaction, TransactionProducer, TxMessage
+from apps.orders.events import PAID_TAG, PRODUCER_GROUP, TOPIC, OrderItem, OrderPaid
+from txactors.errors import PrepareFailed, RolledBackByCheck
+from txactors.producer import Transaction, TransactionProducer, TxMessage
+from txactors.producer.txlog import TxLog
 
 UNPAID = "unpaid"
 PAID = "paid"
-ABORTED = "aborted"
 
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS orders (order_id TEXT PRIMARY KEY, user_id TEXT NOT NULL, "
@@ -33,8 +32,6 @@ SCHEMA = (
     "paid_txid TEXT, paid_at DOUBLE PRECISION)",
     "CREATE TABLE IF NOT EXISTS order_items (order_id TEXT NOT NULL, sku TEXT NOT NULL, "
     "quantity BIGINT NOT NULL, price_cents BIGINT NOT NULL, PRIMARY KEY (order_id, sku))",
-    "CREATE TABLE IF NOT EXISTS payments (txid TEXT PRIMARY KEY, order_id TEXT NOT NULL, "
-    "state TEXT NOT NULL, at DOUBLE PRECISION NOT NULL)",
 )
 
 
@@ -79,11 +76,8 @@ class Order(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class OrderService:
-    """One instance of the order service: its database, and its transactional producer.
-
-    `decide_after` is how old an unpaid attempt must be before a check-back rolls it back
-    (younger ones answer UNKNOWN: the local transaction may still be running).
-    """
+    """One instance of the order service: its database, its transaction log and its
+    transactional producer (whose checker is the log's: `txlog.check`)."""
 
     def __init__(
         self,
@@ -91,21 +85,34 @@ class OrderService:
         producer: TransactionProducer | None = None,
         *,
         charge: Charge = accept_all,
-        decide_after: float = 10.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.db = db
         self._producer = producer
         self._charge = charge
-        self._decide_after = decide_after
         self._clock = clock
+        self._txlog: TxLog[Any] | None = None
 
     def attach(self, producer: TransactionProducer) -> None:
-        """The producer is created with `self.check` as its checker, so it comes second."""
+        """The producer is created with `self.txlog.check` as its checker, so it comes
+        second."""
         self._producer = producer
 
     async def create_schema(self) -> None:
         await self.db.script(SCHEMA)
+        await self.open_txlog()
+
+    async def open_txlog(self) -> TxLog[Any]:
+        """The group's transaction log in the orders database (done by `create_schema`)."""
+        if self._txlog is None:
+            self._txlog = await self.db.open_txlog(PRODUCER_GROUP)
+        return self._txlog
+
+    @property
+    def txlog(self) -> TxLog[Any]:
+        if self._txlog is None:
+            raise RuntimeError("open_txlog() (or create_schema()) before paying or checking")
+        return self._txlog
 
     # -- orders ------------------------------------------------------------------------------
 
@@ -162,16 +169,43 @@ class OrderService:
     async def pay_order(self, order_id: str) -> str:
         """Pay: the order becomes paid and `order.paid` is delivered, or neither happens.
 
-        Returns the txid. Raises `UnknownOrder` or `AlreadyPaid` before anything is sent, and
-        `PaymentDeclined` (after rolling the message back) when the charge fails.
+        Returns the txid. Raises `UnknownOrder` or `AlreadyPaid` before anything is sent,
+        `PaymentDeclined` (after rolling the message back) when the charge fails, and
+        `PaymentAborted` when a check-back rolled the attempt back first.
         """
-        txn, event = await self.prepare_payment(order_id)
-        async with txn:
-            await self.record_payment(txn.txid, event)
-        return txn.txid
+        producer, event = await self._payable(order_id)
+
+        async def mark_paid(connection: Any, txid: str) -> None:
+            await self._mark_paid(self.db.tx(connection), txid, event)
+
+        try:
+            result = await self.txlog.send_in_transaction(producer, _message(event), mark_paid)
+        except RolledBackByCheck as error:
+            raise _aborted(order_id) from error
+        return result.txid
 
     async def prepare_payment(self, order_id: str) -> tuple[Transaction, OrderPaid]:
-        """Check the order can be paid and store the `order.paid` half; the caller ends it."""
+        """Check the order can be paid and store the `order.paid` half; the caller runs
+        `record_payment` and ends it (step by step, for the demo's faults)."""
+        producer, event = await self._payable(order_id)
+        txn = producer.begin()
+        try:
+            await txn.send(_message(event))
+        except PrepareFailed:
+            await txn.rollback()  # halves may exist: the check-back learns it from memory
+            raise
+        return txn, event
+
+    async def record_payment(self, txid: str, event: OrderPaid) -> None:
+        """The local transaction: record `txid` in the log, mark the order paid, charge it."""
+        async with self.db.transaction() as tx:
+            try:
+                await self.txlog.record(tx.connection, txid)
+            except RolledBackByCheck as error:
+                raise _aborted(event.order_id) from error
+            await self._mark_paid(tx, txid, event)
+
+    async def _payable(self, order_id: str) -> tuple[TransactionProducer, OrderPaid]:
         if self._producer is None:
             raise RuntimeError("this OrderService has no producer; attach() one to pay")
         order = await self.get_order(order_id)
@@ -184,67 +218,31 @@ class OrderService:
             items=order.items,
             paid_at=self._clock(),
         )
-        txn = self._producer.begin()
-        try:
-            await txn.send(TxMessage(TOPIC, event, keys=[order_id], tag=PAID_TAG))
-        except PrepareFailed:
-            await txn.rollback()  # halves may exist: the check-back learns it from memory
-            raise
-        return txn, event
+        return self._producer, event
 
-    async def record_payment(self, txid: str, event: OrderPaid) -> None:
-        """The local transaction: claim the attempt, mark the order paid, charge it."""
-        async with self.db.transaction() as tx:
-            if not await _claim(tx, txid, event.order_id, PAID, self._clock()):
-                raise PaymentAborted(
-                    f"payment {txid} of order {event.order_id!r} was rolled back by a "
-                    "check-back before it committed; pay again"
-                )
-            updated = await tx.execute(
-                "UPDATE orders SET status = ?, paid_txid = ?, paid_at = ? "
-                "WHERE order_id = ? AND status = ?",
-                PAID,
-                txid,
-                event.paid_at,
-                event.order_id,
-                UNPAID,
-            )
-            if not updated:
-                raise AlreadyPaid(f"order {event.order_id!r} is already paid")
-            await self._charge(event)
-
-    async def check(self, view: CheckView) -> Decision:
-        """The check-back: paid by this attempt → COMMIT; else UNKNOWN while it is young,
-        and ROLLBACK (fencing the attempt off) once it is older than `decide_after`."""
-        event = view.messages[0].decode(OrderPaid)
-        if await self._paid_by(view.txid, event.order_id):
-            return Decision.COMMIT
-        if self._clock() - event.paid_at < self._decide_after:
-            return Decision.UNKNOWN
-        async with self.db.transaction() as tx:
-            await _claim(tx, view.txid, event.order_id, ABORTED, self._clock())
-            rows = await tx.fetch("SELECT state FROM payments WHERE txid = ?", view.txid)
-        return Decision.COMMIT if rows[0][0] == PAID else Decision.ROLLBACK
-
-    async def _paid_by(self, txid: str, order_id: str) -> bool:
-        rows = await self.db.fetch(
-            "SELECT status, paid_txid FROM orders WHERE order_id = ?", order_id
-        )
-        return bool(rows) and rows[0] == (PAID, txid)
-
-
-async def _claim(tx: Tx, txid: str, order_id: str, state: str, now: float) -> bool:
-    """Insert the attempt's row with `state`; False when it was already decided."""
-    return (
-        await tx.execute(
-            "INSERT INTO payments (txid, order_id, state, at) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT DO NOTHING",
+    async def _mark_paid(self, tx: Tx, txid: str, event: OrderPaid) -> None:
+        updated = await tx.execute(
+            "UPDATE orders SET status = ?, paid_txid = ?, paid_at = ? "
+            "WHERE order_id = ? AND status = ?",
+            PAID,
             txid,
-            order_id,
-            state,
-            now,
+            event.paid_at,
+            event.order_id,
+            UNPAID,
         )
-        == 1
+        if not updated:
+            raise AlreadyPaid(f"order {event.order_id!r} is already paid")
+        await self._charge(event)
+
+
+def _message(event: OrderPaid) -> TxMessage:
+    return TxMessage(TOPIC, event, keys=[event.order_id], tag=PAID_TAG)
+
+
+def _aborted(order_id: str) -> PaymentAborted:
+    return PaymentAborted(
+        f"a payment of order {order_id!r} was rolled back by a check-back before it "
+        "committed; pay again"
     )
 
 
