@@ -32,7 +32,8 @@ MARIADB_URL: Final = os.environ.get(
     "TXACTORS_TEST_MARIADB_URL", "mysql+asyncmy://root@127.0.0.1:3306/test"
 )
 BUSINESS: Final = "txlog_business"
-BACKENDS: Final = ("sqlite", "asyncpg", "psycopg", "mariadb")
+PG_ALCHEMY_URL: Final = PG_DSN.replace("postgresql://", "postgresql+asyncpg://", 1)
+BACKENDS: Final = ("sqlite", "asyncpg", "psycopg", "mariadb", "alchemy-pg")
 
 
 class Backend(ABC):
@@ -134,10 +135,13 @@ class PsycopgBackend(Backend):
 
 
 class MariadbBackend(Backend):
+    """SQLAlchemy's async engine on MariaDB (asyncmy)."""
+
     name = "mariadb"
+    url = MARIADB_URL
 
     async def instance(self, group: str) -> SqlAlchemyTxLog:
-        engine = create_async_engine(MARIADB_URL, pool_size=4)
+        engine = create_async_engine(self.url, pool_size=4)
         self.stack.push_async_callback(engine.dispose)
         async with engine.begin() as conn:
             await conn.execute(
@@ -151,7 +155,7 @@ class MariadbBackend(Backend):
         await conn.execute(sa.text(f"INSERT INTO {BUSINESS} (txid) VALUES (:txid)"), {"txid": txid})
 
     async def committed(self, txid: str) -> bool:
-        engine = create_async_engine(MARIADB_URL, poolclass=sa.NullPool)
+        engine = create_async_engine(self.url, poolclass=sa.NullPool)
         try:
             async with engine.connect() as conn:
                 found = await conn.execute(
@@ -162,7 +166,20 @@ class MariadbBackend(Backend):
             await engine.dispose()
 
 
+class PgAlchemyBackend(MariadbBackend):
+    """SQLAlchemy's async engine on PostgreSQL (its asyncpg dialect): the same portable SQL."""
+
+    name = "alchemy-pg"
+    url = PG_ALCHEMY_URL
+
+
 def backend(name: str, directory: Path) -> Backend:
     if name == "sqlite":
         return SqliteBackend(directory / "service.db")
-    return {"asyncpg": AsyncpgBackend, "psycopg": PsycopgBackend, "mariadb": MariadbBackend}[name]()
+    others: dict[str, type[Backend]] = {
+        "asyncpg": AsyncpgBackend,
+        "psycopg": PsycopgBackend,
+        "mariadb": MariadbBackend,
+        "alchemy-pg": PgAlchemyBackend,
+    }
+    return others[name]()
