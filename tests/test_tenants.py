@@ -143,22 +143,29 @@ def site_file(port: int, store: Path) -> str:
     return text
 
 
-@asynccontextmanager
-async def documented_server(directory: Path) -> AsyncIterator[str]:
-    """nats-server -c <copy of docs/nats-tenants.conf>, with the site file beside it."""
+def write_deployment(directory: Path) -> tuple[Path, int]:
+    """A copy of docs/nats-tenants.conf and its site file in `directory`; the copy's path
+    and the port it listens on."""
     directory.mkdir()
     conf = directory / CONF.name
     shutil.copyfile(CONF, conf)
     (port,) = free_ports("127.0.0.1", 1)
     (directory / SITE.name).write_text(site_file(port, directory / "store"))
-    log = (directory / "server.log").open("wb")
-    process = subprocess.Popen(
-        [str(find_nats_server_binary()), "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT
+    return conf, port
+
+
+@asynccontextmanager
+async def documented_server(directory: Path) -> AsyncIterator[str]:
+    """nats-server -c <copy of docs/nats-tenants.conf>, with the site file beside it."""
+    conf, port = write_deployment(directory)
+    binary = str(find_nats_server_binary())
+    process = await anyio.open_process(
+        [binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
         with anyio.fail_after(10):
             while True:
-                assert process.poll() is None, (directory / "server.log").read_text()
+                assert process.returncode is None, "nats-server did not start"
                 with socket.socket() as probe:
                     if probe.connect_ex(("127.0.0.1", port)) == 0:
                         break
@@ -166,12 +173,12 @@ async def documented_server(directory: Path) -> AsyncIterator[str]:
         yield f"nats://127.0.0.1:{port}"
     finally:
         process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
+        with anyio.move_on_after(10) as waiting:
+            await process.wait()
+        if waiting.cancelled_caught:
             process.kill()
-            process.wait()
-        log.close()
+            await process.wait()
+        await process.aclose()
 
 
 async def _connect(url: str, user: str, **kwargs: Any) -> User:
@@ -365,8 +372,10 @@ async def test_commit_rollback_check_back_consume_and_dead_letter(tmp_path: Path
             with anyio.fail_after(15):
                 await enough.wait()
         assert sorted(received) == [b"checked back", b"committed", b"poison"]
-        dead = await deployment["operator"].nc.jetstream().get_last_msg(
-            layout.dlq_stream("billing"), layout.dlq_subject("billing", "orders")
+        dead = (
+            await deployment["operator"]
+            .nc.jetstream()
+            .get_last_msg(layout.dlq_stream("billing"), layout.dlq_subject("billing", "orders"))
         )  # stored before the consumer stopped: it dead-letters before it acks
         assert dead.data == b"poison"
         for role in ("orders", "billing"):
