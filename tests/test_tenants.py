@@ -19,7 +19,6 @@ import dataclasses
 import json
 import re
 import shutil
-import socket
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -156,21 +155,34 @@ def write_deployment(directory: Path) -> tuple[Path, int]:
 
 @asynccontextmanager
 async def documented_server(directory: Path) -> AsyncIterator[str]:
-    """nats-server -c <copy of docs/nats-tenants.conf>, with the site file beside it."""
+    """nats-server -c <copy of docs/nats-tenants.conf>, with the site file beside it; ready
+    once its own log says so (a port probe could reach another test's server)."""
     conf, port = write_deployment(directory)
     binary = str(find_nats_server_binary())
     process = await anyio.open_process(
-        [binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
+    log = bytearray()
+    ready = anyio.Event()
+
+    async def read_log() -> None:  # read to the end: a full pipe would stall the server
+        assert process.stderr is not None
+        async for chunk in process.stderr:
+            log.extend(chunk)
+            if b"Server is ready" in log:
+                ready.set()
+        ready.set()
+
     try:
-        with anyio.fail_after(10):
-            while True:
-                assert process.returncode is None, "nats-server did not start"
-                with socket.socket() as probe:
-                    if probe.connect_ex(("127.0.0.1", port)) == 0:
-                        break
-                await anyio.sleep(0.05)
-        yield f"nats://127.0.0.1:{port}"
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(read_log)
+            with anyio.fail_after(10):
+                await ready.wait()
+            assert b"Server is ready" in log, log.decode(errors="replace")
+            assert f"Listening for client connections on 127.0.0.1:{port}".encode() in log
+            assert b"Starting JetStream" in log
+            yield f"nats://127.0.0.1:{port}"
+            tasks.cancel_scope.cancel()
     finally:
         process.terminate()
         with anyio.move_on_after(10) as waiting:
