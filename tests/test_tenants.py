@@ -673,3 +673,39 @@ async def test_only_the_operator_calls_the_admin_verbs(tmp_path: Path) -> None:
                 await ref.ask(ListTransactions(), timeout=DENIED)
             await user.violation(layout.admin_subject(0))
         assert await admin.list_transactions(deployment["operator"].nc) == []
+
+
+async def test_a_consumer_pushing_its_messages_at_the_coordinator_acts_for_nobody(
+    tmp_path: Path,
+) -> None:
+    """What the consumer's one create right still allows: its durable as a push consumer
+    delivering where it likes. Even with a body its topic's producer wrote as a prepare of
+    another group, delivered on that group's subject, the coordinator carries nothing out: the
+    reply subject JetStream sets is no inbox."""
+    async with deployed(tmp_path) as deployment:
+        forged = _prepare("payments", "payments", "forged-1")
+        producer = TransactionProducer(deployment["orders"].nc, "orders", lambda _: Decision.COMMIT)
+        async with producer, producer.begin() as txn:
+            await txn.send(TxMessage("orders", encode(forged)))
+        target = layout.prepare_subject(0, "payments")
+        seen = await deployment.coordinator.subscribe(target)
+        push = {
+            "stream_name": "TOPIC_orders",
+            "config": {
+                "name": "billing",
+                "durable_name": "billing",
+                "filter_subject": "topic.orders.>",
+                "deliver_subject": target,
+                "ack_policy": "none",
+                "deliver_policy": "all",
+            },
+        }
+        subject = "$JS.API.CONSUMER.CREATE.TOPIC_orders.billing.topic.orders.>"
+        await deployment["billing"].nc.request(subject, json.dumps(push).encode(), timeout=5)
+        delivered = await seen.next_msg(timeout=5)
+        assert delivered.reply.startswith("$JS.ACK.")
+        await deployment.coordinator.flush()
+        operator = deployment["operator"].nc
+        listed = await admin.list_transactions(operator)
+        assert "forged-1" not in {t.txid for t in listed}
+        assert not await _stream_exists(deployment, layout.topic_stream("payments"))
