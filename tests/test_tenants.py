@@ -45,7 +45,14 @@ from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import run_coordinator
 from txactors.coordinator.tenants import TenantReplies
 from txactors.coordinator.validation import Boundary
-from txactors.errors import AskTimeout, CommandError, ConfigError, PoisonMessage, PrepareFailed
+from txactors.errors import (
+    ActorDeadError,
+    AskTimeout,
+    CommandError,
+    ConfigError,
+    PoisonMessage,
+    PrepareFailed,
+)
 from txactors.lease_admin import list_leases
 from txactors.nats_cluster import free_ports
 from txactors.producer import TransactionProducer, TxMessage
@@ -223,10 +230,28 @@ async def deployed(tmp_path: Path, **options: Any) -> AsyncIterator[Deployment]:
                 with anyio.fail_after(10):  # a lease not free yet at start is taken soon after
                     while running.partitions != [0]:
                         await anyio.sleep(0.05)
+                    for group in ("orders", "payments"):
+                        await _served(users[group].nc, group)
                 yield Deployment(url, coordinator.nc, users)
         finally:
             for user in (*users.values(), coordinator):
                 await user.nc.close()
+
+
+async def _served(nc: Client, group: str) -> None:
+    """Wait until the group's prepares reach the coordinator: a nats-server freshly started
+    may answer "no responders" for a few milliseconds after the coordinator subscribed and
+    flushed. Asked with an empty txid, which the boundary refuses before anything is done."""
+    ref = RemoteActorRef(nc, layout.prepare_subject(0, group), Prepared)
+    while True:
+        try:
+            await ref.ask(_prepare(group, group, txid=""), timeout=5)
+        except ActorDeadError:
+            await anyio.sleep(0.02)
+            continue
+        except CommandError as refused:
+            assert refused.code == ErrorCode.BAD_REQUEST, refused
+            return
 
 
 def _prepare(group: str, topic: str, txid: str = "tenant-tx") -> Prepare:
