@@ -39,6 +39,8 @@ from nats.js.api import StreamConfig
 from tests.support.txn import FAST
 from txactors import admin, layout
 from txactors.actors import RemoteActorRef
+from txactors.config import NatsConfig
+from txactors.connection import connect_options
 from txactors.consumer import ConsumedMessage, Consumer
 from txactors.coordinator.config import CoordinatorConfig
 from txactors.coordinator.options import CoordinatorOptions
@@ -200,13 +202,19 @@ async def documented_server(directory: Path) -> AsyncIterator[str]:
         await process.aclose()
 
 
-async def _connect(url: str, user: str, **kwargs: Any) -> User:
+async def _connect(url: str, user: str, *, inbox: bool = True) -> User:
+    """`user`'s connection as txactors makes it from the environment the docs give it
+    (NATS_USER, NATS_PASSWORD, and NATS_INBOX_PREFIX=_INBOX.<user> unless `inbox` is False)."""
     violations: list[str] = []
 
     async def on_error(error: Exception) -> None:
         violations.append(str(error))
 
-    nc = await nats.connect(url, user=user, password=_password(user), error_cb=on_error, **kwargs)
+    environ = {"NATS_URL": url, "NATS_USER": user, "NATS_PASSWORD": _password(user)}
+    if inbox:
+        environ["NATS_INBOX_PREFIX"] = f"_INBOX.{user}"
+    options = connect_options(NatsConfig.from_env(environ))
+    nc = await nats.connect(url, error_cb=on_error, **options)
     return User(nc, violations)
 
 
@@ -214,12 +222,11 @@ async def _connect(url: str, user: str, **kwargs: Any) -> User:
 async def deployed(tmp_path: Path, **options: Any) -> AsyncIterator[Deployment]:
     """The server with the documented configuration, and the coordinator with its policy."""
     async with documented_server(tmp_path / "nats") as url:
-        coordinator = await _connect(url, "coordinator")
+        coordinator = await _connect(url, "coordinator", inbox=False)
         users = {
-            name: await _connect(url, name, inbox_prefix=f"_INBOX.{name}")
-            for name in ("orders", "payments", "billing")
+            name: await _connect(url, name)
+            for name in ("orders", "payments", "billing", "operator")
         }
-        users["operator"] = await _connect(url, "operator")
         settings = {"group_topics": POLICY, "consumer_groups": CONSUMERS, "lease_ttl": 5.0}
         try:
             async with run_coordinator(
@@ -536,6 +543,14 @@ async def test_producers_and_the_operator_create_change_or_delete_no_stream(
             await deployment["orders"].refused(subject)
         for subject in (layout.prepare_subject(0, "orders"), layout.end_subject(0, "orders")):
             await deployment["operator"].refused(subject)
+        subscriptions = {
+            "orders": ["txn.>", "topic.>", "dlq.>", "$KV.>", "$JS.>", "_INBOX.payments.>"],
+            "operator": ["txn.>", "topic.>", "_INBOX.orders.>", "_INBOX.>"],
+        }
+        for role, subjects in subscriptions.items():
+            for subject in subjects:
+                await deployment[role].nc.subscribe(subject)
+                await deployment[role].violation(subject)
         assert await deployment.configs() == before
 
 
