@@ -13,9 +13,12 @@ import aiosqlite
 import anyio
 import msgspec
 import pytest
+import structlog
+import structlog.testing
 from nats.aio.client import Client
 
 from txactors import ConsumedMessage, PoisonMessage, TxApp
+from txactors.consumer.dlq import ensure_dlq_stream
 from txactors.consumer.message import ConsumedMessage as Message
 from txactors.layout import ERROR_HEADER, MSG_ID_HEADER, dlq_stream, topic_subject
 from txactors.protocol import CONTENT_TYPE_HEADER, Encoding
@@ -279,3 +282,35 @@ def test_a_declared_consumer_exports_its_series_at_zero_before_it_runs() -> None
     labels = 'group="workers",topic="jobs"'
     assert f"txactors_consumer_dead_letters_total{{{labels}}} 0.0" in text
     assert f"txactors_consumer_handler_seconds_count{{{labels}}} 0.0" in text
+
+
+async def test_an_app_that_may_not_declare_waits_for_the_coordinators_streams(
+    private_nc: Client,
+) -> None:
+    """`TxApp(..., declare_streams=False)`, as a confined deployment runs it: its consumers
+    create no stream, and start once the streams exist."""
+    app = TxApp("svc", declare_streams=False)
+    handled: list[OrderPaid] = []
+
+    @app.consumer("orders")
+    async def on_paid(order: OrderPaid) -> None:
+        handled.append(order)
+
+    js = private_nc.jetstream()
+    with structlog.testing.capture_logs() as logs:
+        async with anyio.create_task_group() as tg:
+
+            async def run() -> None:
+                async with app.running(private_nc, pull_expires=0.1):
+                    with anyio.fail_after(10):
+                        while not handled:
+                            await anyio.sleep(0.02)
+
+            tg.start_soon(run)
+            with anyio.fail_after(10):
+                while not any(e["event"] == "stream_awaited" for e in logs):
+                    await anyio.sleep(0.02)
+            assert await js.streams_info() == []  # it waits; it made nothing
+            await publish(private_nc, msgspec.msgpack.encode(OrderPaid(7, 1)), "w:0")
+            await ensure_dlq_stream(js, "svc")
+    assert handled == [OrderPaid(7, 1)]

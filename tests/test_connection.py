@@ -166,3 +166,16 @@ async def test_tls_ca_is_passed_through(make_nats_server: MakeNatsServer, tmp_pa
     with pytest.raises(NatsConnectError):  # the system CAs do not trust our certificate
         async with nats_session(NatsConfig(url=url, **FAST_FAIL)):
             pass
+
+
+def test_the_inbox_prefix_comes_from_the_environment() -> None:
+    """A confined user may subscribe only under its own inbox (docs/nats-tenants.conf)."""
+    environ = {"NATS_URL": "nats://x:4222", "NATS_INBOX_PREFIX": "_INBOX.billing"}
+    assert connect_options(NatsConfig.from_env(environ))["inbox_prefix"] == "_INBOX.billing"
+    assert "inbox_prefix" not in connect_options(NatsConfig(url="nats://x:4222"))
+
+
+@pytest.mark.parametrize("prefix", ["topic.orders", "_INBOX.*", "$JS.API", "a b"])
+def test_an_inbox_prefix_no_reply_may_use_names_the_variable(prefix: str) -> None:
+    with pytest.raises(ConfigError, match="NATS_INBOX_PREFIX"):
+        NatsConfig.from_env({"NATS_URL": "nats://x:4222", "NATS_INBOX_PREFIX": prefix})

@@ -531,3 +531,37 @@ async def test_acks_share_socket_writes_and_all_leave_before_stop_returns(nc: Cl
         assert state.num_ack_pending == 0 and state.ack_floor.stream_seq == count
         assert state.num_redelivered == 0
         assert ack_writes <= count / 10, f"{ack_writes} socket writes carried {count} acks"
+
+
+async def test_a_consumer_that_may_not_declare_waits_for_its_streams(nc: Client) -> None:
+    """`declare_streams=False`: it creates nothing (the coordinator does), says it waits,
+    and consumes once both its topic and dead-letter streams exist."""
+    seen: list[ConsumedMessage] = []
+
+    async def handler(msg: ConsumedMessage) -> None:
+        seen.append(msg)
+
+    suffix = uuid.uuid4().hex[:10]
+    topic, group = f"t{suffix}", f"g{suffix}"
+    js = nc.jetstream()
+    consumer = Consumer(nc, topic, group, handler, pull_expires=0.2, declare_streams=False)
+    try:
+        with capture_logs() as logs:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(consumer.run)
+                await wait_until(lambda: any(e["event"] == "stream_awaited" for e in logs))
+                await ensure_topic_stream(js, topic)
+                await publish(nc, topic, 0, b"one")
+                await wait_until(
+                    lambda: sum(e["event"] == "stream_awaited" for e in logs) == 2, timeout=10
+                )
+                assert seen == []  # the DLQ stream is still missing
+                await js.add_stream(name=dlq_stream(group), subjects=[dlq_filter(group)])
+                await wait_until(lambda: len(seen) == 1, timeout=10)
+                await consumer.stop()
+        awaited = [e["stream"] for e in logs if e["event"] == "stream_awaited"]
+        assert awaited == [topic_stream(topic), dlq_stream(group)]
+    finally:
+        for stream in (topic_stream(topic), dlq_stream(group)):
+            with suppress(Exception):
+                await js.delete_stream(stream)

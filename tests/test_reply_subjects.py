@@ -123,6 +123,31 @@ def test_refusals_are_all_counted_but_logged_once_per_pattern_and_interval() -> 
     ]
 
 
+def test_a_rule_narrows_the_inbox_by_the_subject_the_request_came_on() -> None:
+    """The coordinator's tenants (coordinator/tenants.py): asked only of inbox replies, with
+    the request's own subject; a refusal is counted and logged like any other."""
+    asked: list[tuple[str, str]] = []
+
+    def rule(subject: str, reply: str) -> str | None:
+        asked.append((subject, reply))
+        return None if reply.startswith("_INBOX.orders.") else "not the group's inbox"
+
+    counted: list[None] = []
+    guard = ReplyGuard(rule=rule, on_refused=lambda: counted.append(None))
+    served, subject = "txn.coord.0.prepare.*", "txn.coord.0.prepare.orders"
+    with structlog.testing.capture_logs() as logs:
+        assert guard.allows("_INBOX.orders.a1", served, subject)
+        assert not guard.allows("_INBOX.payments.a1", served, subject)
+        assert not guard.allows("topic.orders._", served, subject)  # refused before the rule
+        assert guard.allows("_INBOX.payments.a1", served)  # no subject: the prefix alone
+    assert asked == [(subject, "_INBOX.orders.a1"), (subject, "_INBOX.payments.a1")]
+    assert len(counted) == 2
+    assert [e["reason"] for e in logs if e["event"] == "reply_subject_refused"] == [
+        "not the group's inbox",
+        "the reply subject is not under the inbox prefix '_INBOX.'",
+    ]
+
+
 @given(st.text(max_size=500))
 def test_a_log_pattern_is_short_whatever_the_subject(reply: str) -> None:
     assert len(reply_pattern(reply)) <= 66

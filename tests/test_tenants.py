@@ -1,17 +1,25 @@
-"""Tenants kept apart: a real nats-server with exactly the configuration of docs/operations.md.
+"""Tenants kept apart: a nats-server run from exactly the documented configuration.
 
-The server runs docs/nats-tenants.conf (which docs/operations.md includes verbatim, checked
-here); the coordinator runs with its user and a tenant policy (`group_topics`). A producer of
-group `orders` commits into its own topic, and can do nothing to group `payments`: not
-prepare into its topics, not end its transactions, not see its check-backs; nor touch the
-coordinator's streams and buckets, call the admin verbs, or have a stream declared for a
-topic it was not given. The operator lists transactions and leases.
+The server runs docs/nats-tenants.conf, copied byte for byte, next to a site file that says
+only where it listens and keeps its streams (the lines docs/nats-tenants-site.conf says to
+change); nothing else is added, so JetStream, the accounts and every permission come from
+the documented file. docs/operations.md includes both verbatim (checked here).
+
+The coordinator runs with its user and the documented policy (`group_topics`,
+`consumer_groups`). For every role the positive path works (commit, rollback, check-back,
+consume, dead-letter, operator list/show/resolve) and every right not granted is refused:
+no role but the coordinator creates, changes or deletes a stream or bucket, reads another
+group's halves, ops, prepares, tokens, check-backs or topics, or gets an answer aimed into
+another group's inbox.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
+import shutil
+import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -23,19 +31,32 @@ import nats
 import nats.errors
 import nats.js.errors
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from nats.aio.client import Client
+from nats.js.api import StreamConfig
 
-from tests.conftest import MakeNatsServer
 from tests.support.txn import FAST
 from txactors import admin, layout
 from txactors.actors import RemoteActorRef
+from txactors.config import NatsConfig
+from txactors.connection import connect_options
 from txactors.consumer import ConsumedMessage, Consumer
 from txactors.coordinator.config import CoordinatorConfig
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import run_coordinator
+from txactors.coordinator.tenants import TenantReplies
 from txactors.coordinator.validation import Boundary
-from txactors.errors import AskTimeout, CommandError, ConfigError, PrepareFailed
+from txactors.errors import (
+    ActorDeadError,
+    AskTimeout,
+    CommandError,
+    ConfigError,
+    PoisonMessage,
+    PrepareFailed,
+)
 from txactors.lease_admin import list_leases
+from txactors.nats_cluster import free_ports
 from txactors.partition_count import read_published
 from txactors.producer import TransactionProducer, TxMessage
 from txactors.protocol import (
@@ -48,14 +69,30 @@ from txactors.protocol import (
     Prepare,
     Prepared,
     TransactionList,
+    encode,
 )
+from txactors.server_setup import find_nats_server_binary
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 CONF = DOCS / "nats-tenants.conf"
+SITE = DOCS / "nats-tenants-site.conf"
 POLICY = {"orders": ["orders", "orders-*"], "payments": ["payments"]}
 """The coordinator's tenant policy, as docs/operations.md gives it."""
+CONSUMERS = {"billing": ["orders"]}
+"""The consumer groups whose streams the coordinator declares, as docs/operations.md says."""
 DENIED = 1.0
 """Seconds a request the server refused to route is given to (not) be answered."""
+STREAMS = (
+    layout.topic_stream("orders"),
+    layout.topic_stream("payments"),
+    layout.dlq_stream("billing"),
+    layout.HALF_STREAM,
+    layout.OP_STREAM,
+    layout.DISCARD_STREAM,
+    "KV_" + layout.LEASE_BUCKET,
+    "KV_" + layout.CHECKPOINT_BUCKET,
+)
+"""Every stream of the deployment (the topic streams once both groups have prepared)."""
 
 
 @dataclass
@@ -72,14 +109,32 @@ class User:
                 await self.nc.flush()
                 await anyio.sleep(0.02)
 
+    async def refused(self, subject: str, payload: bytes = b"{}") -> None:
+        """Publish `subject` as a request (any answer would come to our inbox) and wait for
+        the server's refusal."""
+        await self.nc.publish(subject, payload, reply=self.nc.new_inbox())
+        await self.violation(subject)
+
 
 @dataclass
 class Deployment:
+    url: str
     coordinator: Client
     users: dict[str, User]
 
     def __getitem__(self, name: str) -> User:
         return self.users[name]
+
+    async def configs(self) -> dict[str, Any]:
+        """Every stream's configuration, as the coordinator sees it."""
+        js = self.coordinator.jetstream()
+        found: dict[str, Any] = {}
+        for name in STREAMS:
+            try:
+                found[name] = (await js.stream_info(name)).config.as_dict()
+            except nats.js.errors.NotFoundError:
+                found[name] = None
+        return found
 
 
 def _password(user: str) -> str:
@@ -88,40 +143,123 @@ def _password(user: str) -> str:
     return found.group(1)
 
 
-async def _connect(url: str, user: str, **kwargs: Any) -> User:
+def site_file(port: int, store: Path) -> str:
+    """docs/nats-tenants-site.conf with its two lines set to this test's port and store."""
+    text = SITE.read_text()
+    text, listens = re.subn(r"(?m)^listen: .*$", f"listen: 127.0.0.1:{port}", text)
+    text, stores = re.subn(r'(?m)^store_dir: ".*"$', f'store_dir: "{store}"', text)
+    assert (listens, stores) == (1, 1), "the site file's lines to change are not as documented"
+    return text
+
+
+def write_deployment(directory: Path) -> tuple[Path, int]:
+    """A copy of docs/nats-tenants.conf and its site file in `directory`; the copy's path
+    and the port it listens on."""
+    directory.mkdir()
+    conf = directory / CONF.name
+    shutil.copyfile(CONF, conf)
+    (port,) = free_ports("127.0.0.1", 1)
+    (directory / SITE.name).write_text(site_file(port, directory / "store"))
+    return conf, port
+
+
+@asynccontextmanager
+async def documented_server(directory: Path) -> AsyncIterator[str]:
+    """nats-server -c <copy of docs/nats-tenants.conf>, with the site file beside it; ready
+    once its own log says so (a port probe could reach another test's server)."""
+    conf, port = write_deployment(directory)
+    binary = str(find_nats_server_binary())
+    process = await anyio.open_process(
+        [binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    log = bytearray()
+    ready = anyio.Event()
+
+    async def read_log() -> None:  # read to the end: a full pipe would stall the server
+        assert process.stderr is not None
+        async for chunk in process.stderr:
+            log.extend(chunk)
+            if b"Server is ready" in log:
+                ready.set()
+        ready.set()
+
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(read_log)
+            with anyio.fail_after(10):
+                await ready.wait()
+            assert b"Server is ready" in log, log.decode(errors="replace")
+            assert f"Listening for client connections on 127.0.0.1:{port}".encode() in log
+            assert b"Starting JetStream" in log
+            yield f"nats://127.0.0.1:{port}"
+            tasks.cancel_scope.cancel()
+    finally:
+        process.terminate()
+        with anyio.move_on_after(10) as waiting:
+            await process.wait()
+        if waiting.cancelled_caught:
+            process.kill()
+            await process.wait()
+        await process.aclose()
+
+
+async def _connect(url: str, user: str, *, inbox: bool = True) -> User:
+    """`user`'s connection as txactors makes it from the environment the docs give it
+    (NATS_USER, NATS_PASSWORD, and NATS_INBOX_PREFIX=_INBOX.<user> unless `inbox` is False)."""
     violations: list[str] = []
 
     async def on_error(error: Exception) -> None:
         violations.append(str(error))
 
-    nc = await nats.connect(url, user=user, password=_password(user), error_cb=on_error, **kwargs)
+    environ = {"NATS_URL": url, "NATS_USER": user, "NATS_PASSWORD": _password(user)}
+    if inbox:
+        environ["NATS_INBOX_PREFIX"] = f"_INBOX.{user}"
+    options = connect_options(NatsConfig.from_env(environ))
+    nc = await nats.connect(url, error_cb=on_error, **options)
     return User(nc, violations)
 
 
 @asynccontextmanager
-async def deployed(make_nats_server: MakeNatsServer) -> AsyncIterator[Deployment]:
-    """The server with the documented configuration, and the coordinator with its policy
-    (entered in the test itself: the coordinator's task group must exit where it began)."""
-    server = await make_nats_server(extra_args=["-c", str(CONF)])
-    coordinator = await _connect(server.url, "coordinator")
-    users = {
-        name: await _connect(server.url, name, inbox_prefix=f"_INBOX.{name}")
-        for name in ("orders", "payments", "billing")
-    }
-    users["operator"] = await _connect(server.url, "operator")
-    try:
-        async with run_coordinator(
-            coordinator.nc,
-            config=CoordinatorConfig(**FAST),
-            options=CoordinatorOptions(group_topics=POLICY, lease_ttl=5.0),
-        ) as running:
-            with anyio.fail_after(10):  # a lease not free yet at start is taken soon after
-                while running.partitions != [0]:
-                    await anyio.sleep(0.05)
-            yield Deployment(coordinator.nc, users)
-    finally:
-        for user in (*users.values(), coordinator):
-            await user.nc.close()
+async def deployed(tmp_path: Path, **options: Any) -> AsyncIterator[Deployment]:
+    """The server with the documented configuration, and the coordinator with its policy."""
+    async with documented_server(tmp_path / "nats") as url:
+        coordinator = await _connect(url, "coordinator", inbox=False)
+        users = {
+            name: await _connect(url, name)
+            for name in ("orders", "payments", "billing", "operator")
+        }
+        settings = {"group_topics": POLICY, "consumer_groups": CONSUMERS, "lease_ttl": 5.0}
+        try:
+            async with run_coordinator(
+                coordinator.nc,
+                config=CoordinatorConfig(**FAST),
+                options=CoordinatorOptions(**{**settings, **options}),
+            ) as running:
+                with anyio.fail_after(10):  # a lease not free yet at start is taken soon after
+                    while running.partitions != [0]:
+                        await anyio.sleep(0.05)
+                    for group in ("orders", "payments"):
+                        await _served(users[group].nc, group)
+                yield Deployment(url, coordinator.nc, users)
+        finally:
+            for user in (*users.values(), coordinator):
+                await user.nc.close()
+
+
+async def _served(nc: Client, group: str) -> None:
+    """Wait until the group's prepares reach the coordinator: a nats-server freshly started
+    may answer "no responders" for a few milliseconds after the coordinator subscribed and
+    flushed. Asked with an empty txid, which the boundary refuses before anything is done."""
+    ref = RemoteActorRef(nc, layout.prepare_subject(0, group), Prepared)
+    while True:
+        try:
+            await ref.ask(_prepare(group, group, txid=""), timeout=5)
+        except ActorDeadError:
+            await anyio.sleep(0.02)
+            continue
+        except CommandError as refused:
+            assert refused.code == ErrorCode.BAD_REQUEST, refused
+            return
 
 
 def _prepare(group: str, topic: str, txid: str = "tenant-tx") -> Prepare:
@@ -136,6 +274,23 @@ async def _stream_exists(deployment: Deployment, name: str) -> bool:
         return False
     return True
 
+
+# -- the documented files ----------------------------------------------------------------------
+
+
+def test_operations_md_gives_exactly_the_configuration_tested() -> None:
+    text = (DOCS / "operations.md").read_text()
+    assert f"```text\n{CONF.read_text()}```" in text
+    assert f"```text\n{SITE.read_text()}```" in text
+
+
+def test_the_site_file_holds_only_the_lines_to_change() -> None:
+    lines = [line for line in SITE.read_text().splitlines() if not line.startswith("#")]
+    assert [line.split(":")[0] for line in lines] == ["listen", "store_dir"]
+    assert f'include "{SITE.name}"' in CONF.read_text()
+
+
+# -- the boundary and the reply rule, without a server -----------------------------------------
 
 BOUNDARY = Boundary(
     partition=0,
@@ -166,52 +321,260 @@ def test_the_boundary_keeps_groups_to_their_subjects_and_topics(
     assert (refusal and refusal.code) == code, refusal
 
 
+@pytest.mark.parametrize(
+    ("group", "topic", "rules"),
+    [
+        ("orders", "orders", ()),
+        ("orders", "orders-eu", ("orders-*",)),
+        ("payments", "payments", ()),
+        ("unlisted", "orders-eu", ()),
+    ],
+)
+def test_only_topics_allowed_by_a_prefix_rule_count_against_its_cap(
+    group: str, topic: str, rules: tuple[str, ...]
+) -> None:
+    assert BOUNDARY.prefix_rules(group, topic) == rules
+
+
 def test_without_a_policy_any_group_writes_any_topic_on_its_own_subject() -> None:
     boundary = dataclasses.replace(BOUNDARY, group_topics={})
     own = layout.prepare_subject(0, "x")
     assert boundary.refusal(_prepare("x", "anything"), max_payload=1 << 20, subject=own) is None
+    assert boundary.prefix_rules("x", "anything") == ()
 
 
 @pytest.mark.parametrize(
-    "policy", [{"a b": ["t"]}, {"g": ["t.u"]}, {"g": ["t*u"]}, {"g": ["**"]}, {"": ["t"]}]
+    "options",
+    [
+        {"group_topics": {"a b": ["t"]}},
+        {"group_topics": {"g": ["t.u"]}},
+        {"group_topics": {"g": ["t*u"]}},
+        {"group_topics": {"g": ["**"]}},
+        {"group_topics": {"": ["t"]}},
+        {"consumer_groups": {"g": ["t*"]}},
+        {"consumer_groups": {"g.h": ["t"]}},
+        {"max_prefix_topics": 0},
+    ],
 )
-def test_a_malformed_policy_is_refused_at_start(policy: dict[str, list[str]]) -> None:
-    with pytest.raises(ConfigError, match="group_topics"):
-        CoordinatorOptions(group_topics=policy)
+def test_a_malformed_policy_is_refused_at_start(options: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError, match=next(iter(options))):
+        CoordinatorOptions(**options)
 
 
-def test_operations_md_gives_exactly_the_configuration_tested() -> None:
-    text = (DOCS / "operations.md").read_text()
-    assert f"```text\n{CONF.read_text()}```" in text
+GROUP = st.from_regex(r"[A-Za-z0-9_-]{1,12}", fullmatch=True)
+REPLIES = TenantReplies("_INBOX.", ["orders", "payments", "billing"])
 
 
-async def test_a_producer_commits_into_its_own_topic_and_a_consumer_reads_it(
-    make_nats_server: MakeNatsServer,
+@given(group=GROUP, owner=GROUP, rest=GROUP, partition=st.integers(0, 9))
+def test_a_groups_request_is_answered_only_in_its_own_inbox(
+    group: str, owner: str, rest: str, partition: int
 ) -> None:
-    async with deployed(make_nats_server) as deployment:
-        received: list[ConsumedMessage] = []
-        got = anyio.Event()
+    reply = f"_INBOX.{owner}.{rest}"
+    for subject in (layout.prepare_subject(partition, group), layout.end_subject(partition, group)):
+        assert (REPLIES(subject, reply) is None) == (owner == group)
+
+
+@given(owner=GROUP, rest=GROUP)
+def test_admin_answers_never_go_into_a_tenants_inbox(owner: str, rest: str) -> None:
+    reply = f"_INBOX.{owner}.{rest}"
+    tenant = owner in ("orders", "payments", "billing")
+    for subject in (layout.admin_subject(0), layout.prepare_subject(0)):
+        assert (REPLIES(subject, reply) is None) == (not tenant)
+
+
+# -- the documented deployment -----------------------------------------------------------------
+
+
+async def test_commit_rollback_check_back_consume_and_dead_letter(tmp_path: Path) -> None:
+    async with deployed(tmp_path) as deployment:
+        received: list[bytes] = []
+        enough = anyio.Event()
 
         async def handle(message: ConsumedMessage) -> None:
-            received.append(message)
-            got.set()
+            received.append(message.body)
+            if len(received) == 3:
+                enough.set()
+            if message.body == b"poison":
+                raise PoisonMessage("not for billing")
 
         producer = TransactionProducer(deployment["orders"].nc, "orders", lambda _: Decision.COMMIT)
-        consumer = Consumer(deployment["billing"].nc, "orders", "billing", handle)
+        consumer = Consumer(
+            deployment["billing"].nc, "orders", "billing", handle, declare_streams=False
+        )
         async with producer, consumer:
             async with producer.begin() as txn:
-                await txn.send(TxMessage("orders", b"order 1"))
-            with anyio.fail_after(10):
-                await got.wait()
-        assert [m.body for m in received] == [b"order 1"]
-        assert deployment["orders"].violations == deployment["billing"].violations == []
+                await txn.send(TxMessage("orders", b"committed"))
+            rolled_back = producer.begin()
+            async with rolled_back:
+                await rolled_back.send(TxMessage("orders", b"rolled back"))
+                await rolled_back.rollback()
+            checked = producer.begin()
+            async with checked:  # no end: the check-back asks the checker, which commits
+                await checked.send(TxMessage("orders", b"checked back"))
+                await checked.leave_unknown()
+            async with producer.begin() as txn:
+                await txn.send(TxMessage("orders", b"poison"))
+            with anyio.fail_after(15):
+                await enough.wait()
+        assert sorted(received) == [b"checked back", b"committed", b"poison"]
+        dead = (
+            await deployment["operator"]
+            .nc.jetstream()
+            .get_last_msg(layout.dlq_stream("billing"), layout.dlq_subject("billing", "orders"))
+        )  # stored before the consumer stopped: it dead-letters before it acks
+        assert dead.data == b"poison"
+        for role in ("orders", "billing"):
+            assert deployment[role].violations == [], role
+
+
+async def test_the_operator_lists_shows_and_resolves(tmp_path: Path) -> None:
+    async with deployed(tmp_path) as deployment:
+        payments = RemoteActorRef(
+            deployment["payments"].nc, layout.prepare_subject(0, "payments"), Prepared
+        )
+        await payments.ask(_prepare("payments", "payments", "pay-op"), timeout=5)
+        operator = deployment["operator"].nc
+        assert [t.txid for t in await admin.list_transactions(operator)] == ["pay-op"]
+        assert (await admin.show(operator, "pay-op")).group == "payments"
+        ended = await admin.commit(operator, "pay-op")
+        assert ended.state == "committed"
+        stored = await operator.jetstream().get_last_msg(
+            layout.topic_stream("payments"), layout.topic_subject("payments")
+        )
+        assert stored.data == b"x"
+        leases = await list_leases(operator, partitions=1)
+        assert [lease.owner is not None for lease in leases.leases] == [True]
+        assert deployment["operator"].violations == []
+
+
+async def test_the_consumer_can_create_change_or_delete_no_stream(tmp_path: Path) -> None:
+    async with deployed(tmp_path) as deployment:
+        for group in ("orders", "payments"):
+            prepare = RemoteActorRef(
+                deployment[group].nc, layout.prepare_subject(0, group), Prepared
+            )
+            await prepare.ask(_prepare(group, group, f"{group}-1"), timeout=5)
+        before = await deployment.configs()
+        assert all(before.values()), before
+        billing = deployment["billing"]
+        stealing = {
+            # copy another group's halves, or its committed messages, into its own stream
+            "sources": {
+                "name": layout.topic_stream("orders"),
+                "subjects": [layout.topic_filter("orders")],
+                "sources": [{"name": layout.HALF_STREAM}, {"name": "TOPIC_payments"}],
+            },
+            # capture another group's prepares (their tokens) and check-backs
+            "subjects": {
+                "name": layout.dlq_stream("billing"),
+                "subjects": [
+                    layout.dlq_filter("billing"),
+                    "txn.coord.*.prepare.payments",
+                    "txn.check.payments.>",
+                ],
+            },
+            # delete committed messages for every consumer group
+            "limits": {
+                "name": layout.topic_stream("orders"),
+                "subjects": [layout.topic_filter("orders")],
+                "max_msgs": 1,
+            },
+        }
+        for name in STREAMS:
+            for verb in ("CREATE", "UPDATE"):
+                for config in stealing.values():
+                    body = json.dumps({**config, "name": name}).encode()
+                    await billing.refused(f"$JS.API.STREAM.{verb}.{name}", body)
+            for verb in ("DELETE", "PURGE", "MSG.DELETE", "MSG.GET"):
+                await billing.refused(f"$JS.API.STREAM.{verb}.{name}")
+            await billing.refused(f"$JS.API.DIRECT.GET.{name}")
+            await billing.refused(f"$JS.API.CONSUMER.CREATE.{name}.spy")
+            if name not in (layout.topic_stream("orders"), layout.dlq_stream("billing")):
+                await billing.refused(f"$JS.API.STREAM.INFO.{name}")
+        for subject in (
+            "$JS.API.STREAM.CREATE.TOPIC_orders-eu",
+            "$JS.API.STREAM.NAMES",
+            "$JS.API.CONSUMER.CREATE.TOPIC_orders.billing",  # any filter, or none
+            "$JS.API.CONSUMER.CREATE.TOPIC_orders.billing.txn.half.>",
+            "$JS.API.CONSUMER.CREATE.TOPIC_orders.other.topic.orders.>",
+            "$JS.API.CONSUMER.DURABLE.CREATE.TOPIC_orders.billing",
+            "$JS.API.CONSUMER.DELETE.TOPIC_orders.billing",
+            "$JS.API.CONSUMER.CREATE.TOPIC_payments.billing.topic.payments.>",
+            "$JS.API.CONSUMER.MSG.NEXT.TOPIC_payments.billing",
+            "$KV.TXN_LEASE.0",
+            layout.topic_subject("orders"),
+            layout.half_subject(0),
+            layout.prepare_subject(0, "billing"),
+            layout.admin_subject(0),
+            layout.dlq_subject("payments", "orders"),
+        ):
+            await billing.refused(subject)
+        for subject in ("txn.>", "topic.>", "dlq.>", "_INBOX.orders.>", "$JS.>"):
+            await billing.nc.subscribe(subject)
+            await billing.violation(subject)
+        # and the stream-changing verbs of the no-longer-granted kind, with its own name
+        with pytest.raises(nats.errors.TimeoutError):
+            await billing.nc.jetstream(timeout=DENIED).add_stream(
+                StreamConfig(name="TOPIC_orders", subjects=["topic.orders.>"], max_msgs=1)
+            )
+        assert await deployment.configs() == before
+
+
+async def test_producers_and_the_operator_create_change_or_delete_no_stream(
+    tmp_path: Path,
+) -> None:
+    async with deployed(tmp_path) as deployment:
+        before = await deployment.configs()
+        for role in ("orders", "operator"):
+            user = deployment[role]
+            for name in STREAMS:
+                for verb in ("CREATE", "UPDATE", "DELETE", "PURGE", "MSG.DELETE"):
+                    await user.refused(f"$JS.API.STREAM.{verb}.{name}")
+                await user.refused(f"$JS.API.CONSUMER.CREATE.{name}.spy")
+            for subject in (
+                layout.topic_subject("orders"),
+                layout.half_subject(0),
+                layout.op_subject(0),
+                "$KV.TXN_LEASE.0",
+                "$KV.TXN_CHECKPOINT.0",
+                layout.dlq_subject("billing", "orders"),
+            ):
+                await user.refused(subject)
+        for subject in ("$JS.API.STREAM.INFO.TXN_HALF", "$JS.API.STREAM.MSG.GET.TXN_HALF"):
+            await deployment["orders"].refused(subject)
+        for subject in (layout.prepare_subject(0, "orders"), layout.end_subject(0, "orders")):
+            await deployment["operator"].refused(subject)
+        subscriptions = {
+            "orders": ["txn.>", "topic.>", "dlq.>", "$KV.>", "$JS.>", "_INBOX.payments.>"],
+            "operator": ["txn.>", "topic.>", "_INBOX.orders.>", "_INBOX.>"],
+        }
+        for role, subjects in subscriptions.items():
+            for subject in subjects:
+                await deployment[role].nc.subscribe(subject)
+                await deployment[role].violation(subject)
+        assert await deployment.configs() == before
+
+
+async def test_a_prefix_rule_makes_at_most_its_cap_of_streams(tmp_path: Path) -> None:
+    async with deployed(tmp_path, max_prefix_topics=2) as deployment:
+        ref = RemoteActorRef(deployment["orders"].nc, layout.prepare_subject(0, "orders"), Prepared)
+        for i, topic in enumerate(["orders-a", "orders-b", "orders-a", "orders"]):
+            await ref.ask(_prepare("orders", topic, f"cap-{i}"), timeout=5)
+        with pytest.raises(CommandError) as refused:
+            await ref.ask(_prepare("orders", "orders-c", "cap-c"), timeout=5)
+        assert refused.value.code == ErrorCode.FORBIDDEN
+        assert "orders-*" in refused.value.message
+        assert "max_prefix_topics" in refused.value.message
+        assert not await _stream_exists(deployment, layout.topic_stream("orders-c"))
+        listed = await admin.list_transactions(deployment["operator"].nc)
+        assert "cap-c" not in {t.txid for t in listed}
 
 
 @pytest.mark.parametrize("topic", ["payments", "secrets"])
 async def test_a_topic_outside_the_groups_policy_is_forbidden_and_no_stream_declared(
-    make_nats_server: MakeNatsServer, topic: str
+    tmp_path: Path, topic: str
 ) -> None:
-    async with deployed(make_nats_server) as deployment:
+    async with deployed(tmp_path) as deployment:
         producer = TransactionProducer(deployment["orders"].nc, "orders", lambda _: Decision.COMMIT)
         async with producer:
             with pytest.raises(PrepareFailed) as refused:
@@ -223,20 +586,47 @@ async def test_a_topic_outside_the_groups_policy_is_forbidden_and_no_stream_decl
         assert not await _stream_exists(deployment, layout.topic_stream("orders-eu"))
 
 
-async def test_a_group_not_in_the_policy_is_forbidden(make_nats_server: MakeNatsServer) -> None:
-    async with deployed(make_nats_server) as deployment:
+async def test_a_group_not_in_the_policy_is_forbidden(tmp_path: Path) -> None:
+    async with deployed(tmp_path) as deployment:
         # The coordinator's own connection may publish anywhere: the policy still holds.
-        ref = RemoteActorRef(
-            deployment.coordinator, layout.prepare_subject(0, "intruders"), Prepared
-        )
-        with pytest.raises(CommandError) as refused:
-            await ref.ask(_prepare("intruders", "orders"), timeout=5)
+        async with await nats.connect(
+            deployment.url,
+            user="coordinator",
+            password=_password("coordinator"),
+            inbox_prefix="_INBOX.intruders",
+        ) as nc:
+            ref = RemoteActorRef(nc, layout.prepare_subject(0, "intruders"), Prepared)
+            with pytest.raises(CommandError) as refused:
+                await ref.ask(_prepare("intruders", "orders"), timeout=5)
         assert refused.value.code == ErrorCode.FORBIDDEN
         assert "does not list it" in refused.value.message
 
 
-async def test_a_producer_cannot_prepare_as_another_group(make_nats_server: MakeNatsServer) -> None:
-    async with deployed(make_nats_server) as deployment:
+async def test_answers_stay_in_the_groups_inbox(tmp_path: Path) -> None:
+    async with deployed(tmp_path) as deployment:
+        orders, payments = deployment["orders"], deployment["payments"]
+        snooped = await payments.nc.subscribe("_INBOX.payments.>")
+        await payments.nc.flush()
+        requests = [
+            (orders.nc, layout.prepare_subject(0, "orders"), _prepare("orders", "orders", "o-1")),
+            (deployment["operator"].nc, layout.admin_subject(0), ListTransactions()),
+        ]
+        for nc, subject, command in requests:
+            await nc.publish(subject, encode(command), reply="_INBOX.payments.aimed")
+            await nc.flush()
+        # The coordinator's own connection, with the default inbox, on a group's subject:
+        # not answered either (it is not under `_INBOX.orders.`).
+        ref = RemoteActorRef(deployment.coordinator, layout.prepare_subject(0, "orders"), Prepared)
+        with pytest.raises(AskTimeout):
+            await ref.ask(_prepare("orders", "orders", "o-2"), timeout=DENIED)
+        with pytest.raises(nats.errors.TimeoutError):
+            await snooped.next_msg(timeout=DENIED)
+        listed = await admin.list_transactions(deployment["operator"].nc)
+        assert listed == []  # refused unexecuted: nothing was prepared
+
+
+async def test_a_producer_cannot_prepare_as_another_group(tmp_path: Path) -> None:
+    async with deployed(tmp_path) as deployment:
         orders = deployment["orders"]
         own = RemoteActorRef(orders.nc, layout.prepare_subject(0, "orders"), Prepared)
         with pytest.raises(CommandError) as refused:
@@ -251,10 +641,8 @@ async def test_a_producer_cannot_prepare_as_another_group(make_nats_server: Make
         assert not await _stream_exists(deployment, layout.topic_stream("payments"))
 
 
-async def test_a_producer_cannot_end_another_groups_transaction(
-    make_nats_server: MakeNatsServer,
-) -> None:
-    async with deployed(make_nats_server) as deployment:
+async def test_a_producer_cannot_end_another_groups_transaction(tmp_path: Path) -> None:
+    async with deployed(tmp_path) as deployment:
         payments = RemoteActorRef(
             deployment["payments"].nc, layout.prepare_subject(0, "payments"), Prepared
         )
@@ -274,9 +662,9 @@ async def test_a_producer_cannot_end_another_groups_transaction(
 
 
 async def test_a_producer_cannot_touch_the_coordinators_streams_and_buckets(
-    make_nats_server: MakeNatsServer,
+    tmp_path: Path,
 ) -> None:
-    async with deployed(make_nats_server) as deployment:
+    async with deployed(tmp_path) as deployment:
         orders = deployment["orders"]
         js = orders.nc.jetstream(timeout=DENIED)
         for name in (layout.HALF_STREAM, layout.OP_STREAM, "KV_" + layout.LEASE_BUCKET):
@@ -300,9 +688,9 @@ async def test_a_producer_cannot_touch_the_coordinators_streams_and_buckets(
 
 
 async def test_a_producer_reads_the_partition_count_and_nothing_else_of_the_bucket(
-    make_nats_server: MakeNatsServer,
+    tmp_path: Path,
 ) -> None:
-    async with deployed(make_nats_server) as deployment:
+    async with deployed(tmp_path) as deployment:
         orders = deployment["orders"]
         assert await read_published(orders.nc, timeout=5) == 1
         assert await read_published(deployment["operator"].nc, timeout=5) == 1
@@ -317,34 +705,66 @@ async def test_a_producer_reads_the_partition_count_and_nothing_else_of_the_buck
         assert deployment["operator"].violations == []
 
 
-async def test_a_producer_cannot_answer_another_groups_check_backs(
-    make_nats_server: MakeNatsServer,
-) -> None:
-    async with deployed(make_nats_server) as deployment:
+async def test_a_producer_cannot_answer_another_groups_check_backs(tmp_path: Path) -> None:
+    async with deployed(tmp_path) as deployment:
         orders, payments = deployment["orders"], deployment["payments"]
         snooped = [
             await orders.nc.subscribe(layout.check_group_subject("payments")),
             await orders.nc.subscribe(layout.check_instance_subject("payments", "p1")),
+            await orders.nc.subscribe("_INBOX.payments.>"),
         ]
-        for subject in ("txn.check.payments", "txn.check.payments.p1"):
+        for subject in ("txn.check.payments", "txn.check.payments.p1", "_INBOX.payments.>"):
             await orders.violation(subject)
         checks = await payments.nc.subscribe(layout.check_instance_subject("payments", "p1"))
         prepare = RemoteActorRef(payments.nc, layout.prepare_subject(0, "payments"), Prepared)
         await prepare.ask(_prepare("payments", "payments", "pay-2"), timeout=5)
         with anyio.fail_after(10):  # no end: the coordinator checks back, to payments only
             await checks.next_msg(timeout=10)
-        assert [s.pending_msgs for s in snooped] == [0, 0]
+        assert [s.pending_msgs for s in snooped] == [0, 0, 0]
 
 
-async def test_only_the_operator_calls_the_admin_verbs(make_nats_server: MakeNatsServer) -> None:
-    async with deployed(make_nats_server) as deployment:
-        orders = deployment["orders"]
-        ref = RemoteActorRef(orders.nc, layout.admin_subject(0), TransactionList)
-        with pytest.raises(AskTimeout):
-            await ref.ask(ListTransactions(), timeout=DENIED)
-        await orders.violation(layout.admin_subject(0))
+async def test_only_the_operator_calls_the_admin_verbs(tmp_path: Path) -> None:
+    async with deployed(tmp_path) as deployment:
+        for role in ("orders", "billing"):
+            user = deployment[role]
+            ref = RemoteActorRef(user.nc, layout.admin_subject(0), TransactionList)
+            with pytest.raises(AskTimeout):
+                await ref.ask(ListTransactions(), timeout=DENIED)
+            await user.violation(layout.admin_subject(0))
+        assert await admin.list_transactions(deployment["operator"].nc) == []
+
+
+async def test_a_consumer_pushing_its_messages_at_the_coordinator_acts_for_nobody(
+    tmp_path: Path,
+) -> None:
+    """What the consumer's one create right still allows: its durable as a push consumer
+    delivering where it likes. Even with a body its topic's producer wrote as a prepare of
+    another group, delivered on that group's subject, the coordinator carries nothing out: the
+    reply subject JetStream sets is no inbox."""
+    async with deployed(tmp_path) as deployment:
+        forged = _prepare("payments", "payments", "forged-1")
+        producer = TransactionProducer(deployment["orders"].nc, "orders", lambda _: Decision.COMMIT)
+        async with producer, producer.begin() as txn:
+            await txn.send(TxMessage("orders", encode(forged)))
+        target = layout.prepare_subject(0, "payments")
+        seen = await deployment.coordinator.subscribe(target)
+        push = {
+            "stream_name": "TOPIC_orders",
+            "config": {
+                "name": "billing",
+                "durable_name": "billing",
+                "filter_subject": "topic.orders.>",
+                "deliver_subject": target,
+                "ack_policy": "none",
+                "deliver_policy": "all",
+            },
+        }
+        subject = "$JS.API.CONSUMER.CREATE.TOPIC_orders.billing.topic.orders.>"
+        await deployment["billing"].nc.request(subject, json.dumps(push).encode(), timeout=5)
+        delivered = await seen.next_msg(timeout=5)
+        assert delivered.reply.startswith("$JS.ACK.")
+        await deployment.coordinator.flush()
         operator = deployment["operator"].nc
-        assert await admin.list_transactions(operator) == []
-        leases = await list_leases(operator, partitions=1)
-        assert [lease.owner is not None for lease in leases.leases] == [True]
-        assert deployment["operator"].violations == []
+        listed = await admin.list_transactions(operator)
+        assert "forged-1" not in {t.txid for t in listed}
+        assert not await _stream_exists(deployment, layout.topic_stream("payments"))

@@ -103,11 +103,14 @@ class TxApp:
 
     `name` is the default consumer group. Run it with `txactors run module:app`, or in your
     own program with `async with app.running(nc): ...`. Its consumers' metrics are in
-    `app.metrics` (`txactors run --metrics-port` serves them).
+    `app.metrics` (`txactors run --metrics-port` serves them). `declare_streams=False`: its
+    consumers create no stream and wait for the coordinator's (`Consumer`'s parameter; a
+    deployment under least privilege, docs/operations.md "Tenants kept apart").
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, declare_streams: bool = True) -> None:
         self.name = validate_name("group", name)
+        self.declare_streams = declare_streams
         self.consumers: list[ConsumerSpec] = []
         self.metrics = ConsumerMetrics()
         self._startup: list[Hook] = []
@@ -203,6 +206,7 @@ class TxApp:
                         spec.group,
                         spec.handle if on_handled is None else _observed(spec, on_handled),
                         metrics=self.metrics,
+                        declare_streams=self.declare_streams,
                         **spec.options,
                         **pulls,
                     )

@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from txactors.actors.replies import normalize_prefix
 from txactors.errors import ConfigError
 from txactors.server_setup import (
     DEFAULT_FSYNC,
@@ -38,6 +39,7 @@ ENV_VARS: dict[str, str] = {
     "tls_ca": "NATS_TLS_CA",
     "tls_cert": "NATS_TLS_CERT",
     "tls_key": "NATS_TLS_KEY",
+    "inbox_prefix": "NATS_INBOX_PREFIX",
     "data_dir": DATA_DIR_ENV,
     "fsync": FSYNC_ENV,
     "fsync_interval": FSYNC_INTERVAL_ENV,
@@ -67,6 +69,9 @@ class NatsConfig(msgspec.Struct, kw_only=True, frozen=True):
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
+    inbox_prefix: str | None = None
+    """Where this client's requests get their replies (nats-py's `inbox_prefix`, e.g.
+    `_INBOX.billing`); None: nats-py's `_INBOX`. A confined user may only subscribe there."""
     data_dir: str | None = None
     fsync: Fsync = DEFAULT_FSYNC
     fsync_interval: float = DEFAULT_FSYNC_INTERVAL
@@ -88,6 +93,11 @@ class NatsConfig(msgspec.Struct, kw_only=True, frozen=True):
                         f"{setting_name('url')}={self.url!r} is not a NATS URL; expected e.g. "
                         "nats://host:4222 (schemes: nats, tls, ws, wss; commas between servers)"
                     )
+        if self.inbox_prefix is not None:
+            try:
+                normalize_prefix(self.inbox_prefix)
+            except ConfigError as exc:
+                raise ConfigError(f"{exc} (the {setting_name('inbox_prefix')} setting)") from None
         _together(self, "user", "password")
         _together(self, "tls_cert", "tls_key")
         _not_both(self, "token", "user")

@@ -70,6 +70,8 @@ def connect_options(config: NatsConfig) -> dict[str, Any]:
         seed = _existing_file(config, "nkeys_seed")
         _check_seed(config, "nkeys_seed", seed.read_bytes().strip())
         opts["nkeys_seed"] = str(seed)
+    if config.inbox_prefix is not None:
+        opts["inbox_prefix"] = config.inbox_prefix.removesuffix(".")
     tls = tls_context(config)
     if tls is not None:
         opts["tls"] = tls

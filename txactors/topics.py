@@ -9,6 +9,9 @@ window, fewer subjects, fewer replicas), because another role may depend on it.
 Declarations happen at start-up, which on a cluster may be while it forms or elects: JetStream
 then answers "temporarily unavailable", "no suitable peers for placement" or nothing at all.
 `declaring` retries those with backoff up to a deadline instead of failing the process.
+
+A client without the right to create streams (a consumer under least privilege) uses
+`wait_for_stream` instead: it only reads the stream's info, until the coordinator made it.
 """
 
 from __future__ import annotations
@@ -62,6 +65,10 @@ by one, and a fresh cluster elects its first meta leader only once every configu
 up; a minute covers a rolling start without hiding a cluster that never forms."""
 _BACKOFF_FIRST: Final = 0.1
 _BACKOFF_MAX: Final = 2.0
+WAIT_POLL_MAX: Final = 5.0
+"""Seconds between two looks at a stream awaited by `wait_for_stream`, at most."""
+WAIT_LOG_EVERY: Final = 60.0
+"""Seconds between two log lines saying a stream is still awaited."""
 _ATTEMPT_FIRST: Final = 1.0
 """Seconds the first attempt may take when there is time to retry. A server without a meta
 leader does not answer a request at all, and one asked before the leader was elected stays
@@ -134,6 +141,32 @@ async def declaring(
         delay = min(delay * 2, _BACKOFF_MAX)
         limit *= 2
         attempt += 1
+
+
+async def wait_for_stream(js: JetStreamContext, name: str) -> str:
+    """Return `name` once stream `name` exists, looking at its info only (never creating it):
+    with backoff up to WAIT_POLL_MAX seconds, logging `stream_awaited` at first and then
+    every WAIT_LOG_EVERY seconds. A transient answer (a cluster electing) is waited out."""
+    delay = _BACKOFF_FIRST
+    logged_at: float | None = None
+    while True:
+        try:
+            await js.stream_info(name)
+            if logged_at is not None:
+                log.info("stream_appeared", stream=name)
+            return name
+        except NotFoundError:
+            problem = "it does not exist yet (the coordinator creates it)"
+        except Exception as error:
+            if not is_transient(error):
+                raise
+            problem = f"JetStream does not answer now: {error!r}"
+        now = anyio.current_time()
+        if logged_at is None or now - logged_at >= WAIT_LOG_EVERY:
+            log.warning("stream_awaited", stream=name, problem=problem)
+            logged_at = now
+        await anyio.sleep(delay)
+        delay = min(delay * 2, WAIT_POLL_MAX)
 
 
 async def ensure_stream(

@@ -21,7 +21,7 @@ from nats.aio.subscription import Subscription
 
 from txactors.actors.envelope import NO_REPLY, Request, unwrap
 from txactors.actors.ref import DEFAULT_ASK_TIMEOUT, Mailbox
-from txactors.actors.replies import ReplyGuard, reply_refusal
+from txactors.actors.replies import ReplyGuard
 from txactors.errors import ActorDeadError, AskTimeout, CommandError
 from txactors.logs import get_logger
 from txactors.natsclient import malformed_headers
@@ -109,7 +109,7 @@ async def serve(
     guard = replies or ReplyGuard()
 
     async def answer(msg: Msg, error: Error, encoding: Encoding) -> None:
-        if msg.reply and reply_refusal(msg.reply, guard.prefix) is None:
+        if msg.reply and guard.refusal(msg.reply, msg.subject) is None:
             await NatsReply(nc, msg.reply, encoding).resolve(error)
 
     async def on_request(msg: Msg) -> None:
@@ -120,7 +120,7 @@ async def serve(
             await answer(msg, error_reply(error), Encoding.MSGPACK)
 
     async def dispatch(msg: Msg) -> None:
-        if (msg.reply or not tells) and not guard.allows(msg.reply, subject):
+        if (msg.reply or not tells) and not guard.allows(msg.reply, subject, msg.subject):
             return
         unreadable = malformed_headers(msg)
         if unreadable is not None:

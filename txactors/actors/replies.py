@@ -6,6 +6,9 @@ server's permissions, not the requester's. Answering a reply subject such as `to
 lease or the JetStream API through us. So only subjects under the inbox prefix (`_INBOX.` by
 default, as nats-py's `request` makes them) are answered; a request with any other reply
 subject is not executed at all, counted, and logged at most once a minute per pattern.
+
+A guard may also be given a `rule` that narrows the inbox by the subject a request came on
+(the coordinator's tenants: a group's requests are answered only in that group's inbox).
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ RESERVED_PREFIXES: Final = ("txn.", "topic.", "dlq.", "$KV.", "$JS.", "$SYS.", "
 """Namespaces of our streams and of the server: never an inbox prefix, whatever is configured."""
 
 log = get_logger(__name__)
+
+ReplyRule = Callable[[str, str], str | None]
+"""(subject the request came on, its reply subject) -> why that reply may not be answered
+there (None: it may); asked only of replies already under the inbox prefix."""
 
 
 def reply_refusal(reply: str, prefix: str = DEFAULT_INBOX_PREFIX) -> str | None:
@@ -81,19 +88,29 @@ class ReplyGuard:
         self,
         prefix: str = DEFAULT_INBOX_PREFIX,
         *,
+        rule: ReplyRule | None = None,
         on_refused: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         prefix = normalize_prefix(prefix)
         self.prefix = prefix
+        self._rule = rule
         self._on_refused = on_refused
         self._clock = clock
         self._logged: dict[tuple[str, str], tuple[float, int]] = {}
         """(served subject, pattern) → (when last logged, refusals not logged since)."""
 
-    def allows(self, reply: str, served: str) -> bool:
-        """True when `reply` may be answered; otherwise counts and (rate-limited) logs it."""
+    def refusal(self, reply: str, subject: str | None = None) -> str | None:
+        """Why `reply` to a request on `subject` may not be answered (None: it may)."""
         reason = reply_refusal(reply, self.prefix)
+        if reason is None and self._rule is not None and subject is not None:
+            reason = self._rule(subject, reply)
+        return reason
+
+    def allows(self, reply: str, served: str, subject: str | None = None) -> bool:
+        """True when `reply` to a request on `subject` (one matching the served subject)
+        may be answered; otherwise counts and (rate-limited) logs it."""
+        reason = self.refusal(reply, subject)
         if reason is None:
             return True
         if self._on_refused is not None:

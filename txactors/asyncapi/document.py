@@ -151,8 +151,10 @@ def channels() -> dict[str, Any]:
         "inbox": _channel(
             None,
             "The requester's reply subject. Endpoints answer only subjects under the inbox "
-            "prefix (`_INBOX.` unless the coordinator's inbox_prefix says otherwise); a "
-            "request with any other reply subject is neither executed nor answered.",
+            "prefix (`_INBOX.` unless the coordinator's inbox_prefix says otherwise); with "
+            "a tenant policy (group_topics) a group's request only under its own inbox "
+            "(`_INBOX.<group>.`), and no other request into a tenant's inbox; a request "
+            "with any other reply subject is neither executed nor answered.",
             *_REPLIES,
         ),
         "topic": _channel(

@@ -26,6 +26,13 @@ message taken but not started.
 
 A handler that raises `PoisonMessage` (e.g. a body that does not decode) is dead-lettered at
 once: no retry can help it. Lag, retries, dead letters and handler time go to `metrics`.
+
+Who declares the streams: with `declare_streams=True` (the default, for a deployment whose
+clients may create streams) the consumer declares its topic and dead-letter streams itself.
+Under least privilege (docs/nats-tenants.conf) it may not: with `declare_streams=False` it
+never creates or changes a stream, only reads their info, and waits (logged) until the
+coordinator has made them (a topic's stream at its first prepare, or both at the
+coordinator's start when `consumer_groups` names the group).
 """
 
 from __future__ import annotations
@@ -49,11 +56,11 @@ from txactors.consumer.dlq import ensure_dlq_stream
 from txactors.consumer.handling import Handler, Handling
 from txactors.consumer.retry import DEFAULT_MAX_RECONSUME, DEFAULT_RETRY_DELAYS, RetryPolicy
 from txactors.errors import ConfigError
-from txactors.layout import topic_filter, topic_subject, validate_name
+from txactors.layout import dlq_stream, topic_filter, topic_stream, topic_subject, validate_name
 from txactors.logs import get_logger
 from txactors.metrics import ConsumerMetrics
 from txactors.natsclient import raising_connection_lost, watch_connection
-from txactors.topics import DECLARE_DEADLINE, declaring, ensure_topic_stream
+from txactors.topics import DECLARE_DEADLINE, declaring, ensure_topic_stream, wait_for_stream
 
 __all__ = ["Consumer", "Handler"]
 
@@ -80,7 +87,8 @@ class Consumer:
     Run it with `async with Consumer(...):`, or `await tg.start(consumer.run)` in your own
     task group and `await consumer.stop()` later. `tags` narrows the subscription to messages
     with one of those tags (all messages when empty); all instances of a group should
-    subscribe alike, since they share one durable consumer.
+    subscribe alike, since they share one durable consumer. `declare_streams=False`: never
+    create or change a stream, wait for the coordinator's (see the module docstring).
     """
 
     def __init__(
@@ -99,6 +107,7 @@ class Consumer:
         pull_expires: float = 1.0,
         stop_timeout: float = 30.0,
         replicas: int = 1,
+        declare_streams: bool = True,
         metrics: ConsumerMetrics | None = None,
     ) -> None:
         if replicas < 1:
@@ -120,6 +129,7 @@ class Consumer:
         self._pull_expires = pull_expires
         self._stop_timeout = stop_timeout
         self._replicas = replicas
+        self._declare_streams = declare_streams
         self._stream = ""
         self._log = log.bind(topic=topic, group=group)
         self._stopping = False
@@ -209,9 +219,13 @@ class Consumer:
 
     async def _declare(self) -> None:
         js = self._nc.jetstream()
-        # The durable consumer inherits its stream's replicas.
-        self._stream = await ensure_topic_stream(js, self.topic, replicas=self._replicas)
-        await ensure_dlq_stream(js, self.group, replicas=self._replicas)
+        if self._declare_streams:
+            # The durable consumer inherits its stream's replicas.
+            self._stream = await ensure_topic_stream(js, self.topic, replicas=self._replicas)
+            await ensure_dlq_stream(js, self.group, replicas=self._replicas)
+        else:
+            self._stream = await wait_for_stream(js, topic_stream(self.topic))
+            await wait_for_stream(js, dlq_stream(self.group))
         filters = [topic_subject(self.topic, tag) for tag in self._tags] or [
             topic_filter(self.topic)
         ]

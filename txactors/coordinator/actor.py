@@ -375,9 +375,10 @@ class PartitionCoordinator(Actor):
             return
         topics = {m.topic for m in prepare.messages}
         if not self._publisher.declared(topics):
-            undeclared = await self._publisher.declare(topics)
+            rules = {t: self.boundary.prefix_rules(prepare.group, t) for t in topics}
+            undeclared = await self._publisher.declare(topics, rules)
             if undeclared is not None:
-                error = Error(ErrorCode.INTERNAL, undeclared.reason, undeclared.retry_after)
+                error = Error(undeclared.code, undeclared.reason, undeclared.retry_after)
                 await request.answer(error)
                 return
             # Checked again with no wait before the submit: a step may have run meanwhile.

@@ -48,6 +48,15 @@ class CoordinatorOptions(msgspec.Struct, frozen=True, kw_only=True):
     ending in `*` (`{"orders": ["orders", "orders-*"]}`; a flag or variable takes it as
     JSON). A prepare of a group not listed, or naming another topic, is refused `forbidden`
     before anything is stored or declared. Empty: any group may write any topic."""
+    max_prefix_topics: int = 100
+    """Most topic streams one prefix rule of `group_topics` (`orders-*`) may cause to exist:
+    a prepare naming a topic whose stream does not exist yet, allowed only by rules whose
+    prefix already has this many `TOPIC_<prefix>...` streams, is refused `forbidden`."""
+    consumer_groups: dict[str, list[str]] = {}
+    """Consumer group -> the topics it reads (names, no patterns). At start the coordinator
+    declares each group's dead-letter stream and each topic's stream, so a consumer that may
+    not create streams (`Consumer(declare_streams=False)`) finds them; with `group_topics`
+    set, its replies never go to these groups' inboxes either."""
 
     def __post_init__(self) -> None:
         normalize_prefix(self.inbox_prefix)  # ConfigError when it cannot prefix a subject
@@ -65,6 +74,14 @@ class CoordinatorOptions(msgspec.Struct, frozen=True, kw_only=True):
             )
             if problem is not None:
                 raise ConfigError(f"group_topics: {problem}")
+        if self.max_prefix_topics < 1:
+            raise ConfigError("max_prefix_topics must be >= 1")
+        for group, topics in self.consumer_groups.items():
+            problem = name_problem("group", group) or next(
+                filter(None, (name_problem("topic", t) for t in topics)), None
+            )
+            if problem is not None:
+                raise ConfigError(f"consumer_groups: {problem}")
 
 
 def _pattern_problem(pattern: str) -> str | None:

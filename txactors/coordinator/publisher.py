@@ -1,7 +1,8 @@
 """Carrying out `Publish`: a committed half, copied to its topic stream with its dedupe id.
 
 Topic streams are declared when a prepare first names the topic (`declare`), so that a
-commit never waits for one.
+commit never waits for one. A topic allowed only by prefix rules of the tenant policy gets a
+new stream only while one of those rules has fewer than `max_prefix_topics` (tenants.py).
 
 The partition keeps the messages of its open transactions (from their prepare, or read
 back during recovery), so a publish costs one topic write and no read; a body it no longer
@@ -22,11 +23,12 @@ catches up, in order and with the same dedupe ids, once the stream is back.
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 
 from txactors import layout, tracing
 from txactors.coordinator.core.effects import Publish
@@ -45,9 +47,10 @@ from txactors.coordinator.link import (
 )
 from txactors.coordinator.options import Clock, CoordinatorOptions
 from txactors.coordinator.store import StoredHalf, read_raw_half
+from txactors.coordinator.tenants import topic_stream_count
 from txactors.errors import ConfigError
 from txactors.logs import get_logger
-from txactors.protocol import OutgoingMessage
+from txactors.protocol import ErrorCode, OutgoingMessage
 from txactors.topics import ensure_topic_stream
 
 log = get_logger(__name__)
@@ -63,6 +66,8 @@ class NotDeclared:
 
     reason: str
     retry_after: float | None
+    code: ErrorCode = ErrorCode.INTERNAL
+    """`forbidden` when a prefix rule's cap refuses a new stream (no retry helps)."""
 
 
 @dataclass(slots=True)
@@ -103,14 +108,20 @@ class Publisher:
         """Every topic's stream is known to exist (`declare` would not wait)."""
         return topics <= self._topics
 
-    async def declare(self, topics: set[str]) -> NotDeclared | None:
-        """Make sure each topic has its stream; why not, if JetStream cannot say so now.
+    async def declare(
+        self, topics: set[str], rules: Mapping[str, tuple[str, ...]]
+    ) -> NotDeclared | None:
+        """Make sure each topic has its stream; why not, if JetStream cannot say so now or
+        the prefix rules in `rules[topic]` (none: not capped) are all at their cap.
 
         Tried once: the prepare waiting for it holds the partition's mailbox, so a transient
         failure is answered with a retry-after hint instead of being waited out here.
         """
         for topic in topics - self._topics:
             try:
+                capped = await linked(self._nc, self._capped, topic, rules.get(topic, ()))
+                if capped is not None:
+                    return capped
                 await linked(self._nc, self._declare, topic)
             except (ConfigError, LinkLost, *LINK_TROUBLE) as error:
                 log.warning("topic_stream_not_declared", topic=topic, error=describe(error))
@@ -118,6 +129,28 @@ class Publisher:
                 return NotDeclared(reason, RETRY_MAX if transient(error) else None)
             self._topics.add(topic)
         return None
+
+    async def _capped(self, topic: str, rules: tuple[str, ...]) -> NotDeclared | None:
+        """Refusal when `topic` needs a new stream and every rule allowing it is at its cap.
+        Checked before the create, so partitions creating at the same moment may together
+        pass a cap by at most one stream each."""
+        if not rules:
+            return None
+        try:
+            await self._js.stream_info(layout.topic_stream(topic))
+            return None  # exists: nothing new is made
+        except NotFoundError:
+            pass
+        cap = self._options.max_prefix_topics
+        for rule in rules:
+            if await topic_stream_count(self._nc, rule[:-1]) < cap:
+                return None
+        log.warning("topic_stream_cap_reached", topic=topic, rules=rules, cap=cap)
+        reason = (
+            f"topic {topic} would be a new stream, but the group_topics rule "
+            f"{' and '.join(rules)} already has {cap} topic streams (max_prefix_topics)"
+        )
+        return NotDeclared(reason, None, ErrorCode.FORBIDDEN)
 
     async def _declare(self, topic: str) -> None:
         await ensure_topic_stream(

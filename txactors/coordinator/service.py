@@ -14,7 +14,8 @@ whose owner died or left, and hands over a few at a time when a member joins. Re
 a task of its own, from before the first partition is taken: a partition that is still
 recovering (however long that takes) keeps its lease. Several coordinator processes thus split
 the partitions evenly, and take over from each other. Only inbox reply subjects are answered
-(`options.inbox_prefix`), and a connection closed for good ends the coordinator with
+(`options.inbox_prefix`; with a tenant policy, a group's only in its own inbox, tenants.py),
+and a connection closed for good ends the coordinator with
 `NatsConnectionLost` rather than leaving it up serving nothing.
 """
 
@@ -36,6 +37,7 @@ from nats.aio.subscription import Subscription
 
 from txactors import layout
 from txactors.actors import ActorSystem, Directive, LocalActorRef, ReplyGuard, Supervisor, serve
+from txactors.actors.replies import normalize_prefix
 from txactors.coordinator.actor import PartitionCoordinator
 from txactors.coordinator.agreement import agree_partition_count, meta_bucket
 from txactors.coordinator.balance import MemberInfo, plan
@@ -44,6 +46,7 @@ from txactors.coordinator.leases import LEASE_TROUBLE, Leases, lease_bucket
 from txactors.coordinator.oplog import FencedOut
 from txactors.coordinator.options import Clock, CoordinatorOptions, OnDiscard
 from txactors.coordinator.store import ensure_streams
+from txactors.coordinator.tenants import TenantReplies, declare_consumer_streams, tenant_groups
 from txactors.logs import get_logger
 from txactors.metrics import CoordinatorMetrics
 from txactors.natsclient import raising_connection_lost, watch_connection
@@ -336,8 +339,14 @@ async def run_coordinator(
         owner or default_owner_id(),
     )
 
+    await declare_consumer_streams(js, options)
     replies = ReplyGuard(
         options.inbox_prefix,
+        rule=(
+            TenantReplies(normalize_prefix(options.inbox_prefix), tenant_groups(options))
+            if options.group_topics
+            else None
+        ),
         on_refused=metrics.refused_replies.inc if metrics is not None else None,
     )
     with raising_connection_lost():

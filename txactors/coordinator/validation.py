@@ -165,6 +165,15 @@ class Boundary:
                     ErrorCode.FORBIDDEN,
                 )
 
+    def prefix_rules(self, group: str, topic: str) -> tuple[str, ...]:
+        """The prefix rules (`orders-*`) by which the policy lets `group` write `topic`, when
+        no rule names it outright: a new stream for it counts against `max_prefix_topics`.
+        Empty: no policy, or the topic is named (its stream is not capped)."""
+        allowed = self.group_topics.get(group, ())
+        if topic in allowed:
+            return ()
+        return tuple(p for p in allowed if p.endswith("*") and topic.startswith(p[:-1]))
+
     def _check_txid(self, txid: str) -> None:
         _check_name("$.txid", "txid", txid)
         owner = layout.partition_of(txid, self.partitions)
