@@ -36,6 +36,7 @@ from txactors.errors import ConfigError, NatsConnectionLost
 from txactors.layout import check_group_subject, check_instance_subject
 from txactors.logs import get_logger
 from txactors.natsclient import raising_connection_lost, watch_connection
+from txactors.producer.failed_sends import FailedSends
 from txactors.producer.inflight import InFlight
 from txactors.producer.outcomes import UnconfirmedOutcomes
 from txactors.protocol import (
@@ -106,7 +107,9 @@ class CheckWorker(Actor):
     """Answers one check at a time; several run side by side in a `CheckResponder`.
 
     What the producer itself knows comes first: UNKNOWN while the transaction is still in
-    flight here, then a decision it could not deliver; only then is the checker asked."""
+    flight here, ROLLBACK once one of its sends failed (committing would publish only part
+    of it, whatever the checker thinks), then a decision it could not deliver; only then is
+    the checker asked."""
 
     def __init__(
         self,
@@ -114,12 +117,14 @@ class CheckWorker(Actor):
         group: str,
         outcomes: UnconfirmedOutcomes,
         in_flight: InFlight,
+        failed_sends: FailedSends,
         timeout: float,
     ) -> None:
         self._checker = checker
         self._group = group
         self._outcomes = outcomes
         self._in_flight = in_flight
+        self._failed_sends = failed_sends
         self._timeout = timeout
 
     async def receive(self, message: CheckTransaction) -> CheckResult | Error:
@@ -144,6 +149,15 @@ class CheckWorker(Actor):
     async def _resolve(self, message: CheckTransaction) -> tuple[str, Decision | Error]:
         if message.txid in self._in_flight:
             return "in flight", Decision.UNKNOWN
+        failure = self._failed_sends.reason(message.txid)
+        if failure is not None:
+            log.warning(
+                "check_rolled_back_after_failed_send",
+                reason=failure,
+                hint="a send of this transaction failed: committing it would publish only "
+                "part of its messages, so the checker is not asked",
+            )
+            return "failed send", Decision.ROLLBACK
         remembered = self._outcomes.get(message.txid)
         if remembered is not None:
             return "unconfirmed end", remembered

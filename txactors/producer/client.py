@@ -36,6 +36,7 @@ from txactors.errors import ActorDeadError, AskTimeout, CommandError, EndRefused
 from txactors.layout import end_subject, partition_of, prepare_subject
 from txactors.logs import get_logger
 from txactors.partition_count import PartitionCount, PartitionCountUnknown
+from txactors.producer.failed_sends import FailedSends
 from txactors.producer.inflight import InFlight
 from txactors.producer.outcomes import UnconfirmedOutcomes
 from txactors.protocol import (
@@ -78,6 +79,7 @@ class CoordinatorClient:
         request_timeout: float,
         outcomes: UnconfirmedOutcomes,
         in_flight: InFlight,
+        failed_sends: FailedSends,
         prepare_retries: int = 0,
         sleep: Sleep = anyio.sleep,
     ) -> None:
@@ -85,6 +87,7 @@ class CoordinatorClient:
         self.instance = instance
         self.outcomes = outcomes
         self.in_flight = in_flight
+        self.failed_sends = failed_sends
         self._nc = nc
         self._partitions = partitions
         self._timeout = request_timeout

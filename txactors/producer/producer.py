@@ -26,6 +26,7 @@ from txactors.logs import get_logger
 from txactors.partition_count import PartitionCount, PartitionCountUnknown
 from txactors.producer.checks import Checker, CheckResponder, CheckWorker
 from txactors.producer.client import CoordinatorClient
+from txactors.producer.failed_sends import FailedSends
 from txactors.producer.inflight import InFlight
 from txactors.producer.message import TxMessage
 from txactors.producer.outcomes import UnconfirmedOutcomes
@@ -94,6 +95,7 @@ class TransactionProducer:
         self.end_mode = _end_mode(end_mode)
         outcomes = UnconfirmedOutcomes()
         in_flight = InFlight()
+        failed_sends = FailedSends()
         self._partitions = PartitionCount(nc, partitions, request_timeout)
         self._client = CoordinatorClient(
             nc,
@@ -103,13 +105,16 @@ class TransactionProducer:
             request_timeout=request_timeout,
             outcomes=outcomes,
             in_flight=in_flight,
+            failed_sends=failed_sends,
             prepare_retries=prepare_retries,
         )
         self._responder = CheckResponder(
             nc,
             group=self.group,
             instance=self.instance,
-            worker=lambda: CheckWorker(checker, self.group, outcomes, in_flight, check_timeout),
+            worker=lambda: CheckWorker(
+                checker, self.group, outcomes, in_flight, failed_sends, check_timeout
+            ),
             concurrency=checker_concurrency,
         )
         self._running = False

@@ -4,8 +4,12 @@ The rules a caller can rely on, all checked locally before anything is sent:
 - the first send prepares without a token and keeps the coordinator's; later sends carry it;
 - a transaction is decided once: ending again with the same decision retries an end that
   was not confirmed (or returns the result), a different decision is refused;
-- after a failed send the transaction can only roll back (or be left unknown): committing
-  part of what the caller meant to send would break all-or-nothing;
+- after a failed send (refused, unconfirmed, or cancelled while its prepare was out) the
+  transaction can only roll back: committing part of what the caller meant to send would
+  break all-or-nothing. A commit is refused, leaving it unknown rolls it back, and if it is
+  never ended (dropped, abandoned, its end lost) this producer answers its check-back
+  ROLLBACK whatever the checker says, for as long as it remembers the failure
+  (`failed_sends`);
 - a transaction that sent nothing ends without a request;
 - an end is acknowledged (`EndMode.ACK`, the default: the result says the state reached) or
   one-way (`EndMode.ONEWAY`: published without waiting, the result is unconfirmed and the
@@ -13,7 +17,7 @@ The rules a caller can rely on, all checked locally before anything is sent:
 - from its first prepare until its end is answered, a check-back for it is answered UNKNOWN
   by this producer (see `inflight`), so the checker never judges a local transaction that
   is still running; given up on (the block cancelled or timed out, a send cancelled, the
-  object dropped), it is the checker's at once.
+  object dropped), it is the checker's at once, unless a send of it failed (above).
 
 Used as `async with producer.begin() as txn:`, leaving the block normally commits and an
 exception rolls back. Do the local database work *inside* the block, so it commits before
@@ -127,7 +131,7 @@ class Transaction:
         """Store one or more half messages (any topics); returns their TXN_HALF sequences.
 
         Raises `PrepareFailed` if the coordinator did not confirm them; the transaction can
-        then only roll back.
+        then only roll back, and its check-back is answered ROLLBACK (see `failed_sends`).
         """
         messages = [message] if isinstance(message, TxMessage) else list(message)
         if not messages:
@@ -156,13 +160,13 @@ class Transaction:
             try:
                 prepared = await self._client.prepare(self.txid, outgoing, self._token)
             except PrepareFailed as error:
-                self._failed_send = str(error)
+                self._fail_send(str(error))
                 tracing.fail(self._span, error)
                 raise
             except BaseException as error:
                 # Cancelled while the prepare was out: halves may exist, and nobody is at
                 # work on it any more (whoever holds the traceback is not).
-                self._failed_send = f"interrupted by {type(error).__name__}"
+                self._fail_send(f"interrupted by {type(error).__name__}")
                 self._client.in_flight.discard(self.txid)
                 raise
             self._token = self._token or prepared.token
@@ -175,6 +179,12 @@ class Transaction:
             )
             return tuple(prepared.seqs)
 
+    def _fail_send(self, reason: str) -> None:
+        """From now on it may only roll back, here and in the check-back: recorded before
+        anyone can drop or abandon it."""
+        self._failed_send = reason
+        self._client.failed_sends.add(self.txid, reason)
+
     async def commit(self) -> TransactionResult:
         return await self.end(Decision.COMMIT)
 
@@ -183,14 +193,25 @@ class Transaction:
 
     async def leave_unknown(self) -> TransactionResult:
         """End with UNKNOWN: the coordinator keeps the transaction and the check-back (the
-        group's checker) decides it later. Use it when the local outcome is not known yet."""
+        group's checker) decides it later. Use it when the local outcome is not known yet.
+
+        After a failed send it rolls back instead (logged): whatever the local outcome, only
+        part of the messages could be committed, so there is nothing left to decide."""
         return await self.end(Decision.UNKNOWN)
 
     async def end(self, decision: Decision) -> TransactionResult:
         """End with `decision`. If the end does not reach the coordinator the result is
-        unconfirmed (logged, not raised); `EndRefused` if the coordinator said no."""
+        unconfirmed (logged, not raised); `EndRefused` if the coordinator said no. After a
+        failed send, COMMIT is refused and UNKNOWN rolls back (see `leave_unknown`)."""
         with self.logging_context():
             async with self._lock:
+                if self._failed_send is not None and decision is Decision.UNKNOWN:
+                    log.warning(
+                        "transaction_unknown_rolled_back",
+                        reason=self._failed_send,
+                        hint="a send failed, so only a rollback keeps it all-or-nothing",
+                    )
+                    decision = Decision.ROLLBACK
                 if self._decision is not None and decision is not self._decision:
                     raise TransactionStateError(
                         f"transaction {self.txid} already ended with {self._decision}; "
@@ -218,9 +239,8 @@ class Transaction:
 
     async def _send_end(self, decision: Decision) -> TransactionResult:
         if self._token is None:
-            if self._failed_send is not None:
-                # Halves may exist even though the prepare was not confirmed.
-                self._client.outcomes.remember(self.txid, decision)
+            # Nothing confirmed. After a failed send halves may exist even so: their
+            # check-back is answered ROLLBACK from `failed_sends`.
             state = None
         elif self.end_mode is EndMode.ONEWAY:
             await self._client.end_oneway(self.txid, self._token, decision)
@@ -228,6 +248,8 @@ class Transaction:
         else:
             ended = await self._client.end(self.txid, self._token, decision)
             state = ended.state if ended is not None else None
+            if state is not None and self._failed_send is not None:
+                self._client.failed_sends.forget(self.txid)  # rolled back: nobody will ask
         result = TransactionResult(self.txid, tuple(self._seqs), decision, state)
         log.info(
             "transaction_ended",
@@ -282,11 +304,19 @@ class Transaction:
     def _abandon(self, cause: BaseException | None) -> None:
         """Work on it stopped without a completed end: it is no longer in flight, so a
         check-back asks the checker. Undecided, it is left UNKNOWN without a request:
-        whether the local work committed is not known here."""
+        whether the local work committed is not known here. After a failed send that does
+        not matter: it is ROLLBACK (still without a request; a `rollback()` may send it),
+        and the check-back is answered ROLLBACK from `failed_sends`, not by the checker."""
         self._client.in_flight.discard(self.txid)
         if self._decision is None:
-            self._decision = Decision.UNKNOWN
-            log.warning("transaction_interrupted", error=repr(cause), messages=len(self._seqs))
+            self._decision = Decision.UNKNOWN if self._failed_send is None else Decision.ROLLBACK
+            log.warning(
+                "transaction_interrupted",
+                error=repr(cause),
+                messages=len(self._seqs),
+                decision=self._decision,
+                failed_send=self._failed_send,
+            )
         self._finish_span(cause)
 
     @contextmanager
