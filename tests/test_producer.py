@@ -451,11 +451,13 @@ async def test_a_transaction_that_sent_nothing_makes_no_request(nc: Client) -> N
     assert (txn.result.local_state, txn.result.confirmed) == (Decision.COMMIT, False)
 
 
+def refuse_later_sends(prepare: Prepare) -> Error | None:
+    """The first send of a transaction is stored, every later one refused."""
+    return Error(ErrorCode.BAD_REQUEST, "too big") if prepare.token else None
+
+
 async def test_after_a_failed_send_only_a_rollback_is_possible(nc: Client) -> None:
-    refuse_second = lambda prepare: (  # noqa: E731
-        Error(ErrorCode.BAD_REQUEST, "too big") if prepare.token else None
-    )
-    async with coordinator(nc, refuse_prepare=refuse_second) as coord, producer(nc) as p:
+    async with coordinator(nc, refuse_prepare=refuse_later_sends) as coord, producer(nc) as p:
         with pytest.raises(PrepareFailed):
             async with p.begin() as txn:
                 await txn.send(message())
@@ -785,12 +787,23 @@ async def test_a_block_whose_end_is_cancelled_is_left_to_the_checker(nc: Client)
         await ends.unsubscribe()
 
 
-async def test_a_send_cancelled_while_its_prepare_is_out_is_left_to_the_checker(
+async def assert_the_producer_rolls_it_back(
+    nc: Client, p: TransactionProducer, checker: RecordingChecker, txid: str
+) -> None:
+    """A send of it failed: whatever the checker would say, the answer is ROLLBACK."""
+    assert txid not in p._client.in_flight
+    reply = await ask_instance(nc, p, check_for(p.group, txid))
+    assert reply.resolution is Decision.ROLLBACK
+    assert checker.views == []
+
+
+async def test_a_send_cancelled_while_its_prepare_is_out_is_rolled_back_by_the_producer(
     nc: Client,
 ) -> None:
     """Without a block, as `begin()` and `send()` may be used: the caller's task was
-    cancelled in the send, and whoever holds that task does not end the transaction."""
-    checker = RecordingChecker(Decision.ROLLBACK)
+    cancelled in the send, and whoever holds that task does not end the transaction. Its
+    half may be stored, so only a rollback is possible, also in the check-back."""
+    checker = RecordingChecker(Decision.COMMIT)
     async with producer(nc, checker=checker) as p:
         txn = p.begin()
         prepares = await nc.subscribe(prepare_subject(partition_of(txn.txid, 1), p.group))
@@ -800,7 +813,7 @@ async def test_a_send_cancelled_while_its_prepare_is_out_is_left_to_the_checker(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            await assert_the_checker_answers(nc, p, checker, txn.txid)
+            await assert_the_producer_rolls_it_back(nc, p, checker, txn.txid)
         await prepares.unsubscribe()
         with pytest.raises(TransactionStateError, match="interrupted by CancelledError"):
             await txn.commit()  # halves may exist: only part of it could be delivered
@@ -809,18 +822,67 @@ async def test_a_send_cancelled_while_its_prepare_is_out_is_left_to_the_checker(
 
 
 @pytest.mark.parametrize("how", ["after a send", "after a failed send"])
-async def test_a_dropped_transaction_is_left_to_the_checker_at_once(nc: Client, how: str) -> None:
-    checker = RecordingChecker(Decision.ROLLBACK)
-    refuse = lambda _: Error(ErrorCode.BAD_REQUEST, "no")  # noqa: E731
-    knobs = {"refuse_prepare": refuse} if how == "after a failed send" else {}
-    async with coordinator(nc, **knobs), producer(nc, checker=checker) as p:
+async def test_a_dropped_transaction_is_not_in_flight_at_once(nc: Client, how: str) -> None:
+    """Dropped after a send, its check-back is the checker's; after a failed send, the
+    producer answers ROLLBACK itself (the checker would say COMMIT)."""
+    checker = RecordingChecker(Decision.COMMIT)
+    async with (
+        coordinator(nc, refuse_prepare=refuse_later_sends),
+        producer(nc, checker=checker) as p,
+    ):
         with collector_off():
             dropped = p.begin()
             txid = dropped.txid
-            with contextlib.suppress(PrepareFailed):
-                await dropped.send(message())
+            await dropped.send(message())
+            if how == "after a failed send":
+                with contextlib.suppress(PrepareFailed):
+                    await dropped.send(message())
             del dropped  # never ended, and nothing can end it now
-            await assert_the_checker_answers(nc, p, checker, txid)
+            if how == "after a failed send":
+                await assert_the_producer_rolls_it_back(nc, p, checker, txid)
+            else:
+                await assert_the_checker_answers(nc, p, checker, txid)
+
+
+async def test_leave_unknown_after_a_failed_send_rolls_back(nc: Client) -> None:
+    """Only part of it could be committed, so there is nothing for a check-back to decide."""
+    async with (
+        coordinator(nc, refuse_prepare=refuse_later_sends) as coord,
+        producer(nc) as p,
+        p.begin() as txn,
+    ):
+        await txn.send(message())
+        with pytest.raises(PrepareFailed):
+            await txn.send(message())
+        with structlog.testing.capture_logs() as logs:
+            result = await txn.leave_unknown()
+        assert await txn.rollback() is result  # the same decision: nothing sent again
+    assert [e.decision for e in coord.ends] == [Decision.ROLLBACK]
+    assert (result.local_state, result.state) == (Decision.ROLLBACK, "rolled_back")
+    [warning] = events(logs, "transaction_unknown_rolled_back")
+    assert "too big" in warning["reason"]
+    assert p._client.failed_sends.reason(txn.txid) is None  # confirmed: nobody will ask
+
+
+async def test_a_block_left_normally_after_a_failed_send_is_rolled_back_by_the_producer(
+    nc: Client,
+) -> None:
+    """The caller swallowed the failed send: the block's commit is refused, the transaction
+    is left without an end, and its check-back is ROLLBACK whatever the checker says."""
+    checker = RecordingChecker(Decision.COMMIT)
+    async with (
+        coordinator(nc, refuse_prepare=refuse_later_sends) as coord,
+        producer(nc, checker=checker) as p,
+    ):
+        with pytest.raises(TransactionStateError, match="only part"):
+            async with p.begin() as txn:
+                await txn.send(message())
+                with contextlib.suppress(PrepareFailed):
+                    await txn.send(message())
+        assert coord.ends == []
+        await assert_the_producer_rolls_it_back(nc, p, checker, txn.txid)
+        assert (await txn.rollback()).state == "rolled_back"  # the caller may still send it
+    assert [e.decision for e in coord.ends] == [Decision.ROLLBACK]
 
 
 # -- TxMessage ---------------------------------------------------------------------------------

@@ -19,6 +19,8 @@ from contextlib import asynccontextmanager
 import anyio
 import pytest
 import structlog
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from nats.aio.client import Client
 
 from tests.support.txn import FAST, topic_ids
@@ -26,9 +28,10 @@ from txactors.actors import RemoteActorRef
 from txactors.coordinator import CoordinatorConfig
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import run_coordinator
-from txactors.errors import CommandError, PrepareFailed
+from txactors.errors import CommandError, ConfigError, PrepareFailed
 from txactors.layout import admin_subject, partition_of, prepare_subject
 from txactors.producer import CheckView, Decision, Transaction, TransactionProducer, TxMessage
+from txactors.producer.failed_sends import MAX_REASON_LENGTH, FailedSends
 from txactors.protocol import ErrorCode, ShowTransaction, TransactionInfo
 
 GROUP = "shop"
@@ -191,3 +194,60 @@ async def test_a_transaction_without_a_failed_send_is_still_the_checkers(
         assert await final_state(private_nc, txid) == "committed"
     assert checker.asked[-1:] == [txid]
     assert await topic_ids(private_nc, TOPIC) == [f"{txid}:0", f"{txid}:1"]
+
+
+# -- the record's bounds ---------------------------------------------------------------------
+
+
+CAPACITY, MAX_AGE = 3, 10.0
+
+
+class FailedSendsMachine(RuleBasedStateMachine):
+    """However failures, forgets and time interleave, the record holds exactly the txids
+    that failed within `max_age`, at most `capacity` of them (the newest), with the first
+    reason each gave: never more (memory stays bounded), never fewer (a check-back it
+    still owes is answered ROLLBACK)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+        self.record = FailedSends(CAPACITY, MAX_AGE, clock=lambda: self.now)
+        self.model: dict[str, tuple[float, str]] = {}  # in the order they failed
+
+    def _expire(self) -> None:
+        self.model = {t: e for t, e in self.model.items() if e[0] > self.now - MAX_AGE}
+
+    @rule(txid=st.sampled_from("abcdef"), reason=st.text(max_size=400))
+    def fail(self, txid: str, reason: str) -> None:
+        self.record.add(txid, reason)
+        self._expire()
+        self.model.setdefault(txid, (self.now, reason[:MAX_REASON_LENGTH]))
+        while len(self.model) > CAPACITY:
+            del self.model[next(iter(self.model))]
+
+    @rule(txid=st.sampled_from("abcdef"))
+    def forget(self, txid: str) -> None:
+        self.record.forget(txid)
+        self.model.pop(txid, None)
+
+    @rule(seconds=st.floats(0, 2 * MAX_AGE))
+    def wait(self, seconds: float) -> None:
+        self.now += seconds
+        self._expire()
+
+    @invariant()
+    def holds_exactly_the_young_newest_failures(self) -> None:
+        for txid in "abcdef":
+            expected = self.model.get(txid)
+            assert self.record.reason(txid) == (expected and expected[1])
+        assert len(self.record) == len(self.model) <= CAPACITY
+
+
+TestFailedSends = FailedSendsMachine.TestCase
+
+
+def test_failed_sends_refuses_bounds_that_bound_nothing() -> None:
+    with pytest.raises(ConfigError):
+        FailedSends(capacity=0)
+    with pytest.raises(ConfigError):
+        FailedSends(max_age=0)

@@ -57,9 +57,9 @@ class FailedSends:
     def add(self, txid: str, reason: str) -> None:
         """A send of `txid` failed: its check-back must roll it back. The first reason stays
         (later sends are refused before they go out)."""
+        self._expire()
         if txid not in self._failed:
             self._failed[txid] = (self._clock(), reason[:MAX_REASON_LENGTH])
-        self._expire()
         while len(self._failed) > self._capacity:
             self._failed.popitem(last=False)
 
