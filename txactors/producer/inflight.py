@@ -14,7 +14,9 @@ is too) was left by a cancellation, a timeout or any other interruption without 
 prepare was cancelled, or the transaction was dropped without an end. The first ones clear
 the mark as they happen, even while a traceback still holds the transaction. The registry
 holds its transactions weakly, so a dropped one (a `Transaction` is never part of a
-reference cycle) stops being in flight at once and the checker answers for it again.
+reference cycle) stops being in flight at once and the checker answers for it again, unless
+one of its sends failed: then the producer answers ROLLBACK (`failed_sends`, which outlives
+this registry's entry).
 """
 
 from __future__ import annotations

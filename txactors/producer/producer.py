@@ -57,16 +57,17 @@ class TransactionProducer:
     arrived or said UNKNOWN; it should look the transaction up in the local database and
     answer COMMIT, ROLLBACK, or UNKNOWN (ask again later). It is not called for a
     transaction this producer is still working on (prepare, local transaction or end still
-    running): that check is answered UNKNOWN. Up to `checker_concurrency`
-    checks run at once, each for at most `check_timeout` seconds. The partition count is
-    read where the coordinators publish it; `partitions`, if given, is checked against it
-    (`PartitionCountMismatch`). `end_mode` says how transactions end by default:
-    `"ack"` waits for the coordinator's answer, `"oneway"` publishes the end and goes on
-    (see `EndMode`); `begin(end_mode=...)` chooses per transaction. A prepare the
-    coordinator refuses for now, with a retry-after hint (it cannot write at the moment), is
-    sent again up to `prepare_retries` times, each after waiting at least the hint; then
-    `PrepareFailed.retry_after` says how long to wait. A producer runs once: enter it a
-    single time.
+    running): that check is answered UNKNOWN; nor for one with a failed send this producer
+    remembers (see `failed_sends`): committing it would publish only part of it, so that
+    check is answered ROLLBACK. Up to `checker_concurrency` checks run at once, each for at
+    most `check_timeout` seconds. The partition count is read where the coordinators publish
+    it; `partitions`, if given, is checked against it (`PartitionCountMismatch`).
+    `end_mode` says how transactions end by default: `"ack"` waits for the coordinator's
+    answer, `"oneway"` publishes the end and goes on (see `EndMode`); `begin(end_mode=...)`
+    chooses per transaction. A prepare the coordinator refuses for now, with a retry-after
+    hint (it cannot write at the moment), is sent again up to `prepare_retries` times, each
+    after waiting at least the hint; then `PrepareFailed.retry_after` says how long to wait.
+    A producer runs once: enter it a single time.
 
         async with TransactionProducer(nc, "bank-a", checker) as producer:
             result = await producer.send_in_transaction(message, debit, arg=transfer)
