@@ -30,6 +30,7 @@ from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import CommandError, ConfigError, PrepareFailed
 from txactors.layout import admin_subject, partition_of, prepare_subject
+from txactors.natsclient import connect
 from txactors.producer import CheckView, Decision, Transaction, TransactionProducer, TxMessage
 from txactors.producer.failed_sends import MAX_REASON_LENGTH, FailedSends
 from txactors.protocol import ErrorCode, ShowTransaction, TransactionInfo
@@ -54,12 +55,20 @@ class CommittingChecker:
 
 @asynccontextmanager
 async def shop(nc: Client, checker: CommittingChecker) -> AsyncIterator[TransactionProducer]:
+    """The coordinator with the tenant policy, and the group's producer on a connection of its
+    own with the group's inbox: with a policy, the coordinator answers a group nowhere else."""
     options = CoordinatorOptions(group_topics=POLICY)
-    async with (
-        run_coordinator(nc, config=CoordinatorConfig(check_max=50, **FAST), options=options),
-        TransactionProducer(nc, GROUP, checker, request_timeout=5.0) as producer,
-    ):
-        yield producer
+    assert nc.connected_url is not None
+    url = f"nats://{nc.connected_url.hostname}:{nc.connected_url.port}"
+    producer_nc = await connect(url, name=GROUP, inbox_prefix=f"_INBOX.{GROUP}")
+    try:
+        async with (
+            run_coordinator(nc, config=CoordinatorConfig(check_max=50, **FAST), options=options),
+            TransactionProducer(producer_nc, GROUP, checker, request_timeout=5.0) as producer,
+        ):
+            yield producer
+    finally:
+        await producer_nc.close()
 
 
 async def final_state(nc: Client, txid: str) -> str:
@@ -92,6 +101,7 @@ async def cancelled_while_out(nc: Client, txn: Transaction) -> None:
     """The caller's task is cancelled once the prepare is on its way: the coordinator may
     store its half (it does here), but the producer never learns it did."""
     prepares = await nc.subscribe(prepare_subject(partition_of(txn.txid, 1), GROUP))
+    await nc.flush()  # the producer sends on a connection of its own
     try:
         task = asyncio.ensure_future(txn.send(TxMessage(TOPIC, b"second")))
         await prepares.next_msg(timeout=10)
