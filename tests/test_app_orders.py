@@ -55,7 +55,6 @@ PG_DSN = os.environ.get("TXACTORS_TEST_PG_DSN", "postgresql://postgres@127.0.0.1
 
 TIMING = Timing(
     coordinator=CoordinatorConfig(**FAST),
-    rollback_after=1.0,
     ack_wait=1.0,
     retry_delays=(0.1, 0.2, 0.5),
     drain_timeout=30.0,

@@ -29,7 +29,7 @@ from apps.common.faults import Fault, FaultLog
 from apps.common.report import RECONCILIATION_TOPIC, Reconciliation, verdict
 from apps.common.timing import Timing
 from apps.transfer.__main__ import app
-from apps.transfer.bank import ALIPAY, YUEBAO, Bank, RolledBackByCheck, TransferRefused
+from apps.transfer.bank import ALIPAY, YUEBAO, Bank, TransferRefused
 from apps.transfer.demo import (
     COMMITTED,
     FENCED,
@@ -47,7 +47,8 @@ from apps.transfer.sender import Sender, new_transfer
 from tests.conftest import MakeNatsServer
 from tests.support.txn import topic_messages
 from txactors.coordinator import CoordinatorConfig
-from txactors.producer import CheckView, Decision, MessageView
+from txactors.errors import RolledBackByCheck
+from txactors.producer import CheckView, Decision
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,7 +60,6 @@ FAST = Timing(
         check_answer_timeout=1.0,
         check_max=50,
     ),
-    rollback_after=1.0,
     ack_wait=1.0,
     retry_delays=(0.05, 0.1),
     drain_timeout=30.0,
@@ -198,9 +198,9 @@ async def test_every_transfer_at_500_concurrent_with_every_fault_reconciles(
     tmp_path: Path, make_nats_server: MakeNatsServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`--transfers 1000 --concurrency 500 --faults all` with the demo's own timing: the
-    verdict is OK, and the report says how every transfer ended. (Refusing debits older
-    than half the checker's bound rolled back 959 of these, and the absorbed duplicates
-    then fell short of a planned count: MISMATCH with the books right.)"""
+    verdict is OK, and the report says how every transfer ended. (A hand-written checker
+    that refused debits older than half its bound rolled back 959 of these, and the
+    absorbed duplicates then fell short of a planned count: MISMATCH with the books right.)"""
     storage = Storage.sqlite(tmp_path / "banks")
     config = DemoConfig(storage, transfers=1000, concurrency=500, faults=frozenset(Fault))
     result, published = await run_on_private_server(make_nats_server, monkeypatch, config)
@@ -322,38 +322,43 @@ def test_every_planned_transfer_is_counted_once_with_its_cause() -> None:
     }
 
 
-# -- the checker fences a debit it gave up on ------------------------------------------------
+# -- the transaction log answers the check-backs ---------------------------------------------
 
 
-async def test_a_check_back_that_gave_up_fences_off_the_late_debit(sqlite: Storage) -> None:
-    """No debit is refused for being slow: a check-back that answered ROLLBACK claims the
-    transaction, so the debit still running fails, and the answer stays true."""
+async def test_a_check_back_answers_from_the_log_and_fences_off_the_late_debit(
+    sqlite: Storage,
+) -> None:
+    """No bound to wait out: a check-back finds a recorded debit (COMMIT), and claims a txid
+    with none rolled back at once (ROLLBACK), so the debit still running fails, however slow,
+    and the answer stays true; another member of the group answers the same."""
     alipay = Bank(await sqlite.open(ALIPAY, fresh=True))
+    other = Bank(await sqlite.open(ALIPAY))  # another alipay process: its own connections
     try:
         await alipay.seed({"a-001": 10_000})
-        sender = Sender(alipay, rollback_after=5.0)
-        slow = Transfer(id="slow", source="a-001", target="b-001", amount=100, created_at=0.0)
-        young = Transfer(
-            id="young", source="a-001", target="b-001", amount=100, created_at=time.time()
-        )
-        assert await sender.check(check_view("tx-young", young)) is Decision.UNKNOWN
-        await sender.debit(young, "tx-young")  # however long it took: nothing gave up on it
-        assert await sender.check(check_view("tx-young", young)) is Decision.COMMIT
+        sender, survivor = await Sender.open(alipay), await Sender.open(other)
+        await sender.debit(transfer_of("debited"), "tx-debited")
+        assert await survivor.txlog.check(check_view("tx-debited")) is Decision.COMMIT
 
-        assert await sender.check(check_view("tx-slow", slow)) is Decision.ROLLBACK
-        with pytest.raises(RolledBackByCheck, match="before its debit committed"):
-            await sender.debit(slow, "tx-slow")
-        assert await alipay.sent() == {"young": 100}
+        assert await survivor.txlog.check(check_view("tx-late")) is Decision.ROLLBACK
+        with pytest.raises(RolledBackByCheck, match="decided by a check-back"):
+            await sender.debit(transfer_of("late"), "tx-late")
+        assert await alipay.sent() == {"debited": 100}
         assert await alipay.balance("a-001") == 9_900
-        assert await sender.check(check_view("tx-slow", slow)) is Decision.ROLLBACK
+        for checker in (sender, survivor):
+            assert await checker.txlog.check(check_view("tx-late")) is Decision.ROLLBACK
+            assert await checker.txlog.check(check_view("tx-debited")) is Decision.COMMIT
+        assert not await alipay.db.fetch("SELECT * FROM sqlite_master WHERE name = 'attempts'")
     finally:
+        await other.db.close()
         await alipay.db.close()
 
 
-def check_view(txid: str, transfer: Transfer) -> CheckView:
-    body = msgspec.msgpack.encode(transfer)
-    message = MessageView(0, "transfers", body, (transfer.id,), None, {})
-    return CheckView(txid=txid, group="alipay", check_times=0, messages=(message,))
+def transfer_of(id_: str) -> Transfer:
+    return Transfer(id=id_, source="a-001", target="b-001", amount=100, created_at=time.time())
+
+
+def check_view(txid: str) -> CheckView:
+    return CheckView(txid=txid, group="alipay", check_times=0, messages=())
 
 
 async def credit_wrongly(yuebao: Bank, credits: list[tuple[str, int]]) -> None:

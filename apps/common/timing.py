@@ -18,15 +18,13 @@ class Timing:
             check_interval_max=0.5,
             check_answer_timeout=2.0,
             # Two minutes of asking: a transaction whose local work is still running is
-            # answered UNKNOWN, and at --concurrency 500 a debit can wait tens of seconds for
-            # SQLite's one writer on a loaded machine. Discarding it then would leave a
-            # debit without its message. The faults are settled long before (rollback_after).
+            # answered UNKNOWN by the producer running it, and at --concurrency 500 a debit
+            # can wait tens of seconds for SQLite's one writer on a loaded machine.
+            # Discarding it then would leave a debit without its message. The faults are
+            # settled by the first check that reaches the transaction log.
             check_max=240,
         )
     )
-    rollback_after: float = 2.0
-    """The checker's bound: an attempt with no local record this old is rolled back (and the
-    local transaction refuses to commit once it is this old, so that answer stays true)."""
     ack_wait: float = 2.0
     """How long a delivered message may go unacked (its consumer died) before another
     consumer of the group gets it."""

@@ -49,6 +49,7 @@ from apps.transfer.sender import Sender, new_transfer
 from txactors.cli import run_cli
 from txactors.connection import nats_session
 from txactors.coordinator.service import run_coordinator
+from txactors.errors import RolledBackByCheck
 from txactors.logs import configure_logging
 from txactors.producer import TransactionProducer
 
@@ -136,7 +137,7 @@ def send(
     storage = banks(db, data_dir, pg_dsn, pg_prefix)
     try:
         balances = anyio.run(send_one, storage, source, target, amount)
-    except TransferRefused as error:
+    except (TransferRefused, RolledBackByCheck) as error:
         raise fail(f"{error}; nothing was changed") from None
     for account, (before, after) in balances.items():
         console.print(f"{account}: ¥{before / 100:,.2f} → ¥{after / 100:,.2f}")
@@ -151,17 +152,17 @@ async def send_one(
         transfer = await new_transfer(alipay, yuebao, source, target, parse_amount(amount))
         before = [await alipay.balance(source), await yuebao.balance(target)]
         timing = Timing()
-        sender = Sender(alipay, rollback_after=timing.rollback_after)
+        sender = await Sender.open(alipay)
         async with (
             nats_session() as session,
             run_coordinator(session.nc, config=timing.coordinator),
-            TransactionProducer(session.nc, SENDER_GROUP, sender.check) as producer,
+            TransactionProducer(session.nc, SENDER_GROUP, sender.txlog.check) as producer,
             Receiver(yuebao).consumer(session.nc, ack_wait=timing.ack_wait),
         ):
             try:
                 await sender.transfer(producer, transfer)
-            except TransferRefused as error:  # raised out of here, task groups would wrap it
-                refused: TransferRefused | None = error
+            except (TransferRefused, RolledBackByCheck) as error:
+                refused: Exception | None = error  # raised out of here, task groups wrap it
             else:
                 refused = None
                 await wait_drained(

@@ -2,16 +2,14 @@
 
 - `accounts`: the balance, and the opening balance it was seeded with, so reconciliation can
   prove every movement since then;
-- `transfers`: money sent, one row per transfer with the transaction id that carried it (the
-  checker's evidence that the local transaction committed);
+- `transfers`: money sent, one row per transfer with the transaction id that carried it;
 - `credits`: money received, one row per application of a transfer (deliberately not unique
-  on the transfer, so reconciliation would *see* a double credit, not a constraint error);
-- `attempts`: one row per transaction id, claimed by whichever comes first, the debit
-  (`debited`) or a check-back giving up on it (`rolled back`): so a debit still running when
-  the check-back answered ROLLBACK fails instead of committing, however slow it was.
+  on the transfer, so reconciliation would *see* a double credit, not a constraint error).
 
-The claim, the debit and the transfer row are one local transaction; so are the
-message-apply record, the credit row and the balance update (`Database.apply_once`).
+Alipay's database also holds the `alipay` group's transaction log (`Sender`), which answers
+its check-backs. The log's row, the debit and the transfer row are one local transaction;
+so are the message-apply record, the credit row and the balance update
+(`Database.apply_once`).
 """
 
 from __future__ import annotations
@@ -33,10 +31,7 @@ SCHEMA = [
     "created_at DOUBLE PRECISION NOT NULL)",
     "CREATE TABLE IF NOT EXISTS credits (transfer_id TEXT NOT NULL, msg_id TEXT NOT NULL, "
     "account TEXT NOT NULL, amount BIGINT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS attempts (txid TEXT PRIMARY KEY, state TEXT NOT NULL)",
 ]
-DEBITED = "debited"
-ROLLED_BACK = "rolled back"
 
 
 class TransferRefused(ValueError):
@@ -45,10 +40,6 @@ class TransferRefused(ValueError):
 
 class InsufficientFunds(TransferRefused):
     pass
-
-
-class RolledBackByCheck(TransferRefused):
-    """A check-back answered ROLLBACK for this transfer before its debit committed."""
 
 
 class Bank:
@@ -83,14 +74,9 @@ class Bank:
         return None if value is None else int(value)
 
     async def debit(self, tx: Tx, transfer: Transfer, txid: str) -> None:
-        """Claim `txid`, debit the source and record the transfer, in the caller's
+        """Debit the source and record the transfer under `txid`, in the caller's
         transaction; raises (the caller rolls back) InsufficientFunds when the balance does
-        not cover it, RolledBackByCheck when a check-back rolled `txid` back first."""
-        if not await _claim(tx, txid, DEBITED):
-            raise RolledBackByCheck(
-                f"transfer {transfer.id}: a check-back rolled transaction {txid} back "
-                "before its debit committed"
-            )
+        not cover it."""
         changed = await tx.execute(
             "UPDATE accounts SET balance = balance - ? WHERE id = ? AND balance >= ?",
             transfer.amount,
@@ -132,18 +118,6 @@ class Bank:
             time.time(),
         )
 
-    async def give_up(self, txid: str) -> bool:
-        """Claim `txid` as rolled back, unless its debit claimed it first; True when the
-        debit did (it committed: the transaction must commit)."""
-        async with self.db.transaction() as tx:
-            await _claim(tx, txid, ROLLED_BACK)
-            state = await tx.fetchval("SELECT state FROM attempts WHERE txid = ?", txid)
-        return bool(state == DEBITED)
-
-    async def has_transfer(self, txid: str) -> bool:
-        found = await self.db.fetchval("SELECT 1 FROM transfers WHERE txid = ?", txid)
-        return found is not None
-
     async def totals(self) -> tuple[int, int]:
         """(sum of balances, sum of opening balances), in cents."""
         row = await self.db.fetch(
@@ -167,12 +141,3 @@ class Bank:
 
     async def credited_count(self) -> int:
         return int(await self.db.fetchval("SELECT COUNT(*) FROM credits"))
-
-
-async def _claim(tx: Tx, txid: str, state: str) -> bool:
-    """Insert `txid`'s attempt row with `state`; False when it was already claimed (on
-    PostgreSQL, after waiting for the transaction that claimed it to end)."""
-    inserted = await tx.execute(
-        "INSERT INTO attempts (txid, state) VALUES (?, ?) ON CONFLICT DO NOTHING", txid, state
-    )
-    return inserted == 1

@@ -1,14 +1,15 @@
 """Child processes the demo SIGKILLs on purpose, to show recovery across real process deaths.
 
-    python -m apps.transfer.crash producer ROLLBACK_AFTER PLAN_JSON STORAGE...
+    python -m apps.transfer.crash producer PLAN_JSON STORAGE...
     python -m apps.transfer.crash consumer ACK_WAIT STORAGE...
 
 NATS comes from the environment (the parent sets NATS_URL to its server). `producer` joins
 the alipay group, prepares every transfer of the plan (a JSON list of `[Transfer fields,
 commit_locally]`), debits and records those marked to commit locally, prints
-`PREPARED <id> prepared|debited|fenced` for each (fenced: a surviving member's check-back
-gave up on it before its debit committed, so it was not debited), then SIGKILLs itself
-before any end: only check-backs, answered by a surviving alipay process, can resolve them.
+`PREPARED <id> prepared|debited|fenced` for each (fenced: a check-back claimed its txid
+rolled back in the transaction log before the debit recorded it, so it was not debited),
+then SIGKILLs itself before any end: only check-backs, answered from the log by a surviving
+alipay process, can resolve them.
 `consumer` joins the yuebao group with one handler, prints `READY`, and on its first message
 prints `APPLYING <id>` and SIGKILLs itself inside the open database transaction, after the
 credit and before its commit.
@@ -25,23 +26,23 @@ import msgspec
 
 from apps.common.db import Storage
 from apps.common.faults import kill_self
-from apps.transfer.bank import ALIPAY, YUEBAO, Bank, RolledBackByCheck
+from apps.transfer.bank import ALIPAY, YUEBAO, Bank
 from apps.transfer.messages import SENDER_GROUP, Transfer
 from apps.transfer.receiver import Receiver
 from apps.transfer.sender import Sender
 from txactors.connection import nats_session
+from txactors.errors import RolledBackByCheck
 from txactors.logs import configure_logging
 from txactors.producer import TransactionProducer
 
 Plan = list[tuple[dict[str, Any], bool]]
 
 
-async def crash_producer(rollback_after: float, plan: Plan, storage: Storage) -> None:
-    alipay = Bank(await storage.open(ALIPAY))
-    sender = Sender(alipay, rollback_after=rollback_after)
+async def crash_producer(plan: Plan, storage: Storage) -> None:
+    sender = await Sender.open(Bank(await storage.open(ALIPAY)))
     async with (
         nats_session() as session,
-        TransactionProducer(session.nc, SENDER_GROUP, sender.check) as producer,
+        TransactionProducer(session.nc, SENDER_GROUP, sender.txlog.check) as producer,
     ):
 
         async def prepare(fields: dict[str, Any], commit_locally: bool) -> None:
@@ -53,7 +54,7 @@ async def crash_producer(rollback_after: float, plan: Plan, storage: Storage) ->
                 try:
                     await sender.debit(transfer, txn.txid)
                     outcome = "debited"
-                except RolledBackByCheck:  # too slow on a loaded machine: never debited
+                except RolledBackByCheck:  # a check-back decided it first: never debited
                     outcome = "fenced"
             print("PREPARED", transfer.id, outcome, flush=True)
 
@@ -80,12 +81,12 @@ async def crash_consumer(ack_wait: float, storage: Storage) -> None:
 
 def main(argv: list[str]) -> None:
     configure_logging("ERROR")
-    role, setting, rest = argv[0], float(argv[1]), argv[2:]
+    role, rest = argv[0], argv[1:]
     if role == "producer":
         plan: Plan = msgspec.json.decode(rest[0])
-        anyio.run(crash_producer, setting, plan, Storage.from_args(rest[1:]))
+        anyio.run(crash_producer, plan, Storage.from_args(rest[1:]))
     elif role == "consumer":
-        anyio.run(crash_consumer, setting, Storage.from_args(rest))
+        anyio.run(crash_consumer, float(rest[0]), Storage.from_args(rest[1:]))
     else:
         sys.exit(f"unknown role {role!r}; use producer or consumer")
 

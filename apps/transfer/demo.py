@@ -10,8 +10,8 @@ How each fault is injected (`Fault`):
   refused inside the local transaction, which rolls back the half message.
 - producer-crash: a child alipay process prepares a few transfers, debits half of them, and
   is SIGKILLed before any end. The coordinator's check-backs go to this process (the group's
-  survivor), whose checker finds the debited ones (COMMIT) and, once past its bound, gives
-  up on the others (ROLLBACK).
+  survivor), whose transaction log finds the debited ones (COMMIT) and claims the others
+  rolled back (ROLLBACK).
 - lost-end: prepared and debited here, but the end is never sent; the check-back commits.
 - consumer-crash: a child yuebao consumer takes the first message and is SIGKILLed inside its
   database transaction; this process's consumer starts after it died and gets the message
@@ -43,7 +43,7 @@ from apps.common.fresh import start_clean
 from apps.common.options import DEFAULT_CONCURRENCY, DEFAULT_SEED
 from apps.common.report import Reconciliation, Tally, progress_bar, publish
 from apps.common.timing import Timing
-from apps.transfer.bank import ALIPAY, YUEBAO, Bank, InsufficientFunds, RolledBackByCheck
+from apps.transfer.bank import ALIPAY, YUEBAO, Bank, InsufficientFunds
 from apps.transfer.messages import RECEIVER_GROUP, SENDER_GROUP, TOPIC, Transfer
 from apps.transfer.receiver import Receiver
 from apps.transfer.reconcile import Expectation, reconcile
@@ -52,7 +52,7 @@ from txactors.config import ENV_VARS
 from txactors.connection import nats_session
 from txactors.consumer import Consumer
 from txactors.coordinator.service import run_coordinator
-from txactors.errors import PrepareFailed
+from txactors.errors import PrepareFailed, RolledBackByCheck
 from txactors.producer import TransactionProducer
 
 CRASH_MODULE = "apps.transfer.crash"
@@ -89,7 +89,7 @@ class Planned:
     scenario: Scenario
 
     def transfer(self) -> Transfer:
-        """The transfer as sent now (its age, for the checker, starts here)."""
+        """The transfer as sent now."""
         return Transfer(
             id=self.id,
             source=self.source,
@@ -111,10 +111,11 @@ class Plan:
 
 CONSUMER_CRASHED = "consumer killed mid-apply"
 FENCED = "rolled back by a check-back before its debit committed"
-"""A transfer whose local transaction was still running when a check-back gave up on it (the
-crashing child's, whose debit races the survivor's check-backs): the debit fails, nothing
-moves. The cause, if it is ever more than a handful, is a local transaction slower than the
-checker's `rollback_after`."""
+"""A transfer whose txid a check-back claimed rolled back in the transaction log before its
+local transaction recorded it (`RolledBackByCheck`): the debit fails, nothing moves. The
+producer running a transaction answers its checks UNKNOWN while it works, so only a check
+served by another member of the group can do that (here: this process answering for the
+crashing child while the child still debits). Rare; counted when it happens."""
 POOR = "a-poor"
 """The account the insufficient-funds transfers come from: it opens with ¥1."""
 
@@ -224,7 +225,7 @@ async def _run(
     config: DemoConfig, plan: Plan, alipay: Bank, yuebao: Bank, console: Console | None
 ) -> DemoResult:
     timing = config.timing
-    sender = Sender(alipay, rollback_after=timing.rollback_after)
+    sender = await Sender.open(alipay)
     receiver = Receiver(yuebao, lose_ack_for={p.id for p in plan.of(Scenario.DUPLICATE)})
     faults = Faults()
     crashing = plan.of(Scenario.CRASH_DEBITED) + plan.of(Scenario.CRASH_NOT_DEBITED)
@@ -233,7 +234,7 @@ async def _run(
     async with (
         nats_session() as session,
         run_coordinator(session.nc, config=timing.coordinator),
-        TransactionProducer(session.nc, SENDER_GROUP, sender.check) as producer,
+        TransactionProducer(session.nc, SENDER_GROUP, sender.txlog.check) as producer,
         AsyncExitStack() as children,
     ):
         nc = session.nc
@@ -276,7 +277,7 @@ async def _run(
                         work.start_soon(_consumer_crash, child, services, consumer, faults)
                     if crashing:
                         work.start_soon(
-                            _producer_crash, crashing, timing, storage, env, faults, progress, sent
+                            _producer_crash, crashing, storage, env, faults, progress, sent
                         )
                     causes = await _send_all(
                         ours, config.concurrency, sender, producer, progress, sent
@@ -361,13 +362,12 @@ class Faults:
     crashed_apply: list[str] = field(default_factory=list)
     """The transfer the consumer child was applying when it died."""
     causes: dict[str, str] = field(default_factory=dict)
-    """Transfers the producer child meant to debit whose debit a check-back fenced off
+    """Transfers the producer child meant to debit whose txid a check-back claimed first
     (they must roll back), by id."""
 
 
 async def _producer_crash(
     crashing: Sequence[Planned],
-    timing: Timing,
     storage: list[str],
     env: dict[str, str],
     faults: Faults,
@@ -379,7 +379,7 @@ async def _producer_crash(
         (msgspec.structs.asdict(p.transfer()), p.scenario is Scenario.CRASH_DEBITED)
         for p in crashing
     ]
-    args = ("producer", str(timing.rollback_after), msgspec.json.encode(plan).decode(), *storage)
+    args = ("producer", msgspec.json.encode(plan).decode(), *storage)
     async with child_process(CRASH_MODULE, *args, env=env) as child:
         for _ in crashing:
             transfer_id, outcome = (await child.expect("PREPARED")).split()

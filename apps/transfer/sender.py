@@ -3,18 +3,23 @@
 A transfer is one transactional message and one local transaction: prepare the half message,
 then in alipay's database debit the source and record the transfer with the transaction id,
 then commit (the message reaches yuebao) or, when the debit is refused, roll back (nothing is
-ever delivered). If this process dies or the end is lost in between, the coordinator asks
-any live member of the `alipay` group (`Sender.check`), which answers from the database.
+ever delivered). The local transaction also records the transaction id in the `alipay`
+group's transaction log (`txactors.producer.txlog`, a table in alipay's database). If this
+process dies or the end is lost in between, the coordinator asks any live member of the
+group, and the log answers (`txlog.check`): the txid recorded, COMMIT; not, the check claims
+it rolled back under the same key, so a debit still running can no longer commit.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
 from apps.transfer.bank import Bank, TransferRefused
-from apps.transfer.messages import TOPIC, Transfer
-from txactors.producer import CheckView, Decision, TransactionProducer, TransactionResult, TxMessage
+from apps.transfer.messages import SENDER_GROUP, TOPIC, Transfer
+from txactors.producer import TransactionProducer, TransactionResult, TxMessage
+from txactors.producer.txlog import TxLog
 
 
 async def new_transfer(
@@ -36,18 +41,18 @@ async def new_transfer(
 
 
 class Sender:
-    """Runs transfers out of `alipay` and answers the `alipay` group's check-backs.
+    """Runs transfers out of `alipay`; the `alipay` group's transaction log, in alipay's
+    database, answers its check-backs: create the producer with `sender.txlog.check`."""
 
-    `rollback_after` is how long the checker waits for a transfer's local transaction: a
-    transfer not recorded that long after it was created is given up (ROLLBACK; younger:
-    UNKNOWN, ask again). Giving up claims the transaction id in alipay's database, so a debit
-    still running then fails instead of committing (see `Bank.give_up`): the answer stays
-    true however slow the local transaction is, and no transfer is refused for being slow.
-    """
-
-    def __init__(self, alipay: Bank, *, rollback_after: float) -> None:
+    def __init__(self, alipay: Bank, txlog: TxLog[Any]) -> None:
         self.alipay = alipay
-        self.rollback_after = rollback_after
+        self.txlog = txlog
+
+    @classmethod
+    async def open(cls, alipay: Bank) -> Sender:
+        """A sender with the group's log in alipay's database (its table created if
+        missing; closed with the database)."""
+        return cls(alipay, await alipay.db.open_txlog(SENDER_GROUP))
 
     @staticmethod
     def message(transfer: Transfer) -> TxMessage:
@@ -56,25 +61,21 @@ class Sender:
     async def transfer(
         self, producer: TransactionProducer, transfer: Transfer
     ) -> TransactionResult:
-        """Debit, record and announce `transfer`; on InsufficientFunds, RolledBackByCheck (or
-        any failure of the local transaction) the message is rolled back and the error
-        re-raised."""
-        async with producer.begin() as txn:
-            await txn.send(self.message(transfer))
-            await self.debit(transfer, txn.txid)
-        assert txn.result is not None  # the block's exit ended it
-        return txn.result
+        """Debit, record and announce `transfer` (`TxLog.send_in_transaction`). On
+        InsufficientFunds, RolledBackByCheck (a check-back decided it first) or any other
+        failure of the local transaction the message is rolled back and the error re-raised."""
+
+        async def debit(connection: Any, txid: str) -> None:
+            await self.alipay.debit(self.alipay.db.tx(connection), transfer, txid)
+
+        return await self.txlog.send_in_transaction(producer, self.message(transfer), debit)
 
     async def debit(self, transfer: Transfer, txid: str) -> None:
-        """The local transaction: debit the source and record the transfer under `txid`."""
-        async with self.alipay.db.transaction() as tx:
-            await self.alipay.debit(tx, transfer, txid)
-
-    async def check(self, view: CheckView) -> Decision:
-        """Did transaction `view.txid` commit in alipay? The transfer row says so."""
-        if await self.alipay.has_transfer(view.txid):
-            return Decision.COMMIT
-        transfer = view.messages[0].decode(Transfer)
-        if time.time() - transfer.created_at < self.rollback_after:
-            return Decision.UNKNOWN  # its local transaction may still be running
-        return Decision.COMMIT if await self.alipay.give_up(view.txid) else Decision.ROLLBACK
+        """The local transaction alone, for a transaction the caller began and ends (the
+        demo's lost-end and producer-crash faults): record `txid` in the log, debit the
+        source and record the transfer, committed together. RolledBackByCheck when a
+        check-back claimed `txid` first: nothing is debited."""
+        async with self.txlog.local() as local:  # left uncommitted, it rolls back
+            await self.txlog.record(local.connection, txid)
+            await self.alipay.debit(self.alipay.db.tx(local.connection), transfer, txid)
+            await local.commit()

@@ -4,10 +4,13 @@ Usage: python -m tests.peers.powercut_bank sender DB_DIR {load|answer} SEED
        python -m tests.peers.powercut_bank receiver DB_DIR
 
 NATS comes from NATS_URL. Each bank seeds its accounts on its first start. `sender` is
-alipay's transfer service (apps.transfer's `Sender`): `load` runs random transfers until
-killed, `answer` only answers check-backs. `receiver` is yuebao's consumer (`Receiver`),
+alipay's transfer service (apps.transfer's `Sender`, its transaction log in alipay's
+database on the same disk): `load` runs random transfers until killed, `answer` only
+answers check-backs (from the log). `receiver` is yuebao's consumer (`Receiver`),
 crediting each transfer once. The books are kept durably (WAL, synchronous=FULL): set
-here, not taken from apps/, so this test says what it relies on. Prints READY once it serves.
+here for the banks' connections, not taken from apps/, so this test says what it relies
+on; alipay's debits commit on its transaction log's connection, which txactors makes as
+durable (under test too). Prints READY once it serves.
 """
 
 from __future__ import annotations
@@ -49,11 +52,10 @@ async def open_bank(name: str, directory: Path, accounts: list[str]) -> Bank:
 
 async def sender(directory: Path, mode: str, seed: int) -> None:
     alipay = await open_bank(ALIPAY, directory, SOURCES)
-    timing = Timing()
-    service = Sender(alipay, rollback_after=timing.rollback_after)
+    service = await Sender.open(alipay)
     async with (
         nats_session() as session,
-        TransactionProducer(session.nc, SENDER_GROUP, service.check) as producer,
+        TransactionProducer(session.nc, SENDER_GROUP, service.txlog.check) as producer,
     ):
         print("READY", flush=True)
         if mode == "answer":
