@@ -1,10 +1,10 @@
 """The bank-transfer demo as a benchmark: transfers per second with the books proven clean.
 
-One transfer is a prepare, a local transaction in alipay's database (debit + transfer row),
-a commit, and yuebao's consumer crediting it with the message-apply record: so the rate is
-bounded by the bare transactional-message rate, measured in the same run with
-`bench.transactions` (prepare, a trivial local transaction, commit, consumed) at the same
-concurrency. Every run must reconcile with zero mismatches, or its number does not count.
+One transfer is a prepare, a local transaction in alipay's database (transaction-log row,
+debit, transfer row), a commit, and yuebao's consumer crediting it with the message-apply
+record: so the rate is bounded by the bare transactional-message rate, measured in the same
+run with `bench.transactions` (prepare, a trivial local transaction, commit, consumed) at
+the same concurrency. Every run must reconcile with zero mismatches, or its number does not count.
 SQLite and PostgreSQL (TXACTORS_BENCH_PG_DSN, default the local test database).
 """
 
