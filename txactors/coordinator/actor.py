@@ -65,6 +65,7 @@ from txactors.coordinator.core.events import (
 from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.discard import discard, quarantine
 from txactors.coordinator.effects import Append, PipelinedWriter
+from txactors.coordinator.late import LateHalves
 from txactors.coordinator.link import RETRY_MAX, describe, retry_transient
 from txactors.coordinator.listing import info, select
 from txactors.coordinator.oneway import OneWayErrors
@@ -72,8 +73,8 @@ from txactors.coordinator.oplog import OpLog
 from txactors.coordinator.options import Clock, CoordinatorOptions, OnDiscard
 from txactors.coordinator.prepares import PreparesInFlight, stored_event
 from txactors.coordinator.publisher import Publisher
-from txactors.coordinator.recovery import last_op_seq, recover
-from txactors.coordinator.store import StoredHalf, load_checkpoint, save_checkpoint
+from txactors.coordinator.recovery import UNREADABLE, half_event, last_op_seq, recover
+from txactors.coordinator.store import StoredHalf, load_checkpoint, read_half, save_checkpoint
 from txactors.coordinator.validation import Boundary
 from txactors.errors import ActorError, MailboxFull
 from txactors.faults import FaultPoint, crash_if_armed
@@ -160,6 +161,7 @@ class PartitionCoordinator(Actor):
         """Set when this instance is retired: completions of its writes are stale from then."""
         self.stale_completions = 0
         self._oplog: OpLog | None = None
+        self._late: LateHalves | None = None
         self._checker: LocalActorRef | None = None
         self._sends: list[SendCheck] = []
         self._told: float | None = None
@@ -170,7 +172,7 @@ class PartitionCoordinator(Actor):
     async def on_start(self) -> None:
         started = time.perf_counter()
         checkpoint = await retry_transient(load_checkpoint, self.checkpoints, self.partition)
-        halves, ops = await recover(
+        recovered = await recover(
             self.js, self.table, self.partition, checkpoint, self._publisher.keep, self.clock()
         )
         if self.metrics is not None:
@@ -181,12 +183,14 @@ class PartitionCoordinator(Actor):
         log.info(
             "coordinator_recovered",
             partition=self.partition,
-            halves_read=halves,
-            op_messages_read=ops,
+            halves_read=recovered.halves,
+            op_messages_read=recovered.ops,
             open=len(self.table),
             seconds=round(time.perf_counter() - started, 3),
         )
         self._publisher.forget_finished(self.table)
+        late = functools.partial(self._late_half, self._epoch)
+        self._late = LateHalves(self.js, self.partition, recovered.half_end, late)
         for run in (self._halves.run, self._discards.run, self._oplog.run):
             self.start_task(run)
         self.start_task(self._save_checkpoints)
@@ -197,6 +201,7 @@ class PartitionCoordinator(Actor):
             supervisor=Supervisor(max_restarts=5, within=60.0, backoff_initial=0.5),
         )
         self._apply(self.table.finish_recovery(self.clock()))
+        self.start_task(self._late.run)  # what it finds is live input: after recovery
         await self._answers.flush()
 
     def _new_checker(self) -> Checker:
@@ -222,8 +227,11 @@ class PartitionCoordinator(Actor):
         while True:
             await anyio.sleep(self.options.checkpoint_interval)
             self._publisher.forget_finished(self.table)
+            checkpoint = self.table.checkpoint()
+            if self._late is not None:
+                checkpoint = self._late.hold(checkpoint)
             try:
-                await save_checkpoint(self.checkpoints, self.partition, self.table.checkpoint())
+                await save_checkpoint(self.checkpoints, self.partition, checkpoint)
             except Exception as error:
                 log.warning("checkpoint_not_saved", partition=self.partition, error=describe(error))
 
@@ -347,6 +355,23 @@ class PartitionCoordinator(Actor):
         self._step(*published)
         await self._answers.flush()
 
+    async def _late_half(self, epoch: int, seq: int, headers: dict[str, str]) -> None:
+        """A half this instance did not write, found after recovery: taken as a recovered
+        one (a transaction not known here is checked back; one decided here refuses it)."""
+        if self._stale(epoch, "late half"):
+            return
+        try:
+            stored = read_half(seq, headers, b"")  # the body stays in TXN_HALF (headers only)
+        except UNREADABLE as error:
+            problem = repr(error)
+            log.warning("late_half_unreadable", partition=self.partition, seq=seq, error=problem)
+            return
+        if self._prepares.in_flight(stored.txid):
+            return  # our own write, whose ack is on its way
+        log.warning("late_half_found", partition=self.partition, txid=stored.txid, seq=seq)
+        self._step(half_event(stored))
+        await self._answers.flush()
+
     async def _quarantine(self, append: Append, reason: str) -> None:
         self.table.counters.quarantined += 1
         await quarantine(
@@ -404,6 +429,8 @@ class PartitionCoordinator(Actor):
         if self._stale(epoch, "halves"):
             return  # the producer's prepare times out; the check-back settles its halves
         stored, refused = self._prepares.finish(prepare, digest, appends, acks)
+        if self._late is not None:
+            self._late.own(s.half.seq for s in stored)
         if refused:
             self._halves_refused(request, prepare, digest, stored, refused)
             await self._answers.flush()
