@@ -1,0 +1,190 @@
+"""Recovery reads whole streams, and halves that appear after it are still settled.
+
+After a whole cluster restarts, a node serves its copy of a stream while still rebuilding it
+from its raft log: a recovery that read then would miss halves, and their transactions would
+never be checked back (their commits never published) until the next restart. Recovery waits
+until each stream is current, and a partition keeps reading its halves after recovery, so a
+half that shows up late is checked back like any other.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, cast
+
+import anyio
+import nats.errors
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import ClusterInfo, PeerInfo, StreamInfo
+
+from tests.support.txn import FAST, CoordinatorClient, message, topic_ids
+from tests.test_coordinator_recovery import capture_logs
+from txactors import layout
+from txactors.coordinator import CoordinatorConfig, CoordinatorOptions, tokens
+from txactors.coordinator.core.table import TransactionTable
+from txactors.coordinator.core.transactions import Checkpoint
+from txactors.coordinator.current import wait_current, why_not_current
+from txactors.coordinator.recovery import recover
+from txactors.coordinator.service import run_coordinator
+from txactors.coordinator.store import ensure_streams, half_headers
+from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
+
+OPTIONS = CoordinatorOptions(tick_interval=0.02, checkpoint_interval=0.1)
+LEADERLESS = ClusterInfo(name="c", leader=None, replicas=[PeerInfo(name="n2", current=False)])
+CATCHING_UP = ClusterInfo(
+    name="c",
+    leader="n1",
+    replicas=[PeerInfo(name="n2", current=True), PeerInfo(name="n3", current=False)],
+)
+CURRENT = ClusterInfo(
+    name="c",
+    leader="n1",
+    replicas=[PeerInfo(name="n2", current=True), PeerInfo(name="n3", current=True)],
+)
+
+
+def test_a_stream_is_current_with_a_leader_and_no_reachable_replica_behind() -> None:
+    assert why_not_current("s", None) is None, "a single server's stream"
+    assert why_not_current("s", CURRENT) is None
+    assert why_not_current("s", LEADERLESS) == "s has no leader"
+    assert why_not_current("s", CATCHING_UP) == "s: n3 not current"
+    down = ClusterInfo(
+        leader="n1",
+        replicas=[PeerInfo(name="n2", current=True), PeerInfo(name="n3", offline=True)],
+    )
+    assert why_not_current("s", down) is None, "a node down for good holds nothing up"
+
+
+class Rebuilding:
+    """A JetStream context whose TXN_HALF is being rebuilt, as after a whole cluster
+    restarted: its info requests go unanswered (no leader), then it has a leader with a
+    replica behind, and only then is it current, with the half `rebuilt` written by
+    `catch_up` (what the raft log held and the store did not yet)."""
+
+    def __init__(self, js: JetStreamContext, catch_up: Any) -> None:
+        self._js = js
+        self._catch_up = catch_up
+        self._answers: list[ClusterInfo | None] = [None, LEADERLESS, CATCHING_UP]
+        self.asked = 0
+
+    async def stream_info(self, name: str, subjects_filter: str | None = None) -> StreamInfo:
+        info = await self._js.stream_info(name)
+        if name != layout.HALF_STREAM:
+            return info
+        self.asked += 1
+        if self._answers:
+            answer = self._answers.pop(0)
+            if answer is None:
+                raise nats.errors.TimeoutError
+            info.cluster = answer
+            return info
+        if self._catch_up is not None:
+            await self._catch_up()
+            self._catch_up = None
+        info.cluster = CURRENT
+        return info
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._js, name)
+
+
+def stored_half(txid: str, producer: str = "p1", group: str = "g") -> dict[str, str]:
+    return half_headers(
+        txid=txid,
+        token_digest=tokens.digest(tokens.new_token()),
+        group=group,
+        producer=producer,
+        begins=True,
+        index=0,
+        born=time.time(),
+        message=message(),
+    )
+
+
+async def test_recovery_reads_a_stream_only_once_it_is_current(private_nc: Client) -> None:
+    js = private_nc.jetstream()
+    await ensure_streams(js, half_retention=3600)
+
+    async def catch_up() -> None:
+        await js.publish(layout.half_subject(0), b"payload", headers=stored_half("rebuilt"))
+
+    rebuilding = Rebuilding(js, catch_up)
+    table = TransactionTable(CoordinatorConfig())
+    with capture_logs() as logs:
+        with anyio.fail_after(20):
+            found = await recover(
+                cast(JetStreamContext, rebuilding), table, 0, Checkpoint(1, 1), lambda _: None, 0
+            )
+    assert rebuilding.asked == 4, "asked until it was current"
+    assert found.halves == 1 and table.show("rebuilt") is not None
+    waits = [e["why"] for e in logs if e["event"] == "stream_not_current_yet"]
+    assert waits[1:] == ["stream TXN_HALF has no leader", "stream TXN_HALF: n3 not current"]
+    assert waits[0].startswith("stream TXN_HALF does not answer")
+
+
+async def test_a_stream_never_current_is_read_after_the_deadline(private_nc: Client) -> None:
+    js = private_nc.jetstream()
+    await ensure_streams(js, half_retention=3600)
+    stuck = Rebuilding(js, None)
+    stuck._answers = [LEADERLESS] * 1000
+    with capture_logs() as logs:
+        with anyio.fail_after(10):
+            current = await wait_current(
+                cast(JetStreamContext, stuck), layout.HALF_STREAM, deadline=0.5
+            )
+    assert not current
+    [gave_up] = [e for e in logs if e["event"] == "stream_not_current_read_anyway"]
+    assert gave_up["why"] == "stream TXN_HALF has no leader"
+
+
+async def test_a_half_that_appears_after_recovery_is_checked_back(private_nc: Client) -> None:
+    asked: list[str] = []
+
+    def checker(view: CheckView) -> Decision:
+        asked.append(view.txid)
+        return Decision.COMMIT
+
+    config = CoordinatorConfig(**FAST)
+    async with (
+        run_coordinator(private_nc, config=config, options=OPTIONS),
+        TransactionProducer(private_nc, "g", checker, instance="p-late") as producer,
+    ):
+        async with producer.begin() as txn:  # the coordinator has recovered and serves
+            await txn.send([TxMessage("orders", b"first")])
+        with capture_logs() as logs:
+            # A half as a predecessor (or a copy still rebuilding) left it: in TXN_HALF
+            # after this coordinator read the stream.
+            headers = stored_half("late", producer="p-late")
+            await private_nc.jetstream().publish(layout.half_subject(0), b"late", headers=headers)
+            with anyio.fail_after(15):
+                while "late:0" not in await topic_ids(private_nc, "orders"):
+                    await anyio.sleep(0.1)
+    assert asked == ["late"], "checked back once, like a recovered half"
+    [found] = [e for e in logs if e["event"] == "late_half_found"]
+    assert found["txid"] == "late"
+
+
+async def test_its_own_halves_are_never_late(private_nc: Client) -> None:
+    """Even when finished transactions are forgotten at once (no recent outcomes), the
+    halves this partition wrote are not taken for late ones and asked about again."""
+    asked: list[str] = []
+
+    def checker(view: CheckView) -> Decision:
+        asked.append(view.txid)
+        return Decision.COMMIT
+
+    config = CoordinatorConfig(recent_outcomes=0, **FAST)
+    client = CoordinatorClient(private_nc)
+    with capture_logs() as logs:
+        async with (
+            run_coordinator(private_nc, config=config, options=OPTIONS),
+            TransactionProducer(private_nc, "g", checker, instance="p1"),
+        ):
+            for n in range(50):
+                receipt = await client.prepare(f"t{n}", message())
+                await client.end(f"t{n}", receipt.token, Decision.COMMIT)
+            await anyio.sleep(3 * config.transaction_timeout + 1.5)  # time for a check-back
+            assert len(await topic_ids(private_nc, "orders")) == 50
+    assert asked == []
+    assert not [e for e in logs if e["event"] == "late_half_found"]
