@@ -6,9 +6,9 @@ what arrived.
 consumer journaling each delivery (tests/peers/journal_consumer.py) and one load producer
 (tests/peers/load_producer.py: workers sending a mix of commit, rollback and
 UNKNOWN-then-check transactions, each journaled with what every call returned). A test kills
-nodes and coordinators in between; `settle` then waits (conditions under deadlines) until
-nothing is open, and `verdict` compares the topic streams and the consumer's deliveries with
-what the producer was promised:
+nodes and coordinators in between (or all of them at once: `power_cut`, then `power_back`);
+`settle` then waits (conditions under deadlines) until nothing is open, and `verdict`
+compares the topic streams and the consumer's deliveries with what the producer was promised:
 
 - every transaction whose local outcome was commit and whose halves were confirmed (a commit
   confirmed or not, an UNKNOWN the check-back settled as commit) is on its topics exactly once
@@ -21,6 +21,7 @@ what the producer was promised:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -207,6 +208,23 @@ class LoadRig:
         await self.wait_for(self._all_partitions_served, 60, "every partition served")
         await self.consumer.start(CONSUMER_READY)
         await self.producer.start(PRODUCER_READY)
+
+    async def power_cut(self) -> None:
+        """Every node and every coordinator SIGKILLed at once, as when their power goes (the
+        producer and the consumer, elsewhere, stay up and reconnect)."""
+        async with anyio.create_task_group() as dying:
+            for index in range(self.cluster.size):
+                dying.start_soon(self.cluster.kill, index)
+            for coordinator in self.coordinators:
+                dying.start_soon(coordinator.kill)
+
+    async def power_back(self) -> None:
+        """Every node and every coordinator started at once, as when the power comes back:
+        the coordinators do not wait for the cluster to be ready."""
+        async with anyio.create_task_group() as booting:
+            booting.start_soon(functools.partial(self.cluster.start, wait=False))
+            for coordinator in self.coordinators:
+                booting.start_soon(coordinator.start, 90.0)
 
     async def close(self) -> None:
         for peer in (self.producer, self.consumer):
