@@ -25,6 +25,7 @@ from txactors.coordinator import CoordinatorConfig, CoordinatorOptions, tokens
 from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.core.transactions import Checkpoint
 from txactors.coordinator.current import wait_current, why_not_current
+from txactors.coordinator.late import LateHalves
 from txactors.coordinator.recovery import recover
 from txactors.coordinator.service import run_coordinator
 from txactors.coordinator.store import ensure_streams, half_headers
@@ -188,3 +189,15 @@ async def test_its_own_halves_are_never_late(private_nc: Client) -> None:
             assert len(await topic_ids(private_nc, "orders")) == 50
     assert asked == []
     assert not [e for e in logs if e["event"] == "late_half_found"]
+
+
+def test_the_checkpoint_never_passes_a_half_not_looked_at() -> None:
+    late = LateHalves(cast(JetStreamContext, None), 0, after=41, found=nothing_found)
+    ahead = Checkpoint(half_seq=100, op_seq=7)
+    assert late.hold(ahead) == Checkpoint(half_seq=42, op_seq=7)
+    behind = Checkpoint(half_seq=10, op_seq=7)
+    assert late.hold(behind) is behind
+
+
+async def nothing_found(seq: int, headers: dict[str, str]) -> None:
+    raise AssertionError("nothing is read here")

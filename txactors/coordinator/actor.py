@@ -22,6 +22,8 @@ Faults stay local: the halves, each topic and the discards have writers of their
 topic's outage holds up only its own commits, see `publisher.py`), JetStream's transient
 errors in recovery and checkpoints are retried with backoff, and while the halves cannot be
 written a prepare is answered at once with a retry-after hint instead of queueing behind them.
+After recovery, `LateHalves` (late.py) reads on in TXN_HALF; a half this instance did not
+write is fed to the table like a recovered one (a direct step too).
 """
 
 from __future__ import annotations
