@@ -28,7 +28,7 @@ from txactors.coordinator.current import wait_current, why_not_current
 from txactors.coordinator.late import LateHalves
 from txactors.coordinator.recovery import recover
 from txactors.coordinator.service import run_coordinator
-from txactors.coordinator.store import ensure_streams, half_headers
+from txactors.coordinator.store import StoredHalf, ensure_streams, half_headers
 from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
 
 OPTIONS = CoordinatorOptions(tick_interval=0.02, checkpoint_interval=0.1)
@@ -90,6 +90,10 @@ class Rebuilding:
         return getattr(self._js, name)
 
 
+def ignore(stored: StoredHalf) -> None:
+    """What recovery remembers of each half: nothing, here."""
+
+
 def stored_half(txid: str, producer: str = "p1", group: str = "g") -> dict[str, str]:
     return half_headers(
         txid=txid,
@@ -115,13 +119,47 @@ async def test_recovery_reads_a_stream_only_once_it_is_current(private_nc: Clien
     with capture_logs() as logs:
         with anyio.fail_after(20):
             found = await recover(
-                cast(JetStreamContext, rebuilding), table, 0, Checkpoint(1, 1), lambda _: None, 0
+                cast(JetStreamContext, rebuilding), table, 0, Checkpoint(1, 1), ignore, 0
             )
     assert rebuilding.asked == 4, "asked until it was current"
     assert found.halves == 1 and table.show("rebuilt") is not None
     waits = [e["why"] for e in logs if e["event"] == "stream_not_current_yet"]
     assert waits[1:] == ["stream TXN_HALF has no leader", "stream TXN_HALF: n3 not current"]
     assert waits[0].startswith("stream TXN_HALF does not answer")
+
+
+class ShortRead:
+    """A JetStream context whose first read of TXN_HALF stops short: the half `gap` is
+    there by the time the leader is asked for the subject's last message."""
+
+    def __init__(self, js: JetStreamContext) -> None:
+        self._js = js
+        self._written = False
+
+    async def get_last_msg(self, stream: str, subject: str) -> Any:
+        if stream == layout.HALF_STREAM and not self._written:
+            self._written = True
+            await self._js.publish(subject, b"payload", headers=stored_half("gap"))
+        return await self._js.get_last_msg(stream, subject)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._js, name)
+
+
+async def test_recovery_reads_again_when_the_leader_names_a_later_half(
+    private_nc: Client,
+) -> None:
+    js = private_nc.jetstream()
+    await ensure_streams(js, half_retention=3600)
+    await js.publish(layout.half_subject(0), b"payload", headers=stored_half("first"))
+    table = TransactionTable(CoordinatorConfig())
+    with capture_logs() as logs:
+        with anyio.fail_after(20):
+            found = await recover(
+                cast(JetStreamContext, ShortRead(js)), table, 0, Checkpoint(1, 1), ignore, 0
+            )
+    assert found.halves == 2 and table.show("gap") is not None
+    assert [e["read_to"] for e in logs if e["event"] == "recovery_read_gap"] == [1]
 
 
 async def test_a_stream_never_current_is_read_after_the_deadline(private_nc: Client) -> None:

@@ -16,6 +16,7 @@ answer now (a timeout, a leader election) is retried with backoff from where it 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import NamedTuple
 
@@ -32,7 +33,7 @@ from txactors.coordinator.core.errors import CoordinatorStateError
 from txactors.coordinator.core.events import HalvesStored, OpReplayed
 from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.core.transactions import Checkpoint
-from txactors.coordinator.current import wait_current
+from txactors.coordinator.current import CURRENT_DEADLINE, wait_current
 from txactors.coordinator.discard import quarantine
 from txactors.coordinator.link import (
     LINK_TROUBLE,
@@ -194,11 +195,13 @@ async def read_whole(
 ) -> int:
     """Hand every message of `subject` from `start_seq` on to `handle`, once `stream` is
     current, and again from where it stopped while the leader names a later last message;
-    returns the last sequence read (`start_seq - 1` if none)."""
+    returns the last sequence read (`start_seq - 1` if none). Waiting for the stream to be
+    current takes `CURRENT_DEADLINE` at most, all reads together."""
     end = max(start_seq, 1) - 1
     delay = RETRY_INITIAL
+    waiting_until = time.monotonic() + CURRENT_DEADLINE
     for _ in range(GAP_READS):
-        await wait_current(js, stream)
+        await wait_current(js, stream, deadline=max(0.0, waiting_until - time.monotonic()))
         async for msg in read_subject(js, stream, subject, end + 1):
             end = msg.metadata.sequence.stream
             await handle(msg)
