@@ -55,6 +55,22 @@ def test_a_stream_is_current_with_a_leader_and_no_reachable_replica_behind() -> 
         replicas=[PeerInfo(name="n2", current=True), PeerInfo(name="n3", offline=True)],
     )
     assert why_not_current("s", down) is None, "a node down for good holds nothing up"
+    killed = ClusterInfo(
+        leader="n1",
+        replicas=[
+            PeerInfo(name="n2", current=True, active=200_000_000),
+            PeerInfo(name="n3", current=False, active=12_000_000_000),  # not heard for 12 s
+        ],
+    )
+    assert why_not_current("s", killed) is None, "nor does one killed (never marked offline)"
+    rebuilding = ClusterInfo(
+        leader="n1",
+        replicas=[
+            PeerInfo(name="n2", current=True, active=200_000_000),
+            PeerInfo(name="n3", current=False, active=300_000_000),
+        ],
+    )
+    assert why_not_current("s", rebuilding) == "s: n3 not current"
 
 
 class Rebuilding:

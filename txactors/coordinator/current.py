@@ -4,8 +4,9 @@ After a whole cluster restarts, each node rebuilds its copy of a stream from its
 before it has the stream's latest messages; a read served meanwhile (an ephemeral consumer
 placed on such a node, say) sees fewer messages than were acknowledged. Recovery decides
 from what it reads which transactions are open, so it waits (`wait_current`) until the
-stream's info names a leader and no reachable replica is behind. On a single server the
-info has no replicas, and the stream is current as soon as it answers.
+stream's info names a leader and no reachable replica is behind (a server that died does
+not count: that is what replicas are for). On a single server the info has no replicas,
+and the stream is current as soon as it answers.
 """
 
 from __future__ import annotations
@@ -34,12 +35,18 @@ a whole cluster restarted elects and catches up in 5-15 s; a replica that never 
 (a node down for good) must not keep the partition from serving. What a read then misses
 is found later by the partition's `LateHalves`."""
 
+HEARD_WITHIN: Final = 3.0
+"""Seconds: a live replica is heard from about every second (raft heartbeats)."""
+
 log = get_logger(__name__)
 
 
 def reachable(peer: PeerInfo) -> bool:
-    """A replica the leader hears from (one that is offline cannot hold a read up)."""
-    return not peer.offline
+    """A replica the leader hears from: one that is offline, or silent for longer than
+    `HEARD_WITHIN` (a killed server is never marked offline; its `active` grows), serves no
+    read and must not hold one up."""
+    silent = (peer.active or 0) / 1e9  # nanoseconds since the leader last heard from it
+    return not peer.offline and silent < HEARD_WITHIN
 
 
 def why_not_current(
