@@ -42,11 +42,12 @@ log = get_logger(__name__)
 
 
 def reachable(peer: PeerInfo) -> bool:
-    """A replica the leader hears from: one that is offline, or silent for longer than
-    `HEARD_WITHIN` (a killed server is never marked offline; its `active` grows), serves no
-    read and must not hold one up."""
+    """A replica the leader has heard from within `HEARD_WITHIN`. One that is offline, silent
+    for longer, or never heard from since this leader was elected (`active` 0: the old
+    leader, killed) serves no read and must not hold one up; a killed server is never
+    marked offline."""
     silent = (peer.active or 0) / 1e9  # nanoseconds since the leader last heard from it
-    return not peer.offline and silent < HEARD_WITHIN
+    return not peer.offline and 0 < silent < HEARD_WITHIN
 
 
 def why_not_current(
