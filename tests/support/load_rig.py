@@ -245,12 +245,20 @@ class LoadRig:
     # -- conditions ----------------------------------------------------------------------------
 
     async def wait_for(self, condition: Any, timeout: float, what: str) -> None:
-        """Poll `condition` (async, truthy when met) until it holds or `timeout` passes."""
+        """Poll `condition` (async, truthy when met) until it holds or `timeout` passes. A
+        poll NATS does not answer (the bucket it reads is electing a leader) is not met yet."""
         deadline = time.monotonic() + timeout
-        while not await condition():
+        while not await self._holds(condition):
             if time.monotonic() > deadline:
                 raise AssertionError(f"not within {timeout:g}s: {what}\n{self.logs()}")
             await anyio.sleep(0.2)
+
+    @staticmethod
+    async def _holds(condition: Any) -> bool:
+        try:
+            return bool(await condition())
+        except (nats.errors.Error, TimeoutError):
+            return False
 
     async def _all_partitions_served(self) -> bool:
         assert self.nc is not None
