@@ -2,8 +2,10 @@
 
 Each move takes the transaction (None when it is not in memory), the event and `now`, and
 returns the state it moves to (None: it stays). It never assigns `txn.state`; `table.py`
-does, the one place a transaction's state changes. A move checks everything that could
-make it fail before it changes anything, so a failing event leaves the table as it was.
+does, the one place a transaction's state changes, and only to a state the row lists. A
+move checks everything that could make it fail before it changes anything; should it fail
+all the same (or return a state its row does not list), the table puts back what it
+changed.
 Moves emit effects and op records into the current step (`_emit`, `_persist`); the table
 hands them out only once the whole event succeeded.
 """
@@ -11,7 +13,6 @@ hands them out only once the whole event succeeded.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 
 from txactors.coordinator.config import CoordinatorConfig
 from txactors.coordinator.core import admission
@@ -60,7 +61,7 @@ class Moves(Reads):
     config: CoordinatorConfig
     counters: Counters
     _rng: random.Random
-    _check_ids: Iterator[int]
+    _next_check_id: int
     _replay_op_from: int | None
     _step_effects: list[Effect]
     _step_records: list[OpRecord]
@@ -290,7 +291,8 @@ class Moves(Reads):
         return S.ROLLING_BACK
 
     def _send_check(self, txn: Txn, now: float) -> TxnState:
-        txn.check_id = next(self._check_ids)
+        txn.check_id = self._next_check_id
+        self._next_check_id += 1
         txn.timed_out_check_id = None  # only the newest question's answer may decide
         txn.check_target = CheckTarget.GROUP if txn.instance_gone else CheckTarget.INSTANCE
         txn.check_expires_at = now + self.config.check_answer_timeout

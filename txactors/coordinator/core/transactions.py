@@ -114,6 +114,13 @@ class Txn:
         return tuple(self.halves[i] for i in sorted(self.halves))
 
 
+def copied(txn: Txn) -> Txn:
+    """A copy that shares nothing mutable with `txn`: what a failing event puts back."""
+    return dataclasses.replace(
+        txn, halves=dict(txn.halves), published=set(txn.published), waiters=list(txn.waiters)
+    )
+
+
 def view(txn: Txn) -> TxnView:
     halves = txn.ordered_halves()
     return TxnView(
