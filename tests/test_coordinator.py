@@ -15,11 +15,13 @@ import anyio
 import msgspec
 import nats
 import pytest
+import structlog
 from nats.aio.client import Client
 
+from tests.support.table import astray
 from tests.support.txn import FAST, CoordinatorClient, message, topic_ids, topic_messages
 from txactors import layout
-from txactors.coordinator import CoordinatorConfig
+from txactors.coordinator import CoordinatorConfig, TxnState
 from txactors.coordinator.options import CoordinatorOptions, DiscardedTransaction
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import AskTimeout, CommandError
@@ -130,6 +132,34 @@ async def test_invalid_requests_are_refused_and_change_nothing(private_nc: Clien
         assert (info.txid, info.state, info.half_seqs) == ("t1", "prepared", receipt.seqs)
         assert (await client.end("t1", receipt.token, COMMIT)).state == "committed"
         assert await topic_ids(private_nc, "orders") == ["t1:0"]
+
+
+async def test_an_event_the_table_refuses_is_answered_and_the_partition_keeps_serving(
+    private_nc: Client,
+) -> None:
+    """A bug in a move (here: commit goes straight to `committed`) fails that one request
+    with an internal error; the transaction is as it was, and the partition serves on."""
+    async with run_coordinator(private_nc):
+        client = CoordinatorClient(private_nc)
+        receipt = await client.prepare("t1", message())
+        with (
+            structlog.testing.capture_logs() as logs,
+            astray("t1", TxnState.COMMITTED),
+            pytest.raises(CommandError) as refused,
+        ):
+            await client.end("t1", receipt.token, COMMIT)
+        assert refused.value.code == "internal"
+        [logged] = [e for e in logs if e["event"] == "coordinator_event_refused"]
+        assert (logged["refused"], logged["log_level"]) == ("End", "error")
+        events = [e["event"] for e in logs]
+        assert "actor_message_failed" not in events and "actor_restarting" not in events
+        assert "can't move t1 from prepared to committed on end_commit" in str(refused.value)
+        shown = await client.admin(ShowTransaction(txid="t1"))
+        assert (shown.state, shown.half_seqs) == ("prepared", receipt.seqs)
+        assert (await client.end("t1", receipt.token, ROLLBACK)).state == "rolled_back"
+        other = await client.prepare("t2", message())
+        assert (await client.end("t2", other.token, COMMIT)).state == "committed"
+        assert await topic_ids(private_nc, "orders") == ["t2:0"]
 
 
 async def test_unknown_end_then_nobody_answers_checks_discards_after_check_max(

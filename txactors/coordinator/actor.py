@@ -24,6 +24,8 @@ errors in recovery and checkpoints are retried with backoff, and while the halve
 written a prepare is answered at once with a retry-after hint instead of queueing behind them.
 After recovery, `LateHalves` (late.py) reads on in TXN_HALF; a half this instance did not
 write is fed to the table like a recovered one (a direct step too).
+An event the table refuses as impossible (a bug) changes nothing there: it is logged, its
+request answered with an internal error, and the partition keeps serving.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 import functools
 import itertools
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
@@ -55,11 +58,13 @@ from txactors.coordinator.core.effects import (
     Refuse,
     SendCheck,
 )
+from txactors.coordinator.core.errors import CoordinatorStateError
 from txactors.coordinator.core.events import (
     End,
     Event,
     ForceCommit,
     ForceRollback,
+    HalvesStored,
     OpPersisted,
     Published,
     Resume,
@@ -262,7 +267,7 @@ class PartitionCoordinator(Actor):
                 log.info("stale_checker_message_ignored", message=type(message).__name__)
             case Due():
                 self._told = None  # the checker forgot it; whatever is next must be told
-                self._apply(self.table.tick(self.clock()))
+                self._apply(self._tick())
                 await self._flush_checker()
             case Checked(event=event):
                 self._step(event)
@@ -285,7 +290,46 @@ class PartitionCoordinator(Actor):
     # -- steps ------------------------------------------------------------------------------
 
     def _step(self, *events: Event) -> None:
-        self._apply(self.table.handle_batch(events, self.clock()))
+        self._apply(self._handle(events))
+
+    def _handle(self, events: Sequence[Event]) -> list[Action]:
+        """The table's actions for `events`. One it refuses as impossible (a bug) changed
+        nothing: it is logged, its request answered with an internal error, and the events
+        after it still apply, so that one bad event does not take the partition down."""
+        rest = list(events)
+        while True:
+            try:
+                return self.table.handle_batch(rest, self.clock())
+            except CoordinatorStateError as error:
+                failed = next(i for i, event in enumerate(rest) if event is error.event)
+                self._refused(error, rest[failed])
+                rest = rest[failed + 1 :]
+
+    def _tick(self) -> list[Action]:
+        """`table.tick`; a due transaction it cannot move (a bug) is logged and left as it
+        was, and the due ones after it are moved at the next tick."""
+        try:
+            return self.table.tick(self.clock())
+        except CoordinatorStateError as error:
+            self._refused(error, None)
+            return self._handle(())  # what the due transactions before it did
+
+    def _refused(self, error: CoordinatorStateError, event: Event | None) -> None:
+        log.error(
+            "coordinator_event_refused",
+            partition=self.partition,
+            refused=type(event).__name__ if event is not None else "due",
+            error=str(error),
+        )
+        if isinstance(event, _REQUESTS) and event.request_id is not None:
+            message = f"the coordinator could not handle this request: {error}"
+            refusal = Refuse(
+                request_id=event.request_id,
+                txid=event.txid,
+                code=ErrorCode.INTERNAL,
+                message=message,
+            )
+            self._answers.settle(refusal)
 
     def _apply(self, actions: list[Action]) -> None:
         """Hand each action on, in order, without waiting for any of them."""
@@ -345,7 +389,7 @@ class PartitionCoordinator(Actor):
         if self._stale(epoch, "ops"):
             return
         events = [OpPersisted(op_id=op_id, seq=seq) for op_id in op_ids]
-        actions = self.table.handle_batch(events, self.clock())
+        actions = self._handle(events)
         if any(isinstance(a, Publish) for a in actions):
             crash_if_armed(FaultPoint.AFTER_COMMIT_RECORD)
         self._apply(actions)
@@ -495,6 +539,9 @@ class PartitionCoordinator(Actor):
                 problem = f"not an admin command: {name}"
                 await request.answer(Error(ErrorCode.UNKNOWN_COMMAND, problem))
 
+
+_REQUESTS = (HalvesStored, End, Resume, ForceCommit, ForceRollback)
+"""The events that carry a request to answer."""
 
 _OPERATOR_EVENTS: dict[type, type[Resume | ForceCommit | ForceRollback]] = {
     ResumeTransaction: Resume,
