@@ -100,7 +100,8 @@ class Moves(Reads):
             txn.first_seq = first_seq
             txn.op_floor = min(txn.op_floor, self._op_floor_for(first_seq))
         new = [h for h in event.halves if h.index not in txn.halves]  # a retried prepare adds none
-        txn.halves.update((h.index, h) for h in new)
+        if new:  # replaced, not changed in place: the table's copy of the txn shares it
+            txn.halves = {**txn.halves, **{h.index: h for h in new}}
         txn.born = min([txn.born, *(h.born for h in new)])
         self.counters.halves_stored += len(new)
         self._half_tail = max([self._half_tail, *(h.seq for h in event.halves)])

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import operator
 import random
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, get_args
@@ -80,8 +81,10 @@ from txactors.coordinator.core.states import (
 from txactors.coordinator.core.transactions import (
     Counters,
     ParkedTxn,
+    SavedTxn,
     Txn,
-    copied,
+    put_back,
+    save,
     unparked,
 )
 
@@ -183,9 +186,12 @@ _column(
 class _Before(NamedTuple):
     """What a unit puts back besides its transactions if it fails."""
 
-    counters: Counters
+    counts: tuple[int, ...]
     half_tail: int
     next_check_id: int
+
+
+_counts = operator.attrgetter(*(field.name for field in dataclasses.fields(Counters)))
 
 
 class PhaseRule(NamedTuple):
@@ -232,7 +238,7 @@ class TransactionTable(Replay):
         self._records: list[OpRecord] = []
         self._step_effects: list[Effect] = []  # of the event being applied
         self._step_records: list[OpRecord] = []
-        self._touched: dict[str, Txn | None] = {}
+        self._touched: dict[str, SavedTxn | None] = {}
         """Each transaction the event moved, as it was before (None: not in memory)."""
         self._leaving: dict[str, TxnState] = {}
         """Transactions the event finished or forgot: they leave memory when it succeeds."""
@@ -315,21 +321,22 @@ class TransactionTable(Replay):
 
     def _unit(self, apply: Callable[..., None], *args: Any) -> None:
         """Apply one event as a unit: keep all it did if all of it succeeded, else nothing."""
-        before = _Before(dataclasses.replace(self.counters), self._half_tail, self._next_check_id)
+        before = _Before(_counts(self.counters), self._half_tail, self._next_check_id)
         try:
             apply(*args)
         except BaseException:
-            for txid, txn in self._touched.items():
-                if txn is None:
+            for txid, saved in self._touched.items():
+                if saved is None:
                     self._open.pop(txid, None)
                 else:
-                    self._open[txid] = txn
-            self.counters, self._half_tail, self._next_check_id = before
+                    put_back(self._open[txid], saved)
+            self.counters = Counters(*before.counts)
+            self._half_tail, self._next_check_id = before.half_tail, before.next_check_id
             self._end_unit()
             raise
         for txid, final in self._leaving.items():
-            txn = self._open.pop(txid)
-            self._recent.remember(txid, Outcome(final, txn.token))
+            left = self._open.pop(txid)
+            self._recent.remember(txid, Outcome(final, left.token))
         rule = PHASES[self.phase]
         self.phase = rule.then
         if rule.emits:
@@ -390,7 +397,7 @@ class TransactionTable(Replay):
         row = self._row(txid, where, kind)
         txn = self._open.get(txid)
         if txid not in self._touched:
-            self._touched[txid] = None if txn is None else copied(txn)
+            self._touched[txid] = None if txn is None else save(txn)
         target = row.move(self, txn, event, now)
         if target is None or target == where:
             return  # it stays
