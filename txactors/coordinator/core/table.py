@@ -7,16 +7,16 @@ lead to. This module is the one place a transaction's state changes (`_move_to`)
 without a row is a bug in the caller: it raises `CoordinatorStateError("can't handle <kind>
 in state <where> for <txid>")` and changes nothing. A move to a state its row does not list
 is a bug in the move: it raises `CoordinatorStateError("can't move <txid> from <where> to
-<target> on <kind>")`, and what the move had changed is put back. The table itself has a `Phase`
-(`PHASES`): recovery is the RECOVERING phase, which accepts only replayed input and holds
-every effect back, not a flag checked here and there.
+<target> on <kind>")`, and what the move had changed is put back (`_fire`, `_unit`). The
+table itself has a `Phase` (`PHASES`): recovery is the RECOVERING phase, which accepts only
+replayed input and holds every effect back, not a flag checked here and there.
 
 Time is an argument. `now` and every `born` are wall-clock seconds (`time.time()`), because
 they outlive the process in TXN_HALF headers; a clock that jumps back only delays work.
 
 One event is one unit: its effects (and op records) are handed out all together, or, if
-it fails, not at all and the table is as it was: the unit keeps a copy of each transaction
-before its first move (and of the counters and tails) and puts them back, and a transaction
+it fails, not at all and the table is as it was: the unit saves each transaction's fields
+before its first move (and the counters and tails) and puts them back, and a transaction
 leaves memory only once its unit succeeded. Only random draws are not given back. In a
 batch, the events before a failing one stay applied and their effects come out of the next
 call; the error names the failing event (`CoordinatorStateError.event`), so the caller can
@@ -239,7 +239,7 @@ class TransactionTable(Replay):
         self._step_effects: list[Effect] = []  # of the event being applied
         self._step_records: list[OpRecord] = []
         self._touched: dict[str, SavedTxn | None] = {}
-        """Each transaction the event moved, as it was before (None: not in memory)."""
+        """Each transaction a row of the event ran on, as it was (None: not in memory)."""
         self._leaving: dict[str, TxnState] = {}
         """Transactions the event finished or forgot: they leave memory when it succeeds."""
 
@@ -250,7 +250,8 @@ class TransactionTable(Replay):
         return self.handle_batch((event,), now)
 
     def handle_batch(self, events: Iterable[Event], now: float) -> list[Effect]:
-        """Apply several events, each as one unit; their op records share one `PersistOp`."""
+        """Apply several events, each as one unit; their op records share one `PersistOp`.
+        An event that fails raises with the error's `event` set to it."""
         for event in events:
             try:
                 self._unit(self._apply, event, now)
