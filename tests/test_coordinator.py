@@ -162,6 +162,30 @@ async def test_an_event_the_table_refuses_is_answered_and_the_partition_keeps_se
         assert await topic_ids(private_nc, "orders") == ["t2:0"]
 
 
+async def test_a_due_transaction_the_table_cannot_move_is_logged_and_left_as_it_was(
+    private_nc: Client,
+) -> None:
+    """A bug in the move of a deadline: that transaction stays as it was (without a
+    deadline, so the bug does not spin the timer), and the partition serves on."""
+    config = CoordinatorConfig(**FAST)
+    async with run_coordinator(private_nc, config=config):
+        client = CoordinatorClient(private_nc)
+        receipt = await client.prepare("stuck", message())
+        with structlog.testing.capture_logs() as logs, astray("stuck", TxnState.COMMITTED):
+            with anyio.fail_after(10):
+                while not any(e["event"] == "coordinator_event_refused" for e in logs):
+                    await anyio.sleep(0.05)
+        [logged] = [e for e in logs if e["event"] == "coordinator_event_refused"]
+        assert logged["refused"] == "due"
+        assert "can't move stuck from prepared to committed on due" in logged["error"]
+        events = [e["event"] for e in logs]
+        assert "actor_message_failed" not in events and "actor_restarting" not in events
+        shown = await client.admin(ShowTransaction(txid="stuck"))
+        assert (shown.state, shown.check_times) == ("prepared", 0)
+        assert (await client.end("stuck", receipt.token, COMMIT)).state == "committed"
+        assert await topic_ids(private_nc, "orders") == ["stuck:0"]
+
+
 async def test_unknown_end_then_nobody_answers_checks_discards_after_check_max(
     private_nc: Client,
 ) -> None:
