@@ -2,9 +2,11 @@
 
 Spark keeps, per query, `offsets/<batch>` (written before the batch runs) and `commits/<batch>`
 (written once its output is committed); each offsets file is `v1`, a metadata line, then the
-source's offset as JSON (ours: `{"TOPIC_transfers": 1200}`). Reading them lets the job tell,
-without starting a JVM, whether a topic is caught up (nothing planned, nothing new) or lost
-sequences, and lets `txactors sink run` show what a running batch reads.
+source's offset as JSON (ours: `{"TOPIC_transfers": {"seq": 1200, "created": "…"}}`, or
+`{"TOPIC_transfers": 1200}` in checkpoints from before the stream's identity was kept).
+Reading them lets the job tell, without starting a JVM, whether a topic is caught up (nothing
+planned, nothing new) or lost sequences, and lets `txactors sink run` show what a running
+batch reads.
 
 The job also pins a query's resolved `startingOffsets` here (`txactors-start.json`): Spark asks
 a Python source for its initial offset again when the query's first batch is re-run after a
@@ -18,6 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from spark_sinks.errors import SinkError
+from spark_sinks.offsets import StreamPosition, decode_offset
+
 PINNED_START: Final = "txactors-start.json"
 
 
@@ -26,9 +31,9 @@ class Position:
     """A query's last committed batch and offsets, and a batch planned after it, if any."""
 
     committed_batch: int | None
-    committed: dict[str, int] | None
+    committed: dict[str, StreamPosition] | None
     planned_batch: int | None
-    planned: dict[str, int] | None
+    planned: dict[str, StreamPosition] | None
 
 
 def position(checkpoint: Path) -> Position:
@@ -41,16 +46,14 @@ def position(checkpoint: Path) -> Position:
     return Position(done, committed, pending, planned)
 
 
-def offsets_of(checkpoint: Path, batch: int) -> dict[str, int] | None:
+def offsets_of(checkpoint: Path, batch: int) -> dict[str, StreamPosition] | None:
     """The end offsets of `batch` (None if its file is gone or not ours)."""
     try:
         lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
         found = json.loads(lines[2])
-    except (OSError, IndexError, json.JSONDecodeError):
+        return decode_offset(found) if isinstance(found, dict) else None
+    except (OSError, IndexError, json.JSONDecodeError, SinkError, KeyError, ValueError):
         return None
-    if not isinstance(found, dict):
-        return None
-    return {str(k): int(v) for k, v in found.items()}
 
 
 def _latest(log: Path) -> int | None:

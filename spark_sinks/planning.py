@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,12 +19,14 @@ from spark_sinks.checkpoint import Position, pin_start, pinned_start, position
 from spark_sinks.errors import DataLoss, SinkError
 from spark_sinks.jetstream_read import Bounds, stream_bounds
 from spark_sinks.offsets import (
+    Loss,
+    StreamPosition,
     as_starting,
-    check_not_rewound,
     data_loss_error,
     initial_offsets,
-    lost,
+    losses,
     parse_starting,
+    replaced,
     require,
 )
 from spark_sinks.schema import load_struct, payload_columns, spark_schema, struct_path
@@ -50,23 +52,37 @@ class TopicPlan:
     bounds: Bounds
 
     @property
-    def read_up_to(self) -> int:
-        """The last sequence in a committed batch (or before the start, for a new query)."""
+    def read(self) -> StreamPosition:
+        """The last sequence in a committed batch, and the stream it was read from (or the one
+        before the start, from no stream yet, for a new query)."""
         committed = self.position.committed
         if committed is not None:
-            return committed.get(topic_stream(self.topic), 0)
-        return self.start[self.topic] - 1
+            return committed.get(topic_stream(self.topic), StreamPosition(0))
+        return StreamPosition(self.start[self.topic] - 1)
+
+    @property
+    def read_up_to(self) -> int:
+        return self.read.seq
 
     @property
     def caught_up(self) -> bool:
-        return self.position.planned is None and self.read_up_to >= self.bounds.last
+        """Nothing for Spark to do: no batch pending, the stream read is this one, and read
+        to its end. A checkpoint from before the stream's identity was kept is not caught up:
+        one batch records it."""
+        read = self.read
+        if self.position.committed is not None and read.created is None:
+            return False
+        return (
+            self.position.planned is None
+            and not replaced(read, self.bounds.created, self.bounds.last)
+            and read.seq >= self.bounds.last
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class Plan:
     warehouse: Path
     topics: list[TopicPlan]
-    skipped: list[str] = field(default_factory=list)  # data loss let through, to report
 
     @property
     def caught_up(self) -> bool:
@@ -93,8 +109,10 @@ def plan(
 
     SchemaError for a Struct that will not import or map, StreamMissing for a topic without a
     stream (never created here: the sink only reads), DataLoss for sequences purged since the
-    last run (unless `fail_on_data_loss` is off). A new query's `startingOffsets` are resolved
-    and pinned in its checkpoint (`pin`), so a rerun of its first batch starts at the same place.
+    last run or a stream deleted and created again (unless `fail_on_data_loss` is off: then
+    the source says what it skips, once, when it plans the batch). A new query's
+    `startingOffsets` are resolved and pinned in its checkpoint (`pin`), so a rerun of its
+    first batch starts at the same place.
     """
     if nats.url is None:
         raise SinkError("the sink needs a NATS URL; start the embedded server first")
@@ -106,7 +124,7 @@ def plan(
     streams = [topic_stream(t) for t in topics]
     bounds = asyncio.run(stream_bounds(nats, streams))
     plans = []
-    losses = []
+    found: list[Loss] = []
     for topic in topics:
         stream = topic_stream(topic)
         held = require(bounds, stream, topic)
@@ -120,13 +138,11 @@ def plan(
         topic_plan = TopicPlan(
             topic, paths[topic], schemas[topic], checkpoint, start, position(checkpoint), held
         )
-        read = {stream: topic_plan.read_up_to}
-        check_not_rewound(read, bounds)
-        losses += lost(read, bounds)
+        found += losses([topic], {stream: topic_plan.read}, bounds)
         plans.append(topic_plan)
-    if losses and fail_on_data_loss:
-        raise DataLoss(data_loss_error(losses))
-    return Plan(warehouse, plans, [f"{loss.describe()}; skipped" for loss in losses])
+    if found and fail_on_data_loss:
+        raise DataLoss(data_loss_error(found))
+    return Plan(warehouse, plans)
 
 
 def _for(starting: str | dict[str, int], topic: str) -> str | dict[str, int]:
