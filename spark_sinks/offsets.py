@@ -183,6 +183,11 @@ class Purged:
     def skipping(self) -> str:
         return f"{self.describe()}; skipped (failOnDataLoss=false)"
 
+    @property
+    def key(self) -> tuple[object, ...]:
+        """Said once per key: more sequences purged later is news."""
+        return (self.topic, self.first, self.last)
+
     def advice(self) -> str:
         return (
             "keep messages until they are sunk (the stream's retention), or skip them with "
@@ -211,6 +216,11 @@ class Replaced:
             f"{self.describe()}; reading the new stream from its first sequence "
             "(failOnDataLoss=false)"
         )
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        """Said once per key: the new stream growing is not news, another replacement is."""
+        return (self.topic, self.read, self.now.created)
 
     def advice(self) -> str:
         return (

@@ -58,7 +58,6 @@ from spark_sinks.jetstream_read import (
     stream_bounds,
 )
 from spark_sinks.offsets import (
-    Loss,
     Replaced,
     Starting,
     StreamPosition,
@@ -176,7 +175,7 @@ class TxactorsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self.streams = [topic_stream(t) for t in options.topics]
         self._target: dict[str, int] | None = None
-        self._reported: set[Loss] = set()
+        self._reported: set[tuple[object, ...]] = set()  # Loss keys already logged
 
     def prepareForTriggerAvailableNow(self) -> None:
         """availableNow: read up to today's heads in batches of maxOffsetsPerTrigger, then stop.
@@ -243,8 +242,8 @@ class TxactorsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if found and self.options.fail_on_data_loss:
             raise DataLoss(data_loss_error(found))
         for loss in found:
-            if loss not in self._reported:
-                self._reported.add(loss)
+            if loss.key not in self._reported:
+                self._reported.add(loss.key)
                 _log.warning("%s", loss.skipping())
         ranges = []
         for topic, stream in zip(self.options.topics, self.streams, strict=True):
