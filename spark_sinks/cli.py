@@ -24,6 +24,7 @@ from spark_sinks.job import (
     CaughtUp,
     Progress,
     Schema,
+    Skipped,
 )
 from txactors.config import NatsConfig
 from txactors.layout import name_problem
@@ -92,6 +93,8 @@ def print_progress(event: Progress) -> None:
             line = f"caught up at {seqs}" + (
                 "; waiting for new messages — Ctrl-C to stop" if event.waiting else ""
             )
+        case Skipped():
+            line = f"warning: {event.message}"
     typer.echo(line, err=True)
 
 
@@ -155,6 +158,8 @@ def sink_and_show(
             fail_on_data_loss=fail_on_data_loss,
         )
         if once and planned.caught_up and not planned.needs_registering():
+            for message in planned.skipped:
+                print_progress(Skipped(message))
             print_progress(CaughtUp(planned.seqs(), waiting=False))
             if sql is not None:
                 with command_session(warehouse, master=master, conf=conf) as spark:

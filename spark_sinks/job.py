@@ -37,6 +37,7 @@ from spark_sinks.progress import (
     Progress,
     ProgressCallback,
     ProgressWatch,
+    Skipped,
 )
 from spark_sinks.source import (
     FAIL_ON_DATA_LOSS,
@@ -63,6 +64,7 @@ __all__ = [
     "Progress",
     "ProgressCallback",
     "Schema",
+    "Skipped",
     "TopicPlan",
     "plan",
     "run_sink",
@@ -108,6 +110,8 @@ def run_sink(
         )
     )
     emit = on_progress or (lambda _: None)
+    for message in planned.skipped:
+        emit(Skipped(message))
     options = {
         FAIL_ON_DATA_LOSS: str(fail_on_data_loss).lower(),
         MAX_OFFSETS_PER_TRIGGER: max_offsets_per_trigger,

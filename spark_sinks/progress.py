@@ -1,10 +1,10 @@
 """What a sink run reports, and the watch that reads it off the running queries.
 
-The events (`BatchStarted`, `BatchRunning`, `BatchProgress`, `CaughtUp`) go to the run's
-`on_progress` callback; `spark_sinks.cli` prints them. `ProgressWatch` derives them from each
-query's checkpoint (a batch planned) and its `recentProgress` (a batch finished), as the run
-polls. What a run skips with failOnDataLoss off the source says itself, once, as it plans the
-batch (source.py).
+The events (`BatchStarted`, `BatchRunning`, `BatchProgress`, `CaughtUp`, `Skipped`) go to the
+run's `on_progress` callback; `spark_sinks.cli` prints them. `ProgressWatch` derives them from
+each query's checkpoint (a batch planned) and its `recentProgress` (a batch finished), as the
+run polls. What a batch skips with failOnDataLoss off the source says itself, once, as it plans
+the batch (source.py); `Skipped` is what the plan settled before any query ran.
 """
 
 from __future__ import annotations
@@ -72,7 +72,15 @@ class CaughtUp:
     waiting: bool  # a continuous run waits for more; a catch-up run is done
 
 
-Progress = BatchStarted | BatchRunning | BatchProgress | CaughtUp
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A query that never ran starts on a stream created again since its start was pinned
+    (failOnDataLoss is off): said by the plan, since its source never sees the old stream."""
+
+    message: str
+
+
+Progress = BatchStarted | BatchRunning | BatchProgress | CaughtUp | Skipped
 ProgressCallback = Callable[[Progress], None]
 
 

@@ -774,3 +774,37 @@ def test_local_session_takes_a_path_as_a_string(spark: Any, warehouse: Path) -> 
     from spark_sinks.session import local_session
 
     assert local_session(str(warehouse)) is spark  # this process's session, not an error
+
+
+async def test_a_query_that_never_ran_starts_on_the_stream_created_again(
+    make_nats_server: MakeNatsServer, tmp_path: Path
+) -> None:
+    from spark_sinks.checkpoint import PINNED_START, PinnedStart, pinned_start
+
+    url, nc = await connect(make_nats_server)
+    config = NatsConfig(url=url)
+    try:
+        await publish_raw(nc, "fresh", [b"old"] * 5, prefix="o")
+        first = await asyncio.to_thread(
+            plan, tmp_path, {"fresh": None}, nats=config, starting_offsets="latest"
+        )
+        assert first.topics[0].start == {"fresh": 6} and first.topics[0].caught_up
+        await nc.jetstream().delete_stream(layout.topic_stream("fresh"))
+        await publish_raw(nc, "fresh", [b"new"] * 7, prefix="n")
+    finally:
+        await nc.close()
+
+    with pytest.raises(DataLoss, match="TOPIC_fresh was deleted and created again"):
+        await asyncio.to_thread(plan, tmp_path, {"fresh": None}, nats=config)
+    lenient = await asyncio.to_thread(
+        plan, tmp_path, {"fresh": None}, nats=config, fail_on_data_loss=False
+    )
+    [said] = lenient.skipped
+    assert "reading the new stream from its first sequence" in said
+    assert lenient.topics[0].start == {"fresh": 1} and not lenient.topics[0].caught_up
+    again = await asyncio.to_thread(plan, tmp_path, {"fresh": None}, nats=config)
+    assert again.topics[0].start == {"fresh": 1} and again.skipped == []
+
+    checkpoint = checkpoint_dir(default_checkpoints(tmp_path), "fresh")
+    (checkpoint / PINNED_START).write_text('{"fresh": 3}')  # a pin from before the identity
+    assert pinned_start(checkpoint) == PinnedStart({"fresh": 3})
