@@ -90,7 +90,7 @@ class TopicPlan:
 class Plan:
     warehouse: Path
     topics: list[TopicPlan]
-    skipped: list[str] = field(default_factory=list)  # data loss let through, to report
+    skipped: list[str] = field(default_factory=list)  # queries moved to a new stream: to say
 
     @property
     def caught_up(self) -> bool:
