@@ -322,6 +322,29 @@ def test_the_boundary_keeps_groups_to_their_subjects_and_topics(
 
 
 @pytest.mark.parametrize(
+    ("known", "subject", "code"),
+    [
+        ("orders", layout.end_subject(0, "orders"), None),
+        ("orders", layout.end_subject(0), None),  # deprecated: the token alone decides
+        (None, layout.end_subject(0, "payments"), None),  # unknown here: answered not_found later
+        ("orders", layout.end_subject(0, "payments"), ErrorCode.FORBIDDEN),
+    ],
+)
+def test_the_boundary_keeps_an_end_to_its_transactions_group_subject(
+    known: str | None, subject: str, code: ErrorCode | None
+) -> None:
+    """The same policy as a prepare's, for an end: the group its subject names must be the
+    transaction's, without telling the sender which group that is."""
+    end = EndTransaction(txid="tenant-tx", token="0" * 32, decision=Decision.COMMIT)
+    refusal = BOUNDARY.refusal(
+        end, max_payload=1 << 20, subject=subject, group_of=lambda txid: known
+    )
+    assert (refusal and refusal.code) == code, refusal
+    if refusal is not None:
+        assert "orders" not in refusal.message
+
+
+@pytest.mark.parametrize(
     ("group", "topic", "rules"),
     [
         ("orders", "orders", ()),

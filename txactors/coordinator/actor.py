@@ -42,7 +42,7 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 from nats.js.kv import KeyValue
 
-from txactors import layout, tracing
+from txactors import tracing
 from txactors.actors import Actor, ActorSystem, LocalActorRef, Request, Supervisor
 from txactors.coordinator import tokens
 from txactors.coordinator.answers import Answers
@@ -249,7 +249,10 @@ class PartitionCoordinator(Actor):
             case Request():
                 message = self._one_way.wrap(message)  # no reply subject: errors counted, not sent
                 refusal = self.boundary.refusal(
-                    message.message, max_payload=self.nc.max_payload, subject=message.subject
+                    message.message,
+                    max_payload=self.nc.max_payload,
+                    subject=message.subject,
+                    group_of=self.table.group_of,
                 )
                 if refusal is not None:
                     if message.reply is not None:  # a one-way request's are logged rate-limited
@@ -277,12 +280,6 @@ class PartitionCoordinator(Actor):
         await self._answers.flush()
 
     def _end(self, request: Request, end: EndTransaction) -> None:
-        sent_as = layout.subject_group(request.subject) if request.subject else None
-        if sent_as is not None and self.table.group_of(end.txid) not in (None, sent_as):
-            # The token proves it already; the group NATS let the sender use must agree.
-            problem = f"{end.txid} is a transaction of another group than {sent_as!r}"
-            self._answers.send(request, Error(ErrorCode.FORBIDDEN, problem))
-            return
         request_id = self._answers.wait(request, lambda state: Ended(txid=end.txid, state=state))
         token = tokens.digest(end.token)
         self._step(End(txid=end.txid, token=token, decision=end.decision, request_id=request_id))

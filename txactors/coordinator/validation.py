@@ -5,20 +5,20 @@ answer a producer sends back to a check-back (`CheckResult`) passes through here
 has checked the types (protocol.Codec) and before anything is written. What is not allowed is
 refused with `bad_request`, the field's path (`$.messages[2].properties['a b']`) and what is
 allowed; nothing is trimmed, clamped or rewritten. What a well-formed request may not do is
-refused with `forbidden`: a prepare on another producer group's subject
-(`txn.coord.<p>.prepare.<group>` names the group NATS permissions let the sender use), or, under
-a tenant policy (`group_topics`), into a topic its group was not given. The limits are chosen so
-that whatever passes can be stored, published, checked back and discarded without the broker
-refusing it later (a record the broker refuses would stop a partition for good); the table in
-docs/protocol.md lists them. Pure, no I/O: tests/test_coordinator_validation.py drives it with
-Hypothesis.
+refused with `forbidden`: a prepare or end on another producer group's subject
+(`txn.coord.<p>.prepare|end.<group>` names the group NATS permissions let the sender use), or,
+under a tenant policy (`group_topics`), into a topic its group was not given. The limits are
+chosen so that whatever passes can be stored, published, checked back and discarded without the
+broker refusing it later (a record the broker refuses would stop a partition for good); the
+table in docs/protocol.md lists them. Pure, no I/O: tests/test_coordinator_validation.py drives
+it with Hypothesis.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -94,14 +94,20 @@ class Boundary:
     """The tenant policy (CoordinatorOptions.group_topics); empty: any group, any topic."""
 
     def refusal(
-        self, command: Any, *, max_payload: int, subject: str | None = None
+        self,
+        command: Any,
+        *,
+        max_payload: int,
+        subject: str | None = None,
+        group_of: Callable[[str], str | None] = lambda txid: None,
     ) -> Error | None:
         """The `bad_request`, `forbidden` (or `unknown_command`) to answer `command` with, or
         None if it may go on.
 
         `max_payload` is the connected server's (it can change on a reconnect); `subject` the
-        one the command arrived on (None: from this process). The version is checked first:
-        a newer client's other fields may mean something else.
+        one the command arrived on (None: from this process); `group_of` the group of a known
+        transaction (None: not known here). The version is checked first: a newer client's
+        other fields may mean something else.
         """
         if isinstance(command, Command):
             newer = unsupported_version(command.version)
@@ -118,6 +124,7 @@ class Boundary:
                 case EndTransaction():
                     self._check_txid(command.txid)
                     _check_token("$.token", command.token)
+                    _check_end_group(command.txid, group_of(command.txid), subject)
                 case ListTransactions():
                     _check_listing(command)
                 case ShowTransaction():
@@ -136,7 +143,7 @@ class Boundary:
     def _check_tenant(self, prepare: Prepare, subject: str | None) -> None:
         """The group the subject names (what NATS let the sender publish) is the prepare's,
         and the policy gives that group every topic the prepare names."""
-        sent_as = layout.subject_group(subject) if subject is not None else None
+        sent_as = _sent_as(subject)
         if sent_as is not None and sent_as != prepare.group:
             raise _Refused(
                 "$.group",
@@ -236,6 +243,24 @@ class Boundary:
                 f"body and headers take {size} bytes; at most {limit} (the server's "
                 f"max_payload {max_payload} less {HEADER_RESERVE} kept for later headers)",
             )
+
+
+def _sent_as(subject: str | None) -> str | None:
+    """The group NATS let the sender publish as (None: from this process, or on a deprecated
+    group-less subject, which only a tenant policy polices)."""
+    return layout.subject_group(subject) if subject is not None else None
+
+
+def _check_end_group(txid: str, group: str | None, subject: str | None) -> None:
+    """An end comes on its transaction's group's subject. The token proves the sender may end
+    it already; the group NATS let the sender use must agree (without naming the other)."""
+    sent_as = _sent_as(subject)
+    if sent_as is not None and group not in (None, sent_as):
+        raise _Refused(
+            "$.txid",
+            f"{txid} is a transaction of another group than {sent_as!r}",
+            ErrorCode.FORBIDDEN,
+        )
 
 
 def topic_allowed(topic: str, patterns: tuple[str, ...]) -> bool:
