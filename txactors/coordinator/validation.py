@@ -27,6 +27,7 @@ from txactors.coordinator import tokens
 from txactors.coordinator.core.states import TxnState
 from txactors.coordinator.store import half_headers
 from txactors.errors import TxActorsError
+from txactors.framing import JETSTREAM_MAX_HEADER_BYTES, header_block_bytes
 from txactors.protocol import (
     FIRST_VERSION,
     PROTOCOL_VERSION,
@@ -45,9 +46,6 @@ from txactors.protocol import (
     unsupported_version,
 )
 
-JETSTREAM_MAX_HEADER_BYTES: Final = 65_535
-"""JetStream refuses a message whose header block is larger ("header size exceeds maximum
-allowed of 64k")."""
 HEADER_RESERVE: Final = 1024
 """Bytes kept free, in the header block and in the whole message, for headers added after
 the prepare: a discarded copy's reason and check count, a dead-lettered copy's error."""
@@ -69,8 +67,6 @@ BATCH_GRAMMAR: Final = "1 to 64 of letters, digits, '_', '-', '.' and ':'"
 _WORST_BORN: Final = -2.2250738585072014e-308
 _WORST_INDEX: Final = 2**63 - 1
 _WORST_DIGEST: Final = tokens.digest("0" * 32)
-_HEADER_BLOCK_START: Final = len(b"NATS/1.0\r\n")
-_HEADER_BLOCK_END: Final = len(b"\r\n")
 
 
 class _Refused(TxActorsError):
@@ -309,12 +305,6 @@ def half_header_bytes(prepare: Prepare, message: OutgoingMessage) -> int:
         message=message,
     )
     return header_block_bytes(headers)
-
-
-def header_block_bytes(headers: dict[str, str]) -> int:
-    """`NATS/1.0\\r\\n`, then `Name: Value\\r\\n` per header, then `\\r\\n`."""
-    lines = sum(len(name) + len(value.encode()) + 4 for name, value in headers.items())
-    return _HEADER_BLOCK_START + lines + _HEADER_BLOCK_END
 
 
 def _check_name(path: str, kind: str, name: str) -> None:
