@@ -25,8 +25,9 @@ from tests.support.txn import FAST, CoordinatorClient, message, topic_ids
 from txactors import layout
 from txactors.consumer import ConsumedMessage, Consumer
 from txactors.coordinator import CoordinatorConfig
-from txactors.coordinator.oneway import LOG_EVERY, OneWayErrors
+from txactors.coordinator.oneway import OneWayErrors
 from txactors.coordinator.service import run_coordinator
+from txactors.logs import LOG_EVERY
 from txactors.metrics import CoordinatorMetrics
 from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
 from txactors.protocol import (

@@ -24,7 +24,6 @@ from tests.test_producer import RecordingChecker, ask_instance, check_for, produ
 from txactors import layout
 from txactors.actors import RemoteActorRef
 from txactors.actors.replies import (
-    LOG_EVERY,
     ReplyGuard,
     normalize_prefix,
     reply_pattern,
@@ -33,6 +32,7 @@ from txactors.actors.replies import (
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import AskTimeout, CommandError
+from txactors.logs import LOG_EVERY
 from txactors.metrics import CoordinatorMetrics
 from txactors.natsclient import connect
 from txactors.protocol import (
