@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -23,8 +24,9 @@ import pytest
 from txactors.config import NatsConfig
 from txactors.connection import nats_session
 from txactors.errors import ConfigError, DataDirLocked
-from txactors.server import CONFIG_FILE_NAME, LOCK_FILE_NAME, EmbeddedNatsServer
-from txactors.settings import load_settings
+from txactors.nats_cluster import EmbeddedNatsCluster
+from txactors.server import CONFIG_FILE_NAME, LOCK_FILE_NAME, EmbeddedNatsServer, FsyncSetting
+from txactors.settings import BY_NAME, ProcessSettings, load_settings
 
 if TYPE_CHECKING:
     from tests.conftest import MakeNatsServer
@@ -119,6 +121,27 @@ def test_a_bad_fsync_setting_is_refused(kwargs: dict[str, Any], message: str) ->
         EmbeddedNatsServer(**kwargs)
     with pytest.raises(ConfigError, match=message):
         NatsConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "holder", [NatsConfig, ProcessSettings, EmbeddedNatsServer, EmbeddedNatsCluster]
+)
+@pytest.mark.parametrize("kwargs", [{"fsync": "sometimes"}, {"fsync_interval": -1.0}])
+def test_every_holder_of_the_fsync_setting_refuses_what_the_one_setting_refuses(
+    holder: Any, kwargs: dict[str, Any]
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        FsyncSetting(**kwargs)
+    with pytest.raises(ConfigError, match=re.escape(str(refused.value))):
+        holder(**kwargs)
+
+
+def test_the_fsync_setting_has_one_default_and_one_meaning() -> None:
+    one = FsyncSetting()
+    for holder in (NatsConfig(), ProcessSettings()):
+        assert (holder.fsync, holder.fsync_interval) == (one.fsync, one.fsync_interval)
+    assert BY_NAME["fsync"].help.startswith("Embedded server only (no NATS_URL): `always`")
+    assert BY_NAME["fsync_interval"].help.startswith("Embedded server only: seconds")
 
 
 # -- the settings reach every server we start ---------------------------------------------

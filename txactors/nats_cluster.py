@@ -43,8 +43,7 @@ from txactors.server_setup import (
     DEFAULT_FSYNC_INTERVAL,
     ClusterNode,
     Fsync,
-    check_fsync,
-    check_fsync_interval,
+    FsyncSetting,
 )
 
 __all__ = ["DEFAULT_CLUSTER_NAME", "EmbeddedNatsCluster", "free_ports"]
@@ -88,8 +87,7 @@ class EmbeddedNatsCluster:
     ) -> None:
         if size < 1:
             raise NatsServerError(f"a cluster needs at least one node, got size={size}")
-        check_fsync(fsync)
-        check_fsync_interval(fsync_interval)
+        FsyncSetting(fsync=fsync, fsync_interval=fsync_interval)  # raises a bad one
         self.size = size
         self.name = name
         self.ready_timeout = ready_timeout
