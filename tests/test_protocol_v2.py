@@ -31,11 +31,17 @@ from txactors.logs import LOG_EVERY
 from txactors.metrics import CoordinatorMetrics
 from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
 from txactors.protocol import (
+    OPERATOR_DECISIONS,
     PROTOCOL_VERSION,
+    AdminCommand,
+    Codec,
+    Encoding,
     EndTransaction,
     Error,
     ErrorCode,
     ListTransactions,
+    OperatorDecision,
+    Resolution,
     ShowTransaction,
     TransactionInfo,
     encode,
@@ -322,3 +328,24 @@ def test_commands_carry_the_version_and_default_to_1() -> None:
     assert command.version == 1
     decoded = msgspec.msgpack.decode(encode(command))
     assert decoded["version"] == 1
+
+
+@pytest.mark.parametrize(
+    ("tag", "resolution"),
+    [
+        ("ResumeTransaction", Resolution.RESUME),
+        ("CommitTransaction", Resolution.COMMIT),
+        ("RollbackTransaction", Resolution.ROLLBACK),
+    ],
+)
+def test_each_operator_decision_keeps_its_wire_name_and_takes_the_one_path(
+    tag: str, resolution: Resolution
+) -> None:
+    """What another-language client sends decodes to the one `OperatorDecision` path, with
+    its resolution; what this client sends carries the same tag and fields."""
+    sent = {"type": tag, "version": PROTOCOL_VERSION, "txid": "t1", "batch": "bulk-1"}
+    decoded = Codec[AdminCommand](AdminCommand).decode(msgspec.json.encode(sent), Encoding.JSON)
+    assert isinstance(decoded, OperatorDecision)
+    assert (decoded.resolution, decoded.txid, decoded.batch) == (resolution, "t1", "bulk-1")
+    ours = OPERATOR_DECISIONS[resolution](txid="t1", batch="bulk-1", version=PROTOCOL_VERSION)
+    assert msgspec.json.decode(encode(ours, Encoding.JSON)) == sent

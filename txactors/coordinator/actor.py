@@ -88,17 +88,16 @@ from txactors.faults import FaultPoint, crash_if_armed
 from txactors.logs import get_logger
 from txactors.metrics import CoordinatorMetrics
 from txactors.protocol import (
-    CommitTransaction,
     Decision,
     Ended,
     EndTransaction,
     Error,
     ErrorCode,
     ListTransactions,
+    OperatorDecision,
     Prepare,
     Prepared,
-    ResumeTransaction,
-    RollbackTransaction,
+    Resolution,
     ShowTransaction,
     TransactionList,
 )
@@ -526,10 +525,10 @@ class PartitionCoordinator(Actor):
                     await request.answer(Error(ErrorCode.NOT_FOUND, f"{txid}: {detail}"))
                 else:
                     await request.answer(info(view))
-            case ResumeTransaction() | CommitTransaction() | RollbackTransaction():
+            case OperatorDecision():
                 txid = command.txid
                 request_id = self._answers.wait(request, lambda s: Ended(txid=txid, state=s))
-                kind = _OPERATOR_EVENTS[type(command)]
+                kind = _OPERATOR_EVENTS[command.resolution]
                 self._step(kind(txid=txid, request_id=request_id))
             case _:
                 name = type(command).__name__
@@ -540,8 +539,8 @@ class PartitionCoordinator(Actor):
 _REQUESTS = (HalvesStored, End, Resume, ForceCommit, ForceRollback)
 """The events that carry a request to answer."""
 
-_OPERATOR_EVENTS: dict[type, type[Resume | ForceCommit | ForceRollback]] = {
-    ResumeTransaction: Resume,
-    CommitTransaction: ForceCommit,
-    RollbackTransaction: ForceRollback,
+_OPERATOR_EVENTS: dict[Resolution, type[Resume | ForceCommit | ForceRollback]] = {
+    Resolution.RESUME: Resume,
+    Resolution.COMMIT: ForceCommit,
+    Resolution.ROLLBACK: ForceRollback,
 }

@@ -33,15 +33,13 @@ from txactors.protocol import (
     PROTOCOL_VERSION,
     CheckResult,
     Command,
-    CommitTransaction,
     EndTransaction,
     Error,
     ErrorCode,
     ListTransactions,
+    OperatorDecision,
     OutgoingMessage,
     Prepare,
-    ResumeTransaction,
-    RollbackTransaction,
     ShowTransaction,
     unsupported_version,
 )
@@ -125,7 +123,7 @@ class Boundary:
                     _check_listing(command)
                 case ShowTransaction():
                     self._check_txid(command.txid)
-                case ResumeTransaction() | CommitTransaction() | RollbackTransaction():
+                case OperatorDecision():
                     self._check_txid(command.txid)
                     if command.batch is not None and not BATCH.fullmatch(command.batch):
                         raise _Refused("$.batch", f"null or {BATCH_GRAMMAR}")
