@@ -29,7 +29,10 @@ def test_one_line_per_kind_and_interval_and_every_line_held_back_is_reported(
 
 
 def test_its_memory_is_bounded_however_many_kinds_a_client_makes_up() -> None:
+    """Past MAX_KINDS kinds it starts over: an early kind is forgotten (let through again)."""
     limiter = RateLimited(clock=lambda: 0.0)
-    for index in range(MAX_KINDS * 3):
+    assert limiter.suppressed("pattern-0") == 0
+    assert limiter.suppressed("pattern-0") is None  # remembered: held back
+    for index in range(1, MAX_KINDS + 1):
         assert limiter.suppressed(f"pattern-{index}") == 0
-    assert len(limiter._logged) <= MAX_KINDS
+    assert limiter.suppressed("pattern-0") == 0
