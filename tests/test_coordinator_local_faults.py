@@ -22,6 +22,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from tests.support.txn import CoordinatorClient, message, topic_ids
+from tests.support.wait import eventually
 from txactors import layout
 from txactors.actors import Request
 from txactors.actors.cell import TaskFailed
@@ -65,12 +66,6 @@ async def unavailable(nc: Client, stream: str, subject: str) -> AsyncIterator[No
         await js.update_stream(config)
 
 
-async def wait_for(condition: object, what: str, seconds: float = 10) -> None:
-    with anyio.fail_after(seconds):
-        while not await condition():  # type: ignore[operator]
-            await anyio.sleep(0.02)
-
-
 async def test_one_unavailable_topic_holds_up_only_its_own_commits(private_nc: Client) -> None:
     async with run_coordinator(private_nc):
         client = CoordinatorClient(private_nc)
@@ -96,7 +91,7 @@ async def test_one_unavailable_topic_holds_up_only_its_own_commits(private_nc: C
                 async def b_has_both() -> bool:
                     return "both:1" in await topic_ids(private_nc, "b")
 
-                await wait_for(b_has_both, "the b half of `both`")
+                await eventually(b_has_both, what="the b half of `both`")
                 await anyio.sleep(0.5)  # a's commits keep waiting while a is down
                 assert "only-a" not in ended and "both" not in ended
                 tasks.cancel_scope.cancel()
@@ -154,7 +149,7 @@ async def test_a_prepare_during_a_write_outage_is_told_when_to_come_back(
                 async def troubled() -> bool:
                     return any(e["event"] == "appends_reissued" for e in logs)
 
-                await wait_for(troubled, "the halves' writer in trouble")
+                await eventually(troubled, what="the halves' writer in trouble")
                 with pytest.raises(CommandError) as caught:
                     await client.prepare("refused", message())
                 refused = caught.value
@@ -240,7 +235,7 @@ async def test_a_restarted_partition_ignores_what_its_previous_incarnation_compl
             async def restarted() -> bool:
                 return cell._instance is not old and cell._instance is not None
 
-            await wait_for(restarted, "the restart")
+            await eventually(restarted, what="the restart")
             receipt = await client.prepare("t1", message())  # served by the new incarnation
             new = cell._instance
             # The previous incarnation's writers and tasks report late.

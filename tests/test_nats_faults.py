@@ -32,6 +32,7 @@ from nats.aio.msg import Msg
 from tests.conftest import MakeNatsServer
 from tests.support.rawnats import MALFORMED_BLOCKS, raw_hpub
 from tests.support.txn import CoordinatorClient, message, topic_ids
+from tests.support.wait import eventually
 from tests.test_producer import RecordingChecker, ask_instance, check_for, producer
 from txactors import layout
 from txactors.consumer import ConsumedMessage, Consumer
@@ -41,12 +42,6 @@ from txactors.natsclient import MALFORMED_HEADERS, TolerantClient, connect, malf
 from txactors.protocol import CheckResult, Decision, Error, ErrorCode
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    with anyio.fail_after(timeout):
-        while not predicate():
-            await anyio.sleep(0.01)
 
 
 @asynccontextmanager
@@ -96,7 +91,7 @@ async def test_a_malformed_block_arrives_marked_and_the_client_keeps_receiving(
         for block in MALFORMED_BLOCKS:
             await raw_hpub(nats_server.url, subject, "_INBOX.x", block)
         await nc.publish(subject, b"fine", headers={"A": "b"})
-        await wait_for(lambda: len(got) == len(MALFORMED_BLOCKS) + 1)
+        await eventually(lambda: len(got) == len(MALFORMED_BLOCKS) + 1)
         assert all(malformed_headers(m) for m in got[:-1])
         assert got[-1].data == b"fine" and got[-1].headers == {"A": "b"}
         assert malformed_headers(got[-1]) is None
@@ -158,7 +153,7 @@ async def test_the_coordinator_answers_a_malformed_block_bad_request_and_still_s
                 for block in MALFORMED_BLOCKS:
                     await raw_hpub(url, subject, f"{inbox}.{sent}", block, b"\x80")
                     sent += 1
-            await wait_for(lambda: len(answers) == sent)
+            await eventually(lambda: len(answers) == sent)
             assert all(bad_request(m) for m in answers)
             receipt = await client.prepare("t1", message())
             assert (await client.end("t1", receipt.token, Decision.COMMIT)).state == "committed"
@@ -205,7 +200,7 @@ async def test_a_consumer_takes_a_stored_malformed_block_and_goes_on(
             # Stored in the topic stream as sent: the consumer meets it on every restart.
             await raw_hpub(nats_server.url, layout.topic_subject(topic), "_INBOX.x", b"ab")
             await nc.jetstream().publish(layout.topic_subject(topic), b"fine")
-            await wait_for(lambda: len(seen) == 2)
+            await eventually(lambda: len(seen) == 2)
         assert MALFORMED_HEADERS in seen[0].headers
         assert seen[1].body == b"fine"
     finally:
@@ -225,7 +220,7 @@ async def test_a_producer_check_endpoint_answers_a_malformed_block_and_still_che
             ]
             for index, subject in enumerate(subjects):
                 await raw_hpub(nats_server.url, subject, f"{inbox}.{index}", b"NATS/1.0")
-            await wait_for(lambda: len(answers) == len(subjects))
+            await eventually(lambda: len(answers) == len(subjects))
             assert all(bad_request(m) for m in answers)
             result = await ask_instance(nc, p, check_for(p.group))
             assert isinstance(result, CheckResult) and result.resolution is Decision.COMMIT

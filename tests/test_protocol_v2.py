@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import anyio
 import msgspec
 import pytest
 import structlog
@@ -22,6 +21,7 @@ from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry
 
 from tests.support.txn import FAST, CoordinatorClient, message, topic_ids
+from tests.support.wait import eventually
 from txactors import layout
 from txactors.consumer import ConsumedMessage, Consumer
 from txactors.coordinator import CoordinatorConfig
@@ -73,12 +73,6 @@ async def consumed(nc: Client, topic: str) -> AsyncIterator[list[str]]:
         yield received
 
 
-async def eventually(predicate: Any, timeout: float = 20.0) -> None:
-    with anyio.fail_after(timeout):
-        while not await predicate():
-            await anyio.sleep(0.02)
-
-
 async def open_count(client: CoordinatorClient) -> int:
     listing = await client.admin(ListTransactions())
     return len(listing.transactions)
@@ -110,7 +104,7 @@ async def test_oneway_ends_commit_and_roll_back_and_the_consumer_gets_the_commit
         async def settled() -> bool:
             return sorted(received) == committed and await open_count(client) == 0
 
-        await eventually(settled)
+        await eventually(settled, timeout=20, what="the committed received, nothing open")
     assert all(r.state is None and not r.confirmed for r in results), "nothing confirms them"
     assert sorted(await topic_ids(private_nc, "orders")) == committed
     assert checker.asked == [], "every one-way end arrived: no check-back was needed"
@@ -136,11 +130,9 @@ async def test_a_lost_oneway_end_is_settled_by_the_check_back(
             async def settled() -> bool:
                 return await open_count(client) == 0
 
-            await eventually(settled)
+            await eventually(settled, timeout=20, what="nothing open")
             if decision is Decision.COMMIT:
-                with anyio.fail_after(20):
-                    while not received:
-                        await anyio.sleep(0.02)
+                await eventually(lambda: received, timeout=20, what="the committed received")
     expected = [f"{txn.txid}:0"] if decision is Decision.COMMIT else []
     assert received == expected
     assert await topic_ids(private_nc, "orders") == expected
@@ -186,7 +178,7 @@ async def test_bad_oneway_ends_are_counted_logged_once_per_code_and_never_answer
             async def all_counted() -> bool:
                 return all(counted(code) == len(p) for code, p in bad.items())
 
-            await eventually(all_counted)
+            await eventually(all_counted, timeout=20, what="every bad end counted")
         lines = [entry for entry in logs if entry["event"] == "oneway_request_failed"]
         assert sorted(line["code"] for line in lines) == sorted(bad), "one line per code"
         assert not [entry for entry in logs if entry["event"] == "request_refused"]

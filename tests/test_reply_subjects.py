@@ -10,7 +10,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 
-import anyio
 import pytest
 import structlog
 from hypothesis import given
@@ -20,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from tests.conftest import MakeNatsServer
 from tests.support.txn import CoordinatorClient, message, topic_ids
+from tests.support.wait import eventually
 from tests.test_producer import RecordingChecker, ask_instance, check_for, producer
 from txactors import layout
 from txactors.actors import RemoteActorRef
@@ -160,12 +160,6 @@ def counter(registry: CollectorRegistry) -> Callable[[], float]:
     return lambda: registry.get_sample_value("txactors_refused_replies_total") or 0.0
 
 
-async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    with anyio.fail_after(timeout):
-        while not predicate():
-            await anyio.sleep(0.01)
-
-
 async def test_a_coordinator_never_writes_to_a_reply_subject_outside_the_inbox(
     private_nc: Client,
 ) -> None:
@@ -191,7 +185,7 @@ async def test_a_coordinator_never_writes_to_a_reply_subject_outside_the_inbox(
             await private_nc.publish(
                 layout.admin_subject(0), encode(ShowTransaction(txid="t0")), reply=reply
             )
-        await wait_for(lambda: refused() == 3 * len(HOSTILE_REPLIES))
+        await eventually(lambda: refused() == 3 * len(HOSTILE_REPLIES))
 
         assert await topic_ids(private_nc, "orders") == ["t0:0"], "no phantom, no purge"
         assert (await js.stream_info(stream)).state.messages == 1
