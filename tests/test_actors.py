@@ -8,6 +8,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
+from tests.support.wait import eventually
 from txactors.actors import Actor, ActorSystem, Directive, Escalated, Supervisor
 from txactors.errors import ActorDeadError, AskTimeout, CommandError, MailboxFull
 from txactors.protocol import Error, ErrorCode
@@ -79,7 +80,7 @@ async def test_full_mailbox_makes_tell_wait_and_tell_nowait_raise() -> None:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(blocked_sender)
-            await anyio.sleep(0.05)
+            await anyio.sleep(0.05)  # the scenario: a while in which the tell must not get in
             assert not sent.is_set(), "tell must wait while the mailbox is full"
             gate.set()
             with anyio.fail_after(2):
@@ -161,7 +162,7 @@ async def test_escalate_fails_the_whole_system() -> None:
                 lambda: Counter([]), supervisor=Supervisor(decide=lambda e: Directive.ESCALATE)
             )
             await ref.tell("boom")
-            await anyio.sleep(5)
+            await anyio.sleep(5)  # cancelled by the escalation, which fails the system
     assert caught.value.subgroup(Escalated) is not None
 
 
@@ -322,9 +323,9 @@ async def test_background_tasks_report_back_without_blocking_the_actor() -> None
         await ref.tell(("fetch", "b"))
         assert await ref.ask("results") == [], "the actor answers while its tasks wait"
         release.set()
-        with anyio.fail_after(2):
-            while len(await ref.ask("results")) < 2:
-                await anyio.sleep(0.01)
+        await eventually(
+            lambda: ref.ask("results"), until=lambda got: len(got) >= 2, timeout=2, what="2 results"
+        )
         assert sorted(await ref.ask("results")) == ["A", "B"]
 
 
@@ -340,10 +341,8 @@ async def test_a_failed_background_task_fails_the_actor_and_its_tasks_end_with_i
         ref = await system.spawn(lambda: Watched(release, journal))
         await ref.tell(("fetch", "never"))  # pending when the instance is replaced
         await ref.tell("explode")
-        with anyio.fail_after(2):
-            while journal.count("start") < 2:
-                await anyio.sleep(0.01)
+        await eventually(lambda: journal.count("start") >= 2, timeout=2, what="the second start")
         assert [type(f) for f in failures] == [OSError]
         release.set()
-        await anyio.sleep(0.05)
+        await anyio.sleep(0.05)  # the scenario: room for a task that should be gone to finish
         assert await ref.ask("results") == [], "the old instance's task was cancelled"

@@ -143,7 +143,7 @@ async def test_tags_narrow_the_subscription(nc: Client) -> None:
             await publish(nc, topic, i, tag=tag)
         async with Consumer(nc, topic, group, handler, tags=["a", "c"], pull_expires=0.2):
             await eventually(lambda: len(seen) == 3)
-            await anyio.sleep(0.1)
+            await anyio.sleep(0.1)  # the scenario: room for a message that should not come
         assert seen == ["a", "a", "c"]
 
 
@@ -228,7 +228,7 @@ async def test_concurrency_bounds_parallel_handlers(nc: Client, concurrency: int
         running += 1
         peak = max(peak, running)
         start = time.monotonic()
-        await anyio.sleep(0.1)
+        await anyio.sleep(0.1)  # the scenario: handling takes a while
         running -= 1
         spans.append((start, time.monotonic()))
 
@@ -286,7 +286,7 @@ async def test_graceful_stop_finishes_in_flight_handler_and_acks(nc: Client) -> 
 
         async with Consumer(nc, topic, group, record, pull_expires=0.2):
             await eventually(lambda: bool(seen))
-            await anyio.sleep(0.2)
+            await anyio.sleep(0.2)  # the scenario: room for a message that should not come
         assert seen == [2]
 
 
@@ -321,13 +321,13 @@ async def test_slow_handler_is_kept_alive_past_ack_wait(nc: Client) -> None:
     async def slow(msg: ConsumedMessage) -> None:
         nonlocal calls
         calls += 1
-        await anyio.sleep(1.2)
+        await anyio.sleep(1.2)  # the scenario: a handler slower than the ack wait
 
     async with names(nc) as (topic, group):
         await publish(nc, topic, 0)
         async with Consumer(nc, topic, group, slow, ack_wait=0.5, pull_expires=0.2):
             await eventually(lambda: calls == 1)
-            await anyio.sleep(1.4)
+            await anyio.sleep(1.4)  # the scenario: past the ack wait, no redelivery may come
         assert calls == 1
         state = await info(nc, topic, group)
         assert state.num_redelivered == 0 and state.num_ack_pending == 0
@@ -364,7 +364,7 @@ async def test_group_members_share_the_messages(nc: Client) -> None:
     def member(name: str) -> Callable[[ConsumedMessage], Awaitable[None]]:
         async def handler(msg: ConsumedMessage) -> None:
             handled[name].append(msg.msg_id)
-            await anyio.sleep(0.01)
+            await anyio.sleep(0.01)  # the scenario: handling takes a moment
 
         return handler
 
@@ -376,7 +376,7 @@ async def test_group_members_share_the_messages(nc: Client) -> None:
             Consumer(nc, topic, group, member("b"), concurrency=2, pull_expires=0.2),
         ):
             await eventually(lambda: len(handled["a"]) + len(handled["b"]) >= 40)
-            await anyio.sleep(0.1)
+            await anyio.sleep(0.1)  # the scenario: room for a duplicate that should not come
         everything = handled["a"] + handled["b"]
         assert sorted(everything) == sorted(f"tx1:{i}" for i in range(40))  # each once
         assert handled["a"] and handled["b"]
@@ -406,7 +406,7 @@ async def test_idempotent_handler_ignores_a_redelivery(nc: Client, tmp_path: Pat
         await publish(nc, topic, 0)
         async with Consumer(nc, topic, group, handler, retry_delays=[0.05], pull_expires=0.2):
             await eventually(lambda: calls == 2)
-            await anyio.sleep(0.1)
+            await anyio.sleep(0.1)  # the scenario: room for a third call that should not come
         async with db.execute("SELECT total FROM points") as cursor:
             assert await cursor.fetchone() == (10,)
         assert (await info(nc, topic, group)).num_ack_pending == 0
@@ -428,7 +428,7 @@ async def test_consumer_survives_a_server_crash(make_nats_server: MakeNatsServer
             await publish(client, topic, 0)
             await eventually(lambda: seen == [1])
             await server.kill()
-            await anyio.sleep(0.2)
+            await anyio.sleep(0.2)  # the scenario: the server stays down a moment
             await server.start()  # same port and store dir
             await eventually(lambda: client.is_connected)
             await publish(client, topic, 1)

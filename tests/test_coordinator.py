@@ -20,6 +20,7 @@ from nats.aio.client import Client
 
 from tests.support.table import astray
 from tests.support.txn import FAST, CoordinatorClient, message, topic_ids, topic_messages
+from tests.support.wait import eventually
 from txactors import layout
 from txactors.coordinator import CoordinatorConfig, TxnState
 from txactors.coordinator.options import CoordinatorOptions, DiscardedTransaction
@@ -199,13 +200,13 @@ async def test_unknown_end_then_nobody_answers_checks_discards_after_check_max(
         client = CoordinatorClient(private_nc)
         receipt = await client.prepare("lost", message(keys=["k1"]))
         assert (await client.end("lost", receipt.token, UNKNOWN)).state == "prepared"
-        with anyio.fail_after(10):
-            while (info := await client.admin(ShowTransaction(txid="lost"))).state != "discarded":
-                await anyio.sleep(0.05)
+        info = await eventually(
+            lambda: client.admin(ShowTransaction(txid="lost")),
+            until=lambda info: info.state == "discarded",
+            what="lost discarded",
+        )
         assert info.check_times == 3 and info.discard_reason == "check_max"
-        with anyio.fail_after(5):
-            while not hooked:
-                await anyio.sleep(0.01)
+        await eventually(lambda: hooked, what="the discard hook called")
         [discarded] = hooked
         assert (discarded.txid, discarded.group, discarded.reason) == ("lost", "g", "check_max")
         assert [(m.topic, m.body, m.keys) for m in discarded.messages] == [
@@ -261,9 +262,7 @@ async def test_coordinator_killed_between_decision_and_publish_publishes_after_r
 
         # It still holds its lease: the successor takes over once that expires.
         async with run_coordinator(nc, options=CoordinatorOptions(lease_ttl=1)):
-            with anyio.fail_after(10):
-                while not await topic_ids(nc, "points"):
-                    await anyio.sleep(0.05)
+            await eventually(lambda: topic_ids(nc, "points"), what="a message on points")
             # The producer's retried end now gets the final answer.
             assert (await client.end("t1", receipt.token, COMMIT)).state == "committed"
         assert await topic_ids(nc, "orders") == ["t1:0"]
@@ -297,11 +296,11 @@ async def test_coordinator_command_serves_prometheus_metrics(make_nats_server: o
                 return str(reply.read().decode())
 
         # counted once `done` is written, which may follow the producer's answer
-        with anyio.fail_after(10):
-            while 'txactors_commits_total{partition="0"} 1.0' not in (
-                text := await anyio.to_thread.run_sync(scrape)
-            ):
-                await anyio.sleep(0.01)
+        text = await eventually(
+            lambda: anyio.to_thread.run_sync(scrape),
+            until=lambda text: 'txactors_commits_total{partition="0"} 1.0' in text,
+            what="one commit counted",
+        )
         assert 'txactors_pending_transactions{partition="0"} 0.0' in text
         assert "txactors_commit_latency_seconds_bucket" in text
     finally:

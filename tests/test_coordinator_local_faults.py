@@ -183,7 +183,7 @@ async def test_a_prepare_during_a_write_outage_is_told_when_to_come_back(
                     break
                 except CommandError as error:
                     assert error.retry_after is not None, "only refused for now"
-                    await anyio.sleep(error.retry_after)
+                    await anyio.sleep(error.retry_after)  # as a producer does: the hint's pause
         assert (await client.end("after", receipt.token, Decision.COMMIT)).state == "committed"
 
 

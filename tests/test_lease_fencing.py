@@ -106,9 +106,13 @@ async def test_an_owner_paused_past_its_ttl_is_fenced_and_nothing_is_lost_or_dou
             assert victim.alive(), victim.log_tail()
             stopping.set()
             # Every confirmed commit reaches the topic (unconfirmed ends via the check-back).
-            with anyio.fail_after(20):
-                while not expected <= _labels(await topic_messages(nc, "orders")):
-                    await anyio.sleep(0.2)
+            await eventually(
+                lambda: topic_messages(nc, "orders"),
+                until=lambda messages: expected <= _labels(messages),
+                timeout=20,
+                interval=0.2,
+                what="every confirmed commit on the topic",
+            )
         messages = await topic_messages(nc, "orders")
         ids = [(m.headers or {})[layout.MSG_ID_HEADER] for m in messages]
         labels = [m.data.decode() for m in messages]
@@ -141,9 +145,9 @@ def _stopped_serving(coordinator: CoordinatorProcess, partition: int) -> bool:
 async def _leases_until(
     nc: Client, done: Callable[[lease_admin.LeaseTable], bool], timeout: float = 10.0
 ) -> lease_admin.LeaseTable:
-    with anyio.fail_after(timeout):
-        while True:
-            table = await lease_admin.list_leases(nc, partitions=PARTITIONS)
-            if done(table):
-                return table
-            await anyio.sleep(0.05)
+    return await eventually(
+        lambda: lease_admin.list_leases(nc, partitions=PARTITIONS),
+        until=done,
+        timeout=timeout,
+        what="the lease table as expected",
+    )

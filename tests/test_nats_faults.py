@@ -126,10 +126,12 @@ async def test_a_read_loop_that_dies_is_revived_and_subscriptions_resume(
         with structlog.testing.capture_logs() as logs:
             await nc.publish("boom", b"")
             await nc.flush()
-            with anyio.fail_after(5):
-                while b"ok" not in got:  # sent until the revived connection re-subscribed
-                    await nc.publish(subject, b"ok")
-                    await anyio.sleep(0.05)
+
+            async def answered() -> bool:  # sent until the revived connection re-subscribed
+                await nc.publish(subject, b"ok")
+                return b"ok" in got
+
+            await eventually(answered, timeout=5, interval=0.05, what="the revived subscription")
         assert any(entry["event"] == "nats_read_loop_died" for entry in logs)
         assert fragile.is_connected
     finally:

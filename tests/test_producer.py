@@ -26,6 +26,7 @@ import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from tests.support.wait import eventually, within
 from txactors.actors import Actor, ActorSystem, RemoteActorRef, serve
 from txactors.coordinator.agreement import agree_partition_count, meta_bucket
 from txactors.coordinator.service import run_coordinator
@@ -373,9 +374,9 @@ async def test_the_end_mode_is_the_producers_unless_a_transaction_chooses(nc: Cl
         oneway = await p.send_in_transaction(message(), commit)
         async with p.begin(end_mode="ack") as txn:
             await txn.send(message())
-        with anyio.fail_after(5):
-            while len(coord.ends) < 2:  # the one-way end has no answer to wait for
-                await anyio.sleep(0.01)
+        await eventually(  # the one-way end has no answer to wait for
+            lambda: len(coord.ends) >= 2, what="both ends received"
+        )
     assert (oneway.state, oneway.confirmed) == (None, False)
     assert txn.result is not None and txn.result.state == "committed"
     assert all(end.version == PROTOCOL_VERSION for end in coord.ends)
@@ -479,7 +480,7 @@ async def test_a_cancelled_block_sends_no_end(nc: Client) -> None:
             async with p.begin() as txn:
                 await txn.send(message())
                 scope.cancel()
-                await anyio.sleep(1)
+                await anyio.sleep(1)  # the scenario: cancelled here, inside the block
     assert coord.ends == []
 
 
@@ -513,10 +514,8 @@ async def test_a_group_check_is_answered_by_exactly_one_member(nc: Client) -> No
         subscription = await nc.subscribe(inbox, cb=collect)
         for _ in range(4):
             await nc.publish(check_group_subject(group), encode(check_for(group)), reply=inbox)
-        with anyio.fail_after(2):
-            while len(replies) < 4:
-                await anyio.sleep(0.01)
-        await anyio.sleep(0.2)  # room for a duplicate answer to show up
+        await eventually(lambda: len(replies) >= 4, timeout=2, what="four answers")
+        await anyio.sleep(0.2)  # the scenario: room for a duplicate answer to show up
         await subscription.unsubscribe()
     assert len(replies) == 4
     assert len(checkers[0].views) + len(checkers[1].views) == 4
@@ -547,9 +546,11 @@ async def test_a_failing_checker_is_answered_with_an_internal_error(
 
 async def test_a_slow_check_does_not_hold_up_checks_of_other_transactions(nc: Client) -> None:
     release = anyio.Event()
+    slow_started = anyio.Event()
 
     async def checker(view: CheckView) -> Decision:
         if view.txid == "slow":
+            slow_started.set()
             await release.wait()
         return Decision.COMMIT
 
@@ -558,7 +559,8 @@ async def test_a_slow_check_does_not_hold_up_checks_of_other_transactions(nc: Cl
         anyio.create_task_group() as tg,
     ):
         tg.start_soon(ask_instance, nc, p, check_for(p.group, "slow"))
-        await anyio.sleep(0.05)
+        with within(10, "the slow check started"):
+            await slow_started.wait()
         with anyio.fail_after(1):
             reply = await ask_instance(nc, p, check_for(p.group, "fast"))
         release.set()
@@ -567,7 +569,7 @@ async def test_a_slow_check_does_not_hold_up_checks_of_other_transactions(nc: Cl
 
 async def test_a_checker_that_takes_too_long_is_answered_with_a_timeout(nc: Client) -> None:
     async def stuck(view: CheckView) -> Decision:
-        await anyio.sleep(10)
+        await anyio.sleep(10)  # the scenario: a checker far slower than its timeout
         return Decision.COMMIT
 
     async with producer(nc, checker=stuck, check_timeout=0.1) as p:

@@ -70,10 +70,14 @@ USER_TESTS = textwrap.dedent(
             await txn.send(TxMessage("orders", b"x"))
             await txn.leave_unknown()
         js = txactors_nc.jetstream()
-        async with asyncio.timeout(10):
-            while (await js.stream_info("TXN_DISCARD")).state.messages == 0:
+
+        async def discarded() -> int:
+            messages = (await js.stream_info("TXN_DISCARD")).state.messages
+            if not messages:
                 txactors_clock.advance(60)  # hours of checking, in a few ticks
-                await asyncio.sleep(0.02)
+            return messages
+
+        await eventually(discarded, what="the half discarded")
         assert asked == [txn.txid, txn.txid]
 
 
