@@ -166,6 +166,11 @@ async def test_escalate_fails_the_whole_system() -> None:
     assert caught.value.subgroup(Escalated) is not None
 
 
+def queued(ref: Any) -> int:
+    """Messages waiting in the actor's mailbox."""
+    return int(ref._cell._send.statistics().current_buffer_used)
+
+
 async def test_stop_fails_queued_asks_with_actor_dead_error() -> None:
     gate, entered = anyio.Event(), anyio.Event()
     outcomes: list[Any] = []
@@ -183,10 +188,10 @@ async def test_stop_fails_queued_asks_with_actor_dead_error() -> None:
             await entered.wait()
             tg.start_soon(ask, "queued-1")
             tg.start_soon(ask, "queued-2")
-            await anyio.sleep(0.01)
+            await eventually(lambda: queued(ref) >= 2, what="two asks queued")
             async with anyio.create_task_group() as stopper:
                 stopper.start_soon(ref.stop)
-                await anyio.sleep(0.01)
+                await eventually(lambda: ref._cell._stopping, what="the stop requested")
                 gate.set()
         assert outcomes[0] == "wait", "the message in hand is finished"
         assert [type(o) for o in outcomes[1:]] == [ActorDeadError, ActorDeadError]
@@ -209,7 +214,7 @@ async def test_system_shutdown_fails_pending_asks_instead_of_hanging() -> None:
         outer.start_soon(ask, ref, "wait")  # never released: shutdown must force it
         await entered.wait()
         outer.start_soon(ask, ref, "queued")
-        await anyio.sleep(0.01)
+        await eventually(lambda: queued(ref) >= 1, what="the second ask queued")
     assert len(errors) == 2
     assert all(isinstance(e, ActorDeadError) for e in errors)
 

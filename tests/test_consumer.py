@@ -166,7 +166,7 @@ async def test_retry_delays_grow_then_dlq_with_last_error(nc: Client) -> None:
                     dlq_filter(group), stream=dlq_stream(group)
                 )
                 [dead] = await dlq.fetch(1, timeout=3)
-                # the original is acked: no 5th attempt even after the longest delay
+                # the scenario: the original is acked, no 5th attempt after the longest delay
                 await anyio.sleep(delays[-1] + 0.3)
         gaps = [b - a for a, b in itertools.pairwise(arrivals)]
         assert len(arrivals) == 4

@@ -13,25 +13,16 @@ import anyio
 import pytest
 from nats.aio.client import Client
 
+from tests.support.partition import FakePartition, Recorder
 from tests.support.txn import CoordinatorClient, message
 from tests.support.wait import eventually
-from txactors.actors import Actor, ActorSystem, Request
+from txactors.actors import ActorSystem, Request
 from txactors.actors.cell import ActorCell
 from txactors.coordinator.checker import Checker, CheckWork, Due
 from txactors.coordinator.service import run_coordinator
 from txactors.protocol import Decision
 
 TICK = 0.01
-
-
-class Partition(Actor):
-    """Stands in for the partition actor: keeps what its checker tells it."""
-
-    def __init__(self, heard: list[Any]) -> None:
-        self.heard = heard
-
-    async def receive(self, message: Any) -> None:
-        self.heard.append(message)
 
 
 async def heard_due(heard: list[Any], count: int) -> None:
@@ -44,9 +35,10 @@ async def test_the_checker_reports_due_only_once_the_coordinators_clock_passes_t
     private_nc: Client,
 ) -> None:
     now = [1_000.0]
-    heard: list[Any] = []
+    recorder = Recorder()
+    heard = recorder.heard
     async with ActorSystem() as system:
-        partition = await system.spawn(lambda: Partition(heard), name="partition")
+        partition = await system.spawn(lambda: FakePartition(recorder), name="partition")
         checker = await system.spawn(
             lambda: Checker(
                 nc=private_nc,

@@ -21,6 +21,7 @@ import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from tests.support.partition import serving_partitions
 from tests.support.txn import CoordinatorClient, message, topic_ids
 from tests.support.wait import eventually
 from txactors import layout
@@ -31,7 +32,7 @@ from txactors.coordinator.core.events import Published
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import AskTimeout, CommandError, PrepareFailed
 from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
-from txactors.protocol import Ended, Error, ErrorCode, Prepared, encode
+from txactors.protocol import Ended, Error, ErrorCode, Prepare, encode
 
 UNAVAILABLE = msgspec.json.encode(
     {
@@ -192,21 +193,19 @@ async def test_the_producer_retries_a_prepare_after_the_hint_and_old_clients_see
 ) -> None:
     arrivals: list[float] = []
 
-    async def coordinator(msg: Msg) -> None:  # refuses twice for now, then takes it
+    def refuse_for_now(prepare: Prepare) -> Error | None:  # refuses twice, then takes it
         arrivals.append(time.monotonic())
         if len(arrivals) <= 2:
-            reply: object = Error(ErrorCode.INTERNAL, "cannot write now", retry_after=0.3)
-        else:
-            reply = Prepared(txid="t", token="k", seqs=[7])
-        await msg.respond(encode(reply))
-
-    await private_nc.subscribe(layout.prepare_subject(0, "shop"), cb=coordinator)
+            return Error(ErrorCode.INTERNAL, "cannot write now", retry_after=0.3)
+        return None
 
     async def checker(view: CheckView) -> Decision:
         return Decision.ROLLBACK
 
-    # A stand-in publishes no partition count: the producer is given it.
-    async with TransactionProducer(private_nc, "shop", checker, partitions=1) as producer:
+    async with (
+        serving_partitions(private_nc, refuse_prepare=refuse_for_now, seqs=itertools.count(7)),
+        TransactionProducer(private_nc, "shop", checker, partitions=1) as producer,
+    ):
         assert await producer.begin().send(TxMessage("orders", b"x")) == (7,)
     gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
     assert len(gaps) == 2 and min(gaps) >= 0.3

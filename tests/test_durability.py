@@ -294,7 +294,7 @@ def _hold_lock(path: Path, pid_written: int) -> subprocess.Popen[str]:
             "fcntl.flock(f, fcntl.LOCK_EX)\n"
             f"f.write('{pid_written}\\n'); f.flush()\n"
             "print('locked', flush=True)\n"
-            "time.sleep(60)\n",
+            "time.sleep(60)\n",  # the scenario: hold the lock until killed
         ],
         stdout=subprocess.PIPE,
         text=True,

@@ -77,14 +77,12 @@ async def _connect(machine: Machine) -> Client:
 async def _run_load(machine: Machine, name: str, rng: random.Random) -> None:
     """Let `name` commit a few transactions, then a random while more: the cut's moment."""
     before = len(machine.lines(name, "COMMITTED"))
-    try:
-        await eventually(
-            lambda: len(machine.lines(name, "COMMITTED")) >= before + 10,
-            timeout=30,
-            what=f"{name} committed ten",
-        )
-    except AssertionError as error:
-        raise AssertionError(f"{error}:\n{machine.output(name)}") from None
+    await eventually(
+        lambda: len(machine.lines(name, "COMMITTED")) >= before + 10,
+        timeout=30,
+        what=f"{name} committed ten",
+        explain=lambda: machine.output(name),
+    )
     await anyio.sleep(rng.uniform(0.0, 1.5))  # the scenario: the cut comes at a random moment
 
 
@@ -178,7 +176,7 @@ async def _settled_transactions(
             local = _ledger(ledger)
             if (not listed and on_topic == local) or time.monotonic() > deadline:
                 return on_topic, local, listed
-            await anyio.sleep(0.2)
+            await anyio.sleep(0.2)  # not a wait to fail: settling ends either way
     finally:
         await nc.close()
 

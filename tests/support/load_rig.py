@@ -28,7 +28,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +40,8 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from tests.peers.journal_consumer import READY_LINE as CONSUMER_READY
 from tests.peers.load_producer import READY_LINE as PRODUCER_READY
-from tests.support.coordinator_process import ROOT, CoordinatorProcess, _spawn
+from tests.support.coordinator_process import ROOT, CoordinatorProcess, _exited, _spawn
+from tests.support.wait import eventually
 from txactors import layout
 from txactors.admin import CoordinatorUnavailable, list_transactions
 from txactors.lease_admin import list_leases
@@ -90,10 +90,14 @@ class PeerProcess:
     async def start(self, ready_line: str, timeout: float = 30.0) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "_TYPER_STANDARD_TRACEBACK": "1"}
         self._proc = _spawn(self.cmd, env, self.log)
-        with anyio.fail_after(timeout):
-            while ready_line not in self.log.read_text(errors="replace"):
-                assert self.alive(), f"{self.name} exited at start:\n{self.log_tail()}"
-                await anyio.sleep(0.05)
+
+        def ready() -> bool:
+            assert self.alive(), f"{self.name} exited at start:\n{self.log_tail()}"
+            return ready_line in self.log.read_text(errors="replace")
+
+        await eventually(
+            ready, timeout=timeout, interval=0.05, what=f"{self.name} ready", explain=self.log_tail
+        )
 
     def signal(self, signum: int) -> None:
         assert self._proc is not None
@@ -105,10 +109,7 @@ class PeerProcess:
             return
         assert self._proc is not None
         self._proc.send_signal(signal.SIGTERM)
-        with anyio.move_on_after(10):
-            while self.alive():
-                await anyio.sleep(0.05)
-        if self.alive():
+        if not await _exited(self._proc, 10):
             self._proc.kill()
             await anyio.to_thread.run_sync(self._proc.wait)
 
@@ -247,18 +248,14 @@ class LoadRig:
     async def wait_for(self, condition: Any, timeout: float, what: str) -> None:
         """Poll `condition` (async, truthy when met) until it holds or `timeout` passes. A
         poll NATS does not answer (the bucket it reads is electing a leader) is not met yet."""
-        deadline = time.monotonic() + timeout
-        while not await self._holds(condition):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"not within {timeout:g}s: {what}\n{self.logs()}")
-            await anyio.sleep(0.2)
-
-    @staticmethod
-    async def _holds(condition: Any) -> bool:
-        try:
-            return bool(await condition())
-        except (nats.errors.Error, TimeoutError):
-            return False
+        await eventually(
+            condition,
+            timeout=timeout,
+            interval=0.2,
+            what=what,
+            explain=self.logs,
+            ignoring=(nats.errors.Error, TimeoutError),
+        )
 
     async def _all_partitions_served(self) -> bool:
         assert self.nc is not None
@@ -371,7 +368,7 @@ class LoadRig:
                             ids[(msg.headers or {}).get(layout.MSG_ID_HEADER, "?")] += 1
                     return ids
                 except (nats.errors.Error, TimeoutError):
-                    await anyio.sleep(0.2)
+                    await anyio.sleep(0.2)  # a pause before reading from scratch again
                 finally:
                     await sub.unsubscribe()
 

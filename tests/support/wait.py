@@ -30,12 +30,14 @@ async def eventually(
     until: Callable[[T], object] = bool,
     ignoring: tuple[type[BaseException], ...] = (),
     interval: float = POLL_INTERVAL,
+    explain: Callable[[], str] | None = None,
 ) -> T:
     """Call `probe` (sync or async) until `until(value)` holds, and return that value.
 
     A probe raising one of `ignoring` counts as "not yet" (a stream not declared so far);
     any other error fails the test at once. On timeout, raises `AssertionError` with `what`
-    (by default the probe's name, or a lambda's source) and the last value (or error) seen.
+    (by default the probe's name, or a lambda's source), the last value (or error) seen and
+    what `explain` says then (a process's log tail).
     """
     last: object = "(no answer yet)"
     with anyio.move_on_after(timeout):
@@ -52,7 +54,8 @@ async def eventually(
                     return cast(T, value)
             await anyio.sleep(interval)
     awaited = what or _described(probe)
-    raise AssertionError(f"not within {timeout:g} s: {awaited} (last seen: {_short(last)})")
+    message = f"not within {timeout:g} s: {awaited} (last seen: {_short(last)})"
+    raise AssertionError(message if explain is None else f"{message}\n{explain()}")
 
 
 @contextmanager
