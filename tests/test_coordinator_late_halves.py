@@ -19,6 +19,7 @@ from nats.js import JetStreamContext
 from nats.js.api import ClusterInfo, PeerInfo, StreamInfo
 
 from tests.support.txn import FAST, CoordinatorClient, message, topic_ids
+from tests.support.wait import eventually
 from tests.test_coordinator_recovery import capture_logs
 from txactors import layout
 from txactors.coordinator import CoordinatorConfig, CoordinatorOptions, tokens
@@ -223,9 +224,12 @@ async def test_a_half_that_appears_after_recovery_is_checked_back(private_nc: Cl
             # after this coordinator read the stream.
             headers = stored_half("late", producer="p-late")
             await private_nc.jetstream().publish(layout.half_subject(0), b"late", headers=headers)
-            with anyio.fail_after(15):
-                while "late:0" not in await topic_ids(private_nc, "orders"):
-                    await anyio.sleep(0.1)
+            await eventually(
+                lambda: topic_ids(private_nc, "orders"),
+                until=lambda ids: "late:0" in ids,
+                timeout=15,
+                what="the late half checked back and published",
+            )
     assert asked == ["late"], "checked back once, like a recovered half"
     [found] = [e for e in logs if e["event"] == "late_half_found"]
     assert found["txid"] == "late"
