@@ -7,7 +7,8 @@ kernel's share, socket writes and fsync, is not in it), the same on every run of
 A role runs under `command(...)` with instrumentation off, so its start-up and connections are
 not counted; `toggle(pids, True)` switches it on just before the measured work and
 `toggle(pids, False)` off after it (`callgrind_control -i`), and the process writes its count
-to its output file when it exits. `instructions(text)` reads that count from the file.
+to its output file when it exits (`dump` writes a part before that, and starts again from
+zero). `instructions(text)` reads the count from a file.
 """
 
 from __future__ import annotations
@@ -41,12 +42,21 @@ def command(program: Sequence[str], out_file: Path) -> list[str]:
 
 async def toggle(pids: Iterable[int], on: bool) -> None:
     """Switch the instrumentation of every process in `pids` on or off, all at once."""
-    state = "on" if on else "off"
+    await _control(pids, ["-i", "on" if on else "off"])
+
+
+async def dump(pids: Iterable[int]) -> None:
+    """Every process in `pids` writes what it counted so far to `<out_file>.1` (the next dump
+    to `.2`, ...) and counts on from zero."""
+    await _control(pids, ["-d"])
+
+
+async def _control(pids: Iterable[int], args: Sequence[str]) -> None:
+    pids = list(pids)
     controls = [
         await asyncio.create_subprocess_exec(
             "callgrind_control",
-            "-i",
-            state,
+            *args,
             str(pid),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
@@ -56,7 +66,7 @@ async def toggle(pids: Iterable[int], on: bool) -> None:
     for pid, control in zip(pids, controls, strict=True):
         output, _ = await control.communicate()
         if control.returncode or b"OK." not in output:
-            raise CallgrindError(f"instrumentation {state} failed for pid {pid}: {output!r}")
+            raise CallgrindError(f"callgrind_control {' '.join(args)} {pid} failed: {output!r}")
 
 
 def instructions(text: str) -> int:

@@ -61,19 +61,24 @@ START_TIMEOUT = 600.0
 SETTLE = 1.0
 """Seconds after the last message is consumed before counting stops: its ack reaches the
 server."""
+IDLE = 5.0
+"""Seconds each run counts its roles idle (after the warm-up, before the work): what the
+clock alone makes them do (timers, ticks, idle pulls), to tell apart from the work."""
 COORDINATOR_SETTINGS = (
     *("--partitions", str(cpu_roles.PARTITIONS)),
     *("--transaction-timeout", str(cpu_roles.SLOW)),
     *("--lease-ttl", str(cpu_roles.SLOW)),
     *("--checkpoint-interval", str(cpu_roles.SLOW)),
+    *("--tick-interval", str(0.1 * cpu_roles.SLOWDOWN)),  # the default, stretched
 )
 """No check-back, lease renewal or checkpoint in the measured window: those are periodic
 upkeep, not per-transaction work, and would be counted for a window 50x longer than usual."""
 KEEP_ENV = "TXBENCH_CALLGRIND_DIR"
-GODEBUG = "asyncpreemptoff=1"
-"""nats-server's Go runtime without its preemption signals (SIGURG): callgrind 3.19 aborts on
-them (`vgCallgrind_post_signal` assertion). Goroutines then yield only at function calls; the
-work done, and so its count, is the same."""
+GO_ENV = "GODEBUG=asyncpreemptoff=1 GOMAXPROCS=1"
+"""nats-server's Go runtime under callgrind: without its preemption signals (SIGURG), on which
+callgrind 3.19 aborts (`vgCallgrind_post_signal` assertion), and on one processor, so that idle
+threads spinning for work to steal (counted, and as many as the timing makes them) do not
+blur the count: valgrind runs one thread at a time anyway."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,13 @@ class Measured:
     """Instructions per message of each role in one run, and the run's wall seconds."""
 
     per_message: dict[str, float]
+    idle_per_message: dict[str, float]
+    """What each role counts while idle (per second, before the work) over as long as the
+    measured work took, per message: the share of `per_message` the clock alone explains."""
+    window: float
+    """Seconds the measured work took (under callgrind)."""
     seconds: float
+    """Seconds the whole run took, start-up and warm-up included."""
 
 
 class Process:
@@ -161,7 +172,7 @@ def server_binary(directory: Path) -> Path:
     directory.mkdir(parents=True)
     script = directory / "nats-server-callgrind"
     program = callgrind.command([str(find_nats_server_binary())], directory / "nats-server.out")
-    script.write_text(f'#!/bin/sh\nGODEBUG={GODEBUG} exec {shlex.join(program)} "$@"\n')
+    script.write_text(f'#!/bin/sh\n{GO_ENV} exec {shlex.join(program)} "$@"\n')
     script.chmod(0o755)
     return script
 
@@ -193,10 +204,16 @@ async def measure(kind: str, concurrency: int, count: int, directory: Path) -> M
         asyncio.TaskGroup() as tasks,
     ):
         watcher = tasks.create_task(watch(server))
-        pids = await counted(kind, concurrency, count, server, directory)
+        pids, idle, window = await counted(kind, concurrency, count, server, directory)
         watcher.cancel()
     seconds = time.monotonic() - began
-    return Measured(per_message(directory, pids, count), seconds)
+    idle_per_second = per_message(directory, pids, idle, suffix=".1")
+    return Measured(
+        per_message(directory, pids, count),
+        {role: n * window / count for role, n in idle_per_second.items()},
+        window,
+        seconds,
+    )
 
 
 async def watch(server: EmbeddedNatsServer) -> None:
@@ -216,9 +233,10 @@ async def watch(server: EmbeddedNatsServer) -> None:
 
 async def counted(
     kind: str, concurrency: int, count: int, server: EmbeddedNatsServer, directory: Path
-) -> dict[str, int]:
-    """Start the roles of `kind`, warm them up, count the measured work; returns the role ->
-    pid of every process counted (each has written its file when this returns)."""
+) -> tuple[dict[str, int], float, float]:
+    """Start the roles of `kind`, warm them up, count them idle for `IDLE` seconds (dumped to
+    `<role>.out.1`), then the measured work (`<role>.out`, written as each exits). Returns
+    the role -> pid of every process counted, the idle and the measured seconds."""
     assert server.pid is not None
     pids = {"nats-server": server.pid}
     topic = f"cpu{kind}{concurrency}"
@@ -260,18 +278,26 @@ async def counted(
         await consumer.expect("warm")
         pids |= {"consumer": consumer.pid, "producer": producer.pid}
         await callgrind.toggle(pids.values(), True)
+        idle_from = time.monotonic()
+        await asyncio.sleep(IDLE)
+        await callgrind.dump(pids.values())
+        work_from = time.monotonic()
         producer.say("go")
         await producer.expect("done")
         await consumer.expect("done")
         await asyncio.sleep(SETTLE)
         await callgrind.toggle(pids.values(), False)
-    return pids
+        work_to = time.monotonic()
+    return pids, work_from - idle_from, work_to - work_from
 
 
-def per_message(directory: Path, roles: Iterable[str], count: int) -> dict[str, float]:
-    """Each role's instructions (its callgrind file `<role>.out` in `directory`) / `count`."""
+def per_message(
+    directory: Path, roles: Iterable[str], count: float, *, suffix: str = ""
+) -> dict[str, float]:
+    """Each role's instructions (its callgrind file `<role>.out<suffix>` in `directory`) /
+    `count`."""
     return {
-        role: callgrind.instructions((directory / f"{role}.out").read_text()) / count
+        role: callgrind.instructions((directory / f"{role}.out{suffix}").read_text()) / count
         for role in roles
     }
 
@@ -282,33 +308,44 @@ def spread(values: list[float]) -> float:
     return (max(values) - min(values)) / mean if mean else 0.0
 
 
+def role_values(runs: list[Measured], role: str, idle: bool = False) -> list[float]:
+    """Per run, `role`'s instructions per message (`all`: every role's together; `idle`: the
+    clock's share); none if the role has no process in these runs."""
+    counts = [m.idle_per_message if idle else m.per_message for m in runs]
+    if role == "all":
+        return [sum(c.values()) for c in counts]
+    return [c[role] for c in counts if role in c]
+
+
 def report(results: Mapping[tuple[str, int], list[Measured]], count: int, runs: int) -> Table:
-    """Per concurrency and role: mean instructions per message of each kind, the ratio, and
-    the spread between runs."""
+    """Per concurrency and role: mean instructions per message of each kind, the ratio, the
+    clock's share and the spread between runs."""
     table = Table(
         title=f"instructions per transaction (raw: per message), {count} after {WARMUP} "
-        f"warm-up, mean of {runs} run(s); spread = (max - min) / mean"
+        f"warm-up, mean of {runs} run(s); idle = what the roles count idle over as long as the "
+        "work took; spread = (max - min) / mean of the runs"
     )
-    for column in ("concurrency, role", "txactors", "raw", "txactors / raw", "spread tx; raw"):
+    columns = ("concurrency, role", "txactors", "raw", "txactors / raw", "idle", "spread")
+    for column in columns:
         table.add_column(column, justify="left" if column.startswith("conc") else "right")
     for concurrency in CONCURRENCY:
         for role in (*ROLES, "all"):
-            cells = []
-            spreads = []
+            means: list[float | None] = []
+            idles, spreads = [], []
             for kind in KINDS:
-                values = [
-                    sum(m.per_message.values()) if role == "all" else m.per_message[role]
-                    for m in results[kind, concurrency]
-                    if role == "all" or role in m.per_message
-                ]
-                cells.append(statistics.fmean(values) if values else None)
+                values = role_values(results[kind, concurrency], role)
+                idle = role_values(results[kind, concurrency], role, idle=True)
+                mean = statistics.fmean(values) if values else None
+                means.append(mean)
+                idles.append(f"{statistics.fmean(idle) / mean:.0%}" if mean else "-")
                 spreads.append(f"{spread(values):.1%}" if values else "-")
-            tx, raw = cells
+            tx, raw = means
             table.add_row(
                 f"{concurrency}, {role}",
                 f"{tx:,.0f}" if tx is not None else "-",
                 f"{raw:,.0f}" if raw is not None else "-",
                 f"{tx / raw:.1f}x" if tx is not None and raw else "-",
+                "; ".join(idles),
                 "; ".join(spreads),
             )
     return table
@@ -329,10 +366,14 @@ async def main(*, quick: bool = False) -> None:
                     directory = root / f"{stamp}-run{run + 1}-{kind}-c{concurrency}"
                     measured = await measure(kind, concurrency, count, directory)
                     results.setdefault((kind, concurrency), []).append(measured)
-                    counts = ", ".join(f"{r} {n:,.0f}" for r, n in measured.per_message.items())
+                    counts = ", ".join(
+                        f"{r} {n:,.0f} (idle {measured.idle_per_message[r]:,.0f})"
+                        for r, n in measured.per_message.items()
+                    )
                     print(
                         f"run {run + 1}, {kind}, concurrency {concurrency}: {counts} "
-                        f"instructions per message ({measured.seconds:.0f} s)",
+                        f"instructions per message (work {measured.window:.0f} s, "
+                        f"run {measured.seconds:.0f} s)",
                         flush=True,
                     )
     except BaseException:

@@ -14,13 +14,15 @@ then each waits for stdin to close and leaves (callgrind writes its count on exi
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Awaitable, Callable
 
 import anyio
 import nats
 from nats.aio.client import Client
-from nats.errors import TimeoutError as NatsTimeout
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, Header
 
 from bench.raw import publish_acked
 from bench.transactions import BODY_SIZE, CONCURRENCY
@@ -37,6 +39,10 @@ PARTITIONS = 2
 SLOW = 3600.0
 """Seconds: every timeout of a role, so that running ~50x slower under callgrind never
 turns into a retry or a redelivery (which would count work that a normal run does not do)."""
+SLOWDOWN = 20
+"""About how much slower a role runs under callgrind here: the clock-driven settings the
+benchmark can set (the coordinator's tick, the consumer's pull expiry) are stretched by it,
+so that what they cost per transaction is about what it is in a normal run."""
 CONSUMER_CONCURRENCY = max(CONCURRENCY)
 """The txactors consumer's handlers in flight, and the raw consumer's fetch batch."""
 
@@ -113,29 +119,61 @@ async def tx_consumer(nc: Client, topic: str, warmup: int, count: int, concurren
         progress.saw()
 
     async with Consumer(
-        nc, topic, "bench", handle, concurrency=CONSUMER_CONCURRENCY, ack_wait=SLOW
+        nc,
+        topic,
+        "bench",
+        handle,
+        concurrency=CONSUMER_CONCURRENCY,
+        ack_wait=SLOW,
+        pull_expires=1.0 * SLOWDOWN,  # the default, stretched
     ):
         say("ready")
         await read_line()  # until stdin closes
 
 
 async def raw_consumer(nc: Client, topic: str, warmup: int, count: int, concurrency: int) -> None:
-    """nats-py's own pull consumer: fetch a batch, ack each message."""
+    """The least a JetStream pull consumer does per message: pull requests of a batch of 64
+    (lasting `SLOWDOWN` seconds, as the txactors consumer's), each message acked as it comes,
+    the next pull once a batch is delivered or has expired. (nats-py's `fetch` probes with
+    `no_wait` first and gathers what happens to be there, so what it costs per message
+    depends on the timing: not repeatable.)"""
     js = nc.jetstream()
     stream = await ensure_topic_stream(js, topic)
-    sub = await js.pull_subscribe(layout.topic_filter(topic), "raw", stream=stream)
+    await js.add_consumer(
+        stream,
+        ConsumerConfig(
+            durable_name="raw",
+            ack_policy=AckPolicy.EXPLICIT,
+            filter_subject=layout.topic_filter(topic),
+            ack_wait=SLOW,
+        ),
+    )
+    inbox = nc.new_inbox()
+    next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.raw"
+    request = json.dumps({"batch": CONSUMER_CONCURRENCY, "expires": int(SLOWDOWN * 1e9)})
     progress = Progress(warmup, count)
+    left = 0
+
+    async def pull() -> None:
+        nonlocal left
+        left = CONSUMER_CONCURRENCY
+        await nc.publish(next_subject, request.encode(), reply=inbox)
+
+    async def delivered(message: Msg) -> None:
+        nonlocal left
+        if message.headers and Header.STATUS in message.headers:  # the pull expired
+            await pull()
+            return
+        await message.ack()
+        progress.saw()
+        left -= 1
+        if not left:
+            await pull()
+
+    await nc.subscribe(inbox, cb=delivered)
+    await pull()
     say("ready")
-    while progress.seen < progress.total:
-        try:
-            messages = await sub.fetch(CONSUMER_CONCURRENCY, timeout=5)
-        except NatsTimeout:
-            continue
-        for message in messages:
-            await message.ack()
-            progress.saw()
-    await nc.flush()
-    await read_line()
+    await read_line()  # until stdin closes
 
 
 ROLES = {
