@@ -308,45 +308,79 @@ def spread(values: list[float]) -> float:
     return (max(values) - min(values)) / mean if mean else 0.0
 
 
-def role_values(runs: list[Measured], role: str, idle: bool = False) -> list[float]:
-    """Per run, `role`'s instructions per message (`all`: every role's together; `idle`: the
-    clock's share); none if the role has no process in these runs."""
-    counts = [m.idle_per_message if idle else m.per_message for m in runs]
-    if role == "all":
-        return [sum(c.values()) for c in counts]
-    return [c[role] for c in counts if role in c]
+def role_values(runs: list[Measured], role: str, *, less_idle: bool = False) -> list[float]:
+    """Per run, `role`'s instructions per message (`all`: every role's together), less its
+    idle share if `less_idle`; none if the role has no process in these runs."""
+    counts = [
+        {
+            r: n - (m.idle_per_message[r] if less_idle else 0.0)
+            for r, n in m.per_message.items()
+            if role in ("all", r)
+        }
+        for m in runs
+    ]
+    return [sum(c.values()) for c in counts if c]
+
+
+def mean_and_spread(runs: list[Measured], role: str, *, less_idle: bool) -> tuple[float, str]:
+    """The mean of `role_values` and their spread as text; (0, "-") if the role has none."""
+    values = role_values(runs, role, less_idle=less_idle)
+    return (statistics.fmean(values), f"{spread(values):.1%}") if values else (0.0, "-")
 
 
 def report(results: Mapping[tuple[str, int], list[Measured]], count: int, runs: int) -> Table:
-    """Per concurrency and role: mean instructions per message of each kind, the ratio, the
-    clock's share and the spread between runs."""
+    """Per concurrency and role: mean instructions per message of each kind and their ratio,
+    the clock's share, the spread between runs; and the same less the clock's share (what
+    repeats best when the machine's load, and so the runs' length, differ)."""
     table = Table(
         title=f"instructions per transaction (raw: per message), {count} after {WARMUP} "
         f"warm-up, mean of {runs} run(s); idle = what the roles count idle over as long as the "
         "work took; spread = (max - min) / mean of the runs"
     )
-    columns = ("concurrency, role", "txactors", "raw", "txactors / raw", "idle", "spread")
+    columns = (
+        "concurrency, role",
+        "txactors",
+        "raw",
+        "txactors / raw",
+        "idle",
+        "spread",
+        "less idle: txactors; raw",
+        "ratio",
+        "spread ",
+    )
     for column in columns:
         table.add_column(column, justify="left" if column.startswith("conc") else "right")
+
+    def number(value: float) -> str:
+        return f"{value:,.0f}" if value else "-"
+
+    def ratio(tx: float, raw: float) -> str:
+        return f"{tx / raw:.1f}x" if tx and raw else "-"
+
     for concurrency in CONCURRENCY:
         for role in (*ROLES, "all"):
-            means: list[float | None] = []
-            idles, spreads = [], []
-            for kind in KINDS:
-                values = role_values(results[kind, concurrency], role)
-                idle = role_values(results[kind, concurrency], role, idle=True)
-                mean = statistics.fmean(values) if values else None
-                means.append(mean)
-                idles.append(f"{statistics.fmean(idle) / mean:.0%}" if mean else "-")
-                spreads.append(f"{spread(values):.1%}" if values else "-")
-            tx, raw = means
+            counted = [
+                mean_and_spread(results[kind, concurrency], role, less_idle=False) for kind in KINDS
+            ]
+            less = [
+                mean_and_spread(results[kind, concurrency], role, less_idle=True) for kind in KINDS
+            ]
+            (tx, tx_spread), (raw, raw_spread) = counted
+            (tx_less, tx_less_spread), (raw_less, raw_less_spread) = less
+            idle = "; ".join(
+                f"{1 - work / total:.0%}" if total else "-"
+                for (total, _), (work, _) in zip(counted, less, strict=True)
+            )
             table.add_row(
                 f"{concurrency}, {role}",
-                f"{tx:,.0f}" if tx is not None else "-",
-                f"{raw:,.0f}" if raw is not None else "-",
-                f"{tx / raw:.1f}x" if tx is not None and raw else "-",
-                "; ".join(idles),
-                "; ".join(spreads),
+                number(tx),
+                number(raw),
+                ratio(tx, raw),
+                idle,
+                f"{tx_spread}; {raw_spread}",
+                f"{number(tx_less)}; {number(raw_less)}",
+                ratio(tx_less, raw_less),
+                f"{tx_less_spread}; {raw_less_spread}",
             )
     return table
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from bench.callgrind import instructions
-from bench.cpu import per_message, spread
+from bench.cpu import Measured, per_message, report, role_values, spread
+from bench.transactions import CONCURRENCY
 
 HEADER = """# callgrind format
 version: 1
@@ -84,3 +86,34 @@ def test_per_message_divides_each_roles_file_by_the_count(tmp_path: Path) -> Non
 def test_spread_is_the_range_over_the_mean() -> None:
     assert spread([99.0, 101.0]) == pytest.approx(0.02)
     assert spread([5.0]) == 0.0
+
+
+def measured(per_message: dict[str, float], idle: dict[str, float]) -> Measured:
+    return Measured(per_message, idle, window=10.0, seconds=30.0)
+
+
+def test_role_values_per_role_all_roles_and_less_idle() -> None:
+    runs = [
+        measured({"producer": 100.0, "nats-server": 50.0}, {"producer": 10.0, "nats-server": 5.0}),
+        measured({"producer": 110.0, "nats-server": 40.0}, {"producer": 20.0, "nats-server": 0.0}),
+    ]
+    assert role_values(runs, "producer") == [100.0, 110.0]
+    assert role_values(runs, "all") == [150.0, 150.0]
+    assert role_values(runs, "producer", less_idle=True) == [90.0, 90.0]
+    assert role_values(runs, "coordinator") == []
+
+
+def test_report_rows_give_the_ratio_and_leave_a_missing_role_blank() -> None:
+    tx = {"producer": 300.0, "coordinator": 600.0}
+    raw = {"producer": 100.0}
+    runs = {
+        (kind, c): [measured(counts, dict.fromkeys(counts, 0.0))]
+        for kind, counts in (("txactors", tx), ("raw", raw))
+        for c in CONCURRENCY
+    }
+    console = Console(width=200, record=True)
+    console.print(report(runs, count=320, runs=1))
+    text = console.export_text()
+    assert "1, producer" in text and "3.0x" in text
+    assert "1, coordinator" in text and "600" in text
+    assert "9.0x" in text  # all: 900 against 100
