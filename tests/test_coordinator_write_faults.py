@@ -21,12 +21,13 @@ from txactors.consumer import Consumer
 from txactors.coordinator import CoordinatorOptions
 from txactors.coordinator.checker import Checked, Due
 from txactors.coordinator.core.events import CheckFailed, CheckFailure
-from txactors.coordinator.link import FIRST_ATTEMPT, AckInbox, retry_transient
+from txactors.coordinator.link import AckInbox
 from txactors.coordinator.recovery import read_subject
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import ConfigError
 from txactors.metrics import CoordinatorMetrics
 from txactors.protocol import Decision
+from txactors.retry import FIRST_ATTEMPT, retry_transient
 
 
 async def test_a_message_its_topic_refuses_for_good_is_quarantined_and_the_partition_goes_on(

@@ -7,7 +7,7 @@ import uuid
 import anyio
 import pytest
 from nats.aio.client import Client
-from nats.js.api import StorageType
+from nats.js.api import StorageType, StreamConfig
 
 from txactors.errors import ConfigError
 from txactors.layout import topic_filter, topic_stream
@@ -62,7 +62,7 @@ async def test_adds_missing_subjects_and_keeps_others(nc: Client) -> None:
     name = f"S{uuid.uuid4().hex[:10]}"
     try:
         await js.add_stream(name=name, subjects=[f"{name}.a"])
-        await ensure_stream(js, name, [f"{name}.b"])
+        await ensure_stream(js, StreamConfig(name=name, subjects=[f"{name}.b"]))
         assert (await js.stream_info(name)).config.subjects == [f"{name}.a", f"{name}.b"]
     finally:
         await js.delete_stream(name)

@@ -6,9 +6,11 @@ and the coordinator publishes to topics no consumer has seen. So both call
 from many processes at once. It never narrows what someone else declared (a shorter duplicate
 window, fewer subjects, fewer replicas), because another role may depend on it.
 
-Declarations happen at start-up, which on a cluster may be while it forms or elects: JetStream
-then answers "temporarily unavailable", "no suitable peers for placement" or nothing at all.
-`declaring` retries those with backoff up to a deadline instead of failing the process.
+Every stream txactors declares (topics, dead-letter queues, the coordinator's TXN_* streams)
+goes through `ensure_stream`. Declarations happen at start-up, which on a cluster may be while
+it forms or elects: JetStream then answers "temporarily unavailable", "no suitable peers for
+placement" or nothing at all. `declaring` retries those with backoff up to a deadline instead
+of failing the process (`retry.transient` says which answers pass).
 
 A client without the right to create streams (a consumer under least privilege) uses
 `wait_for_stream` instead: it only reads the stream's info, until the coordinator made it.
@@ -16,25 +18,18 @@ A client without the right to create streams (a consumer under least privilege) 
 
 from __future__ import annotations
 
-import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
 import anyio
-import nats.errors
 from nats.js import JetStreamContext
 from nats.js.api import StorageType, StreamConfig
-from nats.js.errors import (
-    APIError,
-    NoStreamResponseError,
-    NotFoundError,
-    ServerError,
-    ServiceUnavailableError,
-)
+from nats.js.errors import APIError, NotFoundError
 
 from txactors.errors import ConfigError
 from txactors.layout import topic_filter, topic_stream, validate_name
 from txactors.logs import get_logger
+from txactors.retry import PLACEMENT_CODES, retry_transient, transient
 
 log = get_logger(__name__)
 
@@ -47,33 +42,17 @@ STREAM_NAME_IN_USE: Final = 10058
 """JetStream's answer to creating a stream that exists with another configuration."""
 _REPLICAS_NOT_SUPPORTED: Final = 10074
 """JetStream's answer to replicas > 1 on a server that is not part of a cluster."""
-_PLACEMENT_CODES: Final = frozenset({10005, 10023})
-""""no suitable peers for placement", "insufficient resources": too few peers for the replicas,
-which lasts only while peers are joining (unless the cluster is too small for good)."""
-_UNAVAILABLE_CODES: Final = frozenset({10008, 10009, 10118, 10119, 10195, 10202})
-"""Answers that pass once a cluster has elected: temporarily unavailable, not the leader,
-stream or consumer offline, member change in progress."""
-CLUSTER_TRANSIENT_CODES: Final = _UNAVAILABLE_CODES | _PLACEMENT_CODES
-"""Every JetStream answer that passes while a cluster forms, elects or changes members,
-whatever its HTTP-like code: one list for declarations here and the coordinator's writes
-(`coordinator.link.classify`)."""
 
 DECLARE_DEADLINE: Final = 60.0
 """Seconds a start-up declaration keeps retrying what a forming cluster answers. A cluster's
 servers started together elect within a second or two, but an orchestrator starts them one
 by one, and a fresh cluster elects its first meta leader only once every configured peer is
 up; a minute covers a rolling start without hiding a cluster that never forms."""
-_BACKOFF_FIRST: Final = 0.1
-_BACKOFF_MAX: Final = 2.0
+_WAIT_FIRST: Final = 0.1
 WAIT_POLL_MAX: Final = 5.0
 """Seconds between two looks at a stream awaited by `wait_for_stream`, at most."""
 WAIT_LOG_EVERY: Final = 60.0
 """Seconds between two log lines saying a stream is still awaited."""
-_ATTEMPT_FIRST: Final = 1.0
-"""Seconds the first attempt may take when there is time to retry. A server without a meta
-leader does not answer a request at all, and one asked before the leader was elected stays
-unanswered after it; so an attempt is given up early and sent again, with twice the time
-each try (a slow but healthy server gets its full JetStream timeout soon enough)."""
 
 T = TypeVar("T")
 
@@ -93,61 +72,30 @@ def is_replicas_error(error: APIError) -> bool:
 
 def is_placement_error(error: BaseException) -> bool:
     """Too few peers for the replicas asked: transient while peers join, else a ConfigError."""
-    return isinstance(error, APIError) and error.err_code in _PLACEMENT_CODES
-
-
-def is_transient(error: BaseException) -> bool:
-    """What a cluster that forms, elects or places answers for a while, not for good."""
-    if isinstance(error, APIError):
-        return (
-            error.err_code in CLUSTER_TRANSIENT_CODES
-            or isinstance(error, ServiceUnavailableError | ServerError)  # any 503 or 500
-        )
-    return isinstance(
-        error,
-        NoStreamResponseError  # no responders: JetStream not up on that server yet
-        | nats.errors.NoRespondersError
-        | TimeoutError,  # nats.errors.TimeoutError too
-    )
+    return isinstance(error, APIError) and error.err_code in PLACEMENT_CODES
 
 
 async def declaring(
     what: str, declare: Callable[[], Awaitable[T]], *, deadline: float, replicas: int = 1
 ) -> T:
-    """`await declare()`, retried with backoff while JetStream's answer is transient (see
-    `is_transient`) and `deadline` seconds have not passed; each retry is logged, and each
-    attempt is given up after a time that doubles from `_ATTEMPT_FIRST`. Too few peers for
-    `replicas` at the deadline is a ConfigError; other errors stand as raised. `deadline=0`:
-    one attempt, as the caller's JetStream context times it, its error as raised (the caller
-    tells transient from permanent itself)."""
-    give_up = anyio.current_time() + deadline
-    delay = _BACKOFF_FIRST
-    limit = _ATTEMPT_FIRST if deadline > 0 else math.inf
-    attempt = 1
-    while True:
-        try:
-            with anyio.fail_after(limit):
-                return await declare()
-        except Exception as error:
-            if not is_transient(error) or anyio.current_time() + delay > give_up:
-                if is_placement_error(error) and deadline > 0:
-                    assert isinstance(error, APIError)
-                    raise replicas_error(what, replicas, error) from error
-                raise
-            log.warning(
-                "declare_retry", what=what, attempt=attempt, retry_in=delay, error=repr(error)
-            )
-        await anyio.sleep(delay)
-        delay = min(delay * 2, _BACKOFF_MAX)
-        limit *= 2
-        attempt += 1
+    """`await declare()`, retried while JetStream's answer is transient and `deadline`
+    seconds have not passed (`retry.retry_transient`, each retry logged as `declare_retry`).
+    Too few peers for `replicas` at the deadline is a ConfigError; other errors stand as
+    raised. `deadline=0`: one attempt, its error as raised (the caller tells transient from
+    permanent itself)."""
+    try:
+        return await retry_transient(declare, what=what, deadline=deadline, event="declare_retry")
+    except APIError as error:
+        if is_placement_error(error) and deadline > 0:
+            raise replicas_error(what, replicas, error) from error
+        raise
 
 
 async def wait_for_stream(js: JetStreamContext, name: str) -> str:
     """Return `name` once stream `name` exists, looking at its info only (never creating it):
     with backoff up to WAIT_POLL_MAX seconds, logging `stream_awaited` at first and then
     every WAIT_LOG_EVERY seconds. A transient answer (a cluster electing) is waited out."""
-    delay = _BACKOFF_FIRST
+    delay = _WAIT_FIRST
     logged_at: float | None = None
     while True:
         try:
@@ -158,7 +106,7 @@ async def wait_for_stream(js: JetStreamContext, name: str) -> str:
         except NotFoundError:
             problem = "it does not exist yet (the coordinator creates it)"
         except Exception as error:
-            if not is_transient(error):
+            if not transient(error):
                 raise
             problem = f"JetStream does not answer now: {error!r}"
         now = anyio.current_time()
@@ -170,59 +118,43 @@ async def wait_for_stream(js: JetStreamContext, name: str) -> str:
 
 
 async def ensure_stream(
-    js: JetStreamContext,
-    name: str,
-    subjects: Sequence[str],
-    *,
-    duplicate_window: float = DEFAULT_DUPLICATE_WINDOW,
-    storage: StorageType = StorageType.FILE,
-    replicas: int = 1,
-    allow_atomic: bool = False,
-    deadline: float = DECLARE_DEADLINE,
+    js: JetStreamContext, config: StreamConfig, *, deadline: float = DECLARE_DEADLINE
 ) -> None:
-    """Create stream `name`, or update it to also cover `subjects`, `duplicate_window` and
-    `replicas` (an existing stream with more replicas keeps them), and to take atomic batches
-    if `allow_atomic` (an existing stream that takes them keeps doing so). Transient answers
-    are retried for `deadline` seconds (`declaring`).
+    """Create stream `config.name` as `config`, or widen an existing one to also cover its
+    subjects, duplicate window and replicas, and to take atomic batches if `config` does;
+    whatever else an existing stream has (an operator's tuning, an older version's limits) it
+    keeps. Transient answers are retried for `deadline` seconds (`declaring`).
 
     Raises ConfigError when the stream exists with another storage type, which JetStream
-    cannot change in place, or when the server cannot hold `replicas` copies.
+    cannot change in place, or when the server cannot hold the replicas asked for.
     """
+    replicas = config.num_replicas or 1
+    await declaring(
+        f"stream {config.name}",
+        lambda: _ensure_stream(js, config),
+        deadline=deadline,
+        replicas=replicas,
+    )
 
-    async def declare() -> None:
-        await _ensure_stream(js, name, subjects, duplicate_window, storage, replicas, allow_atomic)
 
-    await declaring(f"stream {name}", declare, deadline=deadline, replicas=replicas)
-
-
-async def _ensure_stream(
-    js: JetStreamContext,
-    name: str,
-    subjects: Sequence[str],
-    duplicate_window: float,
-    storage: StorageType,
-    replicas: int,
-    allow_atomic: bool,
-) -> None:
+async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    name = config.name or ""
+    storage = config.storage or StorageType.FILE
+    replicas = config.num_replicas or 1
+    subjects = list(config.subjects or ())
+    duplicate_window = config.duplicate_window or 0.0
+    allow_atomic = bool(config.allow_atomic)
     for _ in range(3):  # lost a create race → read what the winner made, then widen it
         try:
             info = await js.stream_info(name)
         except NotFoundError:
-            config = StreamConfig(
-                name=name,
-                subjects=list(subjects),
-                storage=storage,
-                duplicate_window=duplicate_window,
-                num_replicas=replicas,
-                allow_atomic=allow_atomic or None,
-            )
             try:
                 await js.add_stream(config)
                 return
             except APIError as exc:
                 if is_replicas_error(exc):
                     raise replicas_error(f"stream {name}", replicas, exc) from exc
-                if exc.err_code != STREAM_NAME_IN_USE:
+                if exc.err_code != STREAM_NAME_IN_USE:  # "no suitable peers" is a 400 too
                     raise
                 continue
         current = info.config
@@ -285,13 +217,13 @@ async def ensure_topic_stream(
     batches allowed so the coordinator can write a commit's messages in one write); returns
     the stream name. Transient answers are retried for `deadline` seconds."""
     name = topic_stream(validate_name("topic", topic))
-    await ensure_stream(
-        js,
-        name,
-        [topic_filter(topic)],
+    config = StreamConfig(
+        name=name,
+        subjects=[topic_filter(topic)],
+        storage=StorageType.FILE,
         duplicate_window=duplicate_window,
-        replicas=replicas,
+        num_replicas=replicas,
         allow_atomic=True,
-        deadline=deadline,
     )
+    await ensure_stream(js, config, deadline=deadline)
     return name

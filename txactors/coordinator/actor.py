@@ -73,7 +73,6 @@ from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.discard import discard, quarantine
 from txactors.coordinator.effects import Append, PipelinedWriter
 from txactors.coordinator.late import LateHalves
-from txactors.coordinator.link import RETRY_MAX, describe, retry_transient
 from txactors.coordinator.listing import info, select
 from txactors.coordinator.oneway import OneWayErrors
 from txactors.coordinator.oplog import OpLog
@@ -101,6 +100,7 @@ from txactors.protocol import (
     ShowTransaction,
     TransactionList,
 )
+from txactors.retry import RETRY_MAX, describe, retry_transient
 
 log = get_logger(__name__)
 

@@ -29,7 +29,6 @@ from txactors import layout
 from txactors.actors import Actor, LocalActorRef, RemoteActorRef
 from txactors.coordinator.core.effects import CheckTarget, SendCheck
 from txactors.coordinator.core.events import CheckAnswered, CheckFailed, CheckFailure
-from txactors.coordinator.link import describe
 from txactors.coordinator.options import Clock
 from txactors.coordinator.store import checked_message, read_raw_half
 from txactors.coordinator.validation import check_answer_problem
@@ -37,6 +36,7 @@ from txactors.errors import ActorDeadError, ActorError, AskTimeout, CommandError
 from txactors.logs import get_logger
 from txactors.metrics import CoordinatorMetrics
 from txactors.protocol import CheckResult, CheckTransaction, Decision, ErrorCode, encode
+from txactors.retry import describe
 
 log = get_logger(__name__)
 

@@ -19,7 +19,8 @@ import anyio
 from nats.js import JetStreamContext
 from nats.js.api import ClusterInfo, PeerInfo
 
-from txactors.coordinator.link import (
+from txactors.logs import get_logger
+from txactors.retry import (
     FIRST_ATTEMPT,
     LINK_TROUBLE,
     RETRY_INITIAL,
@@ -27,7 +28,6 @@ from txactors.coordinator.link import (
     describe,
     transient,
 )
-from txactors.logs import get_logger
 
 CURRENT_DEADLINE: Final = 60.0
 """Seconds recovery waits for a stream to be current before it reads anyway (and says so):

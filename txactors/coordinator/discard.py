@@ -24,19 +24,12 @@ from nats.js.api import PubAck
 from txactors import layout
 from txactors.coordinator.core.effects import Discard
 from txactors.coordinator.effects import Append, PipelinedWriter
-from txactors.coordinator.link import (
-    ACK_TIMEOUT,
-    RETRY_INITIAL,
-    RETRY_MAX,
-    Fault,
-    classify,
-    describe,
-    retry_transient,
-)
+from txactors.coordinator.link import ACK_TIMEOUT
 from txactors.coordinator.options import DiscardedTransaction, OnDiscard
 from txactors.coordinator.store import read_raw_half
 from txactors.copies import copied_headers, stored_headers
 from txactors.logs import get_logger
+from txactors.retry import RETRY_INITIAL, RETRY_MAX, Fault, classify, describe, retry_transient
 
 log = get_logger(__name__)
 

@@ -12,7 +12,7 @@ appends were submitted. One connection delivers the writes in issue order, so su
 is stream order: the table sees halves in TXN_HALF order, as its checkpoint rule wants.
 (TXN_OP has its own writer, `oplog.py`.)
 
-Faults (see `link.classify`): when the connection drops, or an ack is overdue, or JetStream
+Faults (see `retry.classify`): when the connection drops, or an ack is overdue, or JetStream
 answers with a transient error, *every* pending ack is given up at once and the unfinished
 appends are issued again, in order and with the same `Nats-Msg-Id`, once the connection is
 back. A lost ack thus costs one reconnect, not one ack timeout per append. JetStream refuses
@@ -46,21 +46,25 @@ from nats.nuid import NUID
 
 from txactors.coordinator.link import (
     ACK_TIMEOUT,
-    LINK_POLL,
-    LINK_TROUBLE,
-    RETRY_INITIAL,
+    Ack,
     AckInbox,
-    Fault,
-    LinkLost,
     Troubled,
-    backoff,
-    classify,
-    describe,
+    await_ack,
     link_generation,
     linked,
+    until_changed,
     wait_connected,
 )
 from txactors.logs import get_logger
+from txactors.retry import (
+    LINK_TROUBLE,
+    RETRY_INITIAL,
+    Fault,
+    LinkLost,
+    backoff,
+    classify,
+    describe,
+)
 
 log = get_logger(__name__)
 
@@ -149,8 +153,8 @@ class PipelinedWriter:
         """Set when there is a job to collect."""
         self._asked = anyio.Event()
         """Set when appends were queued or a write settled: the issuer sends if there is room."""
-        self._issued = anyio.Event()
-        """Set when a write went out: the collector may be waiting for its append's write."""
+        self._issued: asyncio.Future[None] | None = None
+        """Settled when a write went out: the collector may be waiting for its append's write."""
         self._oldest = 0.0
         """When the oldest queued append was queued: it lingers until `_linger` after it."""
         self._issuing = anyio.Lock()
@@ -198,7 +202,7 @@ class PipelinedWriter:
                 await self._asked.wait()
                 continue
             if not self._nc.is_connected:
-                await anyio.sleep(LINK_POLL)  # the collector re-issues once it is back
+                await until_changed(self._nc)  # the collector re-issues once it is back
                 continue
             wait = self._oldest + self._linger - time.monotonic()
             if wait > 0 and self._open and len(self._queued) < BATCH_MESSAGES:
@@ -240,7 +244,8 @@ class PipelinedWriter:
                 if not await self._issue(batch):
                     self._queued.extendleft(reversed(batch.slots))
                     self._gap = True
-            self._issued.set()
+            if self._issued is not None and not self._issued.done():
+                self._issued.set_result(None)
 
     def _next_batch(self) -> _Batch:
         """Take the first queued slot and the queued slots of its stream that may join it."""
@@ -301,9 +306,8 @@ class PipelinedWriter:
         while slot.batch is None:  # the issuer sends it once it has lingered
             if self._gap or not self._nc.is_connected:
                 raise Troubled("not sent while the connection was down")
-            self._issued = anyio.Event()
-            with anyio.move_on_after(LINK_POLL):
-                await self._issued.wait()
+            self._issued = asyncio.get_running_loop().create_future()
+            await until_changed(self._nc, self._issued)
         batch = slot.batch
         await self._settle_batch(batch)
         self._asked.set()  # room for the next write
@@ -311,15 +315,14 @@ class PipelinedWriter:
     async def _settle_batch(self, batch: _Batch) -> None:
         future = batch.future
         assert future is not None
-        while not future.done():
-            if not self._nc.is_connected or link_generation(self._nc) != batch.generation:
-                raise Troubled("connection lost")
-            if time.monotonic() - batch.issued_at > ACK_TIMEOUT:
-                future.cancel()
-                self._open.discard(batch)
-                await self._one_by_one(batch)
-                return
-            await asyncio.wait({future}, timeout=LINK_POLL)
+        outcome = await await_ack(self._nc, future, batch.generation, batch.issued_at)
+        if outcome is Ack.LINK_LOST:
+            raise Troubled("connection lost")
+        if outcome is Ack.OVERDUE:
+            future.cancel()
+            self._open.discard(batch)
+            await self._one_by_one(batch)
+            return
         self._open.discard(batch)
         if future.cancelled():
             raise Troubled("cancelled")

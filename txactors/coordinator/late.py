@@ -24,9 +24,9 @@ from nats.js import JetStreamContext
 
 from txactors import layout
 from txactors.coordinator.core.transactions import Checkpoint
-from txactors.coordinator.link import LINK_TROUBLE, RETRY_MAX, describe
 from txactors.coordinator.recovery import read_subject
 from txactors.logs import get_logger
+from txactors.retry import LINK_TROUBLE, RETRY_MAX, describe
 
 FOLLOW_EVERY: Final = 1.0
 """Seconds between two looks at the end of the subject: a found half waits for its check-back

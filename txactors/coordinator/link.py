@@ -1,9 +1,11 @@
-"""Talking to JetStream over a connection that may drop: what a failure means, and waiting.
+"""Talking to JetStream over a connection that may drop: waiting, and being woken.
 
-`classify` tells a transient failure (worth the same write again) from a permanent one;
-`linked` gives up a call as soon as the connection drops instead of waiting out its
-timeout; `AckInbox` settles every answer to our writes, refusals included. The writers
-(`effects.py`, `oplog.py`) and the check-backs build on these.
+`LinkWatch` wakes whoever waits on a connection the moment it drops, comes back or closes, so
+nothing polls it; `await_ack` waits for one write's ack, woken by the ack, by the connection
+dropping or by its deadline; `linked` gives up a call as soon as the connection drops instead
+of waiting out its timeout; `AckInbox` settles every answer to our writes, refusals included.
+The writers (`effects.py`, `oplog.py`) and the check-backs build on these; what a failure
+means and trying again is `txactors.retry`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import contextlib
 import enum
 import itertools
 import json
-import random
+import time
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -26,81 +29,13 @@ from nats.aio.subscription import Subscription
 from nats.js.api import Header, PubAck
 
 from txactors.errors import TxActorsError
-from txactors.logs import get_logger
-from txactors.topics import CLUSTER_TRANSIENT_CODES
-
-log = get_logger(__name__)
+from txactors.retry import LinkLost
 
 T = TypeVar("T")
 
-RETRY_INITIAL = 0.05
-RETRY_MAX = 2.0
 ACK_TIMEOUT = 5.0
 """An ack not back this long after its append, on a live connection, counts as lost."""
-FIRST_ATTEMPT = 1.0
-"""Seconds the first attempt of a retried read may take. A request sent while the stream has
-no leader is never answered: waiting out the JetStream API timeout (5 s) would hold a
-recovery or a commit that long after the election. Later attempts get twice as long each, so
-a slow server is waited for too."""
-LINK_POLL = 0.05
 NO_RESPONDERS = "503"
-
-LINK_TROUBLE = (nats.errors.Error, TimeoutError, OSError)
-"""What a NATS or JetStream call raises when the broker, not our code, is the problem."""
-
-
-class Fault(enum.Enum):
-    TRANSIENT = "transient"
-    PERMANENT = "permanent"
-
-
-def classify(error: BaseException) -> Fault:
-    """Whether trying the same append again can succeed.
-
-    Timeouts, lost connections, "no responders" (JetStream restarting or electing a leader)
-    and 503/500 answers pass; anything else JetStream answers (too large, wrong expected
-    sequence, stream sealed or misconfigured) will be answered the same way every time.
-    A stream that is really gone answers "no responders" too: `PipelinedWriter` tells it
-    apart by asking JetStream which stream holds the subject.
-    """
-    if isinstance(error, nats.js.errors.ServiceUnavailableError | nats.js.errors.ServerError):
-        return Fault.TRANSIENT
-    if isinstance(error, nats.js.errors.APIError) and error.err_code in CLUSTER_TRANSIENT_CODES:
-        return Fault.TRANSIENT
-    if isinstance(error, nats.js.errors.APIError | nats.errors.MaxPayloadError):
-        return Fault.PERMANENT
-    return Fault.TRANSIENT
-
-
-def backoff(delay: float) -> float:
-    """The wait after `delay`: doubled up to `RETRY_MAX`, with up to a fifth of jitter so
-    the partitions of a coordinator do not all come back to a recovering server at once."""
-    return min(delay * 2, RETRY_MAX) * (1 - random.random() / 5)
-
-
-def transient(error: BaseException) -> bool:
-    """A broker failure worth trying again (`LINK_TROUBLE`, `LinkLost`, not `PERMANENT`)."""
-    return isinstance(error, (*LINK_TROUBLE, LinkLost)) and classify(error) is Fault.TRANSIENT
-
-
-async def retry_transient(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """`await fn(*args)`, tried again with capped, jittered backoff while it fails
-    transiently (`classify`): a partition rides out a leader election instead of failing.
-    The first attempt may take `FIRST_ATTEMPT` seconds, each next one twice as long."""
-    delay = RETRY_INITIAL
-    attempt = FIRST_ATTEMPT
-    while True:
-        try:
-            with anyio.fail_after(attempt):
-                return await fn(*args)
-        except (*LINK_TROUBLE, LinkLost) as error:
-            if not transient(error):
-                raise
-            name = getattr(fn, "__name__", type(fn).__name__)
-            log.warning("jetstream_retry", call=name, error=describe(error), delay=delay)
-        await anyio.sleep(delay)
-        delay = backoff(delay)
-        attempt *= 2
 
 
 def link_generation(nc: Client) -> int:
@@ -108,8 +43,82 @@ def link_generation(nc: Client) -> int:
     return int(nc.stats["reconnects"])
 
 
-class LinkLost(TxActorsError):
-    """The connection dropped while a JetStream call was waiting for its answer."""
+class LinkWatch:
+    """Wakes every waiter on a connection when it drops, comes back or closes.
+
+    nats-py tells only the callbacks given to `connect` (the application's); the watch
+    chains itself after them, once per connection (`watch`), so the application's are still
+    called, first. Waiters check the connection's state, then wait for `changed()`; nothing
+    awaits between the two, so no change goes unnoticed.
+    """
+
+    def __init__(self, nc: Client) -> None:
+        self._changed: asyncio.Future[None] | None = None
+        nc._disconnected_cb = self._chained(nc._disconnected_cb)
+        nc._reconnected_cb = self._chained(nc._reconnected_cb)
+        nc._closed_cb = self._chained(nc._closed_cb)
+
+    def changed(self) -> asyncio.Future[None]:
+        """Settles at the connection's next change (shared: wait on it, never cancel it)."""
+        if self._changed is None or self._changed.done():
+            self._changed = asyncio.get_running_loop().create_future()
+        return self._changed
+
+    def _chained(
+        self, callback: Callable[[], Awaitable[None]] | None
+    ) -> Callable[[], Awaitable[None]]:
+        async def chained() -> None:
+            if callback is not None:
+                await callback()
+            changed, self._changed = self._changed, None
+            if changed is not None and not changed.done():
+                changed.set_result(None)
+
+        return chained
+
+
+_watches: weakref.WeakKeyDictionary[Client, LinkWatch] = weakref.WeakKeyDictionary()
+
+
+def watch(nc: Client) -> LinkWatch:
+    """The connection's one `LinkWatch`."""
+    found = _watches.get(nc)
+    if found is None:
+        found = _watches[nc] = LinkWatch(nc)
+    return found
+
+
+async def until_changed(
+    nc: Client, *futures: asyncio.Future[Any], timeout: float | None = None
+) -> None:
+    """Wait until one of `futures` settles, the connection changes, or `timeout` passes;
+    cancelling the waiter cancels none of them."""
+    await asyncio.wait(
+        {*futures, watch(nc).changed()}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+    )
+
+
+class Ack(enum.Enum):
+    SETTLED = "settled"
+    LINK_LOST = "link lost"
+    OVERDUE = "overdue"
+
+
+async def await_ack(
+    nc: Client, future: asyncio.Future[PubAck], generation: int, issued_at: float
+) -> Ack:
+    """Wait for the answer to a write issued at `issued_at` on connection `generation`,
+    woken by the answer itself: `SETTLED` once `future` is done, `LINK_LOST` as soon as the
+    connection dropped since (the answer will never come), `OVERDUE` after `ACK_TIMEOUT`.
+    The future is left as it is; what to do about a missing answer is the writer's call."""
+    while not future.done():
+        if not nc.is_connected or link_generation(nc) != generation:
+            return Ack.LINK_LOST
+        remaining = issued_at + ACK_TIMEOUT - time.monotonic()
+        if remaining <= 0:
+            return Ack.OVERDUE
+        await until_changed(nc, future, timeout=remaining)
+    return Ack.SETTLED
 
 
 async def linked(nc: Client, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -120,16 +129,15 @@ async def linked(nc: Client, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     """
     generation = link_generation(nc)
 
-    async def watch(scope: anyio.CancelScope) -> None:
-        # nats-py offers callbacks only at connect time, which belong to the application
-        while nc.is_connected and link_generation(nc) == generation:  # noqa: ASYNC110
-            await anyio.sleep(LINK_POLL)
+    async def watch_link(scope: anyio.CancelScope) -> None:
+        while nc.is_connected and link_generation(nc) == generation:
+            await until_changed(nc)
         scope.cancel()
 
     outcome: list[T] = []
     failure: list[Exception] = []
     async with anyio.create_task_group() as tasks:
-        tasks.start_soon(watch, tasks.cancel_scope)
+        tasks.start_soon(watch_link, tasks.cancel_scope)
         try:
             outcome.append(await fn(*args))
         except Exception as error:  # raised below as itself, not wrapped in a group
@@ -143,10 +151,11 @@ async def linked(nc: Client, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
 
 
 async def wait_connected(nc: Client) -> None:
+    """Return once the connection is up, woken by its coming back (it may be down now)."""
     while not nc.is_connected:
         if nc.is_closed:
             raise nats.errors.ConnectionClosedError
-        await anyio.sleep(LINK_POLL)
+        await until_changed(nc)
 
 
 class AckInbox:
@@ -218,10 +227,3 @@ class AckInbox:
 
 class Troubled(TxActorsError):
     """An ack is lost or refused for now: give up every pending ack and issue again."""
-
-
-def describe(error: BaseException) -> str:
-    """One line naming the error, for logs and the quarantine header."""
-    if isinstance(error, nats.js.errors.APIError):
-        return f"{type(error).__name__} {error.code}/{error.err_code}: {error.description}"
-    return f"{type(error).__name__}: {error}".rstrip(": ")

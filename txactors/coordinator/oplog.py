@@ -26,22 +26,17 @@ from nats.js.api import PubAck
 from txactors import layout
 from txactors.coordinator.core.records import OpKind, OpRecord
 from txactors.coordinator.link import (
-    ACK_TIMEOUT,
-    LINK_POLL,
-    LINK_TROUBLE,
-    RETRY_INITIAL,
+    Ack,
     AckInbox,
-    Fault,
     Troubled,
-    backoff,
-    classify,
-    describe,
+    await_ack,
     link_generation,
     wait_connected,
 )
 from txactors.coordinator.store import encode_ops
 from txactors.errors import TxActorsError
 from txactors.logs import get_logger
+from txactors.retry import LINK_TROUBLE, RETRY_INITIAL, Fault, backoff, classify, describe
 
 log = get_logger(__name__)
 
@@ -179,13 +174,10 @@ class OpLog:
             delay = backoff(delay)
 
     async def _await(self, future: asyncio.Future[PubAck], generation: int) -> PubAck:
-        started = time.monotonic()
-        while not future.done():
-            lost = not self._nc.is_connected or link_generation(self._nc) != generation
-            if lost or time.monotonic() - started > ACK_TIMEOUT:
-                future.cancel()
-                raise Troubled("connection lost" if lost else "no ack")
-            await asyncio.wait({future}, timeout=LINK_POLL)
+        outcome = await await_ack(self._nc, future, generation, time.monotonic())
+        if outcome is not Ack.SETTLED:
+            future.cancel()
+            raise Troubled("connection lost" if outcome is Ack.LINK_LOST else "no ack")
         return future.result()
 
     async def _landed(self, payload: bytes) -> int | None:

@@ -36,21 +36,14 @@ from txactors.coordinator.core.events import Published
 from txactors.coordinator.core.states import FINAL
 from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.effects import Append, PipelinedWriter, Quarantine
-from txactors.coordinator.link import (
-    LINK_TROUBLE,
-    RETRY_MAX,
-    LinkLost,
-    describe,
-    linked,
-    retry_transient,
-    transient,
-)
+from txactors.coordinator.link import linked
 from txactors.coordinator.options import Clock, CoordinatorOptions
 from txactors.coordinator.store import StoredHalf, read_raw_half
 from txactors.coordinator.tenants import topic_stream_count
 from txactors.errors import ConfigError
 from txactors.logs import get_logger
 from txactors.protocol import ErrorCode, OutgoingMessage
+from txactors.retry import LINK_TROUBLE, RETRY_MAX, LinkLost, describe, retry_transient, transient
 from txactors.topics import ensure_topic_stream
 
 log = get_logger(__name__)

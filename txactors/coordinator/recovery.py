@@ -35,7 +35,9 @@ from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.core.transactions import Checkpoint
 from txactors.coordinator.current import CURRENT_DEADLINE, wait_current
 from txactors.coordinator.discard import quarantine
-from txactors.coordinator.link import (
+from txactors.coordinator.store import StoredHalf, decode_ops, read_half
+from txactors.logs import get_logger
+from txactors.retry import (
     LINK_TROUBLE,
     RETRY_INITIAL,
     backoff,
@@ -43,8 +45,6 @@ from txactors.coordinator.link import (
     retry_transient,
     transient,
 )
-from txactors.coordinator.store import StoredHalf, decode_ops, read_half
-from txactors.logs import get_logger
 
 FETCH_BATCH = 512
 GAP_READS = 3
@@ -65,7 +65,7 @@ async def read_subject(
     """Every message of `subject` from `start_seq` to the current end, in stream order;
     with `follow`, on and on: at the end, it looks again every `follow` seconds.
 
-    A transient failure (`link.transient`) drops the consumer and reads on from the message
+    A transient failure (`retry.transient`) drops the consumer and reads on from the message
     after the last one yielded, after a backoff; a permanent one is raised. `headers_only`
     messages have an empty body (the server's `Nats-Msg-Size` header says how long it is).
     """

@@ -26,9 +26,9 @@ from txactors.copies import stored_headers
 from txactors.protocol import CheckedMessage, OutgoingMessage
 from txactors.topics import (
     DECLARE_DEADLINE,
-    STREAM_NAME_IN_USE,
     declaring,
     ensure_replicas,
+    ensure_stream,
     is_replicas_error,
     replicas_error,
 )
@@ -48,12 +48,11 @@ async def ensure_streams(
     replicas: int = 1,
     deadline: float = DECLARE_DEADLINE,
 ) -> KeyValue:
-    """Create (or keep) TXN_HALF, TXN_OP, TXN_DISCARD and the checkpoint bucket, retrying
-    transient answers for `deadline` seconds each (`declaring`)."""
+    """Create (or widen, `topics.ensure_stream`) TXN_HALF, TXN_OP, TXN_DISCARD and the
+    checkpoint bucket, retrying transient answers for `deadline` seconds each."""
     retention = half_retention * 2  # halves must outlive the retention decision about them
-    await _ensure(
+    await ensure_stream(
         js,
-        deadline,
         StreamConfig(
             name=layout.HALF_STREAM,
             subjects=[layout.half_subject_filter()],
@@ -64,10 +63,10 @@ async def ensure_streams(
             storage=StorageType.FILE,
             num_replicas=replicas,
         ),
+        deadline=deadline,
     )
-    await _ensure(
+    await ensure_stream(
         js,
-        deadline,
         StreamConfig(
             name=layout.OP_STREAM,
             subjects=[layout.op_subject_filter()],
@@ -76,10 +75,10 @@ async def ensure_streams(
             storage=StorageType.FILE,
             num_replicas=replicas,
         ),
+        deadline=deadline,
     )
-    await _ensure(
+    await ensure_stream(
         js,
-        deadline,
         StreamConfig(
             name=layout.DISCARD_STREAM,
             subjects=[layout.discard_subject_filter()],
@@ -88,6 +87,7 @@ async def ensure_streams(
             storage=StorageType.FILE,
             num_replicas=replicas,
         ),
+        deadline=deadline,
     )
     return await ensure_bucket(
         js,
@@ -126,38 +126,6 @@ async def _ensure_bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyVal
             raise
     await ensure_replicas(js, f"KV_{config.bucket}", config.replicas)
     return kv
-
-
-async def _ensure(js: JetStreamContext, deadline: float, config: StreamConfig) -> None:
-    replicas = config.num_replicas or 1
-    await declaring(
-        f"stream {config.name}",
-        lambda: _ensure_once(js, config, replicas),
-        deadline=deadline,
-        replicas=replicas,
-    )
-
-
-async def _ensure_once(js: JetStreamContext, config: StreamConfig, replicas: int) -> None:
-    try:
-        await js.add_stream(config)
-        return
-    except nats.js.errors.APIError as error:
-        if is_replicas_error(error):
-            raise replicas_error(f"stream {config.name}", replicas, error) from error
-        if error.err_code != STREAM_NAME_IN_USE:  # "no suitable peers" is a 400 too
-            raise
-    # Exists with another config (an older version, or an operator's tuning): keep it, but
-    # make sure our subjects are in it, it takes atomic batches if we write them, and it has
-    # the replicas asked for.
-    info = await js.stream_info(config.name or "")
-    missing = set(config.subjects or ()) - set(info.config.subjects or ())
-    atomic = bool(config.allow_atomic) and not info.config.allow_atomic
-    if missing or atomic:
-        info.config.subjects = [*(info.config.subjects or ()), *sorted(missing)]
-        info.config.allow_atomic = info.config.allow_atomic or config.allow_atomic
-        await js.update_stream(info.config)
-    await ensure_replicas(js, config.name or "", replicas)
 
 
 # -- halves ---------------------------------------------------------------------------------
