@@ -1,4 +1,4 @@
-"""Declaring topic streams: idempotent, race-safe, widening but never narrowing."""
+"""Declaring streams: idempotent, race-safe, widening but never narrowing."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import pytest
 from nats.aio.client import Client
 from nats.js.api import StorageType, StreamConfig
 
+from txactors import layout
+from txactors.coordinator.store import DEDUPE_WINDOW, ensure_streams
 from txactors.errors import ConfigError
 from txactors.layout import topic_filter, topic_stream
 from txactors.topics import DEFAULT_DUPLICATE_WINDOW, ensure_stream, ensure_topic_stream
@@ -83,3 +85,19 @@ async def test_other_storage_is_a_config_error(nc: Client) -> None:
 async def test_bad_topic_name_is_refused(nc: Client) -> None:
     with pytest.raises(ValueError, match="topic"):
         await ensure_topic_stream(nc.jetstream(), "orders.paid")
+
+
+async def test_the_coordinator_streams_are_declared_by_the_same_rules(private_nc: Client) -> None:
+    """TXN_* go through `ensure_stream` too: widened, never narrowed, storage checked."""
+    js = private_nc.jetstream()
+    await js.add_stream(
+        name=layout.HALF_STREAM, subjects=[layout.half_subject_filter()], duplicate_window=10.0
+    )
+    await js.add_stream(
+        name=layout.OP_STREAM, subjects=[layout.op_subject_filter()], storage=StorageType.MEMORY
+    )
+    with pytest.raises(ConfigError, match="memory storage"):
+        await ensure_streams(js, half_retention=3600.0)
+    half = (await js.stream_info(layout.HALF_STREAM)).config
+    assert half.duplicate_window == DEDUPE_WINDOW
+    assert half.allow_atomic
