@@ -7,7 +7,7 @@ import uuid
 import anyio
 import pytest
 from nats.aio.client import Client
-from nats.js.api import StorageType, StreamConfig
+from nats.js.api import StorageType
 
 from txactors import layout
 from txactors.coordinator.store import DEDUPE_WINDOW, ensure_streams
@@ -64,7 +64,7 @@ async def test_adds_missing_subjects_and_keeps_others(nc: Client) -> None:
     name = f"S{uuid.uuid4().hex[:10]}"
     try:
         await js.add_stream(name=name, subjects=[f"{name}.a"])
-        await ensure_stream(js, StreamConfig(name=name, subjects=[f"{name}.b"]))
+        await ensure_stream(js, name, [f"{name}.b"])
         assert (await js.stream_info(name)).config.subjects == [f"{name}.a", f"{name}.b"]
     finally:
         await js.delete_stream(name)
@@ -88,7 +88,7 @@ async def test_bad_topic_name_is_refused(nc: Client) -> None:
 
 
 async def test_the_coordinator_streams_are_declared_by_the_same_rules(private_nc: Client) -> None:
-    """TXN_* go through `ensure_stream` too: widened, never narrowed, storage checked."""
+    """TXN_* go through `declare_stream` too: widened, never narrowed, storage checked."""
     js = private_nc.jetstream()
     await js.add_stream(
         name=layout.HALF_STREAM, subjects=[layout.half_subject_filter()], duplicate_window=10.0

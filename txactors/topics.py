@@ -7,7 +7,7 @@ from many processes at once. It never narrows what someone else declared (a shor
 window, fewer subjects, fewer replicas), because another role may depend on it.
 
 Every stream txactors declares (topics, dead-letter queues, the coordinator's TXN_* streams)
-goes through `ensure_stream`. Declarations happen at start-up, which on a cluster may be while
+goes through `declare_stream`. Declarations happen at start-up, which on a cluster may be while
 it forms or elects: JetStream then answers "temporarily unavailable", "no suitable peers for
 placement" or nothing at all. `declaring` retries those with backoff up to a deadline instead
 of failing the process (`retry.transient` says which answers pass).
@@ -18,7 +18,7 @@ A client without the right to create streams (a consumer under least privilege) 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Final, TypeVar
 
 import anyio
@@ -118,6 +118,29 @@ async def wait_for_stream(js: JetStreamContext, name: str) -> str:
 
 
 async def ensure_stream(
+    js: JetStreamContext,
+    name: str,
+    subjects: Sequence[str],
+    *,
+    duplicate_window: float = DEFAULT_DUPLICATE_WINDOW,
+    storage: StorageType = StorageType.FILE,
+    replicas: int = 1,
+    allow_atomic: bool = False,
+    deadline: float = DECLARE_DEADLINE,
+) -> None:
+    """`declare_stream` of stream `name` on `subjects`, with only what txactors sets."""
+    config = StreamConfig(
+        name=name,
+        subjects=list(subjects),
+        storage=storage,
+        duplicate_window=duplicate_window,
+        num_replicas=replicas,
+        allow_atomic=allow_atomic or None,
+    )
+    await declare_stream(js, config, deadline=deadline)
+
+
+async def declare_stream(
     js: JetStreamContext, config: StreamConfig, *, deadline: float = DECLARE_DEADLINE
 ) -> None:
     """Create stream `config.name` as `config`, or widen an existing one to also cover its
@@ -217,13 +240,13 @@ async def ensure_topic_stream(
     batches allowed so the coordinator can write a commit's messages in one write); returns
     the stream name. Transient answers are retried for `deadline` seconds."""
     name = topic_stream(validate_name("topic", topic))
-    config = StreamConfig(
-        name=name,
-        subjects=[topic_filter(topic)],
-        storage=StorageType.FILE,
+    await ensure_stream(
+        js,
+        name,
+        [topic_filter(topic)],
         duplicate_window=duplicate_window,
-        num_replicas=replicas,
+        replicas=replicas,
         allow_atomic=True,
+        deadline=deadline,
     )
-    await ensure_stream(js, config, deadline=deadline)
     return name

@@ -24,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nats.js import JetStreamContext
-from nats.js.api import StorageType, StreamConfig
 
 from txactors.consumer.message import ConsumedMessage
 from txactors.copies import copied_headers
@@ -43,7 +42,7 @@ from txactors.layout import (
     topic_stream,
     validate_name,
 )
-from txactors.topics import DECLARE_DEADLINE, DEFAULT_DUPLICATE_WINDOW, ensure_stream
+from txactors.topics import DECLARE_DEADLINE, ensure_stream
 
 MAX_ERROR_CHARS = 1024
 """Headers travel in every copy of the message; a long traceback belongs in the logs."""
@@ -55,14 +54,7 @@ async def ensure_dlq_stream(
     """Declare `DLQ_<group>` on `dlq.<group>.>` (file storage, `replicas` copies); returns
     the stream name. Transient answers are retried for `deadline` seconds."""
     name = dlq_stream(validate_name("group", group))
-    config = StreamConfig(
-        name=name,
-        subjects=[dlq_filter(group)],
-        storage=StorageType.FILE,
-        duplicate_window=DEFAULT_DUPLICATE_WINDOW,
-        num_replicas=replicas,
-    )
-    await ensure_stream(js, config, deadline=deadline)
+    await ensure_stream(js, name, [dlq_filter(group)], replicas=replicas, deadline=deadline)
     return name
 
 

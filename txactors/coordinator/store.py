@@ -26,9 +26,9 @@ from txactors.copies import stored_headers
 from txactors.protocol import CheckedMessage, OutgoingMessage
 from txactors.topics import (
     DECLARE_DEADLINE,
+    declare_stream,
     declaring,
     ensure_replicas,
-    ensure_stream,
     is_replicas_error,
     replicas_error,
 )
@@ -48,10 +48,10 @@ async def ensure_streams(
     replicas: int = 1,
     deadline: float = DECLARE_DEADLINE,
 ) -> KeyValue:
-    """Create (or widen, `topics.ensure_stream`) TXN_HALF, TXN_OP, TXN_DISCARD and the
+    """Create (or widen, `topics.declare_stream`) TXN_HALF, TXN_OP, TXN_DISCARD and the
     checkpoint bucket, retrying transient answers for `deadline` seconds each."""
     retention = half_retention * 2  # halves must outlive the retention decision about them
-    await ensure_stream(
+    await declare_stream(
         js,
         StreamConfig(
             name=layout.HALF_STREAM,
@@ -65,7 +65,7 @@ async def ensure_streams(
         ),
         deadline=deadline,
     )
-    await ensure_stream(
+    await declare_stream(
         js,
         StreamConfig(
             name=layout.OP_STREAM,
@@ -77,7 +77,7 @@ async def ensure_streams(
         ),
         deadline=deadline,
     )
-    await ensure_stream(
+    await declare_stream(
         js,
         StreamConfig(
             name=layout.DISCARD_STREAM,
