@@ -8,11 +8,13 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import nats
 import pytest
 from nats.aio.client import Client
 
+from tests.conftest import MakeNatsServer
 from txactors.coordinator import link
-from txactors.coordinator.link import Ack, await_ack, link_generation, wait_connected
+from txactors.coordinator.link import Ack, await_ack, link_generation, until_changed, wait_connected
 
 
 def count_timers(monkeypatch: pytest.MonkeyPatch) -> list[float]:
@@ -68,3 +70,32 @@ async def test_an_ack_not_back_by_its_deadline_is_overdue(
         outcome = await await_ack(private_nc, never, link_generation(private_nc), started)
     assert outcome is Ack.OVERDUE
     assert time.monotonic() - started >= 0.2
+
+
+async def test_the_applications_callbacks_still_run_first(make_nats_server: MakeNatsServer) -> None:
+    server = await make_nats_server()
+    heard: list[str] = []
+
+    async def disconnected() -> None:
+        heard.append("disconnected")
+
+    async def reconnected() -> None:
+        heard.append("reconnected")
+
+    nc = await nats.connect(
+        server.url, disconnected_cb=disconnected, reconnected_cb=reconnected, reconnect_time_wait=0
+    )
+    try:
+        generation = link_generation(nc)
+        never: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        waiter = asyncio.create_task(await_ack(nc, never, generation, time.monotonic()))
+        await asyncio.sleep(0)
+        await nc.force_reconnect()
+        with anyio.fail_after(5):
+            assert await waiter is Ack.LINK_LOST
+            await wait_connected(nc)
+            while "reconnected" not in heard:
+                await until_changed(nc)
+        assert heard == ["disconnected", "reconnected"]
+    finally:
+        await nc.close()

@@ -68,11 +68,13 @@ class LinkWatch:
         self, callback: Callable[[], Awaitable[None]] | None
     ) -> Callable[[], Awaitable[None]]:
         async def chained() -> None:
-            if callback is not None:
-                await callback()
-            changed, self._changed = self._changed, None
-            if changed is not None and not changed.done():
-                changed.set_result(None)
+            try:
+                if callback is not None:
+                    await callback()
+            finally:  # the application's callback failing must not leave a waiter asleep
+                changed, self._changed = self._changed, None
+                if changed is not None and not changed.done():
+                    changed.set_result(None)
 
         return chained
 
