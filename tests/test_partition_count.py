@@ -15,12 +15,16 @@ import sys
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import anyio
+import nats.js.errors
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from nats.aio.client import Client
+from nats.js.kv import KeyValue
 
 from tests.conftest import MakeNatsServer
 from tests.support.coordinator_process import CoordinatorProcess
@@ -283,3 +287,32 @@ def test_the_count_used_is_the_published_one_and_an_override_must_equal_it(
         assert agreed_count(published, configured) == (
             published if published is not None else configured
         )
+
+
+class LaggingReplica:
+    """A KV bucket whose create finds the key while the first gets, answered by a replica
+    still behind its leader, do not (what a cluster restarted at once answered)."""
+
+    def __init__(self, published: int, misses: int) -> None:
+        self.value = str(published).encode()
+        self.misses = misses
+        self.gets = 0
+
+    async def create(self, key: str, value: bytes) -> int:
+        raise nats.js.errors.KeyWrongLastSequenceError()
+
+    async def get(self, key: str) -> Any:
+        self.gets += 1
+        if self.gets <= self.misses:
+            raise nats.js.errors.KeyNotFoundError()
+        return SimpleNamespace(value=self.value)
+
+
+async def test_a_count_not_readable_yet_is_read_again_not_a_crash() -> None:
+    """A key the create found and the get did not is tried again until it reads, then
+    agreed (or refused) like any other published count."""
+    bucket = LaggingReplica(published=4, misses=2)
+    await agree_partition_count(cast(KeyValue, bucket), 4, deadline=30)
+    assert bucket.gets == 3
+    with pytest.raises(PartitionCountMismatch):
+        await agree_partition_count(cast(KeyValue, LaggingReplica(4, 1)), 2, deadline=30)

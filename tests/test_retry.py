@@ -6,7 +6,7 @@ import nats.errors
 import nats.js.errors
 import pytest
 
-from txactors.retry import retry_transient
+from txactors.retry import Fault, classify, retry_transient
 from txactors.topics import declaring
 
 FAILURES: list[BaseException] = [
@@ -57,3 +57,9 @@ async def test_a_declaration_retries_what_a_coordinator_call_retries(
 async def test_what_passes_is_retried_and_what_stays_is_raised() -> None:
     assert await outcome("call", nats.js.errors.NoStreamResponseError()) == "retried"
     assert await outcome("call", nats.js.errors.NotFoundError(code=404)) == "raised"
+
+
+def test_an_api_error_raised_without_a_code_is_classified() -> None:
+    """nats-py raises KeyNotFoundError without an err_code: it is an answer that stays,
+    not an AttributeError in the retry loop."""
+    assert classify(nats.js.errors.KeyNotFoundError()) is Fault.PERMANENT

@@ -67,7 +67,9 @@ def classify(error: BaseException) -> Fault:
     """
     if isinstance(error, nats.js.errors.ServiceUnavailableError | nats.js.errors.ServerError):
         return Fault.TRANSIENT
-    if isinstance(error, nats.js.errors.APIError) and error.err_code in CLUSTER_TRANSIENT_CODES:
+    # Some APIErrors (KeyNotFoundError) are raised without an err_code.
+    err_code = getattr(error, "err_code", None)
+    if isinstance(error, nats.js.errors.APIError) and err_code in CLUSTER_TRANSIENT_CODES:
         return Fault.TRANSIENT
     if isinstance(error, nats.js.errors.APIError | nats.errors.MaxPayloadError):
         return Fault.PERMANENT

@@ -53,7 +53,15 @@ async def _agree(kv: KeyValue, partitions: int) -> None:
         return
     except nats.js.errors.KeyWrongLastSequenceError:
         pass
-    entry = await kv.get(layout.PARTITIONS_KEY)
+    try:
+        entry = await kv.get(layout.PARTITIONS_KEY)
+    except nats.js.errors.KeyNotFoundError as error:
+        # The create found the key and the get did not: a replica still behind its leader
+        # answered the direct get (the bucket allows them), or the key went in between.
+        # Either passes once the bucket has settled: a transient answer, tried again.
+        raise nats.js.errors.ServiceUnavailableError(
+            description=f"{where_published()} is not readable yet"
+        ) from error
     published = parse_count(entry.value or b"")
     if published != partitions:
         raise PartitionCountMismatch(
