@@ -25,6 +25,7 @@ from txactors.coordinator.service import run_coordinator
 from txactors.errors import AskTimeout, CommandError
 from txactors.faults import CRASH_EXIT_CODE, FAULT_ENV, FaultPoint
 from txactors.protocol import (
+    PROTOCOL_VERSION,
     Decision,
     ListTransactions,
     ResumeTransaction,
@@ -126,7 +127,7 @@ async def test_invalid_requests_are_refused_and_change_nothing(private_nc: Clien
             with pytest.raises(CommandError) as refused:
                 await request()
             assert refused.value.code == code, refused.value
-        [info] = (await client.admin(ListTransactions())).transactions
+        [info] = (await client.admin(ListTransactions(version=PROTOCOL_VERSION))).transactions
         assert (info.txid, info.state, info.half_seqs) == ("t1", "prepared", receipt.seqs)
         assert (await client.end("t1", receipt.token, COMMIT)).state == "committed"
         assert await topic_ids(private_nc, "orders") == ["t1:0"]
@@ -146,7 +147,9 @@ async def test_unknown_end_then_nobody_answers_checks_discards_after_check_max(
         receipt = await client.prepare("lost", message(keys=["k1"]))
         assert (await client.end("lost", receipt.token, UNKNOWN)).state == "prepared"
         with anyio.fail_after(10):
-            while (info := await client.admin(ShowTransaction(txid="lost"))).state != "discarded":
+            while (
+                info := await client.admin(ShowTransaction(txid="lost", version=PROTOCOL_VERSION))
+            ).state != "discarded":
                 await anyio.sleep(0.05)
         assert info.check_times == 3 and info.discard_reason == "check_max"
         with anyio.fail_after(5):
@@ -163,7 +166,7 @@ async def test_unknown_end_then_nobody_answers_checks_discards_after_check_max(
         assert await topic_ids(private_nc, "orders") == []
 
         # An operator resumes it; a late commit by the producer is then accepted.
-        resumed = await client.admin(ResumeTransaction(txid="lost"))
+        resumed = await client.admin(ResumeTransaction(txid="lost", version=PROTOCOL_VERSION))
         assert resumed.state == "prepared"
         assert (await client.end("lost", receipt.token, COMMIT)).state == "committed"
         assert await topic_ids(private_nc, "orders") == ["lost:0"]
@@ -177,7 +180,7 @@ async def test_restart_rebuilds_open_transactions_from_the_streams(private_nc: C
         await client.end("a", receipts["a"].token, ROLLBACK)
     async with run_coordinator(private_nc, config=config):
         client = CoordinatorClient(private_nc)
-        listed = await client.admin(ListTransactions())
+        listed = await client.admin(ListTransactions(version=PROTOCOL_VERSION))
         assert sorted(t.txid for t in listed.transactions) == ["b", "c"]
         with pytest.raises(CommandError):
             await client.end("a", receipts["a"].token, COMMIT)

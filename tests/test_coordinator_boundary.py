@@ -29,6 +29,7 @@ from txactors.coordinator.store import ensure_streams, half_headers
 from txactors.copies import stored_headers
 from txactors.errors import CommandError
 from txactors.protocol import (
+    PROTOCOL_VERSION,
     CheckResult,
     CheckTransaction,
     Decision,
@@ -227,7 +228,7 @@ async def test_a_txid_is_served_only_by_the_partition_it_hashes_to(private_nc: C
         receipt = await right.prepare(txid, message())
         for attempt in (
             lambda: wrong.end(txid, receipt.token, COMMIT),
-            lambda: wrong.admin(ShowTransaction(txid=txid)),
+            lambda: wrong.admin(ShowTransaction(txid=txid, version=PROTOCOL_VERSION)),
         ):
             with pytest.raises(CommandError) as refused:
                 await attempt()
@@ -364,7 +365,7 @@ async def _has_stored(js: JetStreamContext, stream: str, subject: str) -> bool:
 
 
 async def _state_is(client: CoordinatorClient, txid: str, state: str) -> bool:
-    info = await client.admin(ShowTransaction(txid=txid))
+    info = await client.admin(ShowTransaction(txid=txid, version=PROTOCOL_VERSION))
     return bool(info.state == state)
 
 
@@ -402,7 +403,9 @@ async def test_a_prepare_for_a_producer_instance_in_another_encoding_round_trips
 ) -> None:
     """A JSON client gets the same boundary: a valid prepare passes, a bad one names its path."""
     async with run_coordinator(private_nc):
-        good = Prepare(txid="json", group="g", producer="p1", messages=[message()])
+        good = Prepare(
+            txid="json", group="g", producer="p1", messages=[message()], version=PROTOCOL_VERSION
+        )
         answer = await raw_request(private_nc, "prepare", encode(good, js), js)
         assert answer["type"] == "Prepared"
         bad = await raw_request(

@@ -17,7 +17,13 @@ from txactors.coordinator import CoordinatorConfig, CoordinatorOptions
 from txactors.coordinator.recovery import read_subject
 from txactors.coordinator.service import run_coordinator
 from txactors.coordinator.store import load_checkpoint
-from txactors.protocol import CommitTransaction, Decision, ListTransactions, ShowTransaction
+from txactors.protocol import (
+    PROTOCOL_VERSION,
+    CommitTransaction,
+    Decision,
+    ListTransactions,
+    ShowTransaction,
+)
 
 OPTIONS = CoordinatorOptions(tick_interval=0.02, checkpoint_interval=0.1)
 
@@ -48,7 +54,9 @@ async def test_a_discarded_transaction_does_not_make_recovery_reread_history(
         client = CoordinatorClient(private_nc)
         await client.prepare("lost", message(), group="nobody-answers")
         with anyio.fail_after(10):
-            while (await client.admin(ShowTransaction(txid="lost"))).state != "discarded":
+            while (
+                await client.admin(ShowTransaction(txid="lost", version=PROTOCOL_VERSION))
+            ).state != "discarded":
                 await anyio.sleep(0.05)
         for n in range(committed):
             receipt = await client.prepare(f"t{n}", message())
@@ -62,11 +70,13 @@ async def test_a_discarded_transaction_does_not_make_recovery_reread_history(
     with capture_logs() as logs:
         async with run_coordinator(private_nc, config=config, options=OPTIONS):
             client = CoordinatorClient(private_nc)
-            listed = await client.admin(ListTransactions(states=["discarded"]))
+            listed = await client.admin(
+                ListTransactions(states=["discarded"], version=PROTOCOL_VERSION)
+            )
             assert [t.txid for t in listed.transactions] == ["lost"], "still there to resolve"
             # An operator can still resolve it by hand after the restart: its body is read
             # back from TXN_HALF by the sequence the checkpoint kept.
-            forced = await client.admin(CommitTransaction(txid="lost"))
+            forced = await client.admin(CommitTransaction(txid="lost", version=PROTOCOL_VERSION))
             assert forced.state == "committed"
             assert "lost:0" in await topic_ids(private_nc, "orders")
     assert recovered(logs)["halves_read"] < 5, "not the 200 committed since the discard"

@@ -178,9 +178,11 @@ def test_a_txid_is_served_only_by_its_own_partition() -> None:
         )
         commands: list[Any] = [
             prepare(message(), txid=txid),
-            EndTransaction(txid=txid, token=TOKEN, decision=Decision.COMMIT),
-            ShowTransaction(txid=txid),
-            CommitTransaction(txid=txid),
+            EndTransaction(
+                txid=txid, token=TOKEN, decision=Decision.COMMIT, version=PROTOCOL_VERSION
+            ),
+            ShowTransaction(txid=txid, version=PROTOCOL_VERSION),
+            CommitTransaction(txid=txid, version=PROTOCOL_VERSION),
         ]
         for command in commands:
             explanation = refusal(command, boundary)
@@ -191,30 +193,50 @@ def test_a_txid_is_served_only_by_its_own_partition() -> None:
 
 
 def test_ends_and_admin_commands_are_checked_too() -> None:
-    assert refusal(EndTransaction(txid="t1", token=TOKEN, decision=Decision.COMMIT)) is None
+    assert (
+        refusal(
+            EndTransaction(
+                txid="t1", token=TOKEN, decision=Decision.COMMIT, version=PROTOCOL_VERSION
+            )
+        )
+        is None
+    )
     assert "$.token" in (
-        refusal(EndTransaction(txid="t1", token="x", decision=Decision.COMMIT)) or ""
+        refusal(
+            EndTransaction(txid="t1", token="x", decision=Decision.COMMIT, version=PROTOCOL_VERSION)
+        )
+        or ""
     )
     assert "$.txid" in (
-        refusal(EndTransaction(txid="t\n", token=TOKEN, decision=Decision.ROLLBACK)) or ""
+        refusal(
+            EndTransaction(
+                txid="t\n", token=TOKEN, decision=Decision.ROLLBACK, version=PROTOCOL_VERSION
+            )
+        )
+        or ""
     )
-    assert "$.txid" in (refusal(ShowTransaction(txid="x" * 1000)) or "")
-    assert refusal(ListTransactions(states=["prepared", "discarded"])) is None
-    assert "$.states[1]" in (refusal(ListTransactions(states=["prepared", "nope"])) or "")
+    assert "$.txid" in (refusal(ShowTransaction(txid="x" * 1000, version=PROTOCOL_VERSION)) or "")
+    assert (
+        refusal(ListTransactions(states=["prepared", "discarded"], version=PROTOCOL_VERSION))
+        is None
+    )
+    assert "$.states[1]" in (
+        refusal(ListTransactions(states=["prepared", "nope"], version=PROTOCOL_VERSION)) or ""
+    )
 
 
 @pytest.mark.parametrize(
     ("command", "path"),
     [
-        (ListTransactions(group="a.b"), "$.group"),
-        (ListTransactions(topic="x" * 65), "$.topic"),
-        (ListTransactions(older_than=-1.0), "$.older_than"),
-        (ListTransactions(older_than=math.nan), "$.older_than"),
-        (ListTransactions(limit=0), "$.limit"),
-        (ListTransactions(limit=100_001), "$.limit"),
-        (CommitTransaction(txid="t1", batch=""), "$.batch"),
-        (ResumeTransaction(txid="t1", batch="b" * 65), "$.batch"),
-        (RollbackTransaction(txid="t1", batch="two words"), "$.batch"),
+        (ListTransactions(group="a.b", version=PROTOCOL_VERSION), "$.group"),
+        (ListTransactions(topic="x" * 65, version=PROTOCOL_VERSION), "$.topic"),
+        (ListTransactions(older_than=-1.0, version=PROTOCOL_VERSION), "$.older_than"),
+        (ListTransactions(older_than=math.nan, version=PROTOCOL_VERSION), "$.older_than"),
+        (ListTransactions(limit=0, version=PROTOCOL_VERSION), "$.limit"),
+        (ListTransactions(limit=100_001, version=PROTOCOL_VERSION), "$.limit"),
+        (CommitTransaction(txid="t1", batch="", version=PROTOCOL_VERSION), "$.batch"),
+        (ResumeTransaction(txid="t1", batch="b" * 65, version=PROTOCOL_VERSION), "$.batch"),
+        (RollbackTransaction(txid="t1", batch="two words", version=PROTOCOL_VERSION), "$.batch"),
     ],
 )
 def test_admin_filters_and_batch_ids_are_checked(command: Any, path: str) -> None:
@@ -222,14 +244,19 @@ def test_admin_filters_and_batch_ids_are_checked(command: Any, path: str) -> Non
 
 
 def test_admin_filters_and_batch_ids_within_the_rules_pass() -> None:
-    listing = ListTransactions(group="g", topic="orders", older_than=0.0, limit=100_000)
+    listing = ListTransactions(
+        group="g", topic="orders", older_than=0.0, limit=100_000, version=PROTOCOL_VERSION
+    )
     assert refusal(listing) is None
-    assert refusal(RollbackTransaction(txid="t1", batch="bulk-0a1b2c:x.y")) is None
+    assert (
+        refusal(RollbackTransaction(txid="t1", batch="bulk-0a1b2c:x.y", version=PROTOCOL_VERSION))
+        is None
+    )
 
 
 @given(st.floats(allow_nan=True, allow_infinity=True))
 def test_older_than_is_a_finite_non_negative_number(seconds: float) -> None:
-    explanation = refusal(ListTransactions(older_than=seconds))
+    explanation = refusal(ListTransactions(older_than=seconds, version=PROTOCOL_VERSION))
     assert (explanation is None) == (math.isfinite(seconds) and seconds >= 0), explanation
 
 
@@ -246,7 +273,10 @@ def test_a_check_answer_must_be_about_the_check_asked() -> None:
 @pytest.mark.parametrize("encoding", list(Encoding))
 def test_invalid_utf8_and_deep_nesting_are_bad_requests_not_crashes(encoding: Encoding) -> None:
     codec: Codec[Any] = Codec(CoordinatorCommand)
-    valid = encode(EndTransaction(txid="tx", token=TOKEN, decision=Decision.COMMIT), encoding)
+    valid = encode(
+        EndTransaction(txid="tx", token=TOKEN, decision=Decision.COMMIT, version=PROTOCOL_VERSION),
+        encoding,
+    )
     payloads = [
         valid.replace(b"tx", b"\xff\xfe"),
         (b"[" * 100_000 + b"]" * 100_000) if encoding is Encoding.JSON else b"\x91" * 100_000,
@@ -366,6 +396,7 @@ def valid_prepares(draw: st.DrawFn) -> Prepare:
         producer=draw(valid_names("producer")),
         messages=draw(st.lists(valid_messages(), min_size=1, max_size=3)),
         token=draw(st.none() | st.just(TOKEN)),
+        version=PROTOCOL_VERSION,
     )
 
 
@@ -533,12 +564,12 @@ def test_json_refuses_what_json_cannot_say() -> None:
 
 COMMANDS = [
     prepare(message()),
-    EndTransaction(txid="t1", token=TOKEN, decision=Decision.COMMIT),
-    ListTransactions(),
-    ShowTransaction(txid="t1"),
-    ResumeTransaction(txid="t1"),
-    CommitTransaction(txid="t1"),
-    RollbackTransaction(txid="t1"),
+    EndTransaction(txid="t1", token=TOKEN, decision=Decision.COMMIT, version=PROTOCOL_VERSION),
+    ListTransactions(version=PROTOCOL_VERSION),
+    ShowTransaction(txid="t1", version=PROTOCOL_VERSION),
+    ResumeTransaction(txid="t1", version=PROTOCOL_VERSION),
+    CommitTransaction(txid="t1", version=PROTOCOL_VERSION),
+    RollbackTransaction(txid="t1", version=PROTOCOL_VERSION),
 ]
 
 

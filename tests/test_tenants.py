@@ -60,6 +60,7 @@ from txactors.nats_cluster import free_ports
 from txactors.partition_count import read_published
 from txactors.producer import TransactionProducer, TxMessage
 from txactors.protocol import (
+    PROTOCOL_VERSION,
     Decision,
     Ended,
     EndTransaction,
@@ -264,7 +265,9 @@ async def _served(nc: Client, group: str) -> None:
 
 def _prepare(group: str, topic: str, txid: str = "tenant-tx") -> Prepare:
     message = OutgoingMessage(topic=topic, body=b"x")
-    return Prepare(txid=txid, group=group, producer="p1", messages=[message])
+    return Prepare(
+        txid=txid, group=group, producer="p1", messages=[message], version=PROTOCOL_VERSION
+    )
 
 
 async def _stream_exists(deployment: Deployment, name: str) -> bool:
@@ -609,7 +612,11 @@ async def test_answers_stay_in_the_groups_inbox(tmp_path: Path) -> None:
         await payments.nc.flush()
         requests = [
             (orders.nc, layout.prepare_subject(0, "orders"), _prepare("orders", "orders", "o-1")),
-            (deployment["operator"].nc, layout.admin_subject(0), ListTransactions()),
+            (
+                deployment["operator"].nc,
+                layout.admin_subject(0),
+                ListTransactions(version=PROTOCOL_VERSION),
+            ),
         ]
         for nc, subject, command in requests:
             await nc.publish(subject, encode(command), reply="_INBOX.payments.aimed")
@@ -647,7 +654,9 @@ async def test_a_producer_cannot_end_another_groups_transaction(tmp_path: Path) 
             deployment["payments"].nc, layout.prepare_subject(0, "payments"), Prepared
         )
         prepared = await payments.ask(_prepare("payments", "payments", "pay-1"), timeout=5)
-        end = EndTransaction(txid="pay-1", token=prepared.token, decision=Decision.ROLLBACK)
+        end = EndTransaction(
+            txid="pay-1", token=prepared.token, decision=Decision.ROLLBACK, version=PROTOCOL_VERSION
+        )
         # Even with the token (leaked, say), on its own end subject: forbidden.
         own = RemoteActorRef(deployment["orders"].nc, layout.end_subject(0, "orders"), Ended)
         with pytest.raises(CommandError) as refused:
@@ -729,7 +738,7 @@ async def test_only_the_operator_calls_the_admin_verbs(tmp_path: Path) -> None:
             user = deployment[role]
             ref = RemoteActorRef(user.nc, layout.admin_subject(0), TransactionList)
             with pytest.raises(AskTimeout):
-                await ref.ask(ListTransactions(), timeout=DENIED)
+                await ref.ask(ListTransactions(version=PROTOCOL_VERSION), timeout=DENIED)
             await user.violation(layout.admin_subject(0))
         assert await admin.list_transactions(deployment["operator"].nc) == []
 

@@ -43,6 +43,7 @@ from txactors.errors import (
 )
 from txactors.partition_count import PartitionCountUnknown, client_count
 from txactors.protocol import (
+    PROTOCOL_VERSION,
     CommitTransaction,
     Ended,
     ListTransactions,
@@ -203,7 +204,7 @@ async def list_transactions(
 ) -> list[TransactionInfo]:
     """Open and discarded transactions of every partition (optionally only in `states`),
     oldest first. Finished (committed, rolled back) ones are not kept, so never listed."""
-    where = ListTransactions(states=list(states))
+    where = ListTransactions(states=list(states), version=PROTOCOL_VERSION)
     found = await find_transactions(nc, where, partitions=partitions, timeout=timeout)
     return found.transactions
 
@@ -212,7 +213,7 @@ async def show(
     nc: Client, txid: str, *, partitions: int | None = None, timeout: float = ADMIN_TIMEOUT
 ) -> TransactionInfo:
     """One open or discarded transaction; CommandError(not_found) names a finished one's state."""
-    command = ShowTransaction(txid=txid)
+    command = ShowTransaction(txid=txid, version=PROTOCOL_VERSION)
     return await _ask_owner(nc, txid, command, TransactionInfo, partitions, timeout)
 
 
@@ -225,7 +226,7 @@ async def resume(
     timeout: float = ADMIN_TIMEOUT,
 ) -> Ended:
     """Back to PREPARED with a fresh check count, so the checker asks the producer again."""
-    command = ResumeTransaction(txid=txid, batch=batch)
+    command = ResumeTransaction(txid=txid, batch=batch, version=PROTOCOL_VERSION)
     return await _ask_owner(nc, txid, command, Ended, partitions, timeout)
 
 
@@ -238,7 +239,7 @@ async def commit(
     timeout: float = ADMIN_TIMEOUT,
 ) -> Ended:
     """Commit without the producer's token; answered once every message is published."""
-    command = CommitTransaction(txid=txid, batch=batch)
+    command = CommitTransaction(txid=txid, batch=batch, version=PROTOCOL_VERSION)
     return await _ask_owner(nc, txid, command, Ended, partitions, timeout)
 
 
@@ -251,7 +252,7 @@ async def rollback(
     timeout: float = ADMIN_TIMEOUT,
 ) -> Ended:
     """Roll back without the producer's token; nothing of it is ever delivered."""
-    command = RollbackTransaction(txid=txid, batch=batch)
+    command = RollbackTransaction(txid=txid, batch=batch, version=PROTOCOL_VERSION)
     return await _ask_owner(nc, txid, command, Ended, partitions, timeout)
 
 
@@ -312,7 +313,7 @@ async def resolve_all(
                 ended = await _ask(
                     nc,
                     layout.partition_of(txid, count),
-                    command(txid=txid, batch=batch),
+                    command(txid=txid, batch=batch, version=PROTOCOL_VERSION),
                     Ended,
                     timeout,
                 )
