@@ -163,7 +163,9 @@ async def test_filters_are_applied_by_the_coordinator(private_nc: Client) -> Non
             await _wait_for_state(private_nc, txid, "discarded")
 
         async def found(**where: Any) -> tuple[list[str], int]:
-            reply = await admin.find_transactions(private_nc, ListTransactions(**where))
+            reply = await admin.find_transactions(
+                private_nc, ListTransactions(**where, version=PROTOCOL_VERSION)
+            )
             return [t.txid for t in reply.transactions], reply.more
 
         assert await found(older_than=1800) == (["old-g", "old-b"], 0)

@@ -91,7 +91,10 @@ async def test_a_multi_topic_transaction_is_delivered_entirely_or_not_at_all(
     ("payload", "code"),
     [
         (b"\xc1not msgpack", "bad_request"),
-        (encode({"type": "Prepare", "txid": 5, "group": "g", "producer": "p"}), "bad_request"),
+        (
+            encode({"type": "Prepare", "version": 2, "txid": 5, "group": "g", "producer": "p"}),
+            "bad_request",
+        ),
         (encode({"type": "Explode", "txid": "x"}), "unknown_command"),
     ],
     ids=["malformed", "wrong-type", "unknown-command"],
@@ -100,7 +103,7 @@ async def test_malformed_prepares_get_error_codes_and_the_coordinator_keeps_serv
     private_nc: Client, payload: bytes, code: str
 ) -> None:
     async with run_coordinator(private_nc):
-        reply = await private_nc.request(layout.prepare_subject(0), payload, timeout=5)
+        reply = await private_nc.request(layout.prepare_subject(0, "g"), payload, timeout=5)
         error = msgspec.msgpack.decode(reply.data)
         assert error["type"] == "Error" and error["code"] == code
         client = CoordinatorClient(private_nc)

@@ -25,7 +25,7 @@ from txactors.coordinator.validation import (
     half_header_bytes,
 )
 from txactors.protocol import (
-    FIRST_VERSION,
+    OLDEST_VERSION,
     PROTOCOL_VERSION,
     CheckResult,
     Codec,
@@ -54,7 +54,12 @@ NATS_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
 def prepare(*messages: OutgoingMessage, **fields: Any) -> Prepare:
-    defaults: dict[str, Any] = {"txid": "t1", "group": "g", "producer": "p1"}
+    defaults: dict[str, Any] = {
+        "txid": "t1",
+        "group": "g",
+        "producer": "p1",
+        "version": PROTOCOL_VERSION,
+    }
     return Prepare(**(defaults | fields), messages=list(messages))
 
 
@@ -286,6 +291,7 @@ def test_invalid_utf8_and_deep_nesting_are_bad_requests_not_crashes(encoding: En
         encode(
             {
                 "type": "EndTransaction",
+                "version": PROTOCOL_VERSION,
                 "txid": "t",
                 "token": "x" * 100_000,
                 "decision": "x" * 100_000,
@@ -302,14 +308,14 @@ def test_invalid_utf8_and_deep_nesting_are_bad_requests_not_crashes(encoding: En
 # -- tokens ----------------------------------------------------------------------------------
 
 
-def test_tokens_are_stored_as_digests_and_legacy_raw_tokens_still_match() -> None:
+def test_tokens_are_stored_as_digests_and_a_raw_stored_token_matches_nothing() -> None:
     token = tokens.new_token()
     assert tokens.TOKEN_PATTERN.fullmatch(token)
     stored = tokens.digest(token)
     assert token not in stored and stored.startswith("sha256:")
-    assert tokens.stored_digest(stored) == stored
-    assert tokens.same(tokens.stored_digest(token), tokens.digest(token)), "a legacy raw token"
+    assert tokens.same(stored, tokens.digest(token))
     assert not tokens.same(stored, tokens.digest(tokens.new_token()))
+    assert not tokens.same(token, tokens.digest(token)), "raw stored tokens: removed in 0.x"
 
 
 # -- Hypothesis: whatever is accepted fits everything downstream, any one bad field is refused
@@ -472,7 +478,7 @@ def test_every_accepted_prepare_fits_headers_payload_and_subjects(request_: Prep
     if refusal(request_) is not None:
         return
     subjects = [
-        layout.prepare_subject(0),
+        layout.prepare_subject(0, request_.group),
         layout.check_instance_subject(request_.group, request_.producer),
         layout.discard_subject(request_.group),
     ]
@@ -552,9 +558,11 @@ def test_any_bytes_decode_to_a_command_or_an_error(data: bytes, encoding: Encodi
 
 
 def test_json_refuses_what_json_cannot_say() -> None:
-    lone_surrogate = b'{"type":"EndTransaction","txid":"\\ud800","token":"x","decision":"commit"}'
+    lone_surrogate = (
+        b'{"type":"EndTransaction","version":2,"txid":"\\ud800","token":"x","decision":"commit"}'
+    )
     huge_number = (
-        b'{"type":"Prepare","txid":"t","group":"g","producer":"p",'
+        b'{"type":"Prepare","version":2,"txid":"t","group":"g","producer":"p",'
         b'"messages":[{"topic":"o","body":"","check_immunity":1e999}]}'
     )
     for payload in (lone_surrogate, huge_number):
@@ -578,9 +586,9 @@ def test_the_version_is_checked_first_on_every_command(command: Any, version: in
     refusal = BOUNDARY.refusal(
         msgspec.structs.replace(command, version=version), max_payload=MAX_PAYLOAD
     )
-    if FIRST_VERSION <= version <= PROTOCOL_VERSION:
+    if OLDEST_VERSION <= version <= PROTOCOL_VERSION:
         assert refusal is None
-    elif version > PROTOCOL_VERSION:
+    elif version > PROTOCOL_VERSION or version >= 1:  # newer, or removed in 0.x (1)
         assert refusal is not None and refusal.code == ErrorCode.UNSUPPORTED_VERSION
     else:
         assert refusal is not None and refusal.code == ErrorCode.BAD_REQUEST
@@ -601,3 +609,31 @@ def test_a_newer_version_is_recognised_even_when_the_command_does_not_decode() -
     assert Codec(CheckResult).versioned is False, "only coordinator commands carry a version"
     unknown = Codec(CheckResult).decode(encode({"type": "CheckResult", "version": 9}))
     assert isinstance(unknown, Error) and unknown.code == ErrorCode.BAD_REQUEST
+
+
+@pytest.mark.parametrize("encoding", list(Encoding))
+def test_a_version_1_command_is_refused_with_unsupported_version(encoding: Encoding) -> None:
+    """Removed in 0.x: a known command without `version` (the codec) or with 1 (the
+    boundary) is told what to send; a payload that is not one of our commands keeps its own
+    error."""
+    codec: Codec[Any] = Codec(CoordinatorCommand)
+    end = {"type": "EndTransaction", "txid": "t1", "token": TOKEN, "decision": "commit"}
+    cases = [
+        (end, ErrorCode.UNSUPPORTED_VERSION),
+        ({**end, "version": 1}, ErrorCode.UNSUPPORTED_VERSION),
+        ({"type": "Prepare", "txid": 5}, ErrorCode.UNSUPPORTED_VERSION),
+        ({"type": "Explode"}, ErrorCode.UNKNOWN_COMMAND),
+        ({}, ErrorCode.BAD_REQUEST),
+    ]
+    for command, code in cases:
+        decoded = codec.decode(encode(command, encoding), encoding)
+        answer = (
+            decoded
+            if isinstance(decoded, Error)
+            else BOUNDARY.refusal(decoded, max_payload=MAX_PAYLOAD)
+        )
+        assert answer is not None and answer.code == code, (command, answer)
+        if code is ErrorCode.UNSUPPORTED_VERSION:
+            assert f"send version {PROTOCOL_VERSION}" in answer.message
+    current = codec.decode(encode({**end, "version": PROTOCOL_VERSION}, encoding), encoding)
+    assert isinstance(current, EndTransaction)

@@ -194,10 +194,9 @@ class Codec(Generic[T]):
             raw = (msgspec.json if encoding is Encoding.JSON else msgspec.msgpack).decode(data)
         except _UNREADABLE:  # e.g. too deeply nested: the typed error says enough
             return Error(ErrorCode.BAD_REQUEST, _brief(str(exc)))
-        if self.versioned and isinstance(raw, dict):
-            if "version" not in raw:  # a version 1 client's: the field came with version 2
-                return _removed_version("a command without `version` (protocol version 1)")
-            unsupported = unsupported_version(raw["version"])
+        versioned = self.versioned and isinstance(raw, dict)
+        if versioned:
+            unsupported = unsupported_version(raw.get("version"))
             if unsupported is not None:  # another version's fields may not fit our Structs
                 return unsupported
         tag = raw.get("type") if isinstance(raw, dict) else None
@@ -206,6 +205,8 @@ class Codec(Generic[T]):
             return Error(
                 ErrorCode.UNKNOWN_COMMAND, f"unknown command {tag[:64]!r}; expected {known}"
             )
+        if versioned and tag in self.tags and "version" not in raw:  # a version 1 client's
+            return _removed_version("a command without `version` (protocol version 1)")
         return Error(ErrorCode.BAD_REQUEST, _brief(str(exc)))
 
 
