@@ -191,8 +191,8 @@ async def test_a_coordinator_never_writes_to_a_reply_subject_outside_the_inbox(
             end = EndTransaction(
                 txid="open", token=open_.token, decision=Decision.COMMIT, version=PROTOCOL_VERSION
             )
-            await private_nc.publish(layout.prepare_subject(0), encode(prepare), reply=reply)
-            await private_nc.publish(layout.end_subject(0), encode(end), reply=reply)
+            await private_nc.publish(layout.prepare_subject(0, "g"), encode(prepare), reply=reply)
+            await private_nc.publish(layout.end_subject(0, "g"), encode(end), reply=reply)
             await private_nc.publish(
                 layout.admin_subject(0),
                 encode(ShowTransaction(txid="t0", version=PROTOCOL_VERSION)),
@@ -231,7 +231,7 @@ async def test_a_coordinator_answers_the_inbox_prefix_it_is_configured_with(
             client = CoordinatorClient(custom)
             receipt = await client.prepare("t1", message())
             assert (await client.end("t1", receipt.token, Decision.COMMIT)).state == "committed"
-            ref = RemoteActorRef(default, layout.prepare_subject(0), Prepared)
+            ref = RemoteActorRef(default, layout.prepare_subject(0, "g"), Prepared)
             with pytest.raises(AskTimeout):  # `_INBOX.` is not this account's prefix
                 await ref.ask(
                     Prepare(

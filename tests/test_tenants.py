@@ -309,9 +309,8 @@ BOUNDARY = Boundary(
     [
         ("orders", "orders", layout.prepare_subject(0, "orders"), None),
         ("orders", "orders-eu", layout.prepare_subject(0, "orders"), None),
-        ("orders", "orders", layout.prepare_subject(0), None),  # deprecated, still policed
         ("orders", "ordersx", layout.prepare_subject(0, "orders"), ErrorCode.FORBIDDEN),
-        ("orders", "payments", layout.prepare_subject(0), ErrorCode.FORBIDDEN),
+        ("orders", "payments", layout.prepare_subject(0, "orders"), ErrorCode.FORBIDDEN),
         ("payments", "payments", layout.prepare_subject(0, "orders"), ErrorCode.FORBIDDEN),
         ("intruders", "orders", layout.prepare_subject(0, "intruders"), ErrorCode.FORBIDDEN),
         ("orders", "bad.topic", layout.prepare_subject(0, "payments"), ErrorCode.BAD_REQUEST),
@@ -381,8 +380,7 @@ def test_a_groups_request_is_answered_only_in_its_own_inbox(
 def test_admin_answers_never_go_into_a_tenants_inbox(owner: str, rest: str) -> None:
     reply = f"_INBOX.{owner}.{rest}"
     tenant = owner in ("orders", "payments", "billing")
-    for subject in (layout.admin_subject(0), layout.prepare_subject(0)):
-        assert (REPLIES(subject, reply) is None) == (not tenant)
+    assert (REPLIES(layout.admin_subject(0), reply) is None) == (not tenant)
 
 
 # -- the documented deployment -----------------------------------------------------------------
@@ -640,7 +638,7 @@ async def test_a_producer_cannot_prepare_as_another_group(tmp_path: Path) -> Non
             await own.ask(_prepare("payments", "payments"), timeout=5)
         assert refused.value.code == ErrorCode.FORBIDDEN
         assert "subject of group" in refused.value.message
-        for subject in (layout.prepare_subject(0, "payments"), layout.prepare_subject(0)):
+        for subject in (layout.prepare_subject(0, "payments"), "txn.coord.0.prepare"):
             other = RemoteActorRef(orders.nc, subject, Prepared)
             with pytest.raises(AskTimeout):  # the server dropped it: nobody got it
                 await other.ask(_prepare("payments", "payments"), timeout=DENIED)
