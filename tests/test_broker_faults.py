@@ -167,7 +167,7 @@ async def test_in_flight_writes_resume_within_seconds_of_the_broker_return(
                     "-m",
                     "tests.peers.freezer",
                     server.url,
-                    "txn.coord.*.prepare",
+                    "txn.coord.*.prepare.*",
                     str(server.pid),
                 ]
             )
