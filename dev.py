@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """One entry point for a fresh machine: needs only Python 3.11+.
 
-`python3 dev.py demo [orders]` and `python3 dev.py test` create `.venv`, install the project
-with the extras that command needs, then run. The venv remembers which extras it holds and
-for which pyproject.toml: a command whose extras are already there (a `demo` after a `test`)
-installs nothing, and a missing one is added to what is there, never swapped for it.
+`python3 dev.py demo [orders]`, `python3 dev.py sink …` (`txactors sink …`) and `python3 dev.py
+test` create `.venv`, install the project with the extras that command needs, then run. The
+venv remembers which extras it holds and for which pyproject.toml: a command whose extras are
+already there (a `demo` after a `test`) installs nothing, and a missing one is added to what is
+there, never swapped for it.
 The justfile and `.ci/run` call this script, so there is one way to do each thing.
 """
 
@@ -30,6 +31,8 @@ EVERYTHING = ("dev", "postgres", "spark")
 """Tests, lint and benchmarks: the test tools, PostgreSQL and Spark."""
 DEMO_EXTRAS = ("postgres",)
 """A demo needs the base dependencies, and asyncpg for `--db postgres`; not Spark (849 MB)."""
+SINK_EXTRAS = ("spark",)
+"""`dev.py sink`: the Spark sink (pyspark and pyarrow; Java 17+ is the user's to install)."""
 DEMOS = {"transfer": "apps.transfer", "orders": "apps.orders"}
 """`python3 dev.py demo [name] [flags]`: the bank transfer unless another one is named."""
 
@@ -82,6 +85,11 @@ def demo_command(args: list[str]) -> list[str]:
     return ["-m", DEMOS["transfer"], *args]
 
 
+def sink_command(args: list[str]) -> list[str]:
+    """The `txactors sink …` command line of `dev.py sink …`, from the venv."""
+    return [tool("txactors"), "sink", *args]
+
+
 def ensure_fuse() -> None:
     """The power-cut tests mount a FUSE disk: install libfuse3 and fusermount3 (Debian's
     fuse3) where /dev/fuse exists and they are missing, when we are root with apt-get.
@@ -121,6 +129,9 @@ def main(argv: list[str]) -> None:
     elif command == "demo":
         ensure_env(DEMO_EXTRAS)
         run([str(PYTHON), *demo_command(rest)])
+    elif command == "sink":
+        ensure_env(SINK_EXTRAS)
+        run(sink_command(rest))
     elif command == "test":
         ensure_env()
         ensure_fuse()
@@ -134,7 +145,10 @@ def main(argv: list[str]) -> None:
         ensure_env()
         run([str(PYTHON), "-m", "bench", *rest])
     else:
-        print("usage: python3 dev.py {setup|demo [transfer|orders]|test|lint|bench} [args...]")
+        print(
+            "usage: python3 dev.py {setup|demo [transfer|orders]|sink [run|query]|test|lint|bench}"
+            " [args...]"
+        )
         sys.exit(0 if command == "help" else 2)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from bench import actors, consumer, fsync, ingest, scale, spark, transactions, transfer
+from bench import actors, consumer, cpu, fsync, ingest, scale, spark, transactions, transfer
 
 BENCHMARKS = {
     "actors": actors.main,
@@ -16,6 +16,7 @@ BENCHMARKS = {
     "consumer": consumer.main,
     "transfer": transfer.main,
     "spark": spark.main,
+    "cpu": cpu.main,
 }
 
 

@@ -151,7 +151,7 @@ class Deployment:
                     )
                 )
                 log.close()
-            await self._balanced(processes, partitions)
+            await wait_balanced(self.url, processes, partitions, START_TIMEOUT, self.logs)
             pids = [p.pid for p in processes]
             roles = (
                 ["coordinator"] if count == 1 else [f"coordinator {i + 1}" for i in range(count)]
@@ -166,34 +166,6 @@ class Deployment:
                     process.terminate()
             for process in processes:
                 await process.wait()
-
-    async def _balanced(self, processes: list[asyncio.subprocess.Process], partitions: int) -> None:
-        """Until every partition is served and each process holds its even share (`partitions
-        // count`, or one more); fails if one exits or the split stays uneven."""
-        owners = len(processes)
-        share = partitions // owners
-        nc = await nats.connect(self.url)
-        try:
-            deadline = time.monotonic() + START_TIMEOUT
-            while True:
-                with contextlib.suppress(Exception):
-                    table = await list_leases(nc, partitions=partitions)
-                    held = Counter(lease.owner for lease in table.leases if lease.owner)
-                    if (
-                        all(lease.owner for lease in table.leases)
-                        and len(held) == owners
-                        and all(share <= n <= share + 1 for n in held.values())
-                    ):
-                        return
-                if any(p.returncode is not None for p in processes):
-                    raise RuntimeError(f"a coordinator exited at start (see {self.logs})")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"{owners} coordinator(s) did not split {partitions} partitions evenly"
-                    )
-                await asyncio.sleep(0.1)
-        finally:
-            await nc.close()
 
     @contextlib.asynccontextmanager
     async def consumer(self, topic: str, count: int) -> AsyncIterator[Consumed]:
@@ -241,6 +213,42 @@ class Consumed:
             line = await self.process.stdout.readline()
         report: Mapping[str, Any] = json.loads(line)
         return report["latencies"], report["last"]
+
+
+async def wait_balanced(
+    url: str,
+    processes: list[asyncio.subprocess.Process],
+    partitions: int,
+    timeout: float,
+    logs: Path,
+) -> None:
+    """Until every partition is served and each coordinator process holds its even share
+    (`partitions // count`, or one more); fails if one exits or the split stays uneven for
+    `timeout` seconds (their logs are in `logs`)."""
+    owners = len(processes)
+    share = partitions // owners
+    nc = await nats.connect(url)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(Exception):
+                table = await list_leases(nc, partitions=partitions)
+                held = Counter(lease.owner for lease in table.leases if lease.owner)
+                if (
+                    all(lease.owner for lease in table.leases)
+                    and len(held) == owners
+                    and all(share <= n <= share + 1 for n in held.values())
+                ):
+                    return
+            if any(p.returncode is not None for p in processes):
+                raise RuntimeError(f"a coordinator exited at start (see {logs})")
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{owners} coordinator(s) did not split {partitions} partitions evenly"
+                )
+            await asyncio.sleep(0.1)
+    finally:
+        await nc.close()
 
 
 @contextlib.asynccontextmanager

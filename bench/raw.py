@@ -37,8 +37,20 @@ async def _stream(nc: Client, topic: str) -> str:
 async def pipelined(
     nc: Client, body: bytes, count: int, in_flight: int, topic: str = "rawpipe"
 ) -> tuple[float, list[float]]:
-    js = nc.jetstream(publish_async_max_pending=max(in_flight, 1))
     subject = await _stream(nc, topic)
+    started = time.monotonic()
+    latencies = await publish_acked(nc, subject, body, range(count), in_flight)
+    seconds = time.monotonic() - started
+    await nc.jetstream().purge_stream(layout.topic_stream(topic))
+    return count / seconds, latencies
+
+
+async def publish_acked(
+    nc: Client, subject: str, body: bytes, numbers: range, in_flight: int
+) -> list[float]:
+    """Publish `body` once per number (its `Nats-Msg-Id`), `in_flight` awaiting their acks;
+    returns each one's latency, publish to ack."""
+    js = nc.jetstream(publish_async_max_pending=max(in_flight, 1))
     latencies: list[float] = []
     pending: collections.deque[tuple[float, asyncio.Future[Any]]] = collections.deque()
 
@@ -47,17 +59,14 @@ async def pipelined(
         await future
         latencies.append(time.monotonic() - sent)
 
-    started = time.monotonic()
-    for i in range(count):
+    for i in numbers:
         if len(pending) >= in_flight:
             await settle_oldest()
         future = await js.publish_async(subject, body, headers={"Nats-Msg-Id": f"r{i}"})
         pending.append((time.monotonic(), future))
     while pending:
         await settle_oldest()
-    seconds = time.monotonic() - started
-    await js.purge_stream(layout.topic_stream(topic))
-    return count / seconds, latencies
+    return latencies
 
 
 async def atomic_batches(

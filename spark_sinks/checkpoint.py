@@ -2,13 +2,16 @@
 
 Spark keeps, per query, `offsets/<batch>` (written before the batch runs) and `commits/<batch>`
 (written once its output is committed); each offsets file is `v1`, a metadata line, then the
-source's offset as JSON (ours: `{"TOPIC_transfers": 1200}`). Reading them lets the job tell,
-without starting a JVM, whether a topic is caught up (nothing planned, nothing new) or lost
-sequences, and lets `txactors sink run` show what a running batch reads.
+source's offset as JSON (ours: `{"TOPIC_transfers": {"seq": 1200, "created": "…"}}`, or
+`{"TOPIC_transfers": 1200}` in checkpoints from before the stream's identity was kept).
+Reading them lets the job tell, without starting a JVM, whether a topic is caught up (nothing
+planned, nothing new) or lost sequences, and lets `txactors sink run` show what a running
+batch reads.
 
-The job also pins a query's resolved `startingOffsets` here (`txactors-start.json`): Spark asks
-a Python source for its initial offset again when the query's first batch is re-run after a
-crash, and `latest` must mean the same then as it did the first time.
+The job also pins a query's resolved `startingOffsets` here (`txactors-start.json`), with the
+creation time of the stream it was resolved against: Spark asks a Python source for its
+initial offset again when the query's first batch is re-run after a crash, and `latest` must
+mean the same then as it did the first time (and on the same stream).
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from spark_sinks.errors import SinkError
+from spark_sinks.offsets import StreamPosition, decode_offset
+
 PINNED_START: Final = "txactors-start.json"
 
 
@@ -26,9 +32,9 @@ class Position:
     """A query's last committed batch and offsets, and a batch planned after it, if any."""
 
     committed_batch: int | None
-    committed: dict[str, int] | None
+    committed: dict[str, StreamPosition] | None
     planned_batch: int | None
-    planned: dict[str, int] | None
+    planned: dict[str, StreamPosition] | None
 
 
 def position(checkpoint: Path) -> Position:
@@ -41,16 +47,14 @@ def position(checkpoint: Path) -> Position:
     return Position(done, committed, pending, planned)
 
 
-def offsets_of(checkpoint: Path, batch: int) -> dict[str, int] | None:
+def offsets_of(checkpoint: Path, batch: int) -> dict[str, StreamPosition] | None:
     """The end offsets of `batch` (None if its file is gone or not ours)."""
     try:
         lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
         found = json.loads(lines[2])
-    except (OSError, IndexError, json.JSONDecodeError):
+        return decode_offset(found) if isinstance(found, dict) else None
+    except (OSError, IndexError, json.JSONDecodeError, SinkError, KeyError, ValueError):
         return None
-    if not isinstance(found, dict):
-        return None
-    return {str(k): int(v) for k, v in found.items()}
 
 
 def _latest(log: Path) -> int | None:
@@ -60,16 +64,32 @@ def _latest(log: Path) -> int | None:
     return max(ids, default=None)
 
 
-def pinned_start(checkpoint: Path) -> dict[str, int] | None:
+@dataclass(frozen=True, slots=True)
+class PinnedStart:
+    """A new query's resolved start ({topic: first sequence to read}), and the creation time
+    of the stream it was resolved against (None in pins from before the sink kept it)."""
+
+    start: dict[str, int]
+    created: str | None = None
+
+
+def pinned_start(checkpoint: Path) -> PinnedStart | None:
+    """The pin: `{"start": {topic: seq}, "created": …}`, or the older bare `{topic: seq}`."""
     try:
         found = json.loads((checkpoint / PINNED_START).read_text())
-    except (OSError, json.JSONDecodeError):
+        if not isinstance(found, dict):
+            return None
+        if isinstance(found.get("start"), dict):
+            created = found.get("created")
+            start = {str(k): int(v) for k, v in found["start"].items()}
+            return PinnedStart(start, None if created is None else str(created))
+        return PinnedStart({str(k): int(v) for k, v in found.items()})
+    except (OSError, json.JSONDecodeError, TypeError, ValueError):
         return None
-    return {str(k): int(v) for k, v in found.items()} if isinstance(found, dict) else None
 
 
-def pin_start(checkpoint: Path, starting: dict[str, int]) -> None:
+def pin_start(checkpoint: Path, pinned: PinnedStart) -> None:
     checkpoint.mkdir(parents=True, exist_ok=True)
     tmp = checkpoint / f".{PINNED_START}.tmp"
-    tmp.write_text(json.dumps(starting))
+    tmp.write_text(json.dumps({"start": pinned.start, "created": pinned.created}))
     tmp.replace(checkpoint / PINNED_START)

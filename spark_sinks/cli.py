@@ -94,7 +94,7 @@ def print_progress(event: Progress) -> None:
                 "; waiting for new messages — Ctrl-C to stop" if event.waiting else ""
             )
         case Skipped():
-            line = f"warning: {event.message} (--no-fail-on-data-loss)"
+            line = f"warning: {event.message}"
     typer.echo(line, err=True)
 
 
@@ -141,10 +141,11 @@ def sink_and_show(
     What `txactors sink run` does, callable from the demos after a run. Everything that can
     be checked without Spark is checked first (`job.plan`); a catch-up run that finds nothing
     new and no tables to update starts no JVM at all (unless `sql` needs one). `master` and
-    `conf` go to the session (`local_session`).
+    `conf` go to the session (`local_session`); a session this starts is stopped, JVM and
+    all, before it returns, so the catalog is free for the next command.
     """
     from spark_sinks.job import plan, run_sink
-    from spark_sinks.session import local_session
+    from spark_sinks.session import command_session
 
     config = NatsConfig.from_env() if config is None else config
     with nats_for_sink(config) as nats:
@@ -161,11 +162,13 @@ def sink_and_show(
                 print_progress(Skipped(message))
             print_progress(CaughtUp(planned.seqs(), waiting=False))
             if sql is not None:
-                show(local_session(warehouse, master=master, conf=conf), sql, limit)
+                with command_session(warehouse, master=master, conf=conf) as spark:
+                    show(spark, sql, limit)
             return 0
-        spark = local_session(warehouse, master=master, conf=conf)
-        stop = threading.Event()
-        with _stop_on_signals(stop):
+        with (
+            command_session(warehouse, master=master, conf=conf) as spark,
+            _stop_on_signals(stop := threading.Event()),
+        ):
             rows = run_sink(
                 spark,
                 warehouse,
@@ -179,9 +182,9 @@ def sink_and_show(
                 on_progress=print_progress,
                 stop=stop,
             )
-        typer.echo(f"{rows:,} rows sunk into {warehouse}", err=True)
-        if sql is not None:
-            show(spark, sql, limit)
+            typer.echo(f"{rows:,} rows sunk into {warehouse}", err=True)
+            if sql is not None:
+                show(spark, sql, limit)
     return rows
 
 
@@ -202,9 +205,10 @@ def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
 
 
 def query(sql: str, warehouse: Path, limit: int) -> None:
-    from spark_sinks.session import local_session
+    from spark_sinks.session import command_session
 
-    show(local_session(warehouse), sql, limit)
+    with command_session(warehouse) as spark:
+        show(spark, sql, limit)
 
 
 def show(spark: SparkSession, sql: str, limit: int) -> None:

@@ -25,10 +25,10 @@ from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
+from spark_sinks.errors import SinkError
 from spark_sinks.schema import Committed
 from txactors.config import NatsConfig
-from txactors.connection import connect_options
-from txactors.errors import NatsConnectError
+from txactors.connection import nats_session
 from txactors.layout import topic_filter, topic_stream
 
 FETCH_BATCH: Final = 2_000
@@ -42,26 +42,36 @@ AUTH_OPTIONS: Final = (
 T = TypeVar("T")
 
 
-async def connect(config: NatsConfig) -> Client:
-    """A client for `config.url` with its auth and TLS (the source never embeds a server)."""
-    options = connect_options(config)
-    options["name"] = f"{config.name}-spark"
-    options["max_reconnect_attempts"] = config.connect_retries
-    try:
-        return await nats.connect(servers=config.servers, **options)
-    except (OSError, TimeoutError, nats.errors.Error) as exc:
-        raise NatsConnectError(
-            f"could not connect to NATS ({exc!r}); check that the server runs "
-            "and NATS_URL (or the source's `servers` option) names it"
-        ) from exc
+@contextlib.asynccontextmanager
+async def connect(config: NatsConfig) -> AsyncIterator[Client]:
+    """A client for `config.url` with its auth and TLS (the source never embeds a server).
+
+    Through txactors' own connect: a server that cannot be reached is one NatsConnectError,
+    with no traceback per attempt logged by nats-py on the way.
+    """
+    if config.url is None:
+        raise SinkError("the sink needs a NATS URL (option 'servers', or NATS_URL)")
+    async with nats_session(
+        config, name=f"{config.name}-spark", disconnected_cb=_closed
+    ) as session:
+        yield session.nc
+
+
+async def _closed() -> None:
+    """Each call closes its connection when done: that disconnect is not news to log."""
 
 
 @dataclass(frozen=True, slots=True)
 class Bounds:
-    """A stream's first and last sequence; first = last + 1 when it holds nothing (any more)."""
+    """A stream's first and last sequence; first = last + 1 when it holds nothing (any more).
+
+    `created`: when the stream was created (ISO 8601), which tells it from one of the same
+    name created again (offsets.StreamPosition).
+    """
 
     first: int
     last: int
+    created: str | None = None
 
 
 async def stream_bounds(config: NatsConfig, streams: Sequence[str]) -> dict[str, Bounds | None]:
@@ -69,20 +79,18 @@ async def stream_bounds(config: NatsConfig, streams: Sequence[str]) -> dict[str,
 
     Only `stream_info`: the sink reads, it never creates a stream (a typo must not make one).
     """
-    nc = await connect(config)
-    try:
+    async with connect(config) as nc:
         js = nc.jetstream()
         found: dict[str, Bounds | None] = {}
         for stream in streams:
             try:
-                state = (await js.stream_info(stream)).state
+                info = await js.stream_info(stream)
             except NotFoundError:
                 found[stream] = None
                 continue
-            found[stream] = Bounds(first=state.first_seq, last=state.last_seq)
+            created = None if info.created is None else info.created.isoformat()
+            found[stream] = Bounds(info.state.first_seq, info.state.last_seq, created)
         return found
-    finally:
-        await nc.close()
 
 
 async def fetch_range(
@@ -94,8 +102,7 @@ async def fetch_range(
     even if the stream has grown since.
     """
     stream = topic_stream(topic)
-    nc = await connect(config)
-    try:
+    async with connect(config) as nc:
         js = nc.jetstream()
         consumer = ConsumerConfig(
             deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
@@ -138,8 +145,6 @@ async def fetch_range(
                 pending.cancel()
             with contextlib.suppress(nats.errors.Error, asyncio.CancelledError):
                 await sub.unsubscribe()
-    finally:
-        await nc.close()
 
 
 def _position(reply: str) -> tuple[int, int]:

@@ -2,8 +2,9 @@
 
 The events (`BatchStarted`, `BatchRunning`, `BatchProgress`, `CaughtUp`, `Skipped`) go to the
 run's `on_progress` callback; `spark_sinks.cli` prints them. `ProgressWatch` derives them from
-each query's checkpoint (a batch planned) and its `recentProgress` (a batch finished), as
-the run polls.
+each query's checkpoint (a batch planned) and its `recentProgress` (a batch finished), as the
+run polls. What a batch skips with failOnDataLoss off the source says itself, once, as it plans
+the batch (source.py); `Skipped` is what the plan settled before any query ran.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from spark_sinks.checkpoint import position
+from spark_sinks.offsets import StreamPosition, first_to_read
 from txactors.layout import topic_stream
 
 if TYPE_CHECKING:
@@ -72,7 +74,8 @@ class CaughtUp:
 
 @dataclass(frozen=True, slots=True)
 class Skipped:
-    """Sequences purged before they were read, skipped because failOnDataLoss is off."""
+    """A query that never ran starts on a stream created again since its start was pinned
+    (failOnDataLoss is off): said by the plan, since its source never sees the old stream."""
 
     message: str
 
@@ -99,7 +102,9 @@ class ProgressWatch:
         self.rows = 0
         self.read = {t.topic: t.read_up_to for t in planned.topics}
         self.heads = {t.topic: t.bounds.last for t in planned.topics}
-        self.finished = {t.topic: t.position.committed_batch or -1 for t in planned.topics}
+        committed = {t.topic: t.position.committed_batch for t in planned.topics}
+        self.finished = {t: -1 if b is None else b for t, b in committed.items()}
+        self.announced = dict(self.finished)  # the last batch a BatchStarted was sent for
         self.running: dict[str, tuple[int, float, float]] = {}  # batch, since, last said
         self.idle_said = False
 
@@ -124,12 +129,11 @@ class ProgressWatch:
             return
         if topic not in self.running or self.running[topic][0] != batch:
             stream = topic_stream(topic)
-            first = (where.committed or {}).get(stream, self.read[topic]) + 1
-            last = where.planned.get(stream, first - 1)
+            read = (where.committed or {}).get(stream, StreamPosition(self.read[topic]))
+            end = where.planned.get(stream, read)
             self.running[topic] = (batch, now, now)
             self.idle_said = False
-            if last >= first:
-                self.emit(BatchStarted(topic, batch, first, last))
+            self._announce(topic, batch, first_to_read(read, end), end.seq)
             return
         _, since, said = self.running[topic]
         if now - said >= STILL_RUNNING_EVERY:
@@ -141,24 +145,24 @@ class ProgressWatch:
         for progress in query.recentProgress:
             batch_id = int(progress["batchId"])
             source = (progress.get("sources") or [{}])[0]
-            head = _seq(source.get("latestOffset"), stream)
+            head = _position(source.get("latestOffset"), stream)
             if head is not None:
-                self.heads[topic] = head
+                self.heads[topic] = head.seq
             # An idle trigger reports a progress with no rows under the next batch's id; only
             # batches that moved rows are reported (and the real batch keeps its id).
-            end = _seq(source.get("endOffset"), stream)
+            end = _position(source.get("endOffset"), stream)
+            start = _position(source.get("startOffset"), stream)
             read_before = self.read[topic]
-            if end is not None:
-                self.read[topic] = max(self.read[topic], end)
+            if end is not None:  # the end of the latest batch: a new stream starts lower
+                self.read[topic] = end.seq
             rows = int(progress["numInputRows"])
             if batch_id <= self.finished[topic] or not rows:
                 continue
             self.finished[topic] = batch_id
-            seen = self.running.pop(topic, None)
-            if seen is None or seen[0] != batch_id:  # it ran between two polls: say it started
-                start = _seq(source.get("startOffset"), stream)
-                first = (read_before if start is None else start) + 1
-                self.emit(BatchStarted(topic, batch_id, first, end or first + rows - 1))
+            self.running.pop(topic, None)
+            if end is not None:  # it ran between two polls: say it started
+                read = start if start is not None else StreamPosition(read_before)
+                self._announce(topic, batch_id, first_to_read(read, end), end.seq)
             self.idle_said = False
             self.rows += rows
             self.emit(
@@ -166,19 +170,26 @@ class ProgressWatch:
                     topic=topic,
                     batch_id=batch_id,
                     rows=rows,
-                    end_seq=end or 0,
-                    head_seq=head,
+                    end_seq=0 if end is None else end.seq,
+                    head_seq=None if head is None else head.seq,
                     seconds=int(progress.get("batchDuration", 0)) / 1000,
                 )
             )
+
+    def _announce(self, topic: str, batch: int, first: int, last: int) -> None:
+        """BatchStarted, once per batch: the checkpoint or the progress, whichever shows it
+        first (a batch can be committed before its progress is posted)."""
+        if batch > self.announced[topic] and last >= first:
+            self.announced[topic] = batch
+            self.emit(BatchStarted(topic, batch, first, last))
 
     def _all_caught_up(self) -> bool:
         return all(self.read[t] >= self.heads[t] for t in self.queries)
 
 
-def _seq(offset: Any, stream: str) -> int | None:
+def _position(offset: Any, stream: str) -> StreamPosition | None:
     if isinstance(offset, str):
         offset = json.loads(offset)
     if isinstance(offset, dict) and stream in offset:
-        return int(offset[stream])
+        return StreamPosition.decode(offset[stream])
     return None

@@ -14,13 +14,14 @@ Three things fail late and vaguely if not set before the JVM starts, so they are
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -106,7 +107,7 @@ def check_catalog_free(warehouse: Path) -> None:
 
 
 def local_session(
-    warehouse: Path,
+    warehouse: str | os.PathLike[str],
     *,
     master: str | None = None,
     conf: Mapping[str, str] | None = None,
@@ -116,7 +117,8 @@ def local_session(
 
     `master` defaults to spark-submit's `--master` when run by it, else `local[*]`; `conf`
     (Spark settings, `--conf` of `txactors sink run`) goes last, so it overrides ours. On a
-    cluster, put the warehouse on shared storage (docs/spark.md "On a cluster").
+    cluster, put the warehouse on shared storage (docs/spark.md "On a cluster"). `warehouse` is
+    a path or a string naming one.
     """
     check_java()
     prepare_python_workers()
@@ -124,7 +126,7 @@ def local_session(
 
     from spark_sinks.source import register
 
-    warehouse = warehouse.resolve()
+    warehouse = Path(warehouse).resolve()
     if SparkSession.getActiveSession() is None:  # else our own JVM holds the catalog
         check_catalog_free(warehouse)
     warehouse.mkdir(parents=True, exist_ok=True)
@@ -160,3 +162,53 @@ def local_session(
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
+
+
+@contextlib.contextmanager
+def command_session(
+    warehouse: str | os.PathLike[str],
+    *,
+    master: str | None = None,
+    conf: Mapping[str, str] | None = None,
+) -> Iterator[SparkSession]:
+    """`local_session` for one command, let go of entirely once the command is done.
+
+    A session this opened is stopped on the way out, and its JVM with it: the JVM holds the
+    Derby catalog until it exits, so a `txactors sink run` that has returned must have waited
+    for it, or the next command finds the catalog "open in another process". A session that
+    was already running (a caller's own) is left running.
+    """
+    from pyspark import SparkContext
+
+    ours = SparkContext._active_spark_context is None
+    spark = local_session(warehouse, master=master, conf=conf)
+    try:
+        yield spark
+    finally:
+        if ours:
+            stop_session(spark)
+
+
+def stop_session(spark: SparkSession, *, timeout: float = 60.0) -> None:
+    """Stop `spark` and, unless spark-submit runs it, its JVM, and wait until the JVM is gone.
+
+    pyspark's gateway JVM exits when its stdin closes (it is started with a pipe there so that
+    it dies with its Python parent); until it has exited it still holds the catalog's lock.
+    """
+    from pyspark import SparkContext
+
+    spark.stop()
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None)  # None under spark-submit: its JVM is our parent
+    if gateway is None or proc is None:
+        return
+    gateway.shutdown()
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -5,10 +5,12 @@
           .option("servers", "nats://127.0.0.1:4222").option("topics", "transfers")
           .option("schema", "apps.transfer.messages:Transfer").load())
 
-Offsets are JetStream stream sequences, one per stream: `{"TOPIC_transfers": 1200}` means
-"everything up to sequence 1200 is in earlier batches". A topic stream only grows and its
-messages never change, so re-reading a range after a crash gives the same rows: that, with
-Spark's checkpoint and the file sink's commit log, is what makes the sink exactly once.
+Offsets are JetStream stream sequences, one per stream, with the stream's creation time:
+`{"TOPIC_transfers": {"seq": 1200, "created": "…"}}` means "everything up to sequence 1200 of
+the stream created then is in earlier batches". A topic stream only grows and its messages
+never change, so re-reading a range after a crash gives the same rows: that, with Spark's
+checkpoint and the file sink's commit log, is what makes the sink exactly once. A stream
+deleted and created again under the same name is another stream (offsets.py).
 
 Spark pickles the reader and runs `read` in Python workers, and `latestOffset` in a separate
 driver-side Python process: so the reader holds only plain options, and every call opens its
@@ -20,7 +22,8 @@ where they mean the same:
     topics                 topic names, comma separated (required); each stream must exist
     schema                 `module:Struct` for the payload; omitted → a raw `payload` column
     startingOffsets        earliest (default) | latest | {"topic": first seq, ...} (offsets.py)
-    failOnDataLoss         true (default): purged sequences fail the query; false: skip, log
+    failOnDataLoss         true (default): purged sequences or a stream created again fail
+                           the query; false: skip them / read the new stream, and log it once
     maxOffsetsPerTrigger   upper bound on sequences per micro-batch (default: no bound)
     parallelism            input partitions a batch is split into at most (default 2)
     user, password, token, creds_file, nkeys_seed, tls_ca, tls_cert, tls_key: NATS auth
@@ -55,12 +58,18 @@ from spark_sinks.jetstream_read import (
     stream_bounds,
 )
 from spark_sinks.offsets import (
+    Replaced,
     Starting,
-    check_not_rewound,
+    StreamPosition,
     data_loss_error,
+    decode_offset,
+    encode_offset,
+    first_to_read,
+    head_positions,
     initial_offsets,
-    lost,
+    losses,
     parse_starting,
+    replaced,
     require,
 )
 from spark_sinks.schema import BatchBuilder, load_struct, spark_schema
@@ -158,72 +167,91 @@ class TxactorsDataSource(DataSource):
 
 
 class TxactorsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets are {stream: StreamPosition.encode()}: the last sequence read, and the creation
+    time of the stream it was read from, so a stream created again is not taken for the one
+    that was read (offsets.losses)."""
+
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self.streams = [topic_stream(t) for t in options.topics]
         self._target: dict[str, int] | None = None
-        self._reported: set[tuple[str, int]] = set()
+        self._reported: set[tuple[object, ...]] = set()  # Loss keys already logged
 
     def prepareForTriggerAvailableNow(self) -> None:
         """availableNow: read up to today's heads in batches of maxOffsetsPerTrigger, then stop.
 
         (Without this, Spark asks a Python source for everything in one batch.)
         """
-        self._target = self._heads(self._bounds())
+        self._target = {s: p.seq for s, p in self._heads(self._bounds()).items()}
 
-    def initialOffset(self) -> dict[str, int]:
+    def initialOffset(self) -> dict[str, Any]:
         """Where a query without a checkpoint starts: `startingOffsets` against the streams."""
-        return initial_offsets(self.options.starting, self.options.topics, self._bounds())
+        return encode_offset(
+            initial_offsets(self.options.starting, self.options.topics, self._bounds())
+        )
 
     def latestOffset(
-        self, start: dict[str, int] | None = None, limit: ReadLimit | None = None
-    ) -> dict[str, int]:
+        self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None
+    ) -> dict[str, Any]:
         """The streams' heads, at most `limit` sequences past `start` (maxOffsetsPerTrigger
         comes back as the limit, via getDefaultReadLimit); Spark < 4.2 passes neither.
 
-        Planning a batch is where purged sequences are noticed, as Kafka's source does.
+        Planning a batch is where lost sequences are noticed, as Kafka's source does: with
+        failOnDataLoss they fail the query before the batch is written to the checkpoint.
+        A stream created again is read from its beginning.
         """
         bounds = self._bounds()
         heads = self._heads(bounds)
         if self._target is not None:
-            heads = {s: min(seq, self._target.get(s, 0)) for s, seq in heads.items()}
+            heads = {
+                s: StreamPosition(min(p.seq, self._target.get(s, 0)), p.created)
+                for s, p in heads.items()
+            }
         if start is None:
-            return heads
-        begun = {s: int(start.get(s, 0)) for s in self.streams}
-        self._check_losses(begun, bounds)
+            return encode_offset(heads)
+        begun = self._positions(start)
+        found = losses(self.options.topics, begun, bounds)
+        if found and self.options.fail_on_data_loss:
+            raise DataLoss(data_loss_error(found))
+        anew = {topic_stream(loss.topic) for loss in found if isinstance(loss, Replaced)}
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         end = {}
         for stream in self.streams:
-            begin = begun[stream]
-            head = max(heads[stream], begin)
+            now = heads[stream]
+            begin = 0 if stream in anew else begun[stream].seq
+            head = max(now.seq, begin)
             if budget is not None:
                 head = min(head, begin + budget)
                 budget -= head - begin
-            end[stream] = head
-        return end
-
-    def _check_losses(self, start: dict[str, int], bounds: Mapping[str, Bounds | None]) -> None:
-        check_not_rewound(start, bounds)
-        losses = lost(start, bounds)
-        if losses and self.options.fail_on_data_loss:
-            raise DataLoss(data_loss_error(losses))
-        for loss in losses:
-            if (loss.stream, loss.last) not in self._reported:  # once per purge, not per poll
-                self._reported.add((loss.stream, loss.last))
-                _log.warning("%s; skipped (failOnDataLoss=false)", loss.describe())
+            end[stream] = StreamPosition(head, now.created)
+        return encode_offset(end)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         rows = self.options.max_offsets_per_trigger
         return ReadMaxRows(rows) if rows is not None else ReadAllAvailable()
 
-    def reportLatestOffset(self) -> dict[str, int]:
-        return self._heads(self._bounds())
+    def reportLatestOffset(self) -> dict[str, Any]:
+        return encode_offset(self._heads(self._bounds()))
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[SequenceRange]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[SequenceRange]:
+        """The batch's sequence ranges; what the streams lost since `start` is said here, once
+        (or fails the query): every batch passes here, also one re-run after a crash."""
+        begun, until = self._positions(start), self._positions(end)
+        bounds = self._bounds()
+        found = losses(self.options.topics, begun, bounds)
+        if found and self.options.fail_on_data_loss:
+            raise DataLoss(data_loss_error(found))
+        for loss in found:
+            if loss.key not in self._reported:
+                self._reported.add(loss.key)
+                _log.warning("%s", loss.skipping())
         ranges = []
         for topic, stream in zip(self.options.topics, self.streams, strict=True):
-            first, last = int(start.get(stream, 0)) + 1, int(end.get(stream, 0))
-            ranges += split_range(topic, first, last, self.options.parallelism)
+            held = bounds.get(stream)
+            if held is not None and replaced(until[stream], held.created, held.last):
+                continue  # planned on a stream replaced since: the next batch reads the new one
+            first = first_to_read(begun[stream], until[stream])
+            ranges += split_range(topic, first, until[stream].seq, self.options.parallelism)
         return ranges
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -235,18 +263,22 @@ class TxactorsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for chunk in run_sync(chunks):
             yield builder.build(chunk)
 
-    def commit(self, end: dict[str, int]) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: the source holds no consumer between batches."""
+
+    def _positions(self, offset: Mapping[str, Any]) -> dict[str, StreamPosition]:
+        found = decode_offset(offset)
+        return {s: found.get(s, StreamPosition(0)) for s in self.streams}
 
     def _bounds(self) -> dict[str, Bounds | None]:
         return asyncio.run(stream_bounds(nats_config(self.options.nats), self.streams))
 
-    def _heads(self, bounds: Mapping[str, Bounds | None]) -> dict[str, int]:
+    def _heads(self, bounds: Mapping[str, Bounds | None]) -> dict[str, StreamPosition]:
         """Each stream's last sequence; a stream gone while the query runs is an error."""
-        return {
-            s: require(bounds, s, t).last
-            for s, t in zip(self.streams, self.options.topics, strict=True)
+        found = {
+            s: require(bounds, s, t) for s, t in zip(self.streams, self.options.topics, strict=True)
         }
+        return head_positions(found)
 
 
 def split_range(topic: str, first: int, last: int, parallelism: int) -> list[SequenceRange]:

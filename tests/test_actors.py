@@ -8,6 +8,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
+from tests.support.wait import eventually
 from txactors.actors import Actor, ActorSystem, Directive, Escalated, Supervisor
 from txactors.errors import ActorDeadError, AskTimeout, CommandError, MailboxFull
 from txactors.protocol import Error, ErrorCode
@@ -79,7 +80,7 @@ async def test_full_mailbox_makes_tell_wait_and_tell_nowait_raise() -> None:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(blocked_sender)
-            await anyio.sleep(0.05)
+            await anyio.sleep(0.05)  # the scenario: a while in which the tell must not get in
             assert not sent.is_set(), "tell must wait while the mailbox is full"
             gate.set()
             with anyio.fail_after(2):
@@ -161,8 +162,13 @@ async def test_escalate_fails_the_whole_system() -> None:
                 lambda: Counter([]), supervisor=Supervisor(decide=lambda e: Directive.ESCALATE)
             )
             await ref.tell("boom")
-            await anyio.sleep(5)
+            await anyio.sleep(5)  # cancelled by the escalation, which fails the system
     assert caught.value.subgroup(Escalated) is not None
+
+
+def queued(ref: Any) -> int:
+    """Messages waiting in the actor's mailbox."""
+    return int(ref._cell._send.statistics().current_buffer_used)
 
 
 async def test_stop_fails_queued_asks_with_actor_dead_error() -> None:
@@ -182,10 +188,10 @@ async def test_stop_fails_queued_asks_with_actor_dead_error() -> None:
             await entered.wait()
             tg.start_soon(ask, "queued-1")
             tg.start_soon(ask, "queued-2")
-            await anyio.sleep(0.01)
+            await eventually(lambda: queued(ref) >= 2, what="two asks queued")
             async with anyio.create_task_group() as stopper:
                 stopper.start_soon(ref.stop)
-                await anyio.sleep(0.01)
+                await eventually(lambda: ref._cell._stopping, what="the stop requested")
                 gate.set()
         assert outcomes[0] == "wait", "the message in hand is finished"
         assert [type(o) for o in outcomes[1:]] == [ActorDeadError, ActorDeadError]
@@ -208,7 +214,7 @@ async def test_system_shutdown_fails_pending_asks_instead_of_hanging() -> None:
         outer.start_soon(ask, ref, "wait")  # never released: shutdown must force it
         await entered.wait()
         outer.start_soon(ask, ref, "queued")
-        await anyio.sleep(0.01)
+        await eventually(lambda: queued(ref) >= 1, what="the second ask queued")
     assert len(errors) == 2
     assert all(isinstance(e, ActorDeadError) for e in errors)
 
@@ -322,9 +328,9 @@ async def test_background_tasks_report_back_without_blocking_the_actor() -> None
         await ref.tell(("fetch", "b"))
         assert await ref.ask("results") == [], "the actor answers while its tasks wait"
         release.set()
-        with anyio.fail_after(2):
-            while len(await ref.ask("results")) < 2:
-                await anyio.sleep(0.01)
+        await eventually(
+            lambda: ref.ask("results"), until=lambda got: len(got) >= 2, timeout=2, what="2 results"
+        )
         assert sorted(await ref.ask("results")) == ["A", "B"]
 
 
@@ -340,10 +346,8 @@ async def test_a_failed_background_task_fails_the_actor_and_its_tasks_end_with_i
         ref = await system.spawn(lambda: Watched(release, journal))
         await ref.tell(("fetch", "never"))  # pending when the instance is replaced
         await ref.tell("explode")
-        with anyio.fail_after(2):
-            while journal.count("start") < 2:
-                await anyio.sleep(0.01)
+        await eventually(lambda: journal.count("start") >= 2, timeout=2, what="the second start")
         assert [type(f) for f in failures] == [OSError]
         release.set()
-        await anyio.sleep(0.05)
+        await anyio.sleep(0.05)  # the scenario: room for a task that should be gone to finish
         assert await ref.ask("results") == [], "the old instance's task was cancelled"

@@ -15,7 +15,6 @@ import sys
 import time
 from typing import Any
 
-import anyio
 import msgspec
 import pytest
 from hypothesis import assume, given
@@ -26,6 +25,7 @@ from structlog.testing import capture_logs
 from typer.testing import CliRunner
 
 from tests.support.txn import FAST, CoordinatorClient, message, topic_ids
+from tests.support.wait import eventually
 from txactors import admin, layout
 from txactors.cli import app
 from txactors.coordinator import CoordinatorConfig, TxnState
@@ -42,10 +42,9 @@ LONG = 20_000.0
 
 
 async def _wait_for_state(nc: Client, txid: str, state: str) -> TransactionInfo:
-    with anyio.fail_after(10):
-        while (info := await admin.show(nc, txid)).state != state:
-            await anyio.sleep(0.05)
-    return info
+    return await eventually(
+        lambda: admin.show(nc, txid), until=lambda info: info.state == state, what=f"{txid} {state}"
+    )
 
 
 def _text(renderable: object) -> str:

@@ -17,6 +17,7 @@ import structlog
 import structlog.testing
 from nats.aio.client import Client
 
+from tests.support.wait import eventually
 from txactors import ConsumedMessage, PoisonMessage, TxApp
 from txactors.consumer.dlq import ensure_dlq_stream
 from txactors.consumer.message import ConsumedMessage as Message
@@ -218,9 +219,11 @@ async def test_a_poison_message_is_dead_lettered_at_once_and_counted(private_nc:
         await publish(private_nc, b"\xc1", "bad:0")
         await publish(private_nc, msgspec.msgpack.encode(OrderPaid(1, 2)), "good:0")
         js = private_nc.jetstream()
-        with anyio.fail_after(10):
-            while not handled or (await js.stream_info(dlq_stream("svc"))).state.messages < 1:
-                await anyio.sleep(0.02)
+
+        async def handled_and_dead_lettered() -> bool:
+            return bool(handled) and (await js.stream_info(dlq_stream("svc"))).state.messages >= 1
+
+        await eventually(handled_and_dead_lettered)
     assert hooks == ["startup", "shutdown"]
     dead = await js.get_last_msg(dlq_stream("svc"), "dlq.svc.orders")
     assert (dead.headers or {})[ERROR_HEADER].startswith(
@@ -252,9 +255,10 @@ async def test_retries_are_counted_and_lag_is_what_the_group_has_not_been_given(
             raise RuntimeError("try again")
 
     async with app.running(private_nc, pull_expires=0.1):
-        with anyio.fail_after(10):
-            while sorted(set(attempts)) != [0, 1, 2] or attempts.count(0) < 2:
-                await anyio.sleep(0.02)
+        await eventually(
+            lambda: sorted(set(attempts)) == [0, 1, 2] and attempts.count(0) >= 2,
+            what="every order handled, the first twice",
+        )
     assert lags[:2] == [2.0, 1.0], "one at a time: the others wait, then fewer do"
     assert registry.get_sample_value("txactors_consumer_retries_total", labels) == 1.0
     assert registry.get_sample_value("txactors_consumer_handler_seconds_count", labels) == 4
@@ -302,14 +306,12 @@ async def test_an_app_that_may_not_declare_waits_for_the_coordinators_streams(
 
             async def run() -> None:
                 async with app.running(private_nc, pull_expires=0.1):
-                    with anyio.fail_after(10):
-                        while not handled:
-                            await anyio.sleep(0.02)
+                    await eventually(lambda: handled, what="the order handled")
 
             tg.start_soon(run)
-            with anyio.fail_after(10):
-                while not any(e["event"] == "stream_awaited" for e in logs):
-                    await anyio.sleep(0.02)
+            await eventually(
+                lambda: any(e["event"] == "stream_awaited" for e in logs), what="stream_awaited"
+            )
             assert await js.streams_info() == []  # it waits; it made nothing
             await publish(private_nc, msgspec.msgpack.encode(OrderPaid(7, 1)), "w:0")
             await ensure_dlq_stream(js, "svc")

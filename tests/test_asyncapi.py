@@ -125,7 +125,8 @@ def test_every_command_and_reply_of_the_code_is_in_the_document() -> None:
         for cls in vars(protocol).values()
         if isinstance(cls, type)
         and issubclass(cls, protocol.Message)
-        and cls not in (protocol.Message, protocol.Command)  # bases, never sent
+        # bases, never sent
+        and cls not in (protocol.Message, protocol.Command, protocol.OperatorDecision)
     }
     assert structs <= set(document["components"]["messages"])
 

@@ -21,6 +21,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from tests.conftest import MakeNatsServer
 from tests.support.txn import FAST, CoordinatorClient, message, topic_ids
+from tests.support.wait import eventually
 from txactors import layout
 from txactors.consumer import ConsumedMessage, Consumer
 from txactors.coordinator import CoordinatorConfig, CoordinatorOptions
@@ -66,7 +67,7 @@ async def test_nothing_committed_is_lost_when_the_broker_is_killed_mid_run(
             try:
                 await txn.send(TxMessage("orders", str(n).encode(), keys=[txn.txid]))
             except TxActorsError:
-                await anyio.sleep(0.05)  # prepare failed: nothing happened, try again
+                await anyio.sleep(0.05)  # the load's pace: prepare failed, nothing happened
                 continue
             await txn.end(local(TxMessage("orders", b"", keys=[txn.txid]), None))
 
@@ -79,6 +80,7 @@ async def test_nothing_committed_is_lost_when_the_broker_is_killed_mid_run(
             async with anyio.create_task_group() as tg:
                 for _ in range(4):
                     tg.start_soon(produce, producer)
+                # The scenario: a second of load, a second without the server, two with it back.
                 await anyio.sleep(1.0)
                 await server.kill()
                 await anyio.sleep(1.0)
@@ -88,9 +90,9 @@ async def test_nothing_committed_is_lost_when_the_broker_is_killed_mid_run(
             committed = {t for t, d in local_db.items() if d is Decision.COMMIT}
             rolled_back = {t for t, d in local_db.items() if d is Decision.ROLLBACK}
             assert len(committed) > 20 and rolled_back, "the run did real work on both sides"
-            with anyio.fail_after(60):
-                while not committed <= set(deliveries):
-                    await anyio.sleep(0.1)
+            await eventually(
+                lambda: committed <= set(deliveries), timeout=60, what="every commit delivered"
+            )
             ids = await topic_ids(nc, "orders")
         assert set(deliveries) == committed, "every committed one, and no rolled-back one"
         assert len(ids) == len(set(ids)) == len(committed), "the topic holds each one once"
@@ -107,27 +109,31 @@ def _txid_on(partition: int, partitions: int, name: str) -> str:
     )
 
 
-async def _commit_once_up(client: CoordinatorClient, partition: int, partitions: int) -> None:
+async def _commit_once_up(
+    client: CoordinatorClient, partition: int, partitions: int, timeout: float
+) -> None:
     """Prepare and commit a transaction, trying again (a new one) until the partition is back."""
-    for attempt in itertools.count():
-        txid = _txid_on(partition, partitions, f"probe-{attempt}")
-        try:
-            prepared = await client.prepare_ref.ask(
-                Prepare(
-                    txid=txid,
-                    group="g",
-                    producer="p1",
-                    messages=[message()],
-                    version=PROTOCOL_VERSION,
-                ),
-                timeout=1.0,
-            )
-            ended = await client.end(txid, prepared.token, Decision.COMMIT, timeout=1.0)
-        except (ActorDeadError, AskTimeout, CommandError):
-            await anyio.sleep(0.05)
-            continue
-        assert ended.state == "committed"
-        return
+    attempts = itertools.count()
+
+    async def commit_one() -> str:
+        txid = _txid_on(partition, partitions, f"probe-{next(attempts)}")
+        prepared = await client.prepare_ref.ask(
+            Prepare(
+                txid=txid, group="g", producer="p1", messages=[message()], version=PROTOCOL_VERSION
+            ),
+            timeout=1.0,
+        )
+        return (await client.end(txid, prepared.token, Decision.COMMIT, timeout=1.0)).state
+
+    state = await eventually(
+        commit_one,
+        until=lambda _: True,
+        ignoring=(ActorDeadError, AskTimeout, CommandError),
+        timeout=timeout,
+        interval=0.05,
+        what=f"a commit on partition {partition}",
+    )
+    assert state == "committed"
 
 
 async def test_in_flight_writes_resume_within_seconds_of_the_broker_return(
@@ -158,9 +164,8 @@ async def test_in_flight_writes_resume_within_seconds_of_the_broker_return(
             config=CoordinatorConfig(transaction_timeout=600, max_immunity=600),
             options=CoordinatorOptions(partitions=partitions),
         ):
-            with anyio.fail_after(10):  # warm up: the topic stream exists, partitions serve
-                for p in range(partitions):
-                    await _commit_once_up(clients[p], p, partitions)
+            for p in range(partitions):  # warm up: the topic stream exists, partitions serve
+                await _commit_once_up(clients[p], p, partitions, timeout=10)
             freezer = await anyio.open_process(
                 [
                     sys.executable,
@@ -183,13 +188,12 @@ async def test_in_flight_writes_resume_within_seconds_of_the_broker_return(
                         assert await lines.receive_until(b"\n", 100) == b"frozen"
                     await server.kill()  # acks of the frozen server's appends are lost
                     await freezer.wait()
-                    await anyio.sleep(0.5)
+                    await anyio.sleep(0.5)  # the scenario: the server stays down a moment
                     await server.start()
                     back = time.monotonic()
-                    with anyio.fail_after(60):
-                        async with anyio.create_task_group() as probes:
-                            for p in range(partitions):
-                                probes.start_soon(_commit_once_up, clients[p], p, partitions)
+                    async with anyio.create_task_group() as probes:
+                        for p in range(partitions):
+                            probes.start_soon(_commit_once_up, clients[p], p, partitions, 60)
                     recovered = time.monotonic() - back
             print(f"every partition committed {recovered:.2f} s after nats-server was back")
             assert recovered < 15.0

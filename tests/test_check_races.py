@@ -19,6 +19,7 @@ from nats.aio.client import Client
 from prometheus_client import CollectorRegistry
 
 from tests.support.txn import FAST, topic_ids
+from tests.support.wait import eventually
 from txactors.coordinator import CoordinatorConfig
 from txactors.coordinator.service import run_coordinator
 from txactors.metrics import CoordinatorMetrics
@@ -54,9 +55,9 @@ async def test_checks_during_the_local_transaction_are_unknown_and_its_rollback_
         return value or 0.0
 
     async def local_transaction(message: Any, arg: Any) -> Decision:
-        with anyio.fail_after(10):
-            while inconclusive() < 2:  # the coordinator has checked, twice, and heard UNKNOWN
-                await anyio.sleep(0.02)
+        await eventually(  # the coordinator has checked, twice, and heard UNKNOWN
+            lambda: inconclusive() >= 2, what="two inconclusive checks"
+        )
         return Decision.ROLLBACK
 
     config = CoordinatorConfig(**FAST)

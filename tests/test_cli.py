@@ -23,6 +23,7 @@ from prometheus_client import generate_latest
 
 from tests.conftest import MakeNatsServer
 from tests.support.txn import CoordinatorClient, message
+from tests.support.wait import eventually, within
 from txactors import layout
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import run_coordinator
@@ -149,7 +150,7 @@ async def start_coordinator(url: str, *args: str) -> asyncio.subprocess.Process:
 
 async def read_until(process: asyncio.subprocess.Process, text: bytes) -> None:
     assert process.stderr is not None
-    with anyio.fail_after(20):
+    with within(20, f"{text!r} from the coordinator"):
         while text not in await process.stderr.readline():
             assert not process.stderr.at_eof(), f"the coordinator exited before {text!r}"
 
@@ -187,7 +188,7 @@ async def test_sigterm_stops_the_coordinator_within_seconds_whatever_its_connect
         await read_until(coordinator, b"coordinator ready")
         if server_state == "killed after start":
             await server.kill()
-            await anyio.sleep(0.5)  # it notices, and starts reconnecting
+            await read_until(coordinator, b"nats_disconnected")  # it noticed: it reconnects now
     assert await stopped_within(coordinator, 3.0) == 0
 
 
@@ -207,13 +208,14 @@ async def test_two_coordinators_in_one_process_each_have_their_metrics(
             client = CoordinatorClient(private_nc, partition)
             receipt = await client.prepare(txid, message())
             await client.end(txid, receipt.token, Decision.COMMIT)
-        with anyio.fail_after(10):  # counted once `done` is written, after the answer
-            while not all(
+        await eventually(  # counted once `done` is written, after the answer
+            lambda: all(
                 f'txactors_commits_total{{partition="{p}"}} 1.0'
                 in generate_latest(m.registry).decode()
                 for [p], m in zip(owned, (first, second), strict=True)
-            ):
-                await anyio.sleep(0.01)
+            ),
+            what="one commit counted on each partition",
+        )
         http = [serve_metrics(metrics.registry, 0, addr="127.0.0.1") for metrics in (first, second)]
         try:
             scraped = [

@@ -1,4 +1,5 @@
-"""Faults under load on a 3-node cluster: a node, a coordinator, or both, killed mid-run.
+"""Faults under load on a 3-node cluster: a node, a coordinator, or both, killed mid-run;
+or the whole cluster and its coordinators at once, restarted at once.
 
 Each test runs the deployment of tests/support/load_rig.py (two coordinators, a consumer and
 a load producer, each in its own process, every stream with three replicas), kills something
@@ -12,6 +13,7 @@ node or coordinator failure costs").
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -141,3 +143,30 @@ async def test_killing_a_node_and_a_coordinator_at_once(
     await survivor_holds_every_partition(rig, fault)
     await commit_through_then_restart(rig, victim, fault)
     await check(rig, capsys, "node and coordinator killed", fault)
+
+
+POWER_CUTS = int(os.environ.get("TXACTORS_CLUSTER_CUTS", "1"))
+"""Whole-cluster cuts per run (each ~40 s); set more for a longer hunt."""
+AFTER_POWER = 30
+"""Commits confirmed after the power is back before the load stops."""
+
+
+async def test_the_whole_cluster_and_its_coordinators_lose_power_together(
+    rig: LoadRig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every node and coordinator SIGKILLed at once under load, all started again at once:
+    each node rebuilds its streams from its raft log while the coordinators recover. Every
+    transaction settles without another restart: committed ones on their topics, rolled
+    back ones nowhere, UNKNOWN ones as their check-back says."""
+    await both_coordinators_hold_partitions(rig)
+    await rig.commits_after(0, WARM_UP)
+    first = time.time()
+    for _ in range(POWER_CUTS):
+        fault = time.time()
+        await rig.power_cut()
+        await rig.power_back()
+        await rig.commits_after(fault, AFTER_POWER, timeout=120)
+    await rig.settle()
+    verdict = await rig.verdict()
+    report(capsys, f"whole cluster restarted x{POWER_CUTS}", verdict, first)
+    assert not verdict.problems, "\n".join(verdict.problems[:30])

@@ -26,6 +26,7 @@ from nats.aio.client import Client
 from nats.js.api import ConsumerInfo
 
 from tests.conftest import MakeNatsServer
+from tests.support.wait import eventually
 from txactors.consumer import ConsumedMessage, Consumer, apply_once_sqlite
 from txactors.layout import (
     COMMITTED_AT_HEADER,
@@ -86,12 +87,6 @@ async def publish(
     await nc.jetstream().publish(topic_subject(topic, tag), body, headers=headers)
 
 
-async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    with anyio.fail_after(timeout):
-        while not predicate():
-            await anyio.sleep(0.01)
-
-
 @contextmanager
 def capture_logs() -> Iterator[list[MutableMapping[str, Any]]]:
     """Every log event with its bound context, whatever level another test configured."""
@@ -122,7 +117,7 @@ async def test_handler_success_acks_each_message_once(nc: Client) -> None:
         await publish(nc, topic, 1, b"two")
         await publish(nc, topic, 2, b"three", tag="paid")
         async with Consumer(nc, topic, group, handler, pull_expires=0.2):
-            await wait_until(lambda: len(seen) == 3)
+            await eventually(lambda: len(seen) == 3)
         first = seen[0]
         assert (first.topic, first.tag, first.txid, first.msg_id) == (topic, "paid", "tx1", "tx1:0")
         assert first.keys == ("k0", "order-0")
@@ -147,8 +142,8 @@ async def test_tags_narrow_the_subscription(nc: Client) -> None:
         for i, tag in enumerate(["a", "b", None, "a", "c"]):
             await publish(nc, topic, i, tag=tag)
         async with Consumer(nc, topic, group, handler, tags=["a", "c"], pull_expires=0.2):
-            await wait_until(lambda: len(seen) == 3)
-            await anyio.sleep(0.1)
+            await eventually(lambda: len(seen) == 3)
+            await anyio.sleep(0.1)  # the scenario: room for a message that should not come
         assert seen == ["a", "a", "c"]
 
 
@@ -166,12 +161,12 @@ async def test_retry_delays_grow_then_dlq_with_last_error(nc: Client) -> None:
             async with Consumer(
                 nc, topic, group, handler, max_reconsume=3, retry_delays=delays, pull_expires=0.2
             ):
-                await wait_until(lambda: len(arrivals) == 4)
+                await eventually(lambda: len(arrivals) == 4)
                 dlq = await nc.jetstream().pull_subscribe(
                     dlq_filter(group), stream=dlq_stream(group)
                 )
                 [dead] = await dlq.fetch(1, timeout=3)
-                # the original is acked: no 5th attempt even after the longest delay
+                # the scenario: the original is acked, no 5th attempt after the longest delay
                 await anyio.sleep(delays[-1] + 0.3)
         gaps = [b - a for a, b in itertools.pairwise(arrivals)]
         assert len(arrivals) == 4
@@ -218,7 +213,7 @@ async def test_failing_message_does_not_block_the_others(nc: Client) -> None:
         async with Consumer(
             nc, topic, group, handler, concurrency=1, retry_delays=[30.0], pull_expires=0.2
         ):
-            await wait_until(lambda: len(ok) == 5)
+            await eventually(lambda: len(ok) == 5)
         assert ok == [2, 3, 4, 5, 6]
 
 
@@ -233,7 +228,7 @@ async def test_concurrency_bounds_parallel_handlers(nc: Client, concurrency: int
         running += 1
         peak = max(peak, running)
         start = time.monotonic()
-        await anyio.sleep(0.1)
+        await anyio.sleep(0.1)  # the scenario: handling takes a while
         running -= 1
         spans.append((start, time.monotonic()))
 
@@ -241,7 +236,7 @@ async def test_concurrency_bounds_parallel_handlers(nc: Client, concurrency: int
         for i in range(8):
             await publish(nc, topic, i)
         async with Consumer(nc, topic, group, handler, concurrency=concurrency, pull_expires=0.2):
-            await wait_until(lambda: len(spans) == 8)
+            await eventually(lambda: len(spans) == 8)
         elapsed = max(end for _, end in spans) - min(start for start, _ in spans)
         assert peak == concurrency
         assert elapsed >= 0.1 * 8 / concurrency
@@ -290,8 +285,8 @@ async def test_graceful_stop_finishes_in_flight_handler_and_acks(nc: Client) -> 
             seen.append(msg.stream_seq)
 
         async with Consumer(nc, topic, group, record, pull_expires=0.2):
-            await wait_until(lambda: bool(seen))
-            await anyio.sleep(0.2)
+            await eventually(lambda: bool(seen))
+            await anyio.sleep(0.2)  # the scenario: room for a message that should not come
         assert seen == [2]
 
 
@@ -316,7 +311,7 @@ async def test_handler_cancelled_at_stop_timeout_is_redelivered_at_once(nc: Clie
             seen.append(msg)
 
         async with Consumer(nc, topic, group, record, pull_expires=0.2):
-            await wait_until(lambda: bool(seen), timeout=3)
+            await eventually(lambda: bool(seen), timeout=3)
         assert seen[0].deliveries == 2
 
 
@@ -326,13 +321,13 @@ async def test_slow_handler_is_kept_alive_past_ack_wait(nc: Client) -> None:
     async def slow(msg: ConsumedMessage) -> None:
         nonlocal calls
         calls += 1
-        await anyio.sleep(1.2)
+        await anyio.sleep(1.2)  # the scenario: a handler slower than the ack wait
 
     async with names(nc) as (topic, group):
         await publish(nc, topic, 0)
         async with Consumer(nc, topic, group, slow, ack_wait=0.5, pull_expires=0.2):
-            await wait_until(lambda: calls == 1)
-            await anyio.sleep(1.4)
+            await eventually(lambda: calls == 1)
+            await anyio.sleep(1.4)  # the scenario: past the ack wait, no redelivery may come
         assert calls == 1
         state = await info(nc, topic, group)
         assert state.num_redelivered == 0 and state.num_ack_pending == 0
@@ -369,7 +364,7 @@ async def test_group_members_share_the_messages(nc: Client) -> None:
     def member(name: str) -> Callable[[ConsumedMessage], Awaitable[None]]:
         async def handler(msg: ConsumedMessage) -> None:
             handled[name].append(msg.msg_id)
-            await anyio.sleep(0.01)
+            await anyio.sleep(0.01)  # the scenario: handling takes a moment
 
         return handler
 
@@ -380,8 +375,8 @@ async def test_group_members_share_the_messages(nc: Client) -> None:
             Consumer(nc, topic, group, member("a"), concurrency=2, pull_expires=0.2),
             Consumer(nc, topic, group, member("b"), concurrency=2, pull_expires=0.2),
         ):
-            await wait_until(lambda: len(handled["a"]) + len(handled["b"]) >= 40)
-            await anyio.sleep(0.1)
+            await eventually(lambda: len(handled["a"]) + len(handled["b"]) >= 40)
+            await anyio.sleep(0.1)  # the scenario: room for a duplicate that should not come
         everything = handled["a"] + handled["b"]
         assert sorted(everything) == sorted(f"tx1:{i}" for i in range(40))  # each once
         assert handled["a"] and handled["b"]
@@ -410,8 +405,8 @@ async def test_idempotent_handler_ignores_a_redelivery(nc: Client, tmp_path: Pat
 
         await publish(nc, topic, 0)
         async with Consumer(nc, topic, group, handler, retry_delays=[0.05], pull_expires=0.2):
-            await wait_until(lambda: calls == 2)
-            await anyio.sleep(0.1)
+            await eventually(lambda: calls == 2)
+            await anyio.sleep(0.1)  # the scenario: room for a third call that should not come
         async with db.execute("SELECT total FROM points") as cursor:
             assert await cursor.fetchone() == (10,)
         assert (await info(nc, topic, group)).num_ack_pending == 0
@@ -431,13 +426,13 @@ async def test_consumer_survives_a_server_crash(make_nats_server: MakeNatsServer
             Consumer(client, topic, group, handler, pull_expires=0.3),
         ):
             await publish(client, topic, 0)
-            await wait_until(lambda: seen == [1])
+            await eventually(lambda: seen == [1])
             await server.kill()
-            await anyio.sleep(0.2)
+            await anyio.sleep(0.2)  # the scenario: the server stays down a moment
             await server.start()  # same port and store dir
-            await wait_until(lambda: client.is_connected)
+            await eventually(lambda: client.is_connected)
             await publish(client, topic, 1)
-            await wait_until(lambda: 2 in seen, timeout=10)
+            await eventually(lambda: 2 in seen, timeout=10)
         # An ack the crash kept from disk may bring seq 1 back: at least once, never lost.
         assert set(seen) == {1, 2}
     finally:
@@ -474,9 +469,9 @@ async def test_a_dead_letter_too_big_to_copy_goes_to_the_dlq_by_reference(
                 retry_delays=[0.05],
                 pull_expires=0.2,
             ):
-                await wait_until(lambda: seen == [1, 1])
+                await eventually(lambda: seen == [1, 1])
                 await publish(client, topic, 1, b"next")
-                await wait_until(lambda: 2 in seen)
+                await eventually(lambda: 2 in seen)
                 dlq = await client.jetstream().pull_subscribe(
                     dlq_filter(group), stream=dlq_stream(group)
                 )
@@ -524,7 +519,7 @@ async def test_acks_share_socket_writes_and_all_leave_before_stop_returns(nc: Cl
         transport.writelines = counted  # type: ignore[union-attr,method-assign]
         try:
             async with Consumer(consumer_nc, topic, group, handler, concurrency=64):
-                await wait_until(lambda: handled == count)
+                await eventually(lambda: handled == count)
         finally:
             await consumer_nc.close()
         state = await info(nc, topic, group)
@@ -549,15 +544,15 @@ async def test_a_consumer_that_may_not_declare_waits_for_its_streams(nc: Client)
         with capture_logs() as logs:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(consumer.run)
-                await wait_until(lambda: any(e["event"] == "stream_awaited" for e in logs))
+                await eventually(lambda: any(e["event"] == "stream_awaited" for e in logs))
                 await ensure_topic_stream(js, topic)
                 await publish(nc, topic, 0, b"one")
-                await wait_until(
+                await eventually(
                     lambda: sum(e["event"] == "stream_awaited" for e in logs) == 2, timeout=10
                 )
                 assert seen == []  # the DLQ stream is still missing
                 await js.add_stream(name=dlq_stream(group), subjects=[dlq_filter(group)])
-                await wait_until(lambda: len(seen) == 1, timeout=10)
+                await eventually(lambda: len(seen) == 1, timeout=10)
                 await consumer.stop()
         awaited = [e["stream"] for e in logs if e["event"] == "stream_awaited"]
         assert awaited == [topic_stream(topic), dlq_stream(group)]

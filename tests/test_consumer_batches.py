@@ -14,7 +14,8 @@ import anyio.lowlevel
 import nats
 from nats.aio.client import Client
 
-from tests.test_consumer import info, names, publish, wait_until
+from tests.support.wait import eventually
+from tests.test_consumer import info, names, publish
 from txactors.consumer import ConsumedMessage, Consumer
 from txactors.errors import NatsConnectionLost
 
@@ -60,7 +61,7 @@ async def test_acks_are_written_only_after_their_handlers_returned(nc: Client) -
         transport.writelines = spied  # type: ignore[union-attr,method-assign]
         try:
             async with Consumer(consumer_nc, topic, group, handler, concurrency=8):
-                await wait_until(lambda: len(acked) == count - len(failing))
+                await eventually(lambda: len(acked) == count - len(failing))
         finally:
             await consumer_nc.close()
         assert early == [], f"acks written before their handler returned: {early}"
@@ -106,6 +107,6 @@ async def test_handled_messages_whose_acks_never_left_are_redelivered(nc: Client
             again.append(msg)
 
         async with Consumer(nc, topic, group, handler, ack_wait=1.0):
-            await wait_until(lambda: len(again) == 3)
+            await eventually(lambda: len(again) == 3)
         assert sorted(m.stream_seq for m in again) == [1, 2, 3]
         assert all(m.deliveries == 2 for m in again)

@@ -5,12 +5,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from txactors.consumer.dlq import (
-    JETSTREAM_MAX_HEADER_BYTES,
-    dead_letter_entry,
-    header_block_bytes,
-)
+from txactors.consumer.dlq import dead_letter_entry
 from txactors.consumer.message import ConsumedMessage
+from txactors.framing import JETSTREAM_MAX_HEADER_BYTES, header_block_bytes
 from txactors.layout import (
     DLQ_OMITTED_HEADER,
     ERROR_HEADER,
@@ -36,11 +33,6 @@ def consumed(body: bytes, headers: dict[str, str], msg_id: str = "tx1:0") -> Con
         committed_at=None,
         subject="topic.orders._",
     )
-
-
-def test_header_block_bytes_counts_what_nats_sends() -> None:
-    assert header_block_bytes({}) == len(b"NATS/1.0\r\n\r\n")
-    assert header_block_bytes({"A": "café"}) == len(b"NATS/1.0\r\nA: caf\xc3\xa9\r\n\r\n")
 
 
 def test_a_small_message_is_copied_whole() -> None:

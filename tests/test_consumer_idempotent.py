@@ -17,6 +17,7 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
+from tests.support.wait import eventually
 from txactors.consumer import apply_once_postgres, apply_once_sqlite
 from txactors.consumer.idempotent import PgConnection
 
@@ -85,7 +86,7 @@ async def test_sqlite_concurrent_redeliveries_apply_once(tmp_path: Path) -> None
 
     async def slow_credit(conn: aiosqlite.Connection) -> None:
         await credit_sqlite(conn)
-        await anyio.sleep(0.05)  # widen the race window
+        await anyio.sleep(0.05)  # the scenario: a slow credit widens the race window
 
     async def deliver(conn: aiosqlite.Connection) -> None:
         results.append(await apply_once_sqlite(conn, "bank-b", "tx3:0", slow_credit))
@@ -186,7 +187,7 @@ async def test_postgres_concurrent_redeliveries_apply_once(pg_schema: str) -> No
 
     async def slow_credit(c: PgConnection) -> None:
         await credit_pg(c)
-        await anyio.sleep(0.05)  # the others block on the primary key meanwhile
+        await anyio.sleep(0.05)  # the scenario: a slow credit; the others block meanwhile
 
     async def deliver() -> None:
         results.append(await apply_once_postgres(pool, "bank-b", "tx3:0", slow_credit))
@@ -211,7 +212,15 @@ async def test_postgres_concurrent_attempt_after_a_rollback_applies(pg_schema: s
     async def fail_slowly(c: PgConnection) -> None:
         await credit_pg(c)
         first_in.set()
-        await anyio.sleep(0.2)  # b is now waiting on our uncommitted apply record
+
+        async def b_waits_for() -> str | None:
+            await c.execute("SELECT pg_stat_clear_snapshot()")  # fresh within a transaction
+            query = "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1"
+            return await c.fetchval(query, conn_b.get_server_pid())  # type: ignore[no-any-return]
+
+        await eventually(
+            b_waits_for, until=lambda kind: kind == "Lock", what="b waits on our apply record"
+        )
         raise Boom
 
     async def attempt_a() -> None:

@@ -15,11 +15,14 @@ import anyio
 import msgspec
 import nats
 import pytest
+import structlog
 from nats.aio.client import Client
 
+from tests.support.table import astray
 from tests.support.txn import FAST, CoordinatorClient, message, topic_ids, topic_messages
+from tests.support.wait import eventually
 from txactors import layout
-from txactors.coordinator import CoordinatorConfig
+from txactors.coordinator import CoordinatorConfig, TxnState
 from txactors.coordinator.options import CoordinatorOptions, DiscardedTransaction
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import AskTimeout, CommandError
@@ -136,6 +139,59 @@ async def test_invalid_requests_are_refused_and_change_nothing(private_nc: Clien
         assert await topic_ids(private_nc, "orders") == ["t1:0"]
 
 
+async def test_an_event_the_table_refuses_is_answered_and_the_partition_keeps_serving(
+    private_nc: Client,
+) -> None:
+    """A bug in a move (here: commit goes straight to `committed`) fails that one request
+    with an internal error; the transaction is as it was, and the partition serves on."""
+    async with run_coordinator(private_nc):
+        client = CoordinatorClient(private_nc)
+        receipt = await client.prepare("t1", message())
+        with (
+            structlog.testing.capture_logs() as logs,
+            astray("t1", TxnState.COMMITTED),
+            pytest.raises(CommandError) as refused,
+        ):
+            await client.end("t1", receipt.token, COMMIT)
+        assert refused.value.code == "internal"
+        [logged] = [e for e in logs if e["event"] == "coordinator_event_refused"]
+        assert (logged["refused"], logged["log_level"]) == ("End", "error")
+        events = [e["event"] for e in logs]
+        assert "actor_message_failed" not in events and "actor_restarting" not in events
+        assert "can't move t1 from prepared to committed on end_commit" in str(refused.value)
+        shown = await client.admin(ShowTransaction(txid="t1", version=PROTOCOL_VERSION))
+        assert (shown.state, shown.half_seqs) == ("prepared", receipt.seqs)
+        assert (await client.end("t1", receipt.token, ROLLBACK)).state == "rolled_back"
+        other = await client.prepare("t2", message())
+        assert (await client.end("t2", other.token, COMMIT)).state == "committed"
+        assert await topic_ids(private_nc, "orders") == ["t2:0"]
+
+
+async def test_a_due_transaction_the_table_cannot_move_is_logged_and_left_as_it_was(
+    private_nc: Client,
+) -> None:
+    """A bug in the move of a deadline: that transaction stays as it was (without a
+    deadline, so the bug does not spin the timer), and the partition serves on."""
+    config = CoordinatorConfig(**FAST)
+    async with run_coordinator(private_nc, config=config):
+        client = CoordinatorClient(private_nc)
+        receipt = await client.prepare("stuck", message())
+        with structlog.testing.capture_logs() as logs, astray("stuck", TxnState.COMMITTED):
+            await eventually(
+                lambda: any(e["event"] == "coordinator_event_refused" for e in logs),
+                what="the refused deadline logged",
+            )
+        [logged] = [e for e in logs if e["event"] == "coordinator_event_refused"]
+        assert logged["refused"] == "due"
+        assert "can't move stuck from prepared to committed on due" in logged["error"]
+        events = [e["event"] for e in logs]
+        assert "actor_message_failed" not in events and "actor_restarting" not in events
+        shown = await client.admin(ShowTransaction(txid="stuck", version=PROTOCOL_VERSION))
+        assert (shown.state, shown.check_times) == ("prepared", 0)
+        assert (await client.end("stuck", receipt.token, COMMIT)).state == "committed"
+        assert await topic_ids(private_nc, "orders") == ["stuck:0"]
+
+
 async def test_unknown_end_then_nobody_answers_checks_discards_after_check_max(
     private_nc: Client,
 ) -> None:
@@ -149,15 +205,13 @@ async def test_unknown_end_then_nobody_answers_checks_discards_after_check_max(
         client = CoordinatorClient(private_nc)
         receipt = await client.prepare("lost", message(keys=["k1"]))
         assert (await client.end("lost", receipt.token, UNKNOWN)).state == "prepared"
-        with anyio.fail_after(10):
-            while (
-                info := await client.admin(ShowTransaction(txid="lost", version=PROTOCOL_VERSION))
-            ).state != "discarded":
-                await anyio.sleep(0.05)
+        info = await eventually(
+            lambda: client.admin(ShowTransaction(txid="lost", version=PROTOCOL_VERSION)),
+            until=lambda info: info.state == "discarded",
+            what="lost discarded",
+        )
         assert info.check_times == 3 and info.discard_reason == "check_max"
-        with anyio.fail_after(5):
-            while not hooked:
-                await anyio.sleep(0.01)
+        await eventually(lambda: hooked, what="the discard hook called")
         [discarded] = hooked
         assert (discarded.txid, discarded.group, discarded.reason) == ("lost", "g", "check_max")
         assert [(m.topic, m.body, m.keys) for m in discarded.messages] == [
@@ -213,9 +267,7 @@ async def test_coordinator_killed_between_decision_and_publish_publishes_after_r
 
         # It still holds its lease: the successor takes over once that expires.
         async with run_coordinator(nc, options=CoordinatorOptions(lease_ttl=1)):
-            with anyio.fail_after(10):
-                while not await topic_ids(nc, "points"):
-                    await anyio.sleep(0.05)
+            await eventually(lambda: topic_ids(nc, "points"), what="a message on points")
             # The producer's retried end now gets the final answer.
             assert (await client.end("t1", receipt.token, COMMIT)).state == "committed"
         assert await topic_ids(nc, "orders") == ["t1:0"]
@@ -249,11 +301,11 @@ async def test_coordinator_command_serves_prometheus_metrics(make_nats_server: o
                 return str(reply.read().decode())
 
         # counted once `done` is written, which may follow the producer's answer
-        with anyio.fail_after(10):
-            while 'txactors_commits_total{partition="0"} 1.0' not in (
-                text := await anyio.to_thread.run_sync(scrape)
-            ):
-                await anyio.sleep(0.01)
+        text = await eventually(
+            lambda: anyio.to_thread.run_sync(scrape),
+            until=lambda text: 'txactors_commits_total{partition="0"} 1.0' in text,
+            what="one commit counted",
+        )
         assert 'txactors_pending_transactions{partition="0"} 0.0' in text
         assert "txactors_commit_latency_seconds_bucket" in text
     finally:

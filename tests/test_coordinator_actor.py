@@ -13,8 +13,10 @@ import anyio
 import pytest
 from nats.aio.client import Client
 
+from tests.support.partition import FakePartition, Recorder
 from tests.support.txn import CoordinatorClient, message
-from txactors.actors import Actor, ActorSystem, Request
+from tests.support.wait import eventually
+from txactors.actors import ActorSystem, Request
 from txactors.actors.cell import ActorCell
 from txactors.coordinator.checker import Checker, CheckWork, Due
 from txactors.coordinator.service import run_coordinator
@@ -23,29 +25,20 @@ from txactors.protocol import Decision
 TICK = 0.01
 
 
-class Partition(Actor):
-    """Stands in for the partition actor: keeps what its checker tells it."""
-
-    def __init__(self, heard: list[Any]) -> None:
-        self.heard = heard
-
-    async def receive(self, message: Any) -> None:
-        self.heard.append(message)
-
-
 async def heard_due(heard: list[Any], count: int) -> None:
-    with anyio.fail_after(5):
-        while sum(isinstance(m, Due) for m in heard) < count:
-            await anyio.sleep(TICK)
+    await eventually(
+        lambda: sum(isinstance(m, Due) for m in heard) >= count, what=f"{count} Due told"
+    )
 
 
 async def test_the_checker_reports_due_only_once_the_coordinators_clock_passes_the_deadline(
     private_nc: Client,
 ) -> None:
     now = [1_000.0]
-    heard: list[Any] = []
+    recorder = Recorder()
+    heard = recorder.heard
     async with ActorSystem() as system:
-        partition = await system.spawn(lambda: Partition(heard), name="partition")
+        partition = await system.spawn(lambda: FakePartition(recorder), name="partition")
         checker = await system.spawn(
             lambda: Checker(
                 nc=private_nc,
@@ -65,7 +58,7 @@ async def test_the_checker_reports_due_only_once_the_coordinators_clock_passes_t
         assert heard == [Due(7)]
         now[0] = 1_600.0
         await heard_due(heard, 2)
-        await anyio.sleep(TICK * 5)
+        await anyio.sleep(TICK * 5)  # the scenario: ticks pass, and no second Due may come
         assert heard == [Due(7), Due(7)], "due once per deadline told, not once per tick"
 
 

@@ -13,7 +13,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import anyio
 import msgspec
 import pytest
 from nats.aio.client import Client
@@ -21,6 +20,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from tests.support.txn import FAST, CoordinatorClient, message, topic_ids, topic_messages
+from tests.support.wait import eventually
 from txactors import layout
 from txactors.coordinator import CoordinatorConfig, tokens
 from txactors.coordinator.options import CoordinatorOptions
@@ -330,12 +330,6 @@ async def serve_checks(nc: Client, answer: Answer) -> list[CheckTransaction]:
     return seen
 
 
-async def wait_until(condition: Callable[[], Awaitable[bool]], seconds: float = 15) -> None:
-    with anyio.fail_after(seconds):
-        while not await condition():
-            await anyio.sleep(0.05)
-
-
 async def test_non_ascii_values_and_keys_survive_restart_check_back_and_publish(
     private_nc: Client,
 ) -> None:
@@ -350,7 +344,9 @@ async def test_non_ascii_values_and_keys_survive_restart_check_back_and_publish(
 
     checks = await serve_checks(private_nc, commit)
     async with run_coordinator(private_nc, config=CoordinatorConfig(**FAST)):
-        await wait_until(lambda: _has_messages(private_nc, "orders"))
+        await eventually(
+            lambda: _has_messages(private_nc, "orders"), timeout=15, what="a message on orders"
+        )
         [check] = checks
         assert check.messages[0].properties == properties
         assert check.messages[0].keys == keys
@@ -373,11 +369,15 @@ async def test_non_ascii_values_reach_the_discard_stream_intact(private_nc: Clie
     async with run_coordinator(private_nc, config=config):
         client = CoordinatorClient(private_nc)
         await client.prepare("lost", message(properties={"Lang": "café"}))
-        await wait_until(lambda: _state_is(client, "lost", "discarded"))
+        await eventually(
+            lambda: _state_is(client, "lost", "discarded"), timeout=15, what="lost discarded"
+        )
         js = private_nc.jetstream()
         # The copy follows the durable discard record; it is made beside the partition's loop.
-        await wait_until(
-            lambda: _has_stored(js, layout.DISCARD_STREAM, layout.discard_subject("g"))
+        await eventually(
+            lambda: _has_stored(js, layout.DISCARD_STREAM, layout.discard_subject("g")),
+            timeout=15,
+            what="the discard copy",
         )
         copy = await js.get_last_msg(layout.DISCARD_STREAM, layout.discard_subject("g"))
         assert stored_headers(copy)["Lang"] == "café"
@@ -419,7 +419,9 @@ async def test_unreadable_or_mismatched_check_answers_are_inconclusive(
     async with run_coordinator(private_nc, config=config):
         client = CoordinatorClient(private_nc)
         await client.prepare("checked", message())
-        await wait_until(lambda: _has_messages(private_nc, "orders"))
+        await eventually(
+            lambda: _has_messages(private_nc, "orders"), timeout=15, what="a message on orders"
+        )
         assert len(checks) == 6, "five inconclusive answers, then the commit"
         assert await topic_ids(private_nc, "orders") == ["checked:0"]
 
@@ -451,7 +453,9 @@ async def test_a_transaction_too_large_to_check_back_is_inconclusive_not_fatal(
         client = CoordinatorClient(private_nc)
         first = await client.prepare("big", message(body=half))
         await client.prepare("big", message(body=half), token=first.token)
-        await wait_until(lambda: _state_is(client, "big", "discarded"))
+        await eventually(
+            lambda: _state_is(client, "big", "discarded"), timeout=15, what="big discarded"
+        )
         assert checks == [], "no check could be sent"
         receipt = await client.prepare("after", message())
         assert (await client.end("after", receipt.token, COMMIT)).state == "committed"

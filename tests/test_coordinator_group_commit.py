@@ -20,6 +20,7 @@ from nats.aio.client import Client
 from nats.js.api import PubAck, StreamConfig
 
 from tests.conftest import MakeNatsServer
+from tests.support.wait import eventually
 from txactors import layout
 from txactors.coordinator.effects import Append, PipelinedWriter
 from txactors.coordinator.store import ensure_streams
@@ -40,9 +41,7 @@ class Reports:
         self.quarantined.append((append, reason))
 
     async def wait(self, jobs: int) -> None:
-        with anyio.fail_after(20):
-            while len(self.acks) < jobs:
-                await anyio.sleep(0.01)
+        await eventually(lambda: len(self.acks) >= jobs, timeout=20, what=f"{jobs} jobs acked")
 
 
 @contextlib.asynccontextmanager
@@ -131,9 +130,7 @@ async def test_appends_linger_behind_a_write_in_flight_and_share_the_next_one(
             writer.submit(appends("TOPIC_gc", "topic.gc._", [f"m{i}"]), reports.report)
             for _ in range(5):
                 await anyio.lowlevel.checkpoint()
-        with anyio.fail_after(5):
-            while writes < 2:
-                await anyio.sleep(0.01)
+        await eventually(lambda: writes >= 2, timeout=5, what="the second write")
         held.set()
         await reports.wait(6)
     assert writes == 2
@@ -160,9 +157,11 @@ async def test_a_batch_resent_after_its_ack_was_lost_stores_nothing_twice(
             names = [f"x{i}" for i in range(5)]
             with structlog.testing.capture_logs() as logs:
                 writer.submit(appends("TOPIC_gc", "topic.gc._", names), reports.report)
-                with anyio.fail_after(10):
-                    while len(await stored(observer, "TOPIC_gc")) < 6:
-                        await anyio.sleep(0.02)
+                await eventually(
+                    lambda: stored(observer, "TOPIC_gc"),
+                    until=lambda messages: len(messages) >= 6,
+                    what="six stored on TOPIC_gc",
+                )
                 await proxy.cut()  # the client reconnects and re-sends the same batch
                 await reports.wait(2)
         await writer_nc.close()

@@ -14,6 +14,7 @@ from anyio.abc import TaskStatus
 from nats.aio.client import Client
 
 from tests.support.txn import CoordinatorClient, message, topic_ids
+from tests.support.wait import eventually
 from txactors import layout
 from txactors.coordinator import actor as partition_module
 from txactors.coordinator.options import CoordinatorOptions
@@ -45,9 +46,9 @@ async def test_a_standby_takes_over_open_transactions_when_the_owner_leaves(
                 assert (owner.partitions, standby.partitions) == ([0], [])
                 receipt = await client.prepare("t1", message())
                 owner_leaves.set()
-                with anyio.fail_after(5):
-                    while standby.partitions != [0]:
-                        await anyio.sleep(0.02)
+                await eventually(
+                    lambda: standby.partitions == [0], timeout=5, what="the standby owns 0"
+                )
                 ended = await client.end("t1", receipt.token, Decision.COMMIT)
                 assert ended.state == "committed", "the standby recovered the open transaction"
         assert await topic_ids(private_nc, "orders") == ["t1:0"]
@@ -66,9 +67,7 @@ async def test_a_waiting_coordinator_takes_over_within_the_lease_ttl(private_nc:
         await kv.create("0", b"crashed")
         async with run_coordinator(private_nc, options=QUICK, owner="heir") as heir:
             assert heir.partitions == []
-            with anyio.fail_after(5):
-                while heir.partitions != [0]:
-                    await anyio.sleep(0.05)
+            await eventually(lambda: heir.partitions == [0], timeout=5, what="the heir owns 0")
             client = CoordinatorClient(private_nc)
             receipt = await client.prepare("t2", message())
             assert (await client.end("t2", receipt.token, Decision.COMMIT)).state == "committed"
@@ -110,9 +109,7 @@ async def test_an_owner_that_lost_its_lease_stops_serving(private_nc: Client) ->
         assert (await client.admin(ListTransactions(version=PROTOCOL_VERSION))).transactions == []
         kv = await private_nc.jetstream().key_value(layout.LEASE_BUCKET)
         await kv.put("0", b"intruder")  # someone else holds it now
-        with anyio.fail_after(5):
-            while owner.partitions:
-                await anyio.sleep(0.05)
+        await eventually(lambda: not owner.partitions, timeout=5, what="the owner gave up 0")
         with pytest.raises(ActorDeadError):
             await client.admin(ListTransactions(version=PROTOCOL_VERSION))
 
@@ -128,7 +125,7 @@ async def test_a_coordinator_keeps_its_lease_while_a_partition_recovers_for_long
     real_recover = partition_module.recover
 
     async def slow_recover(*args: Any, **kwargs: Any) -> tuple[int, int]:
-        await anyio.sleep(3 * options.lease_ttl)
+        await anyio.sleep(3 * options.lease_ttl)  # the scenario: a recovery that takes long
         return await real_recover(*args, **kwargs)
 
     monkeypatch.setattr(partition_module, "recover", slow_recover)
@@ -141,7 +138,7 @@ async def test_a_coordinator_keeps_its_lease_while_a_partition_recovers_for_long
                 holders.append((await kv.get("0")).value)
             except nats.js.errors.KeyNotFoundError:
                 holders.append(None)
-            await anyio.sleep(0.05)
+            await anyio.sleep(0.05)  # the next sample: a watch that runs until cancelled
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(watch_lease)

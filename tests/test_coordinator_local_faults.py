@@ -21,7 +21,9 @@ import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from tests.support.partition import serving_partitions
 from tests.support.txn import CoordinatorClient, message, topic_ids
+from tests.support.wait import eventually
 from txactors import layout
 from txactors.actors import Request
 from txactors.actors.cell import TaskFailed
@@ -30,7 +32,7 @@ from txactors.coordinator.core.events import Published
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import AskTimeout, CommandError, PrepareFailed
 from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
-from txactors.protocol import Ended, Error, ErrorCode, Prepared, encode
+from txactors.protocol import Ended, Error, ErrorCode, Prepare, encode
 
 UNAVAILABLE = msgspec.json.encode(
     {
@@ -65,12 +67,6 @@ async def unavailable(nc: Client, stream: str, subject: str) -> AsyncIterator[No
         await js.update_stream(config)
 
 
-async def wait_for(condition: object, what: str, seconds: float = 10) -> None:
-    with anyio.fail_after(seconds):
-        while not await condition():  # type: ignore[operator]
-            await anyio.sleep(0.02)
-
-
 async def test_one_unavailable_topic_holds_up_only_its_own_commits(private_nc: Client) -> None:
     async with run_coordinator(private_nc):
         client = CoordinatorClient(private_nc)
@@ -96,7 +92,7 @@ async def test_one_unavailable_topic_holds_up_only_its_own_commits(private_nc: C
                 async def b_has_both() -> bool:
                     return "both:1" in await topic_ids(private_nc, "b")
 
-                await wait_for(b_has_both, "the b half of `both`")
+                await eventually(b_has_both, what="the b half of `both`")
                 await anyio.sleep(0.5)  # a's commits keep waiting while a is down
                 assert "only-a" not in ended and "both" not in ended
                 tasks.cancel_scope.cancel()
@@ -154,7 +150,7 @@ async def test_a_prepare_during_a_write_outage_is_told_when_to_come_back(
                 async def troubled() -> bool:
                     return any(e["event"] == "appends_reissued" for e in logs)
 
-                await wait_for(troubled, "the halves' writer in trouble")
+                await eventually(troubled, what="the halves' writer in trouble")
                 with pytest.raises(CommandError) as caught:
                     await client.prepare("refused", message())
                 refused = caught.value
@@ -188,7 +184,7 @@ async def test_a_prepare_during_a_write_outage_is_told_when_to_come_back(
                     break
                 except CommandError as error:
                     assert error.retry_after is not None, "only refused for now"
-                    await anyio.sleep(error.retry_after)
+                    await anyio.sleep(error.retry_after)  # as a producer does: the hint's pause
         assert (await client.end("after", receipt.token, Decision.COMMIT)).state == "committed"
 
 
@@ -197,21 +193,19 @@ async def test_the_producer_retries_a_prepare_after_the_hint_and_old_clients_see
 ) -> None:
     arrivals: list[float] = []
 
-    async def coordinator(msg: Msg) -> None:  # refuses twice for now, then takes it
+    def refuse_for_now(prepare: Prepare) -> Error | None:  # refuses twice, then takes it
         arrivals.append(time.monotonic())
         if len(arrivals) <= 2:
-            reply: object = Error(ErrorCode.INTERNAL, "cannot write now", retry_after=0.3)
-        else:
-            reply = Prepared(txid="t", token="k", seqs=[7])
-        await msg.respond(encode(reply))
-
-    await private_nc.subscribe(layout.prepare_subject(0, "shop"), cb=coordinator)
+            return Error(ErrorCode.INTERNAL, "cannot write now", retry_after=0.3)
+        return None
 
     async def checker(view: CheckView) -> Decision:
         return Decision.ROLLBACK
 
-    # A stand-in publishes no partition count: the producer is given it.
-    async with TransactionProducer(private_nc, "shop", checker, partitions=1) as producer:
+    async with (
+        serving_partitions(private_nc, refuse_prepare=refuse_for_now, seqs=itertools.count(7)),
+        TransactionProducer(private_nc, "shop", checker, partitions=1) as producer,
+    ):
         assert await producer.begin().send(TxMessage("orders", b"x")) == (7,)
     gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
     assert len(gaps) == 2 and min(gaps) >= 0.3
@@ -240,7 +234,7 @@ async def test_a_restarted_partition_ignores_what_its_previous_incarnation_compl
             async def restarted() -> bool:
                 return cell._instance is not old and cell._instance is not None
 
-            await wait_for(restarted, "the restart")
+            await eventually(restarted, what="the restart")
             receipt = await client.prepare("t1", message())  # served by the new incarnation
             new = cell._instance
             # The previous incarnation's writers and tasks report late.

@@ -6,6 +6,7 @@ import anyio
 import anyio.lowlevel
 from nats.aio.client import Client
 
+from tests.support.wait import eventually
 from txactors import layout
 from txactors.coordinator.core.records import OpKind, OpRecord
 from txactors.coordinator.oplog import OpLog
@@ -27,13 +28,9 @@ async def test_a_done_record_waits_to_share_the_next_decisions_write(private_nc:
         for _ in range(10):  # the writer's turns: a done alone is not written yet
             await anyio.lowlevel.checkpoint()
         oplog.append(2, (OpRecord(txid="b", kind=OpKind.COMMIT, half_seqs=(1,)),))
-        with anyio.fail_after(10):
-            while not reported:
-                await anyio.sleep(0.005)
+        await eventually(lambda: reported, what="the first write reported")
         oplog.append(3, (OpRecord(txid="b", kind=OpKind.DONE),))  # alone: written soon anyway
-        with anyio.fail_after(10):
-            while len(reported) < 2:
-                await anyio.sleep(0.005)
+        await eventually(lambda: len(reported) >= 2, what="the second write reported")
         tg.cancel_scope.cancel()
     assert reported == [([1, 2], 1), ([3], 2)]
     first = await js.get_msg(layout.OP_STREAM, 1)

@@ -7,11 +7,11 @@ from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from typing import Any
 
-import anyio
 import structlog
 from nats.aio.client import Client
 
 from tests.support.txn import FAST, CoordinatorClient, message, topic_ids
+from tests.support.wait import eventually
 from txactors import layout
 from txactors.coordinator import CoordinatorConfig, CoordinatorOptions
 from txactors.coordinator.recovery import read_subject
@@ -53,18 +53,20 @@ async def test_a_discarded_transaction_does_not_make_recovery_reread_history(
     async with run_coordinator(private_nc, config=config, options=OPTIONS):
         client = CoordinatorClient(private_nc)
         await client.prepare("lost", message(), group="nobody-answers")
-        with anyio.fail_after(10):
-            while (
-                await client.admin(ShowTransaction(txid="lost", version=PROTOCOL_VERSION))
-            ).state != "discarded":
-                await anyio.sleep(0.05)
+        await eventually(
+            lambda: client.admin(ShowTransaction(txid="lost", version=PROTOCOL_VERSION)),
+            until=lambda info: info.state == "discarded",
+            what="lost discarded",
+        )
         for n in range(committed):
             receipt = await client.prepare(f"t{n}", message())
             await client.end(f"t{n}", receipt.token, Decision.COMMIT)
         kv = await private_nc.jetstream().key_value(layout.CHECKPOINT_BUCKET)
-        with anyio.fail_after(10):  # a checkpoint past every committed half was saved
-            while (await load_checkpoint(kv, 0)).half_seq <= committed + 1:
-                await anyio.sleep(0.05)
+        await eventually(
+            lambda: load_checkpoint(kv, 0),
+            until=lambda checkpoint: checkpoint.half_seq > committed + 1,
+            what="a checkpoint past every committed half saved",
+        )
         assert [p.txid for p in (await load_checkpoint(kv, 0)).discarded] == ["lost"]
 
     with capture_logs() as logs:

@@ -6,7 +6,8 @@ clock jumping, operators meddling, events only a buggy actor would send, and cra
 rebuild a new table from the checkpoint by replaying the persisted records through the same
 table. After every step the DESIGN §3 invariants must hold: nothing rolled back or discarded
 is ever published, no persisted commit is lost, at most one check is in flight, and
-`check_max` inconclusive checks end in a discard.
+`check_max` inconclusive checks end in a discard. A buggy move, one that goes to a state its
+row does not list, is refused and changes nothing, however rich the history behind it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from tests.support.table import astray, everything
 from txactors.coordinator import (
     Acknowledge,
     Action,
@@ -50,6 +52,8 @@ from txactors.coordinator import (
     TransactionTable,
     TxnState,
 )
+from txactors.coordinator.core.states import Where
+from txactors.coordinator.core.table import WHERE
 
 CONFIG = CoordinatorConfig(
     transaction_timeout=1.0,
@@ -192,8 +196,10 @@ class CoordinatorMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.pending_ops)
     @rule()
     def persist(self) -> None:
-        op = self.pending_ops.pop(0)  # TXN_OP appends in order
+        op = self.pending_ops[0]  # TXN_OP appends in order
         seq = len(self.op_log) + 1
+        actions = self.table.handle(OpPersisted(op_id=op.op_id, seq=seq), self.now)
+        self.pending_ops.pop(0)
         self.op_log.append(OpReplayed(seq=seq, records=op.records))
         for record in op.records:
             if record.kind is OpKind.COMMIT:
@@ -202,14 +208,16 @@ class CoordinatorMachine(RuleBasedStateMachine):
                 self.done.add(record.txid)
             elif record.kind is not OpKind.CHECKED:
                 self.decision[record.txid] = record.kind
-        self.feed(OpPersisted(op_id=op.op_id, seq=seq))
+        self.take(actions)
 
     @precondition(lambda self: self.pending_publishes)
     @rule(index=st.integers(0, 99), twice=st.booleans())
     def publish_acked(self, index: int, twice: bool) -> None:
-        publish = self.pending_publishes.pop(index % len(self.pending_publishes))
+        publish = self.pending_publishes[index % len(self.pending_publishes)]
+        actions = self.table.handle(Published(txid=publish.txid, index=publish.index), self.now)
+        self.pending_publishes.remove(publish)
         self.published.setdefault(publish.txid, set()).add(publish.index)
-        self.feed(Published(txid=publish.txid, index=publish.index))
+        self.take(actions)
         if twice:
             self.feed(Published(txid=publish.txid, index=publish.index))
 
@@ -340,6 +348,43 @@ class CoordinatorMachine(RuleBasedStateMachine):
             assert bug == "bad index" and actions == [], actions
             assert self.table.outcome(txid) in (TxnState.FINISHING, TxnState.COMMITTED)
         self.table._ops_in_flight.pop(10**9, None)
+
+    @precondition(lambda self: self.txids)
+    @rule(
+        index=st.integers(0, 99),
+        to=st.sampled_from(WHERE),
+        step=st.sampled_from(["end", "operator", "persist", "publish"]),
+        decision=st.sampled_from(Decision),
+        command=st.sampled_from([Resume, ForceCommit, ForceRollback]),
+    )
+    def move_astray(
+        self,
+        index: int,
+        to: Where,
+        step: str,
+        decision: Decision,
+        command: type[Resume | ForceCommit | ForceRollback],
+    ) -> None:
+        """Whatever a row does to one transaction, it then moves it `to` a state: where the
+        row does not list it, the event raises and changes nothing at all, also in the
+        other transactions an op's records finished before."""
+        victim = self.pick(index)
+        before = everything(self.table)
+        with astray(victim, to):
+            try:
+                if step == "persist" and self.pending_ops:
+                    self.persist()
+                elif step == "publish" and self.pending_publishes:
+                    self.publish_acked(index, twice=False)
+                elif step == "operator":
+                    self.feed(command(txid=victim, request_id="op"))
+                else:
+                    self.feed(End(txid=victim, token=TOKEN, decision=decision, request_id="end"))
+            except CoordinatorStateError as error:
+                event("a move astray refused")
+                assert str(error).startswith(f"can't move {victim} from "), error
+                assert str(error).split(" on ")[0].endswith(f" to {to}"), error
+                assert everything(self.table) == before
 
     def snapshot(self) -> tuple[object, ...]:
         return (

@@ -16,7 +16,6 @@ from txactors import layout
 from txactors.coordinator import tokens
 from txactors.coordinator.validation import (
     HEADER_RESERVE,
-    JETSTREAM_MAX_HEADER_BYTES,
     MAX_HALF_HEADER_BYTES,
     MAX_KEY_LENGTH,
     MAX_PROPERTY_NAME_LENGTH,
@@ -24,6 +23,7 @@ from txactors.coordinator.validation import (
     check_answer_problem,
     half_header_bytes,
 )
+from txactors.framing import JETSTREAM_MAX_HEADER_BYTES
 from txactors.protocol import (
     OLDEST_VERSION,
     PROTOCOL_VERSION,

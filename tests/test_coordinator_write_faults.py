@@ -15,6 +15,7 @@ from nats.js.api import StreamConfig
 from prometheus_client import CollectorRegistry
 
 from tests.support.txn import CoordinatorClient, message, topic_ids
+from tests.support.wait import eventually
 from txactors import layout
 from txactors.consumer import Consumer
 from txactors.coordinator import CoordinatorOptions
@@ -122,9 +123,7 @@ async def test_an_answer_to_a_write_given_up_on_is_not_an_unretrieved_error(nc: 
     try:
         inbox = AckInbox(nc)
         future = await inbox.publish("no.stream.takes.this", b"x", {})
-        with anyio.fail_after(5):
-            while not future.done():
-                await anyio.sleep(0.01)
+        await eventually(future.done, timeout=5, what="the publish refused")
         del future
         gc.collect()
     finally:

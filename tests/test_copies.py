@@ -11,7 +11,7 @@ an entry stored by reference.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 
 import anyio
 from hypothesis import given
@@ -20,6 +20,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from tests.support.txn import FAST, CoordinatorClient, message
+from tests.support.wait import eventually
 from txactors import admin, dlq_admin, layout
 from txactors.consumer import ConsumedMessage, Consumer
 from txactors.consumer.dlq import dead_letter, ensure_dlq_stream
@@ -52,15 +53,6 @@ async def _stored(js: JetStreamContext, stream: str, seq: int) -> dict[str, str]
 async def _all(js: JetStreamContext, stream: str, subject: str) -> list[tuple[str, dict[str, str]]]:
     """(subject, headers) of every message of `subject` in `stream` now, oldest first."""
     return [(m.subject, dict(m.headers or {})) async for m in read_subject(js, stream, subject, 1)]
-
-
-async def _until(condition: Callable[[], Awaitable[bool]], what: str, timeout: float = 30) -> None:
-    try:
-        with anyio.fail_after(timeout):
-            while not await condition():
-                await anyio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"not within {timeout} s: {what}") from None
 
 
 def _props(**extra: str) -> dict[str, str]:
@@ -160,7 +152,7 @@ async def test_hundreds_of_transactions_discarded_at_once_all_land_on_their_grou
             state = (await js.stream_info(layout.DISCARD_STREAM)).state
             return state.messages >= 2 * LOAD and len(hooked) >= LOAD
 
-        await _until(all_copied, f"{LOAD} transactions discarded", timeout=120)
+        await eventually(all_copied, what=f"{LOAD} transactions discarded", timeout=120)
         copies = await _all(js, layout.DISCARD_STREAM, layout.discard_subject_filter())
     quarantined = [h for s, h in copies if s == layout.quarantine_subject()]
     assert quarantined == [], quarantined[:1]
@@ -193,14 +185,17 @@ async def test_an_operator_resumes_or_forces_a_transaction_whose_halves_were_bat
             receipts[txid] = await client.prepare(txid, *three)
             assert _batch_headers(await _stored(js, layout.HALF_STREAM, receipts[txid].seqs[0]))
         for txid in receipts:
-            with anyio.fail_after(20):
-                while (await admin.show(nc, txid)).state != "discarded":
-                    await anyio.sleep(0.05)
+            await eventually(
+                lambda txid=txid: admin.show(nc, txid),
+                until=lambda info: info.state == "discarded",
+                timeout=20,
+                what=f"{txid} discarded",
+            )
 
         async def all_copied() -> bool:
             return (await js.stream_info(layout.DISCARD_STREAM)).state.messages >= 6
 
-        await _until(all_copied, "six discarded halves copied")
+        await eventually(all_copied, what="six discarded halves copied", timeout=30)
         copies = await _all(js, layout.DISCARD_STREAM, layout.discard_subject_filter())
         assert [s for s, _ in copies] == [layout.discard_subject("g")] * 6, copies
 
@@ -212,7 +207,7 @@ async def test_an_operator_resumes_or_forces_a_transaction_whose_halves_were_bat
         async def all_handled() -> bool:
             return len(seen) >= 6
 
-        await _until(all_handled, "six committed messages handled")
+        await eventually(all_handled, what="six committed messages handled", timeout=30)
     assert sorted(m.msg_id for m in seen) == sorted(
         f"{txid}:{i}" for txid in receipts for i in range(3)
     )
@@ -240,7 +235,7 @@ async def test_a_handler_sees_the_producers_headers_and_ours_only(private_nc: Cl
         async def all_handled() -> bool:
             return len(seen) >= 3
 
-        await _until(all_handled, "three committed messages handled")
+        await eventually(all_handled, what="three committed messages handled", timeout=30)
         originals = [await _stored(js, layout.topic_stream("orders"), seq) for seq in (1, 2, 3)]
     assert all(_batch_headers(h) for h in originals), "written as one batch"
     assert sorted(m.msg_id for m in seen) == ["batched:0", "batched:1", "batched:2"]
@@ -283,7 +278,7 @@ async def test_dead_letters_and_replays_of_batched_messages_carry_only_ours(
             except dlq_admin.DeadLetterError:  # the consumer has not declared its DLQ yet
                 return False
 
-        await _until(dead_lettered, "three dead letters")
+        await eventually(dead_lettered, what="three dead letters", timeout=30)
         entries = (await dlq_admin.list_dead_letters(nc, "fragile")).entries
         dead = [await _stored(js, layout.dlq_stream("fragile"), e.seq) for e in entries]
         assert [_server_headers(h) for h in dead] == [[layout.MSG_ID_HEADER]] * 3
@@ -297,7 +292,7 @@ async def test_dead_letters_and_replays_of_batched_messages_carry_only_ours(
         async def all_handled() -> bool:
             return len(handled) >= 3
 
-        await _until(all_handled, "three replays handled")
+        await eventually(all_handled, what="three replays handled", timeout=30)
 
         # Stored by reference (as a consumer does when a copy would not fit): its replay reads
         # the original back from the topic stream, batch headers and all.

@@ -4,12 +4,13 @@ For each place a transaction can be (`Where`) and each kind of event (`Kind`), t
 puts one transaction there through the public API, fires the event and checks the
 documented outcome: the new state and the effects' types, or the one precise
 `CoordinatorStateError` with the table exactly as it was and no effect handed out, now or
-later. Replayed kinds are fired in the RECOVERING phase, where recovery meets them.
+later. Replayed kinds are fired in the RECOVERING phase, where recovery meets them. The
+table also holds its moves to their rows: a move that goes to a state its row does not list
+raises, and whatever it had changed is put back.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import random
 from typing import Any
@@ -17,7 +18,9 @@ from typing import Any
 import msgspec
 import pytest
 
+from tests.support.table import astray, everything
 from txactors.coordinator import (
+    Acknowledge,
     Action,
     CheckAnswered,
     CheckFailed,
@@ -197,16 +200,8 @@ def event_of(w: World, kind: Kind) -> Event | None:
     return OpPersisted(op_id=999, seq=len(w.op_log) + 1)
 
 
-def snapshot(table: TransactionTable) -> tuple[object, ...]:
-    return (
-        table.phase,
-        table.where("t"),
-        table.transactions(),
-        dataclasses.astuple(table.counters),
-        table.checkpoint(),
-        table.next_deadline(),
-        table.recent_count,
-    )
+def snapshot(table: TransactionTable) -> dict[str, object]:
+    return everything(table)
 
 
 def fire(w: World, kind: Kind) -> tuple[Where, list[str]] | str:
@@ -434,3 +429,62 @@ def test_a_failing_record_keeps_the_whole_op_in_flight() -> None:
     w.table._ops_in_flight[op.op_id] = op.records
     effects = w.table.handle(OpPersisted(op_id=op.op_id, seq=1), w.now)
     assert [type(e) for e in effects] == [Publish]
+
+
+LIVE_ROWS = [(where, kind) for where in WHERE for kind in LIVE if (where, kind) in TABLE]
+REPLAYED_ROWS = [(where, kind) for where in RECOVERABLE for kind in REPLAYED]
+
+
+@pytest.mark.parametrize(("where", "kind"), [*LIVE_ROWS, *REPLAYED_ROWS])
+def test_a_move_to_a_state_its_row_does_not_list_raises_and_changes_nothing(
+    where: Where, kind: Kind
+) -> None:
+    """Every row, moved to every state it does not list after doing its usual work."""
+    row = TABLE[where, kind]
+    for target in WHERE:
+        if target == where or target in row.to:
+            continue
+        w = reach(where)
+        if kind in REPLAYED:
+            w.crash()
+        event = event_of(w, kind)
+        before = snapshot(w.table)
+        with astray("t", target), pytest.raises(CoordinatorStateError) as refused:
+            if event is None:
+                w.table.tick(max(w.now, w.table.next_deadline() or w.now))
+            else:
+                w.table.handle(event, w.now)
+        assert str(refused.value) == f"can't move t from {where} to {target} on {kind}"
+        assert refused.value.event is event
+        if event is None:  # a due transaction whose move fails keeps no deadline
+            before["_deadlines"] = {}
+        assert snapshot(w.table) == before, (target, "a failed move changed the table")
+        assert w.table.handle_batch((), w.now) == [], "a failed move left effects behind"
+
+
+def test_a_move_astray_puts_back_every_record_of_its_op() -> None:
+    """One op message is one unit: a transaction that an earlier record of the same op
+    finished (and so took out of memory) is back as it was."""
+    table = TransactionTable(CONFIG, rng=random.Random(1))
+    now = 1_000.0
+    table.tick(now)
+    for seq, txid in enumerate(["t", "u"], start=1):
+        half = Half(index=0, topic="orders", seq=seq, born=now)
+        prepare = HalvesStored(txid=txid, token=TOKEN, group="g", producer="p", halves=(half,))
+        table.handle(msgspec.structs.replace(prepare, request_id=f"prep-{txid}"), now)
+    end_t = End(txid="t", token=TOKEN, decision=Decision.COMMIT, request_id="end-t")
+    [commit] = table.handle(end_t, now)
+    assert isinstance(commit, PersistOp)
+    table.handle(OpPersisted(op_id=commit.op_id, seq=1), now)
+    end_u = End(txid="u", token=TOKEN, decision=Decision.ROLLBACK, request_id="end-u")
+    *_, both = table.handle_batch([Published(txid="t", index=0), end_u], now)
+    assert isinstance(both, PersistOp)
+    assert [r.kind for r in both.records] == [OpKind.DONE, OpKind.ROLLBACK]
+    before = everything(table)
+    with astray("u", S.PUBLISHING), pytest.raises(CoordinatorStateError, match="can't move u"):
+        table.handle(OpPersisted(op_id=both.op_id, seq=2), now)
+    assert everything(table) == before
+    assert table.where("t") is S.FINISHING
+    effects = table.handle(OpPersisted(op_id=both.op_id, seq=2), now)
+    assert [type(e) for e in effects] == [Acknowledge]
+    assert (table.where("t"), table.where("u")) == (S.COMMITTED, S.ROLLED_BACK)

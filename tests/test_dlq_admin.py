@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import io
 from collections import Counter
-from collections.abc import Callable
 
-import anyio
 import pytest
 from nats.aio.client import Client
 from rich.console import Console
 
+from tests.support.wait import eventually
 from txactors import dlq_admin, dlq_views, layout
 from txactors.consumer import ConsumedMessage, Consumer
 from txactors.consumer.dlq import dead_letter, ensure_dlq_stream
@@ -33,25 +32,15 @@ async def _publish(nc: Client, txid: str, body: bytes, tag: str | None = None) -
     return ack.seq
 
 
-async def _until(condition: Callable[[], object], what: str) -> None:
-    try:
-        with anyio.fail_after(10):
-            while not condition():
-                await anyio.sleep(0.02)
-    except TimeoutError:
-        raise AssertionError(f"not within 10 s: {what}") from None
-
-
 async def _caught_up(nc: Client, group: str) -> None:
     """The group's durable has delivered and settled everything now on the topic."""
     js = nc.jetstream()
     last = (await js.stream_info("TOPIC_orders")).state.last_seq
-    with anyio.fail_after(10):
-        while True:
-            info = await js.consumer_info("TOPIC_orders", group)
-            if info.ack_floor.stream_seq >= last and not info.num_ack_pending:
-                return
-            await anyio.sleep(0.02)
+    await eventually(
+        lambda: js.consumer_info("TOPIC_orders", group),
+        until=lambda info: info.ack_floor.stream_seq >= last and not info.num_ack_pending,
+        what=f"{group} settled everything up to {last}",
+    )
 
 
 async def test_list_show_and_replay_to_the_one_group(private_nc: Client) -> None:
@@ -99,7 +88,7 @@ async def test_list_show_and_replay_to_the_one_group(private_nc: Client) -> None
         broken = False
         [replayed] = await dlq_admin.replay(nc, "g", [first.seq])
         assert replayed.error is None and replayed.topic == "orders", replayed
-        await _until(lambda: len(handled) == 2, "the replay is handled")
+        await eventually(lambda: len(handled) == 2, what="the replay is handled")
         again = handled[-1]
         assert (again.body, again.tag, again.txid) == (b"bad one", "paid", "t1")
         assert again.msg_id == dlq_admin.replay_id("g", first.seq, "t1:0")
@@ -119,7 +108,7 @@ async def test_list_show_and_replay_to_the_one_group(private_nc: Client) -> None
         )
         [dropped] = await dlq_admin.replay(nc, "g", await dlq_admin.all_sequences(nc, "g"))
         assert dropped.duplicate and dropped.error is None
-        await _until(lambda: len(handled) == 3, "the copy is handled once")
+        await eventually(lambda: len(handled) == 3, what="the copy is handled once")
         assert (await dlq_admin.list_dead_letters(nc, "g")).entries == []
 
         await _caught_up(nc, "other")
@@ -129,15 +118,12 @@ async def test_list_show_and_replay_to_the_one_group(private_nc: Client) -> None
 
 
 async def _wait_for_entries(nc: Client, group: str, count: int) -> dlq_admin.DeadLetterPage:
-    with anyio.fail_after(10):
-        while True:
-            try:
-                page = await dlq_admin.list_dead_letters(nc, group)
-            except dlq_admin.DeadLetterError:  # the consumer has not declared it yet
-                page = None
-            if page is not None and len(page.entries) >= count:
-                return page
-            await anyio.sleep(0.02)
+    return await eventually(
+        lambda: dlq_admin.list_dead_letters(nc, group),
+        until=lambda page: len(page.entries) >= count,
+        ignoring=(dlq_admin.DeadLetterError,),  # the consumer has not declared it yet
+        what=f"{count} dead letters of {group}",
+    )
 
 
 def _consumed(seq: int, txid: str, body: bytes) -> ConsumedMessage:

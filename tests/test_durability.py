@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -23,8 +24,9 @@ import pytest
 from txactors.config import NatsConfig
 from txactors.connection import nats_session
 from txactors.errors import ConfigError, DataDirLocked
-from txactors.server import CONFIG_FILE_NAME, LOCK_FILE_NAME, EmbeddedNatsServer
-from txactors.settings import load_settings
+from txactors.nats_cluster import EmbeddedNatsCluster
+from txactors.server import CONFIG_FILE_NAME, LOCK_FILE_NAME, EmbeddedNatsServer, FsyncSetting
+from txactors.settings import BY_NAME, ProcessSettings, load_settings
 
 if TYPE_CHECKING:
     from tests.conftest import MakeNatsServer
@@ -74,7 +76,7 @@ async def test_the_lazy_setting_flushes_on_its_interval(make_nats_server: MakeNa
     args, monitor = _monitored()
     await make_nats_server(extra_args=args, fsync="interval", fsync_interval=30)
     config = await _jetstream_config(monitor)
-    assert not config.get("sync_always")
+    assert "sync_always" not in config, "a lazy server leaves it out; it never says false"
     assert config["sync_interval"] == 30 * NANOS
 
 
@@ -84,7 +86,7 @@ async def test_the_lazy_default_is_nats_servers_two_minutes(
     args, monitor = _monitored()
     await make_nats_server(extra_args=args, fsync="interval")
     config = await _jetstream_config(monitor)
-    assert not config.get("sync_always")
+    assert "sync_always" not in config
     assert config["sync_interval"] == 120 * NANOS
 
 
@@ -119,6 +121,27 @@ def test_a_bad_fsync_setting_is_refused(kwargs: dict[str, Any], message: str) ->
         EmbeddedNatsServer(**kwargs)
     with pytest.raises(ConfigError, match=message):
         NatsConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "holder", [NatsConfig, ProcessSettings, EmbeddedNatsServer, EmbeddedNatsCluster]
+)
+@pytest.mark.parametrize("kwargs", [{"fsync": "sometimes"}, {"fsync_interval": -1.0}])
+def test_every_holder_of_the_fsync_setting_refuses_what_the_one_setting_refuses(
+    holder: Any, kwargs: dict[str, Any]
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        FsyncSetting(**kwargs)
+    with pytest.raises(ConfigError, match=re.escape(str(refused.value))):
+        holder(**kwargs)
+
+
+def test_the_fsync_setting_has_one_default_and_one_meaning() -> None:
+    one = FsyncSetting()
+    for holder in (NatsConfig(), ProcessSettings()):
+        assert (holder.fsync, holder.fsync_interval) == (one.fsync, one.fsync_interval)
+    assert BY_NAME["fsync"].help.startswith("Embedded server only (no NATS_URL): `always`")
+    assert BY_NAME["fsync_interval"].help.startswith("Embedded server only: seconds")
 
 
 # -- the settings reach every server we start ---------------------------------------------
@@ -271,7 +294,7 @@ def _hold_lock(path: Path, pid_written: int) -> subprocess.Popen[str]:
             "fcntl.flock(f, fcntl.LOCK_EX)\n"
             f"f.write('{pid_written}\\n'); f.flush()\n"
             "print('locked', flush=True)\n"
-            "time.sleep(60)\n",
+            "time.sleep(60)\n",  # the scenario: hold the lock until killed
         ],
         stdout=subprocess.PIPE,
         text=True,

@@ -65,6 +65,7 @@ from tests.support.fuzz_inputs import (
     nested,
     prepare_on,
 )
+from tests.support.wait import eventually
 from txactors import layout
 from txactors.natsclient import connect
 from txactors.producer import Decision
@@ -351,10 +352,12 @@ async def test_non_ascii_values_and_keys_work_end_to_end(open_bus: OpenBus) -> N
                 ),
             ]
         await assert_survives(bus, batch)
-        with anyio.fail_after(10):  # the check-backs are due after 0.3 s
-            while any(layout.message_id(txid, 0) not in bus._found for txid in checked):
-                assert await topics_hold_only_committed_messages(bus) == []
-                await anyio.sleep(0.1)
+
+        async def checked_arrived() -> bool:  # the check-backs are due after 0.3 s
+            assert await topics_hold_only_committed_messages(bus) == []
+            return all(layout.message_id(txid, 0) in bus._found for txid in checked)
+
+        await eventually(checked_arrived, interval=0.1, what="the checked messages on the topic")
         for txid in checked:
             bus.ledger.must_arrive[txid] = bus.ledger.stored[txid]
         await assert_survives(bus, [], restart="term")

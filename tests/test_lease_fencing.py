@@ -18,6 +18,7 @@ from nats.aio.msg import Msg
 from tests.conftest import MakeNatsServer
 from tests.support.coordinator_process import CoordinatorProcess
 from tests.support.txn import topic_messages
+from tests.support.wait import eventually
 from txactors import layout, lease_admin
 from txactors.errors import PrepareFailed, TxActorsError
 from txactors.natsclient import connect
@@ -89,25 +90,29 @@ async def test_an_owner_paused_past_its_ttl_is_fenced_and_nothing_is_lost_or_dou
         ):
             for worker in range(4):
                 load.start_soon(produce, producer, worker)
-            await _until(lambda: commits_on(0, 0) >= 10)
+            await eventually(lambda: commits_on(0, 0) >= 10)
 
             victim.pause()
             await _leases_until(
                 nc, lambda t: f"-{survivor.pid}-" in (t.leases[0].owner or ""), timeout=4 * TTL
             )
             taken_over = time.monotonic()
-            await _until(lambda: commits_on(0, taken_over) >= 10)  # the successor serves it
+            await eventually(lambda: commits_on(0, taken_over) >= 10)  # the successor serves it
 
             victim.resume()
-            await _until(lambda: _stopped_serving(victim, 0))
+            await eventually(lambda: _stopped_serving(victim, 0))
             resumed = time.monotonic()
-            await _until(lambda: commits_on(0, resumed) >= 10 and commits_on(1, resumed) >= 10)
+            await eventually(lambda: commits_on(0, resumed) >= 10 and commits_on(1, resumed) >= 10)
             assert victim.alive(), victim.log_tail()
             stopping.set()
             # Every confirmed commit reaches the topic (unconfirmed ends via the check-back).
-            with anyio.fail_after(20):
-                while not expected <= _labels(await topic_messages(nc, "orders")):
-                    await anyio.sleep(0.2)
+            await eventually(
+                lambda: topic_messages(nc, "orders"),
+                until=lambda messages: expected <= _labels(messages),
+                timeout=20,
+                interval=0.2,
+                what="every confirmed commit on the topic",
+            )
         messages = await topic_messages(nc, "orders")
         ids = [(m.headers or {})[layout.MSG_ID_HEADER] for m in messages]
         labels = [m.data.decode() for m in messages]
@@ -137,18 +142,12 @@ def _stopped_serving(coordinator: CoordinatorProcess, partition: int) -> bool:
     return False
 
 
-async def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    with anyio.fail_after(timeout):
-        while not condition():
-            await anyio.sleep(0.02)
-
-
 async def _leases_until(
     nc: Client, done: Callable[[lease_admin.LeaseTable], bool], timeout: float = 10.0
 ) -> lease_admin.LeaseTable:
-    with anyio.fail_after(timeout):
-        while True:
-            table = await lease_admin.list_leases(nc, partitions=PARTITIONS)
-            if done(table):
-                return table
-            await anyio.sleep(0.05)
+    return await eventually(
+        lambda: lease_admin.list_leases(nc, partitions=PARTITIONS),
+        until=done,
+        timeout=timeout,
+        what="the lease table as expected",
+    )

@@ -16,6 +16,7 @@ from nats.aio.client import Client
 
 from tests.conftest import MakeNatsServer
 from tests.support.coordinator_process import CoordinatorProcess
+from tests.support.wait import eventually
 from txactors import lease_admin
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import RunningCoordinator, run_coordinator
@@ -39,7 +40,7 @@ async def never_served_twice(*coordinators: RunningCoordinator) -> None:
     while True:
         served = [p for c in coordinators for p in c.partitions]
         assert len(served) == len(set(served)), f"served twice: {sorted(served)}"
-        await anyio.sleep(0.005)
+        await anyio.sleep(0.005)  # the next sample: a watch that runs until cancelled, no wait
 
 
 async def test_a_coordinator_that_joins_takes_its_share_within_two_ttls(
@@ -57,9 +58,12 @@ async def test_a_coordinator_that_joins_takes_its_share_within_two_ttls(
             anyio.create_task_group() as watching,
         ):
             watching.start_soon(never_served_twice, first, second)
-            with anyio.fail_after(2 * options.lease_ttl):
-                while (len(first.partitions), len(second.partitions)) != (4, 4):
-                    await anyio.sleep(0.01)
+            await eventually(
+                lambda: (len(first.partitions), len(second.partitions)),
+                until=lambda held: held == (4, 4),
+                timeout=2 * options.lease_ttl,
+                what="four partitions each",
+            )
             took = time.monotonic() - joined
             table = await lease_admin.list_leases(private_nc)
             assert {m.owner: (m.held, m.share) for m in table.members} == {
@@ -93,14 +97,20 @@ async def test_a_coordinator_that_leaves_hands_its_partitions_over_at_once(
         anyio.create_task_group() as tasks,
     ):
         leaving = await tasks.start(run_leaving)
-        with anyio.fail_after(2 * options.lease_ttl):
-            while len(staying.partitions) != 4 or len(leaving.partitions) != 4:
-                await anyio.sleep(0.01)
+        await eventually(
+            lambda: (len(staying.partitions), len(leaving.partitions)),
+            until=lambda held: held == (4, 4),
+            timeout=2 * options.lease_ttl,
+            what="four partitions each",
+        )
         tasks.start_soon(never_served_twice, staying, leaving)
         leaves.set()
-        with anyio.fail_after(options.lease_ttl):
-            while staying.partitions != list(range(PARTITIONS)):
-                await anyio.sleep(0.01)
+        await eventually(
+            lambda: staying.partitions,
+            until=lambda held: held == list(range(PARTITIONS)),
+            timeout=options.lease_ttl,
+            what="every partition with the one staying",
+        )
         took = time.monotonic() - left
         tasks.cancel_scope.cancel()
     assert took < options.lease_ttl / 4, f"took {took:.2f}s"
@@ -150,9 +160,9 @@ async def _until(
     nc: Client, done: Callable[[lease_admin.LeaseTable], bool], timeout: float
 ) -> lease_admin.LeaseTable:
     """The lease table once `done` holds (the 4 partitions of the process tests)."""
-    with anyio.fail_after(timeout):
-        while True:
-            table = await lease_admin.list_leases(nc, partitions=4)
-            if done(table):
-                return table
-            await anyio.sleep(0.05)
+    return await eventually(
+        lambda: lease_admin.list_leases(nc, partitions=4),
+        until=done,
+        timeout=timeout,
+        what="the lease table as expected",
+    )

@@ -32,6 +32,7 @@ from nats.aio.msg import Msg
 from tests.conftest import MakeNatsServer
 from tests.support.rawnats import MALFORMED_BLOCKS, raw_hpub
 from tests.support.txn import CoordinatorClient, message, topic_ids
+from tests.support.wait import eventually
 from tests.test_producer import RecordingChecker, ask_instance, check_for, producer
 from txactors import layout
 from txactors.consumer import ConsumedMessage, Consumer
@@ -41,12 +42,6 @@ from txactors.natsclient import MALFORMED_HEADERS, TolerantClient, connect, malf
 from txactors.protocol import CheckResult, Decision, Error, ErrorCode
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    with anyio.fail_after(timeout):
-        while not predicate():
-            await anyio.sleep(0.01)
 
 
 @asynccontextmanager
@@ -96,7 +91,7 @@ async def test_a_malformed_block_arrives_marked_and_the_client_keeps_receiving(
         for block in MALFORMED_BLOCKS:
             await raw_hpub(nats_server.url, subject, "_INBOX.x", block)
         await nc.publish(subject, b"fine", headers={"A": "b"})
-        await wait_for(lambda: len(got) == len(MALFORMED_BLOCKS) + 1)
+        await eventually(lambda: len(got) == len(MALFORMED_BLOCKS) + 1)
         assert all(malformed_headers(m) for m in got[:-1])
         assert got[-1].data == b"fine" and got[-1].headers == {"A": "b"}
         assert malformed_headers(got[-1]) is None
@@ -131,10 +126,12 @@ async def test_a_read_loop_that_dies_is_revived_and_subscriptions_resume(
         with structlog.testing.capture_logs() as logs:
             await nc.publish("boom", b"")
             await nc.flush()
-            with anyio.fail_after(5):
-                while b"ok" not in got:  # sent until the revived connection re-subscribed
-                    await nc.publish(subject, b"ok")
-                    await anyio.sleep(0.05)
+
+            async def answered() -> bool:  # sent until the revived connection re-subscribed
+                await nc.publish(subject, b"ok")
+                return b"ok" in got
+
+            await eventually(answered, timeout=5, interval=0.05, what="the revived subscription")
         assert any(entry["event"] == "nats_read_loop_died" for entry in logs)
         assert fragile.is_connected
     finally:
@@ -162,7 +159,7 @@ async def test_the_coordinator_answers_a_malformed_block_bad_request_and_still_s
                 for block in MALFORMED_BLOCKS:
                     await raw_hpub(url, subject, f"{inbox}.{sent}", block, b"\x80")
                     sent += 1
-            await wait_for(lambda: len(answers) == sent)
+            await eventually(lambda: len(answers) == sent)
             assert all(bad_request(m) for m in answers)
             receipt = await client.prepare("t1", message())
             assert (await client.end("t1", receipt.token, Decision.COMMIT)).state == "committed"
@@ -209,7 +206,7 @@ async def test_a_consumer_takes_a_stored_malformed_block_and_goes_on(
             # Stored in the topic stream as sent: the consumer meets it on every restart.
             await raw_hpub(nats_server.url, layout.topic_subject(topic), "_INBOX.x", b"ab")
             await nc.jetstream().publish(layout.topic_subject(topic), b"fine")
-            await wait_for(lambda: len(seen) == 2)
+            await eventually(lambda: len(seen) == 2)
         assert MALFORMED_HEADERS in seen[0].headers
         assert seen[1].body == b"fine"
     finally:
@@ -229,7 +226,7 @@ async def test_a_producer_check_endpoint_answers_a_malformed_block_and_still_che
             ]
             for index, subject in enumerate(subjects):
                 await raw_hpub(nats_server.url, subject, f"{inbox}.{index}", b"NATS/1.0")
-            await wait_for(lambda: len(answers) == len(subjects))
+            await eventually(lambda: len(answers) == len(subjects))
             assert all(bad_request(m) for m in answers)
             result = await ask_instance(nc, p, check_for(p.group))
             assert isinstance(result, CheckResult) and result.resolution is Decision.COMMIT

@@ -18,6 +18,7 @@ import pytest
 from nats.aio.client import Client
 
 from tests.support.txn import FAST, CoordinatorClient, message, topic_ids
+from tests.support.wait import eventually
 from txactors import admin, layout
 from txactors.consumer import ConsumedMessage
 from txactors.consumer.dlq import dead_letter, ensure_dlq_stream
@@ -65,10 +66,12 @@ def _url(nc: Client) -> str:
 
 
 async def _discarded(nc: Client, *txids: str) -> None:
-    with anyio.fail_after(10):
-        for txid in txids:
-            while (await admin.show(nc, txid)).state != "discarded":
-                await anyio.sleep(0.05)
+    for txid in txids:
+        await eventually(
+            lambda txid=txid: admin.show(nc, txid),
+            until=lambda info: info.state == "discarded",
+            what=f"{txid} discarded",
+        )
 
 
 async def test_txn_list_filters_and_a_confirmed_bulk_commit(private_nc: Client) -> None:

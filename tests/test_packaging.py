@@ -102,6 +102,14 @@ def test_an_old_or_broken_stamp_means_install() -> None:
         assert dev.extras_to_install(old, "d1", dev.DEMO_EXTRAS, KNOWN) == {"postgres"}
 
 
+def test_dev_sink_adds_the_spark_extra_and_runs_txactors_sink() -> None:
+    """The README's sink block after the quickstart: `dev.py sink` brings pyspark itself."""
+    assert "spark" in dev.SINK_EXTRAS
+    after_demo = stamp("d1", *dev.DEMO_EXTRAS)
+    assert dev.extras_to_install(after_demo, "d1", dev.SINK_EXTRAS, KNOWN) == {"postgres", "spark"}
+    assert dev.sink_command(["run", "--once"]) == [dev.tool("txactors"), "sink", "run", "--once"]
+
+
 def test_dev_demo_runs_the_transfer_demo_unless_another_is_named() -> None:
     assert dev.demo_command([]) == ["-m", "apps.transfer"]
     assert dev.demo_command(["--faults", "none"]) == ["-m", "apps.transfer", "--faults", "none"]

@@ -35,6 +35,7 @@ from tests.peers.powercut_producer import TOPIC
 from tests.support.powercut.fixture import REQUIRE_ENV, PowerCut, unavailable
 from tests.support.powercut.machine import Machine
 from tests.support.txn import topic_ids
+from tests.support.wait import eventually
 from txactors.admin import CoordinatorUnavailable, list_transactions
 
 SEED = int(os.environ.get("TXACTORS_POWERCUT_SEED", "20261122"))
@@ -76,11 +77,13 @@ async def _connect(machine: Machine) -> Client:
 async def _run_load(machine: Machine, name: str, rng: random.Random) -> None:
     """Let `name` commit a few transactions, then a random while more: the cut's moment."""
     before = len(machine.lines(name, "COMMITTED"))
-    deadline = time.monotonic() + 30
-    while len(machine.lines(name, "COMMITTED")) < before + 10:
-        assert time.monotonic() < deadline, f"{name} committed nothing:\n{machine.output(name)}"
-        await anyio.sleep(0.05)
-    await anyio.sleep(rng.uniform(0.0, 1.5))
+    await eventually(
+        lambda: len(machine.lines(name, "COMMITTED")) >= before + 10,
+        timeout=30,
+        what=f"{name} committed ten",
+        explain=lambda: machine.output(name),
+    )
+    await anyio.sleep(rng.uniform(0.0, 1.5))  # the scenario: the cut comes at a random moment
 
 
 # -- the disk itself, and SQLite on it ------------------------------------------------------
@@ -167,13 +170,13 @@ async def _settled_transactions(
             except CoordinatorUnavailable:  # its partitions wait for the dead one's lease
                 if time.monotonic() > deadline:
                     raise
-                await anyio.sleep(0.2)
+                await anyio.sleep(0.2)  # not a wait to fail: settling ends either way
                 continue
             on_topic = {msg_id.split(":")[0] for msg_id in await topic_ids(nc, TOPIC)}
             local = _ledger(ledger)
             if (not listed and on_topic == local) or time.monotonic() > deadline:
                 return on_topic, local, listed
-            await anyio.sleep(0.2)
+            await anyio.sleep(0.2)  # not a wait to fail: settling ends either way
     finally:
         await nc.close()
 

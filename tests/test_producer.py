@@ -1,22 +1,20 @@
 """The producer against a real nats-server and a stand-in coordinator.
 
-This is a protocol test of the producer: the coordinator actor is built separately, so a
-minimal stand-in served with `serve()` records every command and answers as the protocol
-says (tokens, conflicts, states). End-to-end tests with the real coordinator (delivery,
-check-backs driven by its checker, crashes) live with the coordinator.
+This is a protocol test of the producer: the coordinator actor is built separately, so the
+partition stand-in of tests/support/partition.py, served with `serve()`, records every
+command and answers as the protocol says (tokens, conflicts, states). End-to-end tests
+with the real coordinator (delivery, check-backs driven by its checker, crashes) live with
+the coordinator.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import gc
-import itertools
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import anyio
@@ -26,17 +24,16 @@ import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from txactors.actors import Actor, ActorSystem, RemoteActorRef, serve
-from txactors.coordinator.agreement import agree_partition_count, meta_bucket
+from tests.support.partition import STATE_AFTER, serving_partitions
+from tests.support.wait import eventually, within
+from txactors.actors import RemoteActorRef
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import CommandError, EndRefused, PrepareFailed, TransactionStateError
 from txactors.layout import (
     check_group_subject,
     check_instance_subject,
-    end_filter,
     end_subject,
     partition_of,
-    prepare_filter,
     prepare_subject,
 )
 from txactors.producer import CheckView, EndMode, Transaction, TransactionProducer, TxMessage
@@ -45,14 +42,11 @@ from txactors.protocol import (
     CheckedMessage,
     CheckResult,
     CheckTransaction,
-    CoordinatorCommand,
     Decision,
-    Ended,
     EndTransaction,
     Error,
     ErrorCode,
     Prepare,
-    Prepared,
     encode,
 )
 
@@ -60,77 +54,6 @@ from txactors.protocol import (
 class Transfer(msgspec.Struct):
     account: str
     amount: int
-
-
-# -- the stand-in coordinator ------------------------------------------------------------------
-
-STATE_AFTER = {
-    Decision.COMMIT: "committed",
-    Decision.ROLLBACK: "rolled_back",
-    Decision.UNKNOWN: "prepared",
-}
-
-
-@dataclass
-class Recorder:
-    """What the stand-in coordinators received, and knobs to make them refuse."""
-
-    refuse_prepare: Callable[[Prepare], Error | None] = lambda _: None
-    refuse_end: Error | None = None
-    prepares: list[tuple[int, Prepare]] = field(default_factory=list)
-    ends: list[EndTransaction] = field(default_factory=list)
-    tokens: dict[str, str] = field(default_factory=dict)
-    decided: dict[str, Decision] = field(default_factory=dict)
-    seqs: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
-
-
-class StandInCoordinator(Actor):
-    def __init__(self, recorder: Recorder, partition: int) -> None:
-        self.recorder = recorder
-        self.partition = partition
-
-    async def receive(self, message: Prepare | EndTransaction) -> Prepared | Ended | Error:
-        r = self.recorder
-        if isinstance(message, Prepare):
-            r.prepares.append((self.partition, message))
-            if (refusal := r.refuse_prepare(message)) is not None:
-                return refusal
-            if r.tokens.get(message.txid) != message.token and message.token is not None:
-                return Error(ErrorCode.FORBIDDEN, "wrong token")
-            token = r.tokens.setdefault(message.txid, uuid.uuid4().hex)
-            seqs = [next(r.seqs) for _ in message.messages]
-            return Prepared(txid=message.txid, token=token, seqs=seqs)
-        r.ends.append(message)
-        if r.refuse_end is not None:
-            return r.refuse_end
-        if r.tokens.get(message.txid) != message.token:
-            return Error(ErrorCode.FORBIDDEN, "wrong token")
-        if message.decision is not Decision.UNKNOWN:
-            earlier = r.decided.setdefault(message.txid, message.decision)
-            if earlier is not message.decision:
-                return Error(ErrorCode.CONFLICT, f"already {earlier}")
-        return Ended(txid=message.txid, state=STATE_AFTER[message.decision])
-
-
-@asynccontextmanager
-async def coordinator(
-    nc: Client, *, partitions: int = 1, serve_end: bool = True, **knobs: Any
-) -> AsyncIterator[Recorder]:
-    recorder = Recorder(**knobs)
-    await agree_partition_count(await meta_bucket(nc.jetstream(), replicas=1), partitions)
-    async with ActorSystem("stand-in") as system:
-        subscriptions = []
-        for p in range(partitions):
-            factory = functools.partial(StandInCoordinator, recorder, p)
-            ref = await system.spawn(factory, name=f"coordinator-{p}")
-            subjects = [prepare_filter(p)] + ([end_filter(p)] if serve_end else [])
-            for subject in subjects:
-                subscriptions.append(await serve(nc, ref, subject, CoordinatorCommand))
-        try:
-            yield recorder
-        finally:
-            for subscription in subscriptions:
-                await subscription.unsubscribe()
 
 
 # -- producers and checkers --------------------------------------------------------------------
@@ -239,7 +162,7 @@ async def test_send_in_transaction_prepares_runs_the_local_transaction_and_ends_
         return local(msg, arg)  # a coroutine or a plain result: both are accepted
 
     sent = message(body=Transfer("A", 10), keys=["order-1"], tag="paid", properties={"x": "1"})
-    async with coordinator(nc) as coord, producer(nc) as p:
+    async with serving_partitions(nc) as coord, producer(nc) as p:
         with structlog.testing.capture_logs() as logs:
             result = await p.send_in_transaction(sent, local_transaction, arg="ctx")
 
@@ -273,7 +196,7 @@ async def test_a_refused_prepare_raises_and_the_local_transaction_does_not_run(
 ) -> None:
     local = LocalSpy()
     refuse = lambda _: Error(ErrorCode.BAD_REQUEST, "topic too long")  # noqa: E731
-    async with coordinator(nc, refuse_prepare=refuse) as coord, producer(nc) as p:
+    async with serving_partitions(nc, refuse_prepare=refuse) as coord, producer(nc) as p:
         with pytest.raises(PrepareFailed, match="topic too long") as caught:
             await p.send_in_transaction(message(), local)
     assert caught.value.code == ErrorCode.BAD_REQUEST
@@ -301,7 +224,7 @@ async def test_an_end_that_cannot_reach_the_coordinator_is_logged_and_left_to_th
     nc: Client,
 ) -> None:
     checker = RecordingChecker(Decision.ROLLBACK)
-    async with coordinator(nc, serve_end=False), producer(nc, checker=checker) as p:
+    async with serving_partitions(nc, serve_end=False), producer(nc, checker=checker) as p:
         with structlog.testing.capture_logs(
             processors=[structlog.contextvars.merge_contextvars]
         ) as logs:
@@ -321,7 +244,10 @@ async def test_an_end_the_coordinator_could_not_apply_is_retried_by_ending_again
 ) -> None:
     checker = RecordingChecker(Decision.ROLLBACK)
     failing = Error(ErrorCode.INTERNAL, "op stream unavailable")
-    async with coordinator(nc, refuse_end=failing) as coord, producer(nc, checker=checker) as p:
+    async with (
+        serving_partitions(nc, refuse_end=failing) as coord,
+        producer(nc, checker=checker) as p,
+    ):
         async with p.begin() as txn:
             await txn.send(message())
             assert not (await txn.commit()).confirmed
@@ -336,7 +262,7 @@ async def test_an_end_the_coordinator_could_not_apply_is_retried_by_ending_again
 
 async def test_a_refused_end_raises_end_refused(nc: Client) -> None:
     conflict = Error(ErrorCode.CONFLICT, "already rolled back")
-    async with coordinator(nc, refuse_end=conflict), producer(nc) as p:
+    async with serving_partitions(nc, refuse_end=conflict), producer(nc) as p:
         with pytest.raises(EndRefused, match="already rolled back") as caught:
             await p.send_in_transaction(message(), commit)
     assert caught.value.code == ErrorCode.CONFLICT
@@ -346,7 +272,7 @@ async def test_a_oneway_end_is_published_without_a_reply_subject_and_remembered(
     nc: Client,
 ) -> None:
     checker = RecordingChecker(Decision.ROLLBACK)
-    async with coordinator(nc, serve_end=False), producer(nc, checker=checker) as p:
+    async with serving_partitions(nc, serve_end=False), producer(nc, checker=checker) as p:
         subscription = await nc.subscribe(end_subject(0, p.group))
         await nc.flush()
         async with p.begin(end_mode="oneway") as txn:
@@ -369,13 +295,13 @@ async def test_a_oneway_end_is_published_without_a_reply_subject_and_remembered(
 
 
 async def test_the_end_mode_is_the_producers_unless_a_transaction_chooses(nc: Client) -> None:
-    async with coordinator(nc) as coord, producer(nc, end_mode=EndMode.ONEWAY) as p:
+    async with serving_partitions(nc) as coord, producer(nc, end_mode=EndMode.ONEWAY) as p:
         oneway = await p.send_in_transaction(message(), commit)
         async with p.begin(end_mode="ack") as txn:
             await txn.send(message())
-        with anyio.fail_after(5):
-            while len(coord.ends) < 2:  # the one-way end has no answer to wait for
-                await anyio.sleep(0.01)
+        await eventually(  # the one-way end has no answer to wait for
+            lambda: len(coord.ends) >= 2, what="both ends received"
+        )
     assert (oneway.state, oneway.confirmed) == (None, False)
     assert txn.result is not None and txn.result.state == "committed"
     assert all(end.version == PROTOCOL_VERSION for end in coord.ends)
@@ -386,7 +312,7 @@ async def test_the_end_mode_is_the_producers_unless_a_transaction_chooses(nc: Cl
 
 async def test_transactions_go_to_the_partition_of_their_txid(private_nc: Client) -> None:
     nc = private_nc  # a server of its own: the session's coordinators have 1 partition
-    async with coordinator(nc, partitions=3) as coord, producer(nc) as p:
+    async with serving_partitions(nc, partitions=3) as coord, producer(nc) as p:
         results = [await p.send_in_transaction(message(), commit) for _ in range(12)]
     routed = {prepare.txid: partition for partition, prepare in coord.prepares}
     assert routed == {r.txid: partition_of(r.txid, 3) for r in results}
@@ -399,7 +325,7 @@ async def test_transactions_go_to_the_partition_of_their_txid(private_nc: Client
 async def test_one_transaction_sends_to_two_topics_and_commits_when_the_block_ends(
     nc: Client,
 ) -> None:
-    async with coordinator(nc) as coord, producer(nc) as p, p.begin() as txn:
+    async with serving_partitions(nc) as coord, producer(nc) as p, p.begin() as txn:
         assert await txn.send(message("orders")) == (1,)
         assert await txn.send([message("points"), message("cart")]) == (2, 3)
     [(_, first), (_, second)] = coord.prepares
@@ -413,7 +339,7 @@ async def test_one_transaction_sends_to_two_topics_and_commits_when_the_block_en
 
 
 async def test_an_exception_in_the_block_rolls_back_and_propagates(nc: Client) -> None:
-    async with coordinator(nc) as coord, producer(nc) as p:
+    async with serving_partitions(nc) as coord, producer(nc) as p:
         with pytest.raises(ZeroDivisionError):
             async with p.begin() as txn:
                 await txn.send(message())
@@ -422,7 +348,7 @@ async def test_an_exception_in_the_block_rolls_back_and_propagates(nc: Client) -
 
 
 async def test_leave_unknown_hands_the_transaction_to_the_check_back(nc: Client) -> None:
-    async with coordinator(nc) as coord, producer(nc) as p, p.begin() as txn:
+    async with serving_partitions(nc) as coord, producer(nc) as p, p.begin() as txn:
         await txn.send(message())
         result = await txn.leave_unknown()
     assert [e.decision for e in coord.ends] == [Decision.UNKNOWN]
@@ -432,7 +358,7 @@ async def test_leave_unknown_hands_the_transaction_to_the_check_back(nc: Client)
 async def test_a_second_end_with_another_decision_is_refused_before_sending(
     nc: Client,
 ) -> None:
-    async with coordinator(nc) as coord, producer(nc) as p, p.begin() as txn:
+    async with serving_partitions(nc) as coord, producer(nc) as p, p.begin() as txn:
         await txn.send(message())
         first = await txn.commit()
         with pytest.raises(TransactionStateError, match="already ended with commit"):
@@ -444,7 +370,7 @@ async def test_a_second_end_with_another_decision_is_refused_before_sending(
 
 
 async def test_a_transaction_that_sent_nothing_makes_no_request(nc: Client) -> None:
-    async with coordinator(nc) as coord, producer(nc) as p, p.begin() as txn:
+    async with serving_partitions(nc) as coord, producer(nc) as p, p.begin() as txn:
         pass
     assert (coord.prepares, coord.ends) == ([], [])
     assert txn.result is not None
@@ -457,7 +383,10 @@ def refuse_later_sends(prepare: Prepare) -> Error | None:
 
 
 async def test_after_a_failed_send_only_a_rollback_is_possible(nc: Client) -> None:
-    async with coordinator(nc, refuse_prepare=refuse_later_sends) as coord, producer(nc) as p:
+    async with (
+        serving_partitions(nc, refuse_prepare=refuse_later_sends) as coord,
+        producer(nc) as p,
+    ):
         with pytest.raises(PrepareFailed):
             async with p.begin() as txn:
                 await txn.send(message())
@@ -474,12 +403,12 @@ async def test_after_a_failed_send_only_a_rollback_is_possible(nc: Client) -> No
 
 
 async def test_a_cancelled_block_sends_no_end(nc: Client) -> None:
-    async with coordinator(nc) as coord, producer(nc) as p:
+    async with serving_partitions(nc) as coord, producer(nc) as p:
         with anyio.CancelScope() as scope:
             async with p.begin() as txn:
                 await txn.send(message())
                 scope.cancel()
-                await anyio.sleep(1)
+                await anyio.sleep(1)  # the scenario: cancelled here, inside the block
     assert coord.ends == []
 
 
@@ -513,10 +442,8 @@ async def test_a_group_check_is_answered_by_exactly_one_member(nc: Client) -> No
         subscription = await nc.subscribe(inbox, cb=collect)
         for _ in range(4):
             await nc.publish(check_group_subject(group), encode(check_for(group)), reply=inbox)
-        with anyio.fail_after(2):
-            while len(replies) < 4:
-                await anyio.sleep(0.01)
-        await anyio.sleep(0.2)  # room for a duplicate answer to show up
+        await eventually(lambda: len(replies) >= 4, timeout=2, what="four answers")
+        await anyio.sleep(0.2)  # the scenario: room for a duplicate answer to show up
         await subscription.unsubscribe()
     assert len(replies) == 4
     assert len(checkers[0].views) + len(checkers[1].views) == 4
@@ -547,9 +474,11 @@ async def test_a_failing_checker_is_answered_with_an_internal_error(
 
 async def test_a_slow_check_does_not_hold_up_checks_of_other_transactions(nc: Client) -> None:
     release = anyio.Event()
+    slow_started = anyio.Event()
 
     async def checker(view: CheckView) -> Decision:
         if view.txid == "slow":
+            slow_started.set()
             await release.wait()
         return Decision.COMMIT
 
@@ -558,7 +487,8 @@ async def test_a_slow_check_does_not_hold_up_checks_of_other_transactions(nc: Cl
         anyio.create_task_group() as tg,
     ):
         tg.start_soon(ask_instance, nc, p, check_for(p.group, "slow"))
-        await anyio.sleep(0.05)
+        with within(10, "the slow check started"):
+            await slow_started.wait()
         with anyio.fail_after(1):
             reply = await ask_instance(nc, p, check_for(p.group, "fast"))
         release.set()
@@ -567,7 +497,7 @@ async def test_a_slow_check_does_not_hold_up_checks_of_other_transactions(nc: Cl
 
 async def test_a_checker_that_takes_too_long_is_answered_with_a_timeout(nc: Client) -> None:
     async def stuck(view: CheckView) -> Decision:
-        await anyio.sleep(10)
+        await anyio.sleep(10)  # the scenario: a checker far slower than its timeout
         return Decision.COMMIT
 
     async with producer(nc, checker=stuck, check_timeout=0.1) as p:
@@ -587,7 +517,7 @@ async def test_a_check_for_a_transaction_still_in_flight_is_unknown_without_the_
     nc: Client,
 ) -> None:
     checker = RecordingChecker(Decision.COMMIT)
-    async with coordinator(nc), producer(nc, checker=checker) as p:
+    async with serving_partitions(nc), producer(nc, checker=checker) as p:
         async with p.begin() as txn:
             await txn.send(message())
             during = await ask_instance(nc, p, check_for(p.group, txn.txid))
@@ -734,7 +664,7 @@ async def test_a_send_in_transaction_given_up_on_is_left_to_the_checker(
     nc: Client, way: str
 ) -> None:
     checker, work = RecordingChecker(Decision.ROLLBACK), Work()
-    async with coordinator(nc) as coord, producer(nc, checker=checker) as p:
+    async with serving_partitions(nc) as coord, producer(nc, checker=checker) as p:
         with collector_off():
             held = await GIVE_UP[way](lambda: p.send_in_transaction(message(), work), work)
             [(_, prepare)] = coord.prepares
@@ -757,7 +687,7 @@ async def test_a_begin_block_given_up_on_is_left_to_the_checker(nc: Client, way:
             await txn.send(message())
             await work()
 
-    async with coordinator(nc) as coord, producer(nc, checker=checker) as p:
+    async with serving_partitions(nc) as coord, producer(nc, checker=checker) as p:
         with collector_off():
             held = await GIVE_UP[way](block, work)
             await assert_the_checker_answers(nc, p, checker, txids[0])
@@ -771,7 +701,7 @@ async def test_a_block_whose_end_is_cancelled_is_left_to_the_checker(nc: Client)
     """The commit at the block's exit is a request too; cut off, nothing is in flight."""
     checker = RecordingChecker(Decision.COMMIT)
     async with (
-        coordinator(nc, serve_end=False),
+        serving_partitions(nc, serve_end=False),
         producer(nc, checker=checker, request_timeout=30) as p,
     ):
         txn = p.begin()
@@ -827,7 +757,7 @@ async def test_a_dropped_transaction_is_not_in_flight_at_once(nc: Client, how: s
     producer answers ROLLBACK itself (the checker would say COMMIT)."""
     checker = RecordingChecker(Decision.COMMIT)
     async with (
-        coordinator(nc, refuse_prepare=refuse_later_sends),
+        serving_partitions(nc, refuse_prepare=refuse_later_sends),
         producer(nc, checker=checker) as p,
     ):
         with collector_off():
@@ -847,7 +777,7 @@ async def test_a_dropped_transaction_is_not_in_flight_at_once(nc: Client, how: s
 async def test_leave_unknown_after_a_failed_send_rolls_back(nc: Client) -> None:
     """Only part of it could be committed, so there is nothing for a check-back to decide."""
     async with (
-        coordinator(nc, refuse_prepare=refuse_later_sends) as coord,
+        serving_partitions(nc, refuse_prepare=refuse_later_sends) as coord,
         producer(nc) as p,
         p.begin() as txn,
     ):
@@ -871,7 +801,7 @@ async def test_a_block_left_normally_after_a_failed_send_is_rolled_back_by_the_p
     is left without an end, and its check-back is ROLLBACK whatever the checker says."""
     checker = RecordingChecker(Decision.COMMIT)
     async with (
-        coordinator(nc, refuse_prepare=refuse_later_sends) as coord,
+        serving_partitions(nc, refuse_prepare=refuse_later_sends) as coord,
         producer(nc, checker=checker) as p,
     ):
         with pytest.raises(TransactionStateError, match="only part"):

@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import anyio
 import msgspec
 import nats.errors
 import pytest
@@ -24,19 +23,27 @@ from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry
 
 from tests.support.txn import FAST, CoordinatorClient, message, topic_ids
+from tests.support.wait import eventually
 from txactors import layout
 from txactors.consumer import ConsumedMessage, Consumer
 from txactors.coordinator import CoordinatorConfig
-from txactors.coordinator.oneway import LOG_EVERY, OneWayErrors
+from txactors.coordinator.oneway import OneWayErrors
 from txactors.coordinator.service import run_coordinator
+from txactors.logs import LOG_EVERY
 from txactors.metrics import CoordinatorMetrics
 from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
 from txactors.protocol import (
+    OPERATOR_DECISIONS,
     PROTOCOL_VERSION,
+    AdminCommand,
+    Codec,
+    Encoding,
     EndTransaction,
     Error,
     ErrorCode,
     ListTransactions,
+    OperatorDecision,
+    Resolution,
     ShowTransaction,
     TransactionInfo,
     encode,
@@ -66,12 +73,6 @@ async def consumed(nc: Client, topic: str) -> AsyncIterator[list[str]]:
 
     async with Consumer(nc, topic, "readers", handle, pull_expires=0.5):
         yield received
-
-
-async def eventually(predicate: Any, timeout: float = 20.0) -> None:
-    with anyio.fail_after(timeout):
-        while not await predicate():
-            await anyio.sleep(0.02)
 
 
 async def open_count(client: CoordinatorClient) -> int:
@@ -105,7 +106,7 @@ async def test_oneway_ends_commit_and_roll_back_and_the_consumer_gets_the_commit
         async def settled() -> bool:
             return sorted(received) == committed and await open_count(client) == 0
 
-        await eventually(settled)
+        await eventually(settled, timeout=20, what="the committed received, nothing open")
     assert all(r.state is None and not r.confirmed for r in results), "nothing confirms them"
     assert sorted(await topic_ids(private_nc, "orders")) == committed
     assert checker.asked == [], "every one-way end arrived: no check-back was needed"
@@ -131,11 +132,9 @@ async def test_a_lost_oneway_end_is_settled_by_the_check_back(
             async def settled() -> bool:
                 return await open_count(client) == 0
 
-            await eventually(settled)
+            await eventually(settled, timeout=20, what="nothing open")
             if decision is Decision.COMMIT:
-                with anyio.fail_after(20):
-                    while not received:
-                        await anyio.sleep(0.02)
+                await eventually(lambda: received, timeout=20, what="the committed received")
     expected = [f"{txn.txid}:0"] if decision is Decision.COMMIT else []
     assert received == expected
     assert await topic_ids(private_nc, "orders") == expected
@@ -187,7 +186,7 @@ async def test_bad_oneway_ends_are_counted_logged_once_per_code_and_never_answer
             async def all_counted() -> bool:
                 return all(counted(code) == len(p) for code, p in bad.items())
 
-            await eventually(all_counted)
+            await eventually(all_counted, timeout=20, what="every bad end counted")
         lines = [entry for entry in logs if entry["event"] == "oneway_request_failed"]
         assert sorted(line["code"] for line in lines) == sorted(bad), "one line per code"
         assert not [entry for entry in logs if entry["event"] == "request_refused"]
@@ -362,3 +361,24 @@ def test_commands_carry_the_version_and_it_is_required() -> None:
     assert decoded["version"] == PROTOCOL_VERSION
     with pytest.raises(TypeError, match="version"):
         EndTransaction(txid="t", token=TOKEN, decision=Decision.COMMIT)  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize(
+    ("tag", "resolution"),
+    [
+        ("ResumeTransaction", Resolution.RESUME),
+        ("CommitTransaction", Resolution.COMMIT),
+        ("RollbackTransaction", Resolution.ROLLBACK),
+    ],
+)
+def test_each_operator_decision_keeps_its_wire_name_and_takes_the_one_path(
+    tag: str, resolution: Resolution
+) -> None:
+    """What another-language client sends decodes to the one `OperatorDecision` path, with
+    its resolution; what this client sends carries the same tag and fields."""
+    sent = {"type": tag, "version": PROTOCOL_VERSION, "txid": "t1", "batch": "bulk-1"}
+    decoded = Codec[AdminCommand](AdminCommand).decode(msgspec.json.encode(sent), Encoding.JSON)
+    assert isinstance(decoded, OperatorDecision)
+    assert (decoded.resolution, decoded.txid, decoded.batch) == (resolution, "t1", "bulk-1")
+    ours = OPERATOR_DECISIONS[resolution](txid="t1", batch="bulk-1", version=PROTOCOL_VERSION)
+    assert msgspec.json.decode(encode(ours, Encoding.JSON)) == sent

@@ -20,8 +20,9 @@ from tests.support.plugin import plugin_args
 ROOT = Path(__file__).resolve().parent.parent
 
 NOT_RUN = {
-    "python3 dev.py demo": "builds a fresh .venv first (minutes, network); the demo it runs is "
-    "`python -m apps.transfer`, run below from the Spark block and by tests/test_app_transfer.py",
+    "python3 dev.py demo": "builds a fresh .venv first (minutes, network); the demo it runs, "
+    "`python -m apps.transfer`, is run below from the Spark block (with this interpreter's venv) "
+    "and by tests/test_app_transfer.py",
     "python3 dev.py test": "the whole test suite, of which this test is part",
     "python3 dev.py demo orders": "builds a fresh .venv first, like `dev.py demo`; the demo it "
     "runs is `python -m apps.orders`, run end to end by tests/test_app_orders.py",
@@ -70,34 +71,103 @@ def test_every_readme_shell_command_is_run_or_excused() -> None:
 
 @pytest.mark.slow
 @pytest.mark.spark
-@pytest.mark.timeout(600)
-def test_readme_demo_then_spark_sink_block_runs(tmp_path: Path) -> None:
-    """The block as a user types it: `.venv/bin/` is this interpreter's, /tmp is tmp_path."""
+@pytest.mark.timeout(900)
+def test_readme_demo_then_spark_sink_block_runs_and_notices_the_demo_run_again(
+    tmp_path: Path,
+) -> None:
+    """The block as a user types it (`dev.py`'s commands run with this interpreter's venv,
+    /tmp is tmp_path); then the demo again, which deletes and re-creates its topic, and the
+    sink line again: one line saying the stream is another, then with --no-fail-on-data-loss
+    the new run's rows. Each command that returned has let go of the catalog."""
+    from spark_sinks.session import check_catalog_free
+
     [block] = [b for b in shell_blocks() if b[0].startswith(SPARK_BLOCK_START)]
+    warehouse = tmp_path / "warehouse"
     env = {
         **user_env(),
-        "TXACTORS_WAREHOUSE": str(tmp_path / "warehouse"),
+        "TXACTORS_WAREHOUSE": str(warehouse),
         "XDG_DATA_HOME": str(tmp_path / "data"),  # the demo's databases, not the user's own
     }
-    bin_dir = Path(sys.executable).parent
-    outputs = []
-    for command in block:
+
+    def run(command: str, *extra: str) -> subprocess.CompletedProcess[str]:
         words = [
             str(tmp_path / w.removeprefix("/tmp/")) if w.startswith("/tmp/") else w
-            for w in shlex.split(command)
+            for w in [*shlex.split(command), *extra]
         ]
-        if words[0] == "export":
-            name, value = words[1].split("=", 1)
+        # Output to files, as a terminal takes it: a pipe would wait for every process that
+        # holds it, the JVM included, and hide one that outlives the command.
+        out, err = tmp_path / "stdout", tmp_path / "stderr"
+        with out.open("w") as stdout, err.open("w") as stderr:
+            code = subprocess.call(
+                as_user_runs_it(words), cwd=ROOT, env=env, stdout=stdout, stderr=stderr,
+                timeout=500,
+            )  # fmt: skip
+        check_catalog_free(warehouse)  # CatalogBusy while a JVM of the command still holds it
+        return subprocess.CompletedProcess(words, code, out.read_text(), err.read_text())
+
+    outputs = []
+    for command in block:
+        if command.startswith("export "):
+            name, value = shlex.split(command)[1].split("=", 1)
             env[name] = str(tmp_path / value.removeprefix("/tmp/")) if value else value
             continue
-        if words[0].startswith(".venv/bin/"):
-            words[0] = str(bin_dir / words[0].removeprefix(".venv/bin/"))
-        result = subprocess.run(
-            words, cwd=ROOT, env=env, capture_output=True, text=True, timeout=500, check=False
-        )
+        result = run(command)
         assert result.returncode == 0, f"{command}\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
         outputs.append(result.stdout)
     assert "moved" in outputs[-1], "the sink's query printed its table"
+    first = table_count(outputs[-1])
+    assert first > 0
+
+    demo, sink = block[-2], block[-1]
+    assert demo.startswith("python3 dev.py demo") and sink.startswith("python3 dev.py sink run")
+    rerun = run(demo)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+
+    refused = run(sink)
+    assert refused.returncode == 2 and refused.stdout == "", refused.stderr
+    assert refused.stderr.count("\n") == 1, refused.stderr
+    assert refused.stderr.startswith(
+        "error: topic 'transfers': TOPIC_transfers was deleted and created again"
+    ), refused.stderr
+
+    sunk = run(sink, "--no-fail-on-data-loss")
+    assert sunk.returncode == 0, sunk.stderr[-3000:]
+    lines = sunk.stderr.splitlines()
+    said = [line for line in lines if "reading the new stream from its first sequence" in line]
+    assert len(said) == 1, sunk.stderr
+    started = [line for line in lines if "reading seq" in line]
+    assert len(started) == 1 and "reading seq 1.." in started[0], sunk.stderr
+    rows = int(next(line for line in lines if "rows sunk" in line).split()[0].replace(",", ""))
+    assert rows > 0 and table_count(sunk.stdout) == first + rows
+
+    again = run(sink)
+    assert again.returncode == 0 and "caught up at transfers" in again.stderr, again.stderr
+
+
+def as_user_runs_it(words: list[str]) -> list[str]:
+    """`python3 dev.py demo|sink …` as dev.py runs them, from this interpreter's venv (dev.py
+    itself would build `.venv` in the clone first); `.venv/bin/x` likewise."""
+    import dev
+
+    bin_dir = Path(sys.executable).parent
+    if words[:2] == ["python3", "dev.py"] and words[2] in ("demo", "sink"):
+        command = (
+            [sys.executable, *dev.demo_command(words[3:])]
+            if words[2] == "demo"
+            else dev.sink_command(words[3:])
+        )
+        if command[0] == dev.tool("txactors"):
+            command[0] = str(bin_dir / "txactors")
+        return command
+    if words[0].startswith(".venv/bin/"):
+        return [str(bin_dir / words[0].removeprefix(".venv/bin/")), *words[1:]]
+    return words
+
+
+def table_count(shown: str) -> int:
+    """The sum of the second column of a table `show()` printed: the block's count(*)."""
+    rows = [line.split("|") for line in shown.splitlines() if line.startswith("|")]
+    return sum(int(cells[2]) for cells in rows[1:])
 
 
 def block_named(filename: str) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 
-import anyio
 import pytest
 import structlog
 from hypothesis import given
@@ -20,11 +19,11 @@ from prometheus_client import CollectorRegistry
 
 from tests.conftest import MakeNatsServer
 from tests.support.txn import CoordinatorClient, message, topic_ids
+from tests.support.wait import eventually
 from tests.test_producer import RecordingChecker, ask_instance, check_for, producer
 from txactors import layout
 from txactors.actors import RemoteActorRef
 from txactors.actors.replies import (
-    LOG_EVERY,
     ReplyGuard,
     normalize_prefix,
     reply_pattern,
@@ -33,6 +32,7 @@ from txactors.actors.replies import (
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import AskTimeout, CommandError
+from txactors.logs import LOG_EVERY
 from txactors.metrics import CoordinatorMetrics
 from txactors.natsclient import connect
 from txactors.protocol import (
@@ -161,12 +161,6 @@ def counter(registry: CollectorRegistry) -> Callable[[], float]:
     return lambda: registry.get_sample_value("txactors_refused_replies_total") or 0.0
 
 
-async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    with anyio.fail_after(timeout):
-        while not predicate():
-            await anyio.sleep(0.01)
-
-
 async def test_a_coordinator_never_writes_to_a_reply_subject_outside_the_inbox(
     private_nc: Client,
 ) -> None:
@@ -198,7 +192,7 @@ async def test_a_coordinator_never_writes_to_a_reply_subject_outside_the_inbox(
                 encode(ShowTransaction(txid="t0", version=PROTOCOL_VERSION)),
                 reply=reply,
             )
-        await wait_for(lambda: refused() == 3 * len(HOSTILE_REPLIES))
+        await eventually(lambda: refused() == 3 * len(HOSTILE_REPLIES))
 
         assert await topic_ids(private_nc, "orders") == ["t0:0"], "no phantom, no purge"
         assert (await js.stream_info(stream)).state.messages == 1

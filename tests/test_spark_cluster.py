@@ -33,6 +33,7 @@ import pytest
 
 from spark_sinks.catalog import checkpoint_dir, default_checkpoints, store_dir
 from spark_sinks.checkpoint import offsets_of, position
+from spark_sinks.offsets import StreamPosition
 from tests.conftest import MakeNatsServer
 from tests.support.spark_models import Currency, Transfer
 from tests.support.txn import topic_messages
@@ -360,7 +361,7 @@ def committed_rows(warehouse: Path, topic: str) -> dict[str, list[dict[str, Any]
     return {p: sorted(rows, key=lambda r: r["stream_seq"]) for p, rows in found.items()}
 
 
-def batches(warehouse: Path, topic: str) -> list[dict[str, int] | None]:
+def batches(warehouse: Path, topic: str) -> list[dict[str, StreamPosition] | None]:
     """Each committed batch's end offsets, from the query's checkpoint."""
     checkpoint = checkpoint_dir(default_checkpoints(warehouse), topic)
     last = position(checkpoint).committed_batch

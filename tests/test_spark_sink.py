@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import os
 import signal
 import subprocess
@@ -34,11 +35,17 @@ from spark_sinks.job import (
     BatchStarted,
     CaughtUp,
     Progress,
-    Skipped,
     plan,
     run_sink,
 )
-from spark_sinks.offsets import initial_offsets, lost, parse_starting
+from spark_sinks.offsets import (
+    Purged,
+    Replaced,
+    StreamPosition,
+    initial_offsets,
+    losses,
+    parse_starting,
+)
 from spark_sinks.schema import BatchBuilder, Committed, payload_columns, spark_schema
 from spark_sinks.session import check_java
 from spark_sinks.source import split_range
@@ -510,7 +517,6 @@ async def test_starting_offsets_and_purged_sequences_as_kafka_users_know_them(
             run_sink, spark, warehouse, topics, nats=nats_config, fail_on_data_loss=False,
             on_progress=events.append,
         )  # fmt: skip
-        assert any(isinstance(e, Skipped) and "11..16" in e.message for e in events), events
         assert events[-1] == CaughtUp({"lossy": 20, "later": 5}, waiting=False)
     finally:
         await nc.close()
@@ -522,16 +528,18 @@ async def test_starting_offsets_and_purged_sequences_as_kafka_users_know_them(
 def test_starting_offsets_resolve_against_the_streams() -> None:
     from spark_sinks.jetstream_read import Bounds
 
-    bounds = {"TOPIC_a": Bounds(5, 9), "TOPIC_b": Bounds(0, 0)}
-    assert initial_offsets("earliest", ["a", "b"], bounds) == {"TOPIC_a": 4, "TOPIC_b": 0}
-    assert initial_offsets("latest", ["a", "b"], bounds) == {"TOPIC_a": 9, "TOPIC_b": 0}
-    explicit = parse_starting('{"a": 7, "b": -2}', ["a", "b"])
-    assert initial_offsets(explicit, ["a", "b"], bounds) == {"TOPIC_a": 6, "TOPIC_b": 0}
-    assert lost({"TOPIC_a": 2}, bounds)[0].describe().startswith("TOPIC_a: sequences 3..4 ")
-    assert (
-        lost({"TOPIC_a": 4}, bounds) == []
-        and lost({"TOPIC_a": 9}, {"TOPIC_a": Bounds(10, 9)}) == []
-    )
+    bounds = {"TOPIC_a": Bounds(5, 9, "A"), "TOPIC_b": Bounds(0, 0, "B")}
+    ab = ["a", "b"]
+    assert initial_offsets("earliest", ab, bounds) == {
+        "TOPIC_a": StreamPosition(4, "A"), "TOPIC_b": StreamPosition(0, "B"),
+    }  # fmt: skip
+    assert initial_offsets("latest", ab, bounds)["TOPIC_a"] == StreamPosition(9, "A")
+    explicit = parse_starting('{"a": 7, "b": -2}', ab)
+    assert initial_offsets(explicit, ab, bounds)["TOPIC_a"] == StreamPosition(6, "A")
+    [purged] = losses(["a"], {"TOPIC_a": StreamPosition(2, "A")}, bounds)
+    assert purged.describe().startswith("TOPIC_a: sequences 3..4 ")
+    assert losses(["a"], {"TOPIC_a": StreamPosition(4, "A")}, bounds) == []
+    assert losses(["a"], {"TOPIC_a": StreamPosition(9)}, {"TOPIC_a": Bounds(10, 9, "A")}) == []
     for bad in ("first", '{"a": 1}', '{"a": 1, "b": 1, "c": 1}', '{"a": 0, "b": 1}', "[1]"):
         with pytest.raises(SinkError, match="startingOffsets"):
             parse_starting(bad, ["a", "b"])
@@ -604,3 +612,199 @@ def test_a_catalog_held_by_another_process_is_one_line(spark: Any, warehouse: Pa
     assert result.stderr.count("\n") == 1 and result.stdout == ""
     assert result.stderr.startswith("error: the catalog in ") and "another process" in result.stderr
     assert time.monotonic() - started < 30  # no JVM was started to find out
+
+
+# -- a stream deleted and created again (a demo's rerun), and what old checkpoints hold -------
+
+
+def test_a_stream_created_again_is_told_from_the_one_read() -> None:
+    from spark_sinks.jetstream_read import Bounds
+
+    read = StreamPosition(188, "2026-11-25T10:00:00+00:00")
+    again = Bounds(1, 188, "2026-11-25T11:00:00+00:00")
+    [loss] = losses(["transfers"], {"TOPIC_transfers": read}, {"TOPIC_transfers": again})
+    assert isinstance(loss, Replaced)
+    assert "topic 'transfers'" in loss.describe() and "deleted and created again" in loss.describe()
+    # Before the identity was kept (a bare sequence): a stream ending below what was read.
+    assert StreamPosition.decode(188) == StreamPosition(188)
+    assert StreamPosition.decode({"seq": 5, "created": "x"}) == StreamPosition(5, "x")
+    shorter = Bounds(1, 40, "later")
+    [old] = losses(
+        ["transfers"], {"TOPIC_transfers": StreamPosition(188)}, {"TOPIC_transfers": shorter}
+    )
+    assert isinstance(old, Replaced)
+    assert losses(["t"], {"TOPIC_t": StreamPosition(188)}, {"TOPIC_t": Bounds(1, 300, "c")}) == []
+    # The same stream, purged: a purge, not a replacement.
+    same = Bounds(200, 300, read.created)
+    assert losses(["transfers"], {"TOPIC_transfers": read}, {"TOPIC_transfers": same}) == [
+        Purged("transfers", 189, 199)
+    ]
+
+
+def test_old_checkpoints_load_and_are_run_once_to_record_the_stream(tmp_path: Path) -> None:
+    from spark_sinks.checkpoint import Position, offsets_of
+    from spark_sinks.jetstream_read import Bounds
+    from spark_sinks.planning import TopicPlan
+
+    offsets = tmp_path / "offsets"
+    offsets.mkdir()
+    (offsets / "0").write_text('v1\n{"batchWatermarkMs":0}\n{"TOPIC_t": 188}')
+    (offsets / "1").write_text('v1\n{}\n{"TOPIC_t": {"seq": 200, "created": "A"}}')
+    assert offsets_of(tmp_path, 0) == {"TOPIC_t": StreamPosition(188)}
+    assert offsets_of(tmp_path, 1) == {"TOPIC_t": StreamPosition(200, "A")}
+
+    def topic_plan(committed: StreamPosition, bounds: Bounds) -> TopicPlan:
+        where = Position(0, {"TOPIC_t": committed}, None, None)
+        return TopicPlan("t", None, spark_schema(None), tmp_path, {"t": 1}, where, bounds)
+
+    assert not topic_plan(StreamPosition(188), Bounds(1, 188, "A")).caught_up  # records "A"
+    assert topic_plan(StreamPosition(188, "A"), Bounds(1, 188, "A")).caught_up
+    assert not topic_plan(StreamPosition(188, "A"), Bounds(1, 188, "B")).caught_up
+
+
+async def test_the_source_reads_a_stream_created_again_from_its_start_or_fails_in_one_line(
+    make_nats_server: MakeNatsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    from spark_sinks.source import SequenceRange, SourceOptions, TxactorsStreamReader
+
+    url, nc = await connect(make_nats_server)
+    stream = layout.topic_stream("replay")
+    try:
+        await publish_raw(nc, "replay", [b"old"] * 5, prefix="o")
+        first = (await nc.jetstream().stream_info(stream)).created
+        assert first is not None
+        read = {stream: StreamPosition(5, first.isoformat()).encode()}
+        await nc.jetstream().delete_stream(stream)
+        await publish_raw(nc, "replay", [b"new"] * 3, prefix="n")
+    finally:
+        await nc.close()
+
+    def reader(fail: bool) -> TxactorsStreamReader:
+        options = {"servers": url, "topics": "replay", "failOnDataLoss": str(fail).lower()}
+        return TxactorsStreamReader(SourceOptions.parse(options))
+
+    with pytest.raises(DataLoss, match="TOPIC_replay was deleted and created again") as raised:
+        await asyncio.to_thread(reader(True).latestOffset, read)
+    assert "\n" not in str(raised.value) and "topic 'replay'" in str(raised.value)
+
+    lenient = reader(False)
+    end = await asyncio.to_thread(lenient.latestOffset, read)
+    assert StreamPosition.decode(end[stream]).seq == 3
+    with caplog.at_level("WARNING", logger="spark_sinks.source"):
+        ranges = await asyncio.to_thread(lenient.partitions, read, end)
+        again = await asyncio.to_thread(lenient.partitions, read, end)  # a re-run batch
+    assert ranges == again == [SequenceRange("replay", 1, 3)]
+    said = [r.message for r in caplog.records if "created again" in r.message]
+    assert len(said) == 1 and "reading the new stream from its first sequence" in said[0]
+
+    # A checkpoint from before the identity was kept: the new stream ends below its offset.
+    old = {stream: 5}
+    assert (
+        StreamPosition.decode((await asyncio.to_thread(lenient.latestOffset, old))[stream]).seq == 3
+    )
+    # A batch planned on the old stream, re-run after it was replaced: nothing of it is left.
+    assert (
+        await asyncio.to_thread(
+            lenient.partitions, {stream: StreamPosition(2, first.isoformat()).encode()}, read
+        )
+        == []
+    )
+
+
+class FakeQuery:
+    def __init__(self) -> None:
+        self.recentProgress: list[dict[str, Any]] = []
+
+
+def test_each_batch_is_announced_once_though_its_commit_lands_before_its_progress(
+    tmp_path: Path,
+) -> None:
+    from spark_sinks.checkpoint import position
+    from spark_sinks.jetstream_read import Bounds
+    from spark_sinks.planning import Plan, TopicPlan
+    from spark_sinks.progress import ProgressWatch
+
+    def write(log: str, batch: int, seq: int) -> None:
+        (tmp_path / log).mkdir(exist_ok=True)
+        body = json.dumps({"TOPIC_t": {"seq": seq, "created": "A"}}) if log == "offsets" else "{}"
+        (tmp_path / log / str(batch)).write_text(f"v1\n{{}}\n{body}")
+
+    write("offsets", 0, 10)
+    write("commits", 0, 10)
+    bounds = Bounds(1, 30, "A")
+    planned = Plan(
+        tmp_path,
+        [TopicPlan("t", None, spark_schema(None), tmp_path, {"t": 1}, position(tmp_path), bounds)],
+    )
+    query = FakeQuery()
+    events: list[Progress] = []
+    watch = ProgressWatch(planned, {"t": query}, events.append, waiting=False)  # type: ignore[dict-item]
+    write("offsets", 1, 30)
+    watch.poll()  # planned: announced
+    write("commits", 1, 30)
+    watch.poll()  # committed, its progress not posted yet
+    offset = json.dumps({"TOPIC_t": {"seq": 30, "created": "A"}})
+    start = json.dumps({"TOPIC_t": {"seq": 10, "created": "A"}})
+    source = {"startOffset": start, "endOffset": offset, "latestOffset": offset}
+    query.recentProgress.append(
+        {"batchId": 1, "numInputRows": 20, "sources": [source], "batchDuration": 1000}
+    )
+    watch.poll()
+    watch.poll()
+    assert [e for e in events if isinstance(e, BatchStarted)] == [BatchStarted("t", 1, 11, 30)]
+    assert [e.rows for e in events if isinstance(e, BatchProgress)] == [20]
+
+
+def test_an_unreachable_server_is_one_line_and_a_failure(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "NATS_URL": f"nats://127.0.0.1:{port}"}
+    result = run_cli(
+        "run", "--topics", "transfers", "--once", "--warehouse", str(tmp_path), env=env
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.count("\n") == 1 and result.stdout == "", result.stderr
+    assert result.stderr.startswith("error: could not connect to NATS at nats://127.0.0.1:")
+
+
+def test_local_session_takes_a_path_as_a_string(spark: Any, warehouse: Path) -> None:
+    from spark_sinks.session import local_session
+
+    assert local_session(str(warehouse)) is spark  # this process's session, not an error
+
+
+async def test_a_query_that_never_ran_starts_on_the_stream_created_again(
+    make_nats_server: MakeNatsServer, tmp_path: Path
+) -> None:
+    from spark_sinks.checkpoint import PINNED_START, PinnedStart, pinned_start
+
+    url, nc = await connect(make_nats_server)
+    config = NatsConfig(url=url)
+    try:
+        await publish_raw(nc, "fresh", [b"old"] * 5, prefix="o")
+        first = await asyncio.to_thread(
+            plan, tmp_path, {"fresh": None}, nats=config, starting_offsets="latest"
+        )
+        assert first.topics[0].start == {"fresh": 6} and first.topics[0].caught_up
+        await nc.jetstream().delete_stream(layout.topic_stream("fresh"))
+        await publish_raw(nc, "fresh", [b"new"] * 7, prefix="n")
+    finally:
+        await nc.close()
+
+    with pytest.raises(DataLoss, match="TOPIC_fresh was deleted and created again"):
+        await asyncio.to_thread(plan, tmp_path, {"fresh": None}, nats=config)
+    lenient = await asyncio.to_thread(
+        plan, tmp_path, {"fresh": None}, nats=config, fail_on_data_loss=False
+    )
+    [said] = lenient.skipped
+    assert "reading the new stream from its first sequence" in said
+    assert lenient.topics[0].start == {"fresh": 1} and not lenient.topics[0].caught_up
+    again = await asyncio.to_thread(plan, tmp_path, {"fresh": None}, nats=config)
+    assert again.topics[0].start == {"fresh": 1} and again.skipped == []
+
+    checkpoint = checkpoint_dir(default_checkpoints(tmp_path), "fresh")
+    (checkpoint / PINNED_START).write_text('{"fresh": 3}')  # a pin from before the identity
+    assert pinned_start(checkpoint) == PinnedStart({"fresh": 3})

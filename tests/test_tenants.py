@@ -37,6 +37,7 @@ from nats.aio.client import Client
 from nats.js.api import StreamConfig
 
 from tests.support.txn import FAST
+from tests.support.wait import eventually
 from txactors import admin, layout
 from txactors.actors import RemoteActorRef
 from txactors.config import NatsConfig
@@ -105,10 +106,12 @@ class User:
     async def violation(self, subject: str) -> None:
         """Wait until the server has refused an operation on `subject`."""
         quoted = f'"{subject.lower()}"'  # nats-py hands the server's error on lower-cased
-        with anyio.fail_after(5):
-            while not any(quoted in v.lower() for v in self.violations):
-                await self.nc.flush()
-                await anyio.sleep(0.02)
+
+        async def refused() -> bool:
+            await self.nc.flush()
+            return any(quoted in v.lower() for v in self.violations)
+
+        await eventually(refused, timeout=5, what=f"a violation on {subject}")
 
     async def refused(self, subject: str, payload: bytes = b"{}") -> None:
         """Publish `subject` as a request (any answer would come to our inbox) and wait for
@@ -236,11 +239,11 @@ async def deployed(tmp_path: Path, **options: Any) -> AsyncIterator[Deployment]:
                 config=CoordinatorConfig(**FAST),
                 options=CoordinatorOptions(**{**settings, **options}),
             ) as running:
-                with anyio.fail_after(10):  # a lease not free yet at start is taken soon after
-                    while running.partitions != [0]:
-                        await anyio.sleep(0.05)
-                    for group in ("orders", "payments"):
-                        await _served(users[group].nc, group)
+                await eventually(  # a lease not free yet at start is taken soon after
+                    lambda: running.partitions == [0], what="partition 0 served"
+                )
+                for group in ("orders", "payments"):
+                    await _served(users[group].nc, group)
                 yield Deployment(url, coordinator.nc, users)
         finally:
             for user in (*users.values(), coordinator):
@@ -252,15 +255,16 @@ async def _served(nc: Client, group: str) -> None:
     may answer "no responders" for a few milliseconds after the coordinator subscribed and
     flushed. Asked with an empty txid, which the boundary refuses before anything is done."""
     ref = RemoteActorRef(nc, layout.prepare_subject(0, group), Prepared)
-    while True:
+
+    async def refused() -> CommandError | None:
         try:
             await ref.ask(_prepare(group, group, txid=""), timeout=5)
-        except ActorDeadError:
-            await anyio.sleep(0.02)
-            continue
-        except CommandError as refused:
-            assert refused.code == ErrorCode.BAD_REQUEST, refused
-            return
+        except CommandError as error:
+            return error
+        return None
+
+    error = await eventually(refused, ignoring=(ActorDeadError,), what=f"{group}'s prepares served")
+    assert error.code == ErrorCode.BAD_REQUEST, error
 
 
 def _prepare(group: str, topic: str, txid: str = "tenant-tx") -> Prepare:
@@ -321,6 +325,30 @@ def test_the_boundary_keeps_groups_to_their_subjects_and_topics(
 ) -> None:
     refusal = BOUNDARY.refusal(_prepare(group, topic), max_payload=1 << 20, subject=subject)
     assert (refusal and refusal.code) == code, refusal
+
+
+@pytest.mark.parametrize(
+    ("known", "subject", "code"),
+    [
+        ("orders", layout.end_subject(0, "orders"), None),
+        (None, layout.end_subject(0, "payments"), None),  # unknown here: answered not_found later
+        ("orders", layout.end_subject(0, "payments"), ErrorCode.FORBIDDEN),
+    ],
+)
+def test_the_boundary_keeps_an_end_to_its_transactions_group_subject(
+    known: str | None, subject: str, code: ErrorCode | None
+) -> None:
+    """The same policy as a prepare's, for an end: the group its subject names must be the
+    transaction's, without telling the sender which group that is."""
+    end = EndTransaction(
+        txid="tenant-tx", token="0" * 32, decision=Decision.COMMIT, version=PROTOCOL_VERSION
+    )
+    refusal = BOUNDARY.refusal(
+        end, max_payload=1 << 20, subject=subject, group_of=lambda txid: known
+    )
+    assert (refusal and refusal.code) == code, refusal
+    if refusal is not None:
+        assert "orders" not in refusal.message
 
 
 @pytest.mark.parametrize(

@@ -73,7 +73,7 @@ USER_TESTS = textwrap.dedent(
         async with asyncio.timeout(10):
             while (await js.stream_info("TXN_DISCARD")).state.messages == 0:
                 txactors_clock.advance(60)  # hours of checking, in a few ticks
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(0.02)  # a user's test, with nothing but the plugin: it polls
         assert asked == [txn.txid, txn.txid]
 
 

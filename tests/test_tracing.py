@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from tests.support.txn import FAST, topic_messages
+from tests.support.wait import eventually
 from txactors import ConsumedMessage, TxApp, layout, tracing
 from txactors.consumer import Consumer
 from txactors.coordinator import CoordinatorConfig
@@ -60,12 +61,13 @@ def one(exporter: InMemorySpanExporter, name: str, txid: str) -> ReadableSpan:
 
 
 async def until_span(exporter: InMemorySpanExporter, name: str, txid: str) -> ReadableSpan:
-    with anyio.fail_after(20):
-        while True:
-            for span in named(exporter, name):
-                if (span.attributes or {}).get("txactors.txid") == txid:
-                    return span
-            await anyio.sleep(0.02)
+    def found() -> list[ReadableSpan]:
+        return [
+            s for s in named(exporter, name) if (s.attributes or {}).get("txactors.txid") == txid
+        ]
+
+    [span, *_] = await eventually(found, timeout=20, what=f"a {name} span of {txid}")
+    return span
 
 
 def parent_of(span: ReadableSpan) -> int | None:
@@ -249,9 +251,12 @@ async def test_a_failing_handler_marks_its_span_and_the_retry_is_a_second_span(
     ):
         async with producer.begin() as txn:
             await txn.send(TxMessage("invoices-traced", b"x"))
-        with anyio.fail_after(20):
-            while len(named(spans, tracing.CONSUME_SPAN)) < 2:
-                await anyio.sleep(0.02)
+        await eventually(
+            lambda: named(spans, tracing.CONSUME_SPAN),
+            until=lambda consumed: len(consumed) >= 2,
+            timeout=20,
+            what="two consume spans",
+        )
 
     first, second = sorted(
         named(spans, tracing.CONSUME_SPAN),
@@ -278,9 +283,7 @@ async def test_a_message_without_a_context_starts_a_trace_of_its_own(
         await private_nc.jetstream().publish(layout.topic_subject("plain-traced"), b"x")
         with anyio.fail_after(20):
             await handled.wait()
-    with anyio.fail_after(20):
-        while not named(spans, tracing.CONSUME_SPAN):
-            await anyio.sleep(0.02)
+    await eventually(lambda: named(spans, tracing.CONSUME_SPAN), timeout=20, what="a consume span")
     [consume] = named(spans, tracing.CONSUME_SPAN)
     assert consume.parent is None
 
@@ -299,9 +302,7 @@ async def test_without_a_tracer_provider_nothing_is_traced_or_added(private_nc: 
     ):
         async with producer.begin() as txn:
             await txn.send(TxMessage("untraced", b"x", properties={"origin": "web"}))
-        with anyio.fail_after(20):
-            while not got:
-                await anyio.sleep(0.02)
+        await eventually(lambda: got, timeout=20, what="the message handled")
     assert got[0].properties == {"origin": "web"}, "no trace headers on the message"
 
 

@@ -15,7 +15,6 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
@@ -23,6 +22,7 @@ from nats.aio.client import Client
 from prometheus_client import CollectorRegistry
 
 from tests.support.txn import FAST, topic_ids
+from tests.support.wait import eventually
 from txactors import layout
 from txactors.consumer import ConsumedMessage, Consumer
 from txactors.coordinator import CoordinatorConfig
@@ -103,12 +103,6 @@ async def discarded_txids(nc: Client) -> list[str]:
     ]
 
 
-async def wait_for(predicate: Any, timeout: float = 20.0) -> None:
-    with anyio.fail_after(timeout):
-        while not await predicate():
-            await anyio.sleep(0.05)
-
-
 async def test_five_outcomes_deliver_exactly_the_committed_set(private_nc: Client) -> None:
     check_max = 3
     config = CoordinatorConfig(check_max=check_max, **FAST)
@@ -149,7 +143,7 @@ async def test_five_outcomes_deliver_exactly_the_committed_set(private_nc: Clien
                 and set(await discarded_txids(private_nc)) >= forever
             )
 
-        await wait_for(settled)
+        await eventually(settled, timeout=20)
         await anyio.sleep(config.check_interval_max * 3)  # room for anything that should not come
 
     assert sorted(received) == sorted(f"{t}:0" for t in committed), "committed, once each"
@@ -189,7 +183,7 @@ async def test_default_timing_fifteen_checks_then_discard_on_a_virtual_clock(
             now[0] += 600.0  # ten virtual minutes per poll
             return result.txid in await discarded_txids(private_nc)
 
-        await wait_for(discarded, timeout=30)
+        await eventually(discarded, timeout=30)
     assert ledger.checks[result.txid] == 15
     assert ledger.overlapping == []
     assert await topic_ids(private_nc, "orders") == []
@@ -226,6 +220,6 @@ async def test_producer_killed_between_prepare_and_end_is_resolved_by_another_in
                 )
                 return bool(ids) or b'"transactions":[]' in listed.data
 
-            await wait_for(resolved)
+            await eventually(resolved, timeout=20)
         expected = [f"{txid}:0"] if commit_locally else []
         assert await topic_ids(private_nc, "transfers") == expected

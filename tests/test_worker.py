@@ -21,6 +21,7 @@ import pytest
 from anyio.abc import Process
 
 from tests.conftest import MakeNatsServer
+from tests.support.wait import eventually
 from txactors import Decision, TransactionProducer, TxMessage
 from txactors.coordinator.service import run_coordinator
 from txactors.layout import topic_stream
@@ -53,7 +54,7 @@ APP = textwrap.dedent(
     async def work(job: Job) -> None:
         with LOG.open("a") as log:
             log.write(f"start {job.n}\\n")
-        await anyio.sleep(float(os.environ["WORK_SECONDS"]))
+        await anyio.sleep(float(os.environ["WORK_SECONDS"]))  # the scenario: work that takes long
         with LOG.open("a") as log:
             log.write(f"done {job.n}\\n")
     """
@@ -76,12 +77,13 @@ async def scrape(port: int) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
             return str(reply.read().decode())
 
-    with anyio.fail_after(20):  # the process may still be importing
-        while True:
-            try:
-                return await anyio.to_thread.run_sync(get)
-            except OSError:
-                await anyio.sleep(0.1)
+    return await eventually(  # the process may still be importing
+        lambda: anyio.to_thread.run_sync(get),
+        until=lambda _: True,
+        ignoring=(OSError,),
+        timeout=20,
+        what="the metrics served",
+    )
 
 
 def has_line(path: Path, line: str) -> bool:
@@ -89,9 +91,7 @@ def has_line(path: Path, line: str) -> bool:
 
 
 async def wait_for_line(path: Path, line: str) -> None:
-    with anyio.fail_after(20):
-        while not has_line(path, line):
-            await anyio.sleep(0.02)
+    await eventually(lambda: has_line(path, line), timeout=20, what=f"{line!r} in {path.name}")
 
 
 async def test_run_serves_metrics_and_finishes_in_flight_handlers_on_sigterm(

@@ -11,7 +11,7 @@ Only a configured NATS server makes sense here: an embedded one would be fresh a
 from __future__ import annotations
 
 import asyncio
-import enum
+import functools
 import secrets
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
@@ -43,12 +43,11 @@ from txactors.errors import (
 )
 from txactors.partition_count import PartitionCountUnknown, client_count
 from txactors.protocol import (
+    OPERATOR_DECISIONS,
     PROTOCOL_VERSION,
-    CommitTransaction,
     Ended,
     ListTransactions,
-    ResumeTransaction,
-    RollbackTransaction,
+    Resolution,
     ShowTransaction,
     TransactionInfo,
     TransactionList,
@@ -64,6 +63,7 @@ __all__ = [
     "admin_config",
     "admin_session",
     "commit",
+    "decide",
     "find_transactions",
     "human_duration",
     "list_transactions",
@@ -217,61 +217,29 @@ async def show(
     return await _ask_owner(nc, txid, command, TransactionInfo, partitions, timeout)
 
 
-async def resume(
+async def decide(
     nc: Client,
     txid: str,
+    resolution: Resolution,
     *,
     partitions: int | None = None,
     batch: str | None = None,
     timeout: float = ADMIN_TIMEOUT,
 ) -> Ended:
-    """Back to PREPARED with a fresh check count, so the checker asks the producer again."""
-    command = ResumeTransaction(txid=txid, batch=batch, version=PROTOCOL_VERSION)
+    """Carry out an operator's `resolution` of one transaction, without the producer's token:
+    resume (back to PREPARED with a fresh check count, so the checker asks the producer
+    again), commit (answered once every message is published) or roll back (nothing of it is
+    ever delivered)."""
+    command = OPERATOR_DECISIONS[resolution](txid=txid, batch=batch, version=PROTOCOL_VERSION)
     return await _ask_owner(nc, txid, command, Ended, partitions, timeout)
 
 
-async def commit(
-    nc: Client,
-    txid: str,
-    *,
-    partitions: int | None = None,
-    batch: str | None = None,
-    timeout: float = ADMIN_TIMEOUT,
-) -> Ended:
-    """Commit without the producer's token; answered once every message is published."""
-    command = CommitTransaction(txid=txid, batch=batch, version=PROTOCOL_VERSION)
-    return await _ask_owner(nc, txid, command, Ended, partitions, timeout)
-
-
-async def rollback(
-    nc: Client,
-    txid: str,
-    *,
-    partitions: int | None = None,
-    batch: str | None = None,
-    timeout: float = ADMIN_TIMEOUT,
-) -> Ended:
-    """Roll back without the producer's token; nothing of it is ever delivered."""
-    command = RollbackTransaction(txid=txid, batch=batch, version=PROTOCOL_VERSION)
-    return await _ask_owner(nc, txid, command, Ended, partitions, timeout)
+resume = functools.partial(decide, resolution=Resolution.RESUME)
+commit = functools.partial(decide, resolution=Resolution.COMMIT)
+rollback = functools.partial(decide, resolution=Resolution.ROLLBACK)
 
 
 # -- bulk -----------------------------------------------------------------------------------
-
-
-class Resolution(enum.StrEnum):
-    """What a bulk `txactors txn resolve` does to each transaction it matched."""
-
-    RESUME = "resume"
-    COMMIT = "commit"
-    ROLLBACK = "rollback"
-
-
-_COMMANDS: Final = {
-    Resolution.RESUME: ResumeTransaction,
-    Resolution.COMMIT: CommitTransaction,
-    Resolution.ROLLBACK: RollbackTransaction,
-}
 
 BULK_CONCURRENCY: Final = 16
 """Commands in flight at once: a commit is answered only once published, so a bulk commit of
@@ -303,7 +271,7 @@ async def resolve_all(
 ) -> list[Resolved]:
     """Apply `resolution` to each transaction, BULK_CONCURRENCY at a time; one outcome per
     txid, in the order given. A refusal or an unreachable partition fails only its own."""
-    command = _COMMANDS[resolution]
+    command = OPERATOR_DECISIONS[resolution]
     count = await _partition_count(nc, partitions, timeout)  # read once for all of them
     gate = asyncio.Semaphore(BULK_CONCURRENCY)
 

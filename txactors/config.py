@@ -16,13 +16,7 @@ import msgspec
 
 from txactors.actors.replies import normalize_prefix
 from txactors.errors import ConfigError
-from txactors.server_setup import (
-    DEFAULT_FSYNC,
-    DEFAULT_FSYNC_INTERVAL,
-    Fsync,
-    check_fsync,
-    check_fsync_interval,
-)
+from txactors.server_setup import FsyncError, FsyncSetting
 
 DATA_DIR_ENV = "TXACTORS_DATA_DIR"
 FSYNC_ENV = "TXACTORS_FSYNC"
@@ -49,15 +43,14 @@ _SECRET_FIELDS = ("password", "token")
 _URL_SCHEMES = ("nats", "tls", "ws", "wss")
 
 
-class NatsConfig(msgspec.Struct, kw_only=True, frozen=True):
+class NatsConfig(FsyncSetting, kw_only=True, frozen=True):
     """How to reach NATS. `url=None` runs an embedded server in `data_dir` (a temp dir if None).
 
     `url` may list several servers separated by commas. `creds_file` and `nkeys_seed` are paths
     to files. Auth and TLS settings apply only to a configured `url`; the embedded server has
-    no auth and listens on 127.0.0.1 only. `fsync` and `fsync_interval` (seconds) apply only to
-    the embedded server: `always` (the default) flushes every write to disk before the server
-    acknowledges it; `interval` flushes every `fsync_interval` and loses acknowledged writes
-    on a power cut (a server you run yourself takes `sync_interval` in its own configuration).
+    no auth and listens on 127.0.0.1 only. `fsync` and `fsync_interval` (`FsyncSetting`) apply
+    only to the embedded server (a server you run yourself takes `sync_interval` in its own
+    configuration).
     """
 
     url: str | None = None
@@ -73,8 +66,6 @@ class NatsConfig(msgspec.Struct, kw_only=True, frozen=True):
     """Where this client's requests get their replies (nats-py's `inbox_prefix`, e.g.
     `_INBOX.billing`); None: nats-py's `_INBOX`. A confined user may only subscribe there."""
     data_dir: str | None = None
-    fsync: Fsync = DEFAULT_FSYNC
-    fsync_interval: float = DEFAULT_FSYNC_INTERVAL
     name: str = "txactors"
     connect_timeout: float = 2.0
     # Initial connection: retries per server before NatsConnectError (nats-py's default is 60,
@@ -85,6 +76,10 @@ class NatsConfig(msgspec.Struct, kw_only=True, frozen=True):
     max_reconnect_attempts: int = -1
 
     def __post_init__(self) -> None:
+        try:
+            super().__post_init__()
+        except FsyncError as exc:
+            raise ConfigError(f"{exc} (the {setting_name(exc.field)} setting)") from None
         if self.url is not None:
             for server in self.servers:
                 scheme, sep, _ = server.partition("://")
@@ -107,11 +102,6 @@ class NatsConfig(msgspec.Struct, kw_only=True, frozen=True):
         if self.connect_retries < 1:
             # nats-py reads a limit of 0 as "retry forever".
             raise ConfigError(f"connect_retries must be >= 1, got {self.connect_retries}")
-        for field, check in (("fsync", check_fsync), ("fsync_interval", check_fsync_interval)):
-            try:
-                check(getattr(self, field))
-            except ValueError as exc:
-                raise ConfigError(f"{exc} (the {setting_name(field)} setting)") from None
 
     def __repr__(self) -> str:
         """Only the settings that differ from the defaults, secrets masked: safe to log."""

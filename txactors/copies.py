@@ -22,6 +22,7 @@ from collections.abc import Mapping
 
 from nats.js.api import RawStreamMsg
 
+from txactors.framing import parse_header_block
 from txactors.layout import RESERVED_HEADER_NAMES
 
 SERVER_PREFIX = "nats-"
@@ -45,16 +46,8 @@ def stored_headers(raw: RawStreamMsg) -> dict[str, str]:
 
     nats-py parses the headers of a (non-direct) `get_msg` as an email, which turns a
     non-ASCII value (`café`) into an `email.header.Header`; we parse the raw block instead,
-    as NATS defines it: `Name: Value` lines, UTF-8 values.
+    as NATS defines it (`framing.parse_header_block`).
     """
     if not raw.hdrs:
         return {str(k): str(v) for k, v in (raw.headers or {}).items()}
-    block = base64.b64decode(raw.hdrs)
-    headers: dict[str, str] = {}
-    for line in block.split(b"\r\n")[1:]:  # the first line is `NATS/1.0`
-        name, colon, value = line.partition(b":")
-        if colon:
-            headers[name.strip().decode("ascii", "replace")] = value.strip().decode(
-                "utf-8", "replace"
-            )
-    return headers
+    return parse_header_block(base64.b64decode(raw.hdrs))

@@ -28,9 +28,9 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg, StreamState
 
-from txactors.consumer.dlq import header_block_bytes
 from txactors.copies import copied_headers, stored_headers
 from txactors.errors import ConfigError, TxActorsError
+from txactors.framing import header_block_bytes
 from txactors.layout import (
     DELIVERIES_HEADER,
     DLQ_OMITTED_HEADER,

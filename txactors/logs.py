@@ -13,7 +13,9 @@ import enum
 import logging
 import os
 import sys
-from typing import TextIO, cast
+import time
+from collections.abc import Callable, Hashable
+from typing import Final, TextIO, cast
 
 import structlog
 
@@ -22,6 +24,10 @@ from txactors.errors import ConfigError
 LOG_LEVEL_ENV = "TXACTORS_LOG_LEVEL"
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LOG_FORMAT_ENV = "TXACTORS_LOG_FORMAT"
+LOG_EVERY: Final = 60.0
+"""Seconds between two rate-limited log lines of the same kind (`RateLimited`)."""
+MAX_KINDS: Final = 1024
+"""Kinds a `RateLimited` remembers; beyond that its memory starts over (bounded)."""
 
 
 class LogFormat(enum.StrEnum):
@@ -119,3 +125,27 @@ def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
             configure_logging("INFO", json=not sys.stderr.isatty())
     logger: structlog.typing.FilteringBoundLogger = structlog.get_logger(module=name)
     return logger
+
+
+class RateLimited:
+    """One log line per kind (an error code, a reply pattern) per `LOG_EVERY` seconds, so a
+    client flooding bad requests cannot flood the log; the lines held back are counted and
+    reported with the next one let through."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._logged: dict[Hashable, tuple[float, int]] = {}
+        """kind → (when last logged, lines held back since); at most MAX_KINDS entries."""
+
+    def suppressed(self, kind: Hashable) -> int | None:
+        """None: hold this line back (counted). Otherwise log it now, with this number of
+        lines of its kind held back since the last one."""
+        now = self._clock()
+        last = self._logged.get(kind)
+        if last is not None and now - last[0] < LOG_EVERY:
+            self._logged[kind] = (last[0], last[1] + 1)
+            return None
+        if last is None and len(self._logged) >= MAX_KINDS:
+            self._logged.clear()
+        self._logged[kind] = (now, 0)
+        return 0 if last is None else last[1]

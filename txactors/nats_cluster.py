@@ -34,6 +34,7 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import ClusterInfo
 
+from txactors.coordinator.current import why_not_current
 from txactors.errors import NatsServerError
 from txactors.logs import get_logger
 from txactors.server import DEFAULT_HOST, EmbeddedNatsServer
@@ -42,8 +43,7 @@ from txactors.server_setup import (
     DEFAULT_FSYNC_INTERVAL,
     ClusterNode,
     Fsync,
-    check_fsync,
-    check_fsync_interval,
+    FsyncSetting,
 )
 
 __all__ = ["DEFAULT_CLUSTER_NAME", "EmbeddedNatsCluster", "free_ports"]
@@ -87,8 +87,7 @@ class EmbeddedNatsCluster:
     ) -> None:
         if size < 1:
             raise NatsServerError(f"a cluster needs at least one node, got size={size}")
-        check_fsync(fsync)
-        check_fsync_interval(fsync_interval)
+        FsyncSetting(fsync=fsync, fsync_interval=fsync_interval)  # raises a bad one
         self.size = size
         self.name = name
         self.ready_timeout = ready_timeout
@@ -304,9 +303,6 @@ async def _ignore(error: Exception) -> None:
 def _group_not_ready(what: str, cluster: ClusterInfo | None, names: set[str]) -> str | None:
     """Why a stream's or consumer's replica group is not ready (no leader, a running
     replica behind), or None."""
-    if cluster is None or not cluster.leader:
+    if cluster is None:
         return f"{what} has no leader"
-    behind = sorted(
-        peer.name for peer in cluster.replicas or () if peer.name in names and not peer.current
-    )
-    return f"{what}: {', '.join(behind)} not current" if behind else None
+    return why_not_current(what, cluster, lambda peer: peer.name in names)

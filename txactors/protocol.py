@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, ClassVar, Final, Generic, TypeVar
 
 import msgspec
 
@@ -325,26 +325,49 @@ class ShowTransaction(Command, kw_only=True):
     txid: str
 
 
-class ResumeTransaction(Command, kw_only=True):
-    """Back to PREPARED with a fresh check count (a discarded or pending transaction)."""
+class Resolution(enum.StrEnum):
+    """What an operator decides about a transaction by hand (`txactors txn resume|commit|
+    rollback`, one by one or in bulk), without its token."""
 
+    RESUME = "resume"
+    COMMIT = "commit"
+    ROLLBACK = "rollback"
+
+
+class OperatorDecision(Command, kw_only=True):
+    """An operator's `Resolution` of one transaction. On the wire each resolution is its own
+    command (the tag, `type`, is what other-language clients send); all have these fields and
+    take one path through the coordinator."""
+
+    resolution: ClassVar[Resolution]
     txid: str
     batch: str | None = None
     """Set by a bulk action, the same on each of its commands: the coordinator logs it."""
 
 
-class CommitTransaction(Command, kw_only=True):
+class ResumeTransaction(OperatorDecision, kw_only=True):
+    """Back to PREPARED with a fresh check count (a discarded or pending transaction)."""
+
+    resolution: ClassVar[Resolution] = Resolution.RESUME
+
+
+class CommitTransaction(OperatorDecision, kw_only=True):
     """Operator: commit without the token (after checking the producer's database)."""
 
-    txid: str
-    batch: str | None = None
+    resolution: ClassVar[Resolution] = Resolution.COMMIT
 
 
-class RollbackTransaction(Command, kw_only=True):
+class RollbackTransaction(OperatorDecision, kw_only=True):
     """Operator: roll back without the token."""
 
-    txid: str
-    batch: str | None = None
+    resolution: ClassVar[Resolution] = Resolution.ROLLBACK
+
+
+OPERATOR_DECISIONS: Final[dict[Resolution, type[OperatorDecision]]] = {
+    command.resolution: command
+    for command in (ResumeTransaction, CommitTransaction, RollbackTransaction)
+}
+"""The command that carries each resolution."""
 
 
 class TransactionInfo(Message, kw_only=True):

@@ -52,8 +52,7 @@ from txactors.server_setup import (
     LOCK_FILE_NAME,
     ClusterNode,
     Fsync,
-    check_fsync,
-    check_fsync_interval,
+    FsyncSetting,
     find_nats_server_binary,
     lock_data_dir,
     without_config,
@@ -73,8 +72,7 @@ __all__ = [
     "ClusterNode",
     "EmbeddedNatsServer",
     "Fsync",
-    "check_fsync",
-    "check_fsync_interval",
+    "FsyncSetting",
     "find_nats_server_binary",
     "port_is_free",
 ]
@@ -136,8 +134,7 @@ class EmbeddedNatsServer:
     ) -> None:
         if not 0 <= port <= 65535:
             raise ConfigError(f"port must be 0 (pick a free one) or 1-65535, got {port}")
-        check_fsync(fsync)
-        check_fsync_interval(fsync_interval)
+        FsyncSetting(fsync=fsync, fsync_interval=fsync_interval)  # raises a bad one
         self.fsync: Fsync = fsync
         self.fsync_interval = fsync_interval
         self._given_data_dir = Path(data_dir) if data_dir is not None else None

@@ -39,14 +39,35 @@ DEFAULT_FSYNC_INTERVAL = 120.0
 """nats-server's own default flush period (2 minutes), for the lazy `interval` form."""
 
 
-def check_fsync(fsync: str) -> None:
-    if fsync not in FSYNC_MODES:
-        raise ConfigError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {fsync!r}")
+class FsyncError(ConfigError):
+    """A bad fsync setting; `field` names it, for the caller to say where it was set."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(problem)
+        self.field = field
 
 
-def check_fsync_interval(interval: float) -> None:
-    if not 0 < interval < float("inf"):  # NaN fails too
-        raise ConfigError(f"fsync_interval must be a positive number of seconds, got {interval}")
+class FsyncSetting(msgspec.Struct, frozen=True, kw_only=True):
+    """How an embedded server flushes JetStream writes: the one definition and check of the
+    setting, which `NatsConfig` and the coordinator's `ProcessSettings` take as their own
+    fields and the embedded servers and `txactors server` check their arguments with."""
+
+    fsync: Fsync = DEFAULT_FSYNC
+    """Embedded server only (no NATS_URL): `always` puts every write on disk before it is
+    acknowledged; `interval` flushes every `fsync_interval` (a power cut loses acked writes)."""
+    fsync_interval: float = DEFAULT_FSYNC_INTERVAL
+    """Embedded server only: seconds between flushes when `fsync` is `interval`."""
+
+    def __post_init__(self) -> None:
+        """Raises FsyncError naming the field."""
+        if self.fsync not in FSYNC_MODES:
+            modes = ", ".join(FSYNC_MODES)
+            raise FsyncError("fsync", f"fsync must be one of {modes}, got {self.fsync!r}")
+        if not 0 < self.fsync_interval < float("inf"):  # NaN fails too
+            raise FsyncError(
+                "fsync_interval",
+                f"fsync_interval must be a positive number of seconds, got {self.fsync_interval}",
+            )
 
 
 class ClusterNode(msgspec.Struct, frozen=True, kw_only=True):

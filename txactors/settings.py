@@ -32,38 +32,27 @@ from txactors.coordinator.config import CoordinatorConfig
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.errors import ConfigError
 from txactors.logs import level_number
-from txactors.server_setup import (
-    DEFAULT_FSYNC,
-    DEFAULT_FSYNC_INTERVAL,
-    Fsync,
-    check_fsync,
-    check_fsync_interval,
-)
+from txactors.server_setup import FsyncSetting
 
 ENV_PREFIX = "TXACTORS_"
 CONFIG_ENV = "TXACTORS_CONFIG"
 """The config file, when `--config` is not given."""
 
 
-class ProcessSettings(msgspec.Struct, frozen=True, kw_only=True):
-    """What the `txactors coordinator` process needs beside the coordinator's own settings."""
+class ProcessSettings(FsyncSetting, frozen=True, kw_only=True):
+    """What the `txactors coordinator` process needs beside the coordinator's own settings:
+    the embedded server's `FsyncSetting`, and these."""
 
     metrics_port: int | None = None
     """Serve Prometheus metrics on http://0.0.0.0:PORT/metrics (off when unset)."""
     log_level: str = "INFO"
     """Least level of the log lines written to stderr: DEBUG, INFO, WARNING, ERROR, CRITICAL."""
-    fsync: Fsync = DEFAULT_FSYNC
-    """Embedded server only (no NATS_URL): `always` puts every write on disk before it is
-    acknowledged; `interval` flushes every `fsync_interval` (a power cut loses acked writes)."""
-    fsync_interval: float = DEFAULT_FSYNC_INTERVAL
-    """Embedded server only: seconds between flushes when `fsync` is `interval`."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.metrics_port is not None and not 1 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be in 1..65535, got {self.metrics_port}")
         level_number(self.log_level, source="log_level")
-        check_fsync(self.fsync)
-        check_fsync_interval(self.fsync_interval)
 
 
 S = TypeVar("S", bound=msgspec.Struct)
@@ -163,19 +152,23 @@ def _metavar(kind: Any) -> str:
 
 
 def _field_docs(owner: type) -> dict[str, str]:
-    """Each field's docstring (the string literal under it), which Python does not keep."""
-    [node] = ast.parse(textwrap.dedent(inspect.getsource(owner))).body
-    assert isinstance(node, ast.ClassDef)
+    """Each field's docstring (the string literal under it), which Python does not keep; a
+    field a base Struct defines (`FsyncSetting`) has the base's."""
     docs: dict[str, str] = {}
-    for field, doc in itertools.pairwise(node.body):
-        if (
-            isinstance(field, ast.AnnAssign)
-            and isinstance(field.target, ast.Name)
-            and isinstance(doc, ast.Expr)
-            and isinstance(doc.value, ast.Constant)
-            and isinstance(doc.value.value, str)
-        ):
-            docs[field.target.id] = " ".join(doc.value.value.split())
+    for cls in reversed(owner.__mro__):
+        if not issubclass(cls, msgspec.Struct) or cls is msgspec.Struct:
+            continue
+        [node] = ast.parse(textwrap.dedent(inspect.getsource(cls))).body
+        assert isinstance(node, ast.ClassDef)
+        for field, doc in itertools.pairwise(node.body):
+            if (
+                isinstance(field, ast.AnnAssign)
+                and isinstance(field.target, ast.Name)
+                and isinstance(doc, ast.Expr)
+                and isinstance(doc.value, ast.Constant)
+                and isinstance(doc.value.value, str)
+            ):
+                docs[field.target.id] = " ".join(doc.value.value.split())
     return docs
 
 

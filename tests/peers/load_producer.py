@@ -105,7 +105,7 @@ async def worker(
         line["t1"] = time.time()
         journal.write(line)
         if pause:
-            await asyncio.sleep(pause)
+            await asyncio.sleep(pause)  # as a client does: the hint's pause, then the next
 
 
 async def main(args: argparse.Namespace, out: TextIO) -> None:

@@ -76,7 +76,7 @@ async def sender(directory: Path, mode: str, seed: int) -> None:
                     continue
                 except Exception as error:  # e.g. the coordinator restarting: try the next
                     print("FAILED", type(error).__name__, error, flush=True)
-                    await anyio.sleep(0.1)
+                    await anyio.sleep(0.1)  # the load's pace after a failure
                     continue
                 if result.state == "committed":
                     print("COMMITTED", transfer.id, flush=True)

@@ -112,7 +112,7 @@ async def main(path: str, mode: str, setting: str, seed: int) -> None:
                     await transact(producer, ledger, rng)
                 except Exception as error:  # e.g. the coordinator restarting: try the next
                     print("FAILED", type(error).__name__, error, flush=True)
-                    await anyio.sleep(0.1)
+                    await anyio.sleep(0.1)  # the load's pace after a failure
 
         async with anyio.create_task_group() as tg:
             for index in range(CONCURRENCY):

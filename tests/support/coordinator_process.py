@@ -11,11 +11,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
+
+from tests.support.wait import eventually
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 READY_LINE = "coordinator ready"
@@ -81,15 +82,18 @@ class CoordinatorProcess:
         env.pop("TXACTORS_LOG_LEVEL", None)
         env["_TYPER_STANDARD_TRACEBACK"] = "1"  # plain tracebacks: readable in a log tail
         self._proc = _spawn([*COMMAND, *self.args], env, self._log)
-        deadline = time.monotonic() + ready_timeout
-        while READY_LINE not in self._log.read_text(errors="replace"):
-            if not self.alive():
-                raise AssertionError(f"coordinator exited at start:\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"coordinator not ready in {ready_timeout}s:\n{self.log_tail()}"
-                )
-            await anyio.sleep(0.05)
+
+        def ready() -> bool:
+            assert self.alive(), f"coordinator exited at start:\n{self.log_tail()}"
+            return READY_LINE in self._log.read_text(errors="replace")
+
+        await eventually(
+            ready,
+            timeout=ready_timeout,
+            interval=0.05,
+            what="the coordinator ready",
+            explain=self.log_tail,
+        )
 
     async def terminate(self) -> bool:
         """SIGTERM; True if it exited within STOP_GRACE. A deaf one is SIGKILLed regardless."""
@@ -118,15 +122,21 @@ class CoordinatorProcess:
             await self._wait_exit(STOP_GRACE)
 
     async def _wait_exit(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while self.alive():
-            if time.monotonic() > deadline:
-                return False
-            await anyio.sleep(0.02)
-        return True
+        """True once the process has exited, False if it still runs after `timeout`."""
+        assert self._proc is not None
+        return await _exited(self._proc, timeout)
 
 
 COMMAND = (sys.executable, "-m", "txactors.cli", "coordinator")
+
+
+async def _exited(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Wait for the exit itself (in a thread), not for a poll to notice it."""
+    try:
+        await anyio.to_thread.run_sync(proc.wait, timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 def _spawn(cmd: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:

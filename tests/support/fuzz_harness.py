@@ -9,6 +9,7 @@ problems it found (empty: it holds), so a failing batch reports every broken rul
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -36,6 +37,7 @@ from tests.support.fuzz_inputs import (
     hostile_replies,
 )
 from tests.support.rawnats import raw_hpub
+from tests.support.wait import eventually
 from txactors import layout
 from txactors.consumer import ConsumedMessage, Consumer
 from txactors.coordinator.recovery import read_subject
@@ -140,8 +142,11 @@ class Probe:
                 if result.state != "committed":
                     return f"partition {partition}: probe commit answered {result.state!r}"
                 self.committed.add(f"{txn.txid}:0")
-                while f"{txn.txid}:0" not in self.received:
-                    await anyio.sleep(0.02)
+                await eventually(
+                    lambda: f"{txn.txid}:0" in self.received,
+                    timeout=math.inf,  # bounded by the probe's deadline above
+                    what="the probe consumed",
+                )
         except TimeoutError:
             return f"partition {partition}: probe transaction not consumed in {PROBE_DEADLINE}s"
         except Exception as error:
@@ -647,5 +652,5 @@ async def restart_recovers_every_partition(harness: Harness, *, kill: bool) -> l
             if anyio.current_time() > deadline or not harness.coordinator.alive():
                 problems.append(f"after restart, not recovered in {RECOVERY_DEADLINE}s: {problem}")
                 break
-            await anyio.sleep(0.2)
+            await anyio.sleep(0.2)  # not a wait to fail: a problem is reported, not raised
     return problems

@@ -6,9 +6,9 @@ what arrived.
 consumer journaling each delivery (tests/peers/journal_consumer.py) and one load producer
 (tests/peers/load_producer.py: workers sending a mix of commit, rollback and
 UNKNOWN-then-check transactions, each journaled with what every call returned). A test kills
-nodes and coordinators in between; `settle` then waits (conditions under deadlines) until
-nothing is open, and `verdict` compares the topic streams and the consumer's deliveries with
-what the producer was promised:
+nodes and coordinators in between (or all of them at once: `power_cut`, then `power_back`);
+`settle` then waits (conditions under deadlines) until nothing is open, and `verdict`
+compares the topic streams and the consumer's deliveries with what the producer was promised:
 
 - every transaction whose local outcome was commit and whose halves were confirmed (a commit
   confirmed or not, an UNKNOWN the check-back settled as commit) is on its topics exactly once
@@ -21,13 +21,13 @@ what the producer was promised:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +40,8 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from tests.peers.journal_consumer import READY_LINE as CONSUMER_READY
 from tests.peers.load_producer import READY_LINE as PRODUCER_READY
-from tests.support.coordinator_process import ROOT, CoordinatorProcess, _spawn
+from tests.support.coordinator_process import ROOT, CoordinatorProcess, _exited, _spawn
+from tests.support.wait import eventually
 from txactors import layout
 from txactors.admin import CoordinatorUnavailable, list_transactions
 from txactors.lease_admin import list_leases
@@ -89,10 +90,14 @@ class PeerProcess:
     async def start(self, ready_line: str, timeout: float = 30.0) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "_TYPER_STANDARD_TRACEBACK": "1"}
         self._proc = _spawn(self.cmd, env, self.log)
-        with anyio.fail_after(timeout):
-            while ready_line not in self.log.read_text(errors="replace"):
-                assert self.alive(), f"{self.name} exited at start:\n{self.log_tail()}"
-                await anyio.sleep(0.05)
+
+        def ready() -> bool:
+            assert self.alive(), f"{self.name} exited at start:\n{self.log_tail()}"
+            return ready_line in self.log.read_text(errors="replace")
+
+        await eventually(
+            ready, timeout=timeout, interval=0.05, what=f"{self.name} ready", explain=self.log_tail
+        )
 
     def signal(self, signum: int) -> None:
         assert self._proc is not None
@@ -104,10 +109,7 @@ class PeerProcess:
             return
         assert self._proc is not None
         self._proc.send_signal(signal.SIGTERM)
-        with anyio.move_on_after(10):
-            while self.alive():
-                await anyio.sleep(0.05)
-        if self.alive():
+        if not await _exited(self._proc, 10):
             self._proc.kill()
             await anyio.to_thread.run_sync(self._proc.wait)
 
@@ -208,6 +210,23 @@ class LoadRig:
         await self.consumer.start(CONSUMER_READY)
         await self.producer.start(PRODUCER_READY)
 
+    async def power_cut(self) -> None:
+        """Every node and every coordinator SIGKILLed at once, as when their power goes (the
+        producer and the consumer, elsewhere, stay up and reconnect)."""
+        async with anyio.create_task_group() as dying:
+            for index in range(self.cluster.size):
+                dying.start_soon(self.cluster.kill, index)
+            for coordinator in self.coordinators:
+                dying.start_soon(coordinator.kill)
+
+    async def power_back(self) -> None:
+        """Every node and every coordinator started at once, as when the power comes back:
+        the coordinators do not wait for the cluster to be ready."""
+        async with anyio.create_task_group() as booting:
+            booting.start_soon(functools.partial(self.cluster.start, wait=False))
+            for coordinator in self.coordinators:
+                booting.start_soon(coordinator.start, 90.0)
+
     async def close(self) -> None:
         for peer in (self.producer, self.consumer):
             await peer.stop()
@@ -227,12 +246,16 @@ class LoadRig:
     # -- conditions ----------------------------------------------------------------------------
 
     async def wait_for(self, condition: Any, timeout: float, what: str) -> None:
-        """Poll `condition` (async, truthy when met) until it holds or `timeout` passes."""
-        deadline = time.monotonic() + timeout
-        while not await condition():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"not within {timeout:g}s: {what}\n{self.logs()}")
-            await anyio.sleep(0.2)
+        """Poll `condition` (async, truthy when met) until it holds or `timeout` passes. A
+        poll NATS does not answer (the bucket it reads is electing a leader) is not met yet."""
+        await eventually(
+            condition,
+            timeout=timeout,
+            interval=0.2,
+            what=what,
+            explain=self.logs,
+            ignoring=(nats.errors.Error, TimeoutError),
+        )
 
     async def _all_partitions_served(self) -> bool:
         assert self.nc is not None
@@ -345,7 +368,7 @@ class LoadRig:
                             ids[(msg.headers or {}).get(layout.MSG_ID_HEADER, "?")] += 1
                     return ids
                 except (nats.errors.Error, TimeoutError):
-                    await anyio.sleep(0.2)
+                    await anyio.sleep(0.2)  # a pause before reading from scratch again
                 finally:
                     await sub.unsubscribe()
 

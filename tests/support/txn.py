@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import anyio
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from tests.support.wait import eventually
 from txactors import layout
 from txactors.actors import RemoteActorRef
 from txactors.coordinator.recovery import read_subject
@@ -73,12 +73,13 @@ class CoordinatorClient:
 
     async def prepare_once_up(self, txid: str, *messages: OutgoingMessage) -> Prepared:
         """Prepare, retrying while a coordinator process is still starting."""
-        with anyio.fail_after(20):
-            while True:
-                try:
-                    return await self.prepare(txid, *messages)
-                except (ActorDeadError, AskTimeout):
-                    await anyio.sleep(0.1)
+        return await eventually(
+            lambda: self.prepare(txid, *messages),
+            ignoring=(ActorDeadError, AskTimeout),
+            timeout=20,
+            interval=0.1,
+            what=f"{txid} prepared",
+        )
 
     async def end(
         self,

@@ -18,13 +18,9 @@ from collections.abc import Callable
 from typing import Final
 
 from txactors.errors import ConfigError
-from txactors.logs import get_logger
+from txactors.logs import RateLimited, get_logger
 
 DEFAULT_INBOX_PREFIX: Final = "_INBOX."
-LOG_EVERY: Final = 60.0
-"""Seconds between two log lines about the same refused reply pattern."""
-MAX_PATTERNS: Final = 1024
-"""Patterns remembered for rate limiting; beyond that the memory starts over (bounded)."""
 _FORBIDDEN_CHARS: Final = frozenset("*> \t\r\n\f\v")
 RESERVED_PREFIXES: Final = ("txn.", "topic.", "dlq.", "$KV.", "$JS.", "$SYS.", "$O.")
 """Namespaces of our streams and of the server: never an inbox prefix, whatever is configured."""
@@ -96,9 +92,8 @@ class ReplyGuard:
         self.prefix = prefix
         self._rule = rule
         self._on_refused = on_refused
-        self._clock = clock
-        self._logged: dict[tuple[str, str], tuple[float, int]] = {}
-        """(served subject, pattern) → (when last logged, refusals not logged since)."""
+        self._logged = RateLimited(clock=clock)
+        """One line per (served subject, reply pattern) and minute."""
 
     def refusal(self, reply: str, subject: str | None = None) -> str | None:
         """Why `reply` to a request on `subject` may not be answered (None: it may)."""
@@ -119,20 +114,15 @@ class ReplyGuard:
         return False
 
     def _report(self, served: str, reply: str, reason: str) -> None:
-        now = self._clock()
-        key = (served, reply_pattern(reply))
-        last = self._logged.get(key)
-        if last is not None and now - last[0] < LOG_EVERY:
-            self._logged[key] = (last[0], last[1] + 1)
+        pattern = reply_pattern(reply)
+        suppressed = self._logged.suppressed((served, pattern))
+        if suppressed is None:
             return
-        if len(self._logged) >= MAX_PATTERNS:
-            self._logged.clear()
-        self._logged[key] = (now, 0)
         log.warning(
             "reply_subject_refused",
             subject=served,
-            reply_pattern=key[1],
+            reply_pattern=pattern,
             reply=reply[:200],
             reason=reason,
-            suppressed=0 if last is None else last[1],
+            suppressed=suppressed,
         )

@@ -6,16 +6,21 @@ import asyncio
 import contextlib
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from txactors.config import DATA_DIR_ENV, FSYNC_ENV, FSYNC_INTERVAL_ENV
 from txactors.errors import NatsServerError
 from txactors.logs import configure_logging
-
-if TYPE_CHECKING:
-    from txactors.server_setup import Fsync
+from txactors.server_setup import (
+    DEFAULT_FSYNC,
+    DEFAULT_FSYNC_INTERVAL,
+    FSYNC_MODES,
+    Fsync,
+    FsyncError,
+    FsyncSetting,
+)
 
 
 def server(
@@ -33,19 +38,19 @@ def server(
     fsync: Annotated[
         str,
         typer.Option(
-            metavar="[always|interval]",
+            metavar=f"[{'|'.join(FSYNC_MODES)}]",
             help="always: every JetStream write is on disk before it is acknowledged. "
             "interval: acknowledged at once, flushed every --fsync-interval seconds (faster; "
             "a power cut or kernel crash loses acknowledged writes).",
             envvar=FSYNC_ENV,
         ),
-    ] = "always",
+    ] = DEFAULT_FSYNC,
     fsync_interval: Annotated[
         float,
         typer.Option(
             help="Seconds between flushes with --fsync interval.", envvar=FSYNC_INTERVAL_ENV
         ),
-    ] = 120.0,
+    ] = DEFAULT_FSYNC_INTERVAL,
     nodes: Annotated[
         int,
         typer.Option(
@@ -61,16 +66,11 @@ def server(
     The first line on stdout is the URL to connect to (e.g. NATS_URL for other processes);
     with --nodes, every node's URL, comma-separated.
     """
-    from txactors.server_setup import check_fsync, check_fsync_interval
-
     try:
-        check_fsync(fsync)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--fsync") from None
-    try:
-        check_fsync_interval(fsync_interval)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--fsync-interval") from None
+        setting = FsyncSetting(fsync=fsync, fsync_interval=fsync_interval)  # type: ignore[arg-type]
+    except FsyncError as exc:
+        flag = "--" + exc.field.replace("_", "-")
+        raise typer.BadParameter(str(exc), param_hint=flag) from None
     if nodes > 1 and port:
         raise typer.BadParameter(
             "a cluster's ports are picked free: leave --port 0", param_hint="--port"
@@ -82,8 +82,8 @@ def server(
                 port=port,
                 data_dir=data_dir,
                 host=host,
-                fsync=fsync,  # type: ignore[arg-type]  # checked above
-                fsync_interval=fsync_interval,
+                fsync=setting.fsync,
+                fsync_interval=setting.fsync_interval,
                 nodes=nodes,
             )
         )

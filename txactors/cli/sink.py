@@ -116,16 +116,24 @@ def sink_query(
 
 @contextlib.contextmanager
 def _sink_errors() -> Iterator[None]:
-    """A missing Java, a bad schema or an unreachable server: one line and exit 2."""
-    from txactors.errors import TxActorsError
+    """A missing Java or a bad schema: one line and exit 2; NATS out of reach: one line and
+    exit 1, as every command says it."""
+    from txactors.errors import NatsConnectError, TxActorsError
 
     try:
         yield
     except ModuleNotFoundError as exc:
         if exc.name not in ("pyspark", "pyarrow"):
             raise
-        typer.echo(f"error: the sink needs {exc.name}: pip install 'txactors[spark]'", err=True)
+        typer.echo(
+            f"error: the sink needs {exc.name}: pip install 'txactors[spark]' (from a clone: "
+            "python3 dev.py sink …)",
+            err=True,
+        )
         raise typer.Exit(2) from exc
+    except NatsConnectError as exc:
+        typer.echo(f"error: {' '.join(str(exc).split())}", err=True)
+        raise typer.Exit(1) from exc
     except TxActorsError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

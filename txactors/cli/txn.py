@@ -12,11 +12,9 @@ from txactors.cli.exits import say_error
 from txactors.cli.operator import JsonOption, YesOption, admin_call, ask_yes, print_one, print_rich
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
     from nats.aio.client import Client
 
-    from txactors.protocol import Ended, ListTransactions, TransactionInfo
+    from txactors.protocol import Ended, ListTransactions, Resolution, TransactionInfo
 
 app = typer.Typer(
     help="Inspect and resolve transactions held by a running coordinator (`txactors coordinator`).",
@@ -162,10 +160,9 @@ def txn_resume(
 
     The checker then asks its producer again; nothing is published by this command.
     """
-    from txactors import admin
+    from txactors.protocol import Resolution
 
-    ended = admin_call(url, lambda nc: admin.resume(nc, txid, partitions=partitions))
-    _print_ended(ended, as_json)
+    _decide(Resolution.RESUME, url, txid, partitions, True, as_json)  # decides nothing: no question
 
 
 @app.command("commit")
@@ -180,10 +177,9 @@ def txn_commit(
 
     Commit only what the producer's local transaction committed (check its database first).
     """
-    from txactors import admin
+    from txactors.protocol import Resolution
 
-    effect = "publishes its messages to their topics"
-    _decide(admin.commit, url, txid, partitions, yes, as_json, "commit", effect)
+    _decide(Resolution.COMMIT, url, txid, partitions, yes, as_json)
 
 
 @app.command("rollback")
@@ -195,12 +191,16 @@ def txn_rollback(
     url: UrlOption = None,
 ) -> None:
     """Roll a transaction back by hand: none of its messages is ever delivered."""
-    from txactors import admin
+    from txactors.protocol import Resolution
 
-    effect = "means none of its messages is delivered"
-    _decide(admin.rollback, url, txid, partitions, yes, as_json, "roll back", effect)
+    _decide(Resolution.ROLLBACK, url, txid, partitions, yes, as_json)
 
 
+_DECIDING_ONE: dict[str, tuple[str, str]] = {
+    "commit": ("commit", "publishes its messages to their topics"),
+    "rollback": ("roll back", "means none of its messages is delivered"),
+}
+"""Resolution -> how the question about one transaction names it, and what it does."""
 _EFFECTS: dict[str, str] = {
     "resume": "puts them back to prepared: the checker asks their producers again",
     "commit": "publishes their messages to their topics",
@@ -290,19 +290,19 @@ def txn_resolve(
 
 
 def _decide(
-    act: Callable[..., Awaitable[Ended]],
+    resolution: Resolution,
     url: str | None,
     txid: str,
     partitions: int | None,
     yes: bool,
     as_json: bool,
-    action: str,
-    effect: str,
 ) -> None:
-    """Commit or roll back one transaction by hand, once the operator said yes (or --yes)."""
+    """Resolve one transaction by hand, once the operator said yes (or --yes)."""
+    from txactors import admin
+
     if not yes:
-        _confirm(url, txid, partitions, action, effect)
-    ended = admin_call(url, lambda nc: act(nc, txid, partitions=partitions))
+        _confirm(url, txid, partitions, *_DECIDING_ONE[resolution])
+    ended = admin_call(url, lambda nc: admin.decide(nc, txid, resolution, partitions=partitions))
     _print_ended(ended, as_json)
 
 

@@ -21,14 +21,13 @@ copy for good (a consumer stuck retrying it) or act on the DLQ stream.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
 
 from nats.js import JetStreamContext
 
 from txactors.consumer.message import ConsumedMessage
 from txactors.copies import copied_headers
+from txactors.framing import JETSTREAM_MAX_HEADER_BYTES, header_block_bytes
 from txactors.layout import (
     DELIVERIES_HEADER,
     DLQ_OMITTED_HEADER,
@@ -47,9 +46,6 @@ from txactors.topics import DECLARE_DEADLINE, ensure_stream
 
 MAX_ERROR_CHARS = 1024
 """Headers travel in every copy of the message; a long traceback belongs in the logs."""
-JETSTREAM_MAX_HEADER_BYTES: Final = 65_535
-"""JetStream refuses a message whose header block is larger than this."""
-_HEADER_BLOCK_FRAME: Final = len(b"NATS/1.0\r\n") + len(b"\r\n")
 
 
 async def ensure_dlq_stream(
@@ -76,12 +72,6 @@ class DeadLetter:
     headers: dict[str, str]
     omitted: tuple[str, ...]
     """What was left out: () for a full copy, ("body",) or ("body", "headers")."""
-
-
-def header_block_bytes(headers: Mapping[str, object]) -> int:
-    """Bytes of the header block NATS sends: `NATS/1.0\\r\\n`, `Name: Value\\r\\n`, `\\r\\n`."""
-    lines = sum(len(str(k).encode()) + len(str(v).encode()) + 4 for k, v in headers.items())
-    return _HEADER_BLOCK_FRAME + lines
 
 
 def dead_letter_entry(

@@ -22,6 +22,10 @@ Faults stay local: the halves, each topic and the discards have writers of their
 topic's outage holds up only its own commits, see `publisher.py`), JetStream's transient
 errors in recovery and checkpoints are retried with backoff, and while the halves cannot be
 written a prepare is answered at once with a retry-after hint instead of queueing behind them.
+After recovery, `LateHalves` (late.py) reads on in TXN_HALF; a half this instance did not
+write is fed to the table like a recovered one (a direct step too).
+An event the table refuses as impossible (a bug) changes nothing there: it is logged, its
+request answered with an internal error, and the partition keeps serving.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from __future__ import annotations
 import functools
 import itertools
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
@@ -37,7 +42,7 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 from nats.js.kv import KeyValue
 
-from txactors import layout, tracing
+from txactors import tracing
 from txactors.actors import Actor, ActorSystem, LocalActorRef, Request, Supervisor
 from txactors.coordinator import tokens
 from txactors.coordinator.answers import Answers
@@ -53,11 +58,13 @@ from txactors.coordinator.core.effects import (
     Refuse,
     SendCheck,
 )
+from txactors.coordinator.core.errors import CoordinatorStateError
 from txactors.coordinator.core.events import (
     End,
     Event,
     ForceCommit,
     ForceRollback,
+    HalvesStored,
     OpPersisted,
     Published,
     Resume,
@@ -65,6 +72,7 @@ from txactors.coordinator.core.events import (
 from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.discard import discard, quarantine
 from txactors.coordinator.effects import Append, PipelinedWriter
+from txactors.coordinator.late import LateHalves
 from txactors.coordinator.link import RETRY_MAX, describe, retry_transient
 from txactors.coordinator.listing import info, select
 from txactors.coordinator.oneway import OneWayErrors
@@ -72,25 +80,24 @@ from txactors.coordinator.oplog import OpLog
 from txactors.coordinator.options import Clock, CoordinatorOptions, OnDiscard
 from txactors.coordinator.prepares import PreparesInFlight, stored_event
 from txactors.coordinator.publisher import Publisher
-from txactors.coordinator.recovery import last_op_seq, recover
-from txactors.coordinator.store import StoredHalf, load_checkpoint, save_checkpoint
+from txactors.coordinator.recovery import UNREADABLE, half_event, last_op_seq, recover
+from txactors.coordinator.store import StoredHalf, load_checkpoint, read_half, save_checkpoint
 from txactors.coordinator.validation import Boundary
 from txactors.errors import ActorError, MailboxFull
 from txactors.faults import FaultPoint, crash_if_armed
 from txactors.logs import get_logger
 from txactors.metrics import CoordinatorMetrics
 from txactors.protocol import (
-    CommitTransaction,
     Decision,
     Ended,
     EndTransaction,
     Error,
     ErrorCode,
     ListTransactions,
+    OperatorDecision,
     Prepare,
     Prepared,
-    ResumeTransaction,
-    RollbackTransaction,
+    Resolution,
     ShowTransaction,
     TransactionList,
 )
@@ -160,6 +167,7 @@ class PartitionCoordinator(Actor):
         """Set when this instance is retired: completions of its writes are stale from then."""
         self.stale_completions = 0
         self._oplog: OpLog | None = None
+        self._late: LateHalves | None = None
         self._checker: LocalActorRef | None = None
         self._sends: list[SendCheck] = []
         self._told: float | None = None
@@ -170,7 +178,7 @@ class PartitionCoordinator(Actor):
     async def on_start(self) -> None:
         started = time.perf_counter()
         checkpoint = await retry_transient(load_checkpoint, self.checkpoints, self.partition)
-        halves, ops = await recover(
+        recovered = await recover(
             self.js, self.table, self.partition, checkpoint, self._publisher.keep, self.clock()
         )
         if self.metrics is not None:
@@ -181,12 +189,14 @@ class PartitionCoordinator(Actor):
         log.info(
             "coordinator_recovered",
             partition=self.partition,
-            halves_read=halves,
-            op_messages_read=ops,
+            halves_read=recovered.halves,
+            op_messages_read=recovered.ops,
             open=len(self.table),
             seconds=round(time.perf_counter() - started, 3),
         )
         self._publisher.forget_finished(self.table)
+        late = functools.partial(self._late_half, self._epoch)
+        self._late = LateHalves(self.js, self.partition, recovered.half_end, late)
         for run in (self._halves.run, self._discards.run, self._oplog.run):
             self.start_task(run)
         self.start_task(self._save_checkpoints)
@@ -197,6 +207,7 @@ class PartitionCoordinator(Actor):
             supervisor=Supervisor(max_restarts=5, within=60.0, backoff_initial=0.5),
         )
         self._apply(self.table.finish_recovery(self.clock()))
+        self.start_task(self._late.run)  # what it finds is live input: after recovery
         await self._answers.flush()
 
     def _new_checker(self) -> Checker:
@@ -222,8 +233,11 @@ class PartitionCoordinator(Actor):
         while True:
             await anyio.sleep(self.options.checkpoint_interval)
             self._publisher.forget_finished(self.table)
+            checkpoint = self.table.checkpoint()
+            if self._late is not None:
+                checkpoint = self._late.hold(checkpoint)
             try:
-                await save_checkpoint(self.checkpoints, self.partition, self.table.checkpoint())
+                await save_checkpoint(self.checkpoints, self.partition, checkpoint)
             except Exception as error:
                 log.warning("checkpoint_not_saved", partition=self.partition, error=describe(error))
 
@@ -234,7 +248,10 @@ class PartitionCoordinator(Actor):
             case Request():
                 message = self._one_way.wrap(message)  # no reply subject: errors counted, not sent
                 refusal = self.boundary.refusal(
-                    message.message, max_payload=self.nc.max_payload, subject=message.subject
+                    message.message,
+                    max_payload=self.nc.max_payload,
+                    subject=message.subject,
+                    group_of=self.table.group_of,
                 )
                 if refusal is not None:
                     if message.reply is not None:  # a one-way request's are logged rate-limited
@@ -252,7 +269,7 @@ class PartitionCoordinator(Actor):
                 log.info("stale_checker_message_ignored", message=type(message).__name__)
             case Due():
                 self._told = None  # the checker forgot it; whatever is next must be told
-                self._apply(self.table.tick(self.clock()))
+                self._apply(self._tick())
                 await self._flush_checker()
             case Checked(event=event):
                 self._step(event)
@@ -262,12 +279,6 @@ class PartitionCoordinator(Actor):
         await self._answers.flush()
 
     def _end(self, request: Request, end: EndTransaction) -> None:
-        sent_as = layout.subject_group(request.subject) if request.subject else None
-        if sent_as is not None and self.table.group_of(end.txid) not in (None, sent_as):
-            # The token proves it already; the group NATS let the sender use must agree.
-            problem = f"{end.txid} is a transaction of another group than {sent_as!r}"
-            self._answers.send(request, Error(ErrorCode.FORBIDDEN, problem))
-            return
         request_id = self._answers.wait(request, lambda state: Ended(txid=end.txid, state=state))
         token = tokens.digest(end.token)
         self._step(End(txid=end.txid, token=token, decision=end.decision, request_id=request_id))
@@ -275,7 +286,46 @@ class PartitionCoordinator(Actor):
     # -- steps ------------------------------------------------------------------------------
 
     def _step(self, *events: Event) -> None:
-        self._apply(self.table.handle_batch(events, self.clock()))
+        self._apply(self._handle(events))
+
+    def _handle(self, events: Sequence[Event]) -> list[Action]:
+        """The table's actions for `events`. One it refuses as impossible (a bug) changed
+        nothing: it is logged, its request answered with an internal error, and the events
+        after it still apply, so that one bad event does not take the partition down."""
+        rest = list(events)
+        while True:
+            try:
+                return self.table.handle_batch(rest, self.clock())
+            except CoordinatorStateError as error:
+                failed = next(i for i, event in enumerate(rest) if event is error.event)
+                self._refused(error, rest[failed])
+                rest = rest[failed + 1 :]
+
+    def _tick(self) -> list[Action]:
+        """`table.tick`; a due transaction it cannot move (a bug) is logged and left as it
+        was, and the due ones after it are moved at the next tick."""
+        try:
+            return self.table.tick(self.clock())
+        except CoordinatorStateError as error:
+            self._refused(error, None)
+            return self._handle(())  # what the due transactions before it did
+
+    def _refused(self, error: CoordinatorStateError, event: Event | None) -> None:
+        log.error(
+            "coordinator_event_refused",
+            partition=self.partition,
+            refused=type(event).__name__ if event is not None else "due",
+            error=str(error),
+        )
+        if isinstance(event, _REQUESTS) and event.request_id is not None:
+            message = f"the coordinator could not handle this request: {error}"
+            refusal = Refuse(
+                request_id=event.request_id,
+                txid=event.txid,
+                code=ErrorCode.INTERNAL,
+                message=message,
+            )
+            self._answers.settle(refusal)
 
     def _apply(self, actions: list[Action]) -> None:
         """Hand each action on, in order, without waiting for any of them."""
@@ -335,7 +385,7 @@ class PartitionCoordinator(Actor):
         if self._stale(epoch, "ops"):
             return
         events = [OpPersisted(op_id=op_id, seq=seq) for op_id in op_ids]
-        actions = self.table.handle_batch(events, self.clock())
+        actions = self._handle(events)
         if any(isinstance(a, Publish) for a in actions):
             crash_if_armed(FaultPoint.AFTER_COMMIT_RECORD)
         self._apply(actions)
@@ -345,6 +395,23 @@ class PartitionCoordinator(Actor):
         if self._stale(epoch, "published"):
             return
         self._step(*published)
+        await self._answers.flush()
+
+    async def _late_half(self, epoch: int, seq: int, headers: dict[str, str]) -> None:
+        """A half this instance did not write, found after recovery: taken as a recovered
+        one (a transaction not known here is checked back; one decided here refuses it)."""
+        if self._stale(epoch, "late half"):
+            return
+        try:
+            stored = read_half(seq, headers, b"")  # the body stays in TXN_HALF (headers only)
+        except UNREADABLE as error:
+            problem = repr(error)
+            log.warning("late_half_unreadable", partition=self.partition, seq=seq, error=problem)
+            return
+        if self._prepares.in_flight(stored.txid):
+            return  # our own write, whose ack is on its way
+        log.warning("late_half_found", partition=self.partition, txid=stored.txid, seq=seq)
+        self._step(half_event(stored))
         await self._answers.flush()
 
     async def _quarantine(self, append: Append, reason: str) -> None:
@@ -404,6 +471,8 @@ class PartitionCoordinator(Actor):
         if self._stale(epoch, "halves"):
             return  # the producer's prepare times out; the check-back settles its halves
         stored, refused = self._prepares.finish(prepare, digest, appends, acks)
+        if self._late is not None:
+            self._late.own(s.half.seq for s in stored)
         if refused:
             self._halves_refused(request, prepare, digest, stored, refused)
             await self._answers.flush()
@@ -456,10 +525,10 @@ class PartitionCoordinator(Actor):
                     await request.answer(Error(ErrorCode.NOT_FOUND, f"{txid}: {detail}"))
                 else:
                     await request.answer(info(view))
-            case ResumeTransaction() | CommitTransaction() | RollbackTransaction():
+            case OperatorDecision():
                 txid = command.txid
                 request_id = self._answers.wait(request, lambda s: Ended(txid=txid, state=s))
-                kind = _OPERATOR_EVENTS[type(command)]
+                kind = _OPERATOR_EVENTS[command.resolution]
                 self._step(kind(txid=txid, request_id=request_id))
             case _:
                 name = type(command).__name__
@@ -467,8 +536,11 @@ class PartitionCoordinator(Actor):
                 await request.answer(Error(ErrorCode.UNKNOWN_COMMAND, problem))
 
 
-_OPERATOR_EVENTS: dict[type, type[Resume | ForceCommit | ForceRollback]] = {
-    ResumeTransaction: Resume,
-    CommitTransaction: ForceCommit,
-    RollbackTransaction: ForceRollback,
+_REQUESTS = (HalvesStored, End, Resume, ForceCommit, ForceRollback)
+"""The events that carry a request to answer."""
+
+_OPERATOR_EVENTS: dict[Resolution, type[Resume | ForceCommit | ForceRollback]] = {
+    Resolution.RESUME: Resume,
+    Resolution.COMMIT: ForceCommit,
+    Resolution.ROLLBACK: ForceRollback,
 }

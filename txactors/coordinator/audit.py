@@ -8,26 +8,13 @@ bulk action's commands carry the same `batch`, so its lines can be found togethe
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any
 
 from txactors.actors import Request
 from txactors.logs import get_logger
-from txactors.protocol import (
-    CommitTransaction,
-    Ended,
-    Error,
-    ResumeTransaction,
-    RollbackTransaction,
-)
+from txactors.protocol import Ended, Error, OperatorDecision
 
 log = get_logger(__name__)
-
-ACTIONS: Final[dict[type, str]] = {
-    ResumeTransaction: "resume",
-    CommitTransaction: "commit",
-    RollbackTransaction: "rollback",
-}
-"""The admin commands that change a transaction, by the name their log line gives them."""
 
 
 class AuditedRequest(Request):
@@ -44,7 +31,7 @@ class AuditedRequest(Request):
         fields: dict[str, Any] = {
             "partition": self._partition,
             "txid": command.txid,
-            "action": ACTIONS[type(command)],
+            "action": command.resolution.value,
             "batch": command.batch,
         }
         if isinstance(value, Ended):
@@ -57,7 +44,7 @@ class AuditedRequest(Request):
 
 
 def audited(request: Request, partition: int) -> Request:
-    """`request`, logged when answered if it is an operator action (see ACTIONS)."""
-    if type(request.message) in ACTIONS:
+    """`request`, logged when answered if it is an operator's decision."""
+    if isinstance(request.message, OperatorDecision):
         return AuditedRequest(request, partition)
     return request

@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any
 
 from txactors.actors import Request
 from txactors.actors.envelope import NO_REPLY
-from txactors.logs import get_logger
+from txactors.logs import RateLimited, get_logger
 from txactors.protocol import Error
-
-LOG_EVERY: Final = 60.0
-"""Seconds between two log lines about one-way errors of the same partition and code."""
 
 log = get_logger(__name__)
 
@@ -37,9 +34,8 @@ class OneWayErrors:
     ) -> None:
         self.partition = partition
         self._on_error = on_error
-        self._clock = clock
-        self._logged: dict[str, tuple[float, int]] = {}
-        """error code → (when last logged, errors not logged since); one entry per code."""
+        self._logged = RateLimited(clock=clock)
+        """One line per error code and minute."""
 
     def wrap(self, request: Request) -> Request:
         """`request` as is when it has a reply subject; otherwise one whose answers are
@@ -50,12 +46,9 @@ class OneWayErrors:
     def report(self, command: Any, error: Error) -> None:
         if self._on_error is not None:
             self._on_error(error.code)
-        now = self._clock()
-        last = self._logged.get(error.code)
-        if last is not None and now - last[0] < LOG_EVERY:
-            self._logged[error.code] = (last[0], last[1] + 1)
+        suppressed = self._logged.suppressed(error.code)
+        if suppressed is None:
             return
-        self._logged[error.code] = (now, 0)
         log.warning(
             "oneway_request_failed",
             partition=self.partition,
@@ -63,7 +56,7 @@ class OneWayErrors:
             txid=getattr(command, "txid", None),
             code=error.code,
             error=error.message[:300],
-            suppressed=0 if last is None else last[1],
+            suppressed=suppressed,
         )
 
 

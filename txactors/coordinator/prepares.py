@@ -37,6 +37,10 @@ class PreparesInFlight:
             return table.token_refusal(prepare.txid, begins=begins)
         return None
 
+    def in_flight(self, txid: str) -> bool:
+        """Halves of `txid` are being written (their acks are not back yet)."""
+        return txid in self._next
+
     def start(
         self, table: TransactionTable, prepare: Prepare, digest: str, born: float
     ) -> list[Append]:

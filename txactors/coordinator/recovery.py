@@ -2,6 +2,11 @@
 
 Reads only from the checkpointed offsets, so the cost follows what was still open at the
 last checkpoint, not the whole history (RocketMQ keeps the same two consume offsets).
+What it reads decides which transactions are open, so it reads a stream only once that stream
+is current (`current.wait_current`: a leader, no replica behind; after a whole cluster
+restarts, a node serves its copy while still rebuilding it from its raft log), and reads on
+until the subject's last message as the stream's leader names it (a read that stopped short
+is a gap, read again). Halves that appear later still are `late.LateHalves`' work.
 A record that cannot be read (a half without its headers, an op message that does not
 decode, a record the table refuses) is quarantined and skipped: one bad record in the
 coordinator's own streams must not keep a partition from starting. A read JetStream cannot
@@ -11,7 +16,9 @@ answer now (a timeout, a leader election) is retried with backoff from where it 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import NamedTuple
 
 import anyio
 import msgspec
@@ -26,6 +33,7 @@ from txactors.coordinator.core.errors import CoordinatorStateError
 from txactors.coordinator.core.events import HalvesStored, OpReplayed
 from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.core.transactions import Checkpoint
+from txactors.coordinator.current import CURRENT_DEADLINE, wait_current
 from txactors.coordinator.discard import quarantine
 from txactors.coordinator.link import (
     LINK_TROUBLE,
@@ -39,17 +47,27 @@ from txactors.coordinator.store import StoredHalf, decode_ops, read_half
 from txactors.logs import get_logger
 
 FETCH_BATCH = 512
+GAP_READS = 3
+"""Times a subject is read again when its last message lies beyond what was read."""
 
 log = get_logger(__name__)
 
 
 async def read_subject(
-    js: JetStreamContext, stream: str, subject: str, start_seq: int
+    js: JetStreamContext,
+    stream: str,
+    subject: str,
+    start_seq: int,
+    *,
+    follow: float | None = None,
+    headers_only: bool = False,
 ) -> AsyncIterator[Msg]:
-    """Every message of `subject` from `start_seq` to the current end, in stream order.
+    """Every message of `subject` from `start_seq` to the current end, in stream order;
+    with `follow`, on and on: at the end, it looks again every `follow` seconds.
 
     A transient failure (`link.transient`) drops the consumer and reads on from the message
-    after the last one yielded, after a backoff; a permanent one is raised.
+    after the last one yielded, after a backoff; a permanent one is raised. `headers_only`
+    messages have an empty body (the server's `Nats-Msg-Size` header says how long it is).
     """
     next_seq = max(start_seq, 1)
     delay = RETRY_INITIAL
@@ -64,11 +82,15 @@ async def read_subject(
                         opt_start_seq=next_seq,
                         ack_policy=AckPolicy.NONE,
                         inactive_threshold=60.0,
+                        headers_only=headers_only or None,
                     )
                     sub = await js.pull_subscribe(subject, stream=stream, config=config)
                     remaining = (await sub.consumer_info()).num_pending or 0
                 if remaining <= 0:
-                    return
+                    if follow is None:
+                        return
+                    await anyio.sleep(follow)
+                    remaining = FETCH_BATCH  # whatever came meanwhile (the fetch waits for one)
                 try:
                     msgs = await sub.fetch(min(FETCH_BATCH, remaining), timeout=2.0)
                 except nats.errors.TimeoutError:
@@ -97,6 +119,16 @@ async def read_subject(
             await sub.unsubscribe()
 
 
+class Recovered(NamedTuple):
+    halves: int
+    """Half messages read."""
+    ops: int
+    """Op messages read."""
+    half_end: int
+    """The last TXN_HALF sequence read (or the one before the checkpoint's): whatever lies
+    beyond it was written after recovery read the stream."""
+
+
 async def recover(
     js: JetStreamContext,
     table: TransactionTable,
@@ -104,8 +136,8 @@ async def recover(
     checkpoint: Checkpoint,
     remember: Callable[[StoredHalf], None],
     now: float,
-) -> tuple[int, int]:
-    """Replay into a fresh `table`; returns (halves read, op messages read).
+) -> Recovered:
+    """Replay into a fresh `table`, each stream once it is current.
 
     `remember` sees every replayed half (the actor keeps the bodies of open transactions).
     The caller then calls `table.finish_recovery(now)` and carries out its actions.
@@ -128,35 +160,67 @@ async def recover(
             seq=msg.metadata.sequence.stream,
         )
 
-    async for msg in read_subject(
-        js, layout.HALF_STREAM, layout.half_subject(partition), checkpoint.half_seq
-    ):
+    async def half(msg: Msg) -> None:
+        nonlocal halves
         halves += 1
         try:
             stored = read_half(msg.metadata.sequence.stream, msg.headers or {}, msg.data)
-            table.handle(_stored_event(stored), now)
-        except _UNREADABLE as error:
+            table.handle(half_event(stored), now)
+        except UNREADABLE as error:
             await unreadable(msg, layout.HALF_STREAM, error)
-            continue
+            return
         remember(stored)
-    async for msg in read_subject(
-        js, layout.OP_STREAM, layout.op_subject(partition), checkpoint.op_seq
-    ):
+
+    async def op(msg: Msg) -> None:
+        nonlocal ops
         ops += 1
         seq = msg.metadata.sequence.stream
         try:
             table.handle(OpReplayed(seq=seq, records=tuple(decode_ops(msg.data))), now)
-        except _UNREADABLE as error:
+        except UNREADABLE as error:
             await unreadable(msg, layout.OP_STREAM, error)
-    return halves, ops
+
+    half_subject = layout.half_subject(partition)
+    half_end = await read_whole(js, layout.HALF_STREAM, half_subject, checkpoint.half_seq, half)
+    await read_whole(js, layout.OP_STREAM, layout.op_subject(partition), checkpoint.op_seq, op)
+    return Recovered(halves, ops, half_end)
 
 
-_UNREADABLE = (KeyError, ValueError, TypeError, msgspec.DecodeError, CoordinatorStateError)
+async def read_whole(
+    js: JetStreamContext,
+    stream: str,
+    subject: str,
+    start_seq: int,
+    handle: Callable[[Msg], Awaitable[None]],
+) -> int:
+    """Hand every message of `subject` from `start_seq` on to `handle`, once `stream` is
+    current, and again from where it stopped while the leader names a later last message;
+    returns the last sequence read (`start_seq - 1` if none). Waiting for the stream to be
+    current takes `CURRENT_DEADLINE` at most, all reads together."""
+    end = max(start_seq, 1) - 1
+    delay = RETRY_INITIAL
+    waiting_until = time.monotonic() + CURRENT_DEADLINE
+    for _ in range(GAP_READS):
+        await wait_current(js, stream, deadline=max(0.0, waiting_until - time.monotonic()))
+        async for msg in read_subject(js, stream, subject, end + 1):
+            end = msg.metadata.sequence.stream
+            await handle(msg)
+        last = await last_seq(js, stream, subject)
+        if last <= end:
+            return end
+        log.warning("recovery_read_gap", stream=stream, subject=subject, read_to=end, last=last)
+        await anyio.sleep(delay)
+        delay = backoff(delay)
+    return end
+
+
+UNREADABLE = (KeyError, ValueError, TypeError, msgspec.DecodeError, CoordinatorStateError)
 """What reading a garbage record raises: a missing header, a bad number, bytes that do not
 decode, or a record the table refuses (it leaves the table as it was)."""
 
 
-def _stored_event(stored: StoredHalf) -> HalvesStored:
+def half_event(stored: StoredHalf) -> HalvesStored:
+    """What the table learns from a half read back from TXN_HALF (no request to answer)."""
     return HalvesStored(
         txid=stored.txid,
         token=stored.token,
@@ -169,9 +233,13 @@ def _stored_event(stored: StoredHalf) -> HalvesStored:
 
 async def last_op_seq(js: JetStreamContext, partition: int) -> int:
     """The stream sequence of the partition's newest op record (0: none): the fence's start."""
+    return await last_seq(js, layout.OP_STREAM, layout.op_subject(partition))
+
+
+async def last_seq(js: JetStreamContext, stream: str, subject: str) -> int:
+    """The stream sequence of the newest message on `subject` (0: none), from the leader."""
     try:
-        subject = layout.op_subject(partition)
-        last = await retry_transient(js.get_last_msg, layout.OP_STREAM, subject)
+        last = await retry_transient(js.get_last_msg, stream, subject)
     except nats.js.errors.NotFoundError:
         return 0
     return last.seq or 0

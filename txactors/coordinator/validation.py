@@ -5,20 +5,20 @@ answer a producer sends back to a check-back (`CheckResult`) passes through here
 has checked the types (protocol.Codec) and before anything is written. What is not allowed is
 refused with `bad_request`, the field's path (`$.messages[2].properties['a b']`) and what is
 allowed; nothing is trimmed, clamped or rewritten. What a well-formed request may not do is
-refused with `forbidden`: a prepare on another producer group's subject
-(`txn.coord.<p>.prepare.<group>` names the group NATS permissions let the sender use), or, under
-a tenant policy (`group_topics`), into a topic its group was not given. The limits are chosen so
-that whatever passes can be stored, published, checked back and discarded without the broker
-refusing it later (a record the broker refuses would stop a partition for good); the table in
-docs/protocol.md lists them. Pure, no I/O: tests/test_coordinator_validation.py drives it with
-Hypothesis.
+refused with `forbidden`: a prepare or end on another producer group's subject
+(`txn.coord.<p>.prepare|end.<group>` names the group NATS permissions let the sender use), or,
+under a tenant policy (`group_topics`), into a topic its group was not given. The limits are
+chosen so that whatever passes can be stored, published, checked back and discarded without the
+broker refusing it later (a record the broker refuses would stop a partition for good); the
+table in docs/protocol.md lists them. Pure, no I/O: tests/test_coordinator_validation.py drives
+it with Hypothesis.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -27,27 +27,23 @@ from txactors.coordinator import tokens
 from txactors.coordinator.core.states import TxnState
 from txactors.coordinator.store import half_headers
 from txactors.errors import TxActorsError
+from txactors.framing import JETSTREAM_MAX_HEADER_BYTES, header_block_bytes
 from txactors.protocol import (
     OLDEST_VERSION,
     PROTOCOL_VERSION,
     CheckResult,
     Command,
-    CommitTransaction,
     EndTransaction,
     Error,
     ErrorCode,
     ListTransactions,
+    OperatorDecision,
     OutgoingMessage,
     Prepare,
-    ResumeTransaction,
-    RollbackTransaction,
     ShowTransaction,
     unsupported_version,
 )
 
-JETSTREAM_MAX_HEADER_BYTES: Final = 65_535
-"""JetStream refuses a message whose header block is larger ("header size exceeds maximum
-allowed of 64k")."""
 HEADER_RESERVE: Final = 1024
 """Bytes kept free, in the header block and in the whole message, for headers added after
 the prepare: a discarded copy's reason and check count, a dead-lettered copy's error."""
@@ -69,8 +65,6 @@ BATCH_GRAMMAR: Final = "1 to 64 of letters, digits, '_', '-', '.' and ':'"
 _WORST_BORN: Final = -2.2250738585072014e-308
 _WORST_INDEX: Final = 2**63 - 1
 _WORST_DIGEST: Final = tokens.digest("0" * 32)
-_HEADER_BLOCK_START: Final = len(b"NATS/1.0\r\n")
-_HEADER_BLOCK_END: Final = len(b"\r\n")
 
 
 class _Refused(TxActorsError):
@@ -94,14 +88,20 @@ class Boundary:
     """The tenant policy (CoordinatorOptions.group_topics); empty: any group, any topic."""
 
     def refusal(
-        self, command: Any, *, max_payload: int, subject: str | None = None
+        self,
+        command: Any,
+        *,
+        max_payload: int,
+        subject: str | None = None,
+        group_of: Callable[[str], str | None] = lambda txid: None,
     ) -> Error | None:
         """The `bad_request`, `forbidden` (or `unknown_command`) to answer `command` with, or
         None if it may go on.
 
         `max_payload` is the connected server's (it can change on a reconnect); `subject` the
-        one the command arrived on (None: from this process). The version is checked first:
-        another version's other fields may mean something else.
+        one the command arrived on (None: from this process); `group_of` the group of a known
+        transaction (None: not known here). The version is checked first: another version's
+        other fields may mean something else.
         """
         if isinstance(command, Command):
             unsupported = unsupported_version(command.version)
@@ -118,11 +118,12 @@ class Boundary:
                 case EndTransaction():
                     self._check_txid(command.txid)
                     _check_token("$.token", command.token)
+                    _check_end_group(command.txid, group_of(command.txid), subject)
                 case ListTransactions():
                     _check_listing(command)
                 case ShowTransaction():
                     self._check_txid(command.txid)
-                case ResumeTransaction() | CommitTransaction() | RollbackTransaction():
+                case OperatorDecision():
                     self._check_txid(command.txid)
                     if command.batch is not None and not BATCH.fullmatch(command.batch):
                         raise _Refused("$.batch", f"null or {BATCH_GRAMMAR}")
@@ -136,7 +137,7 @@ class Boundary:
     def _check_tenant(self, prepare: Prepare, subject: str | None) -> None:
         """The group the subject names (what NATS let the sender publish) is the prepare's,
         and the policy gives that group every topic the prepare names."""
-        sent_as = layout.subject_group(subject) if subject is not None else None
+        sent_as = _sent_as(subject)
         if sent_as is not None and sent_as != prepare.group:
             raise _Refused(
                 "$.group",
@@ -238,6 +239,24 @@ class Boundary:
             )
 
 
+def _sent_as(subject: str | None) -> str | None:
+    """The group NATS let the sender publish as (None: from this process, or on a deprecated
+    group-less subject, which only a tenant policy polices)."""
+    return layout.subject_group(subject) if subject is not None else None
+
+
+def _check_end_group(txid: str, group: str | None, subject: str | None) -> None:
+    """An end comes on its transaction's group's subject. The token proves the sender may end
+    it already; the group NATS let the sender use must agree (without naming the other)."""
+    sent_as = _sent_as(subject)
+    if sent_as is not None and group not in (None, sent_as):
+        raise _Refused(
+            "$.txid",
+            f"{txid} is a transaction of another group than {sent_as!r}",
+            ErrorCode.FORBIDDEN,
+        )
+
+
 def topic_allowed(topic: str, patterns: tuple[str, ...]) -> bool:
     """Whether `topic` is one of `patterns`: a topic name, or a prefix ending in `*`."""
     return any(topic.startswith(p[:-1]) if p.endswith("*") else topic == p for p in patterns)
@@ -284,12 +303,6 @@ def half_header_bytes(prepare: Prepare, message: OutgoingMessage) -> int:
         message=message,
     )
     return header_block_bytes(headers)
-
-
-def header_block_bytes(headers: dict[str, str]) -> int:
-    """`NATS/1.0\\r\\n`, then `Name: Value\\r\\n` per header, then `\\r\\n`."""
-    lines = sum(len(name) + len(value.encode()) + 4 for name, value in headers.items())
-    return _HEADER_BLOCK_START + lines + _HEADER_BLOCK_END
 
 
 def _check_name(path: str, kind: str, name: str) -> None:

@@ -126,7 +126,7 @@ class PowerCut:
             while others := users_of(self.mountpoint):
                 for pid in others:
                     os.kill(pid, signal.SIGKILL)
-                await anyio.sleep(0.02)
+                await anyio.sleep(0.02)  # a killed process lets go of the mount soon after
 
     async def _mounted(self) -> None:
         assert self._lines is not None

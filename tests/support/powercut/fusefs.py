@@ -216,7 +216,7 @@ def _mount(disk: Disk, mountpoint: str) -> threading.Thread:
     while not os.path.ismount(mountpoint):
         if not thread.is_alive() or time.monotonic() > deadline:
             raise SystemExit(f"could not mount the power-cut disk on {mountpoint}")
-        time.sleep(0.01)
+        time.sleep(0.01)  # no event tells of a mount (a FUSE thread, outside any loop)
     return thread
 
 
@@ -230,7 +230,7 @@ def _unmount(mountpoint: str, thread: threading.Thread) -> None:
         if time.monotonic() > deadline:  # still busy: detach it so this process can end
             subprocess.run([fusermount, "-u", "-z", mountpoint], capture_output=True)
             raise SystemExit(f"the power-cut disk stayed busy: {done.stderr.strip()}")
-        time.sleep(0.05)
+        time.sleep(0.05)  # busy: try the unmount again
     thread.join(10)
 
 

@@ -11,13 +11,13 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
 
 from tests.support.powercut.fixture import ROOT, PowerCut
+from tests.support.wait import eventually
 from txactors.server import find_nats_server_binary
 
 COORDINATOR_FLAGS = (
@@ -97,13 +97,13 @@ class Machine:
         return found
 
     async def wait_for(self, name: str, text: str, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while text not in self.output(name):
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"{name} did not print {text!r} within {timeout}s:\n{self.output(name)[-3000:]}"
-                )
-            await anyio.sleep(0.05)
+        await eventually(
+            lambda: text in self.output(name),
+            timeout=timeout,
+            interval=0.05,
+            what=f"{name} printed {text!r}",
+            explain=lambda: self.output(name)[-3000:],
+        )
 
     async def _start(self, command: list[str], name: str) -> None:
         env = {**os.environ, "NATS_URL": self.url, "PYTHONPATH": str(ROOT)}

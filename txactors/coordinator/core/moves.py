@@ -2,8 +2,10 @@
 
 Each move takes the transaction (None when it is not in memory), the event and `now`, and
 returns the state it moves to (None: it stays). It never assigns `txn.state`; `table.py`
-does, the one place a transaction's state changes. A move checks everything that could
-make it fail before it changes anything, so a failing event leaves the table as it was.
+does, the one place a transaction's state changes, and only to a state the row lists. A
+move checks everything that could make it fail before it changes anything; should it fail
+all the same (or return a state its row does not list), the table puts back what it
+changed.
 Moves emit effects and op records into the current step (`_emit`, `_persist`); the table
 hands them out only once the whole event succeeded.
 """
@@ -11,7 +13,6 @@ hands them out only once the whole event succeeded.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 
 from txactors.coordinator.config import CoordinatorConfig
 from txactors.coordinator.core import admission
@@ -60,7 +61,7 @@ class Moves(Reads):
     config: CoordinatorConfig
     counters: Counters
     _rng: random.Random
-    _check_ids: Iterator[int]
+    _next_check_id: int
     _replay_op_from: int | None
     _step_effects: list[Effect]
     _step_records: list[OpRecord]
@@ -99,7 +100,8 @@ class Moves(Reads):
             txn.first_seq = first_seq
             txn.op_floor = min(txn.op_floor, self._op_floor_for(first_seq))
         new = [h for h in event.halves if h.index not in txn.halves]  # a retried prepare adds none
-        txn.halves.update((h.index, h) for h in new)
+        if new:  # replaced, not changed in place: the table's copy of the txn shares it
+            txn.halves = {**txn.halves, **{h.index: h for h in new}}
         txn.born = min([txn.born, *(h.born for h in new)])
         self.counters.halves_stored += len(new)
         self._half_tail = max([self._half_tail, *(h.seq for h in event.halves)])
@@ -290,7 +292,8 @@ class Moves(Reads):
         return S.ROLLING_BACK
 
     def _send_check(self, txn: Txn, now: float) -> TxnState:
-        txn.check_id = next(self._check_ids)
+        txn.check_id = self._next_check_id
+        self._next_check_id += 1
         txn.timed_out_check_id = None  # only the newest question's answer may decide
         txn.check_target = CheckTarget.GROUP if txn.instance_gone else CheckTarget.INSTANCE
         txn.check_expires_at = now + self.config.check_answer_timeout

@@ -5,17 +5,22 @@ Everything that decides what happens to a transaction is a row of `TABLE` (h11's
 and each `Kind` of event, the move that does the work (`moves.py`) and the states it may
 lead to. This module is the one place a transaction's state changes (`_move_to`). A pair
 without a row is a bug in the caller: it raises `CoordinatorStateError("can't handle <kind>
-in state <where> for <txid>")` and changes nothing. The table itself has a `Phase`
-(`PHASES`): recovery is the RECOVERING phase, which accepts only replayed input and holds
-every effect back, not a flag checked here and there.
+in state <where> for <txid>")` and changes nothing. A move to a state its row does not list
+is a bug in the move: it raises `CoordinatorStateError("can't move <txid> from <where> to
+<target> on <kind>")`, and what the move had changed is put back (`_fire`, `_unit`). The
+table itself has a `Phase` (`PHASES`): recovery is the RECOVERING phase, which accepts only
+replayed input and holds every effect back, not a flag checked here and there.
 
 Time is an argument. `now` and every `born` are wall-clock seconds (`time.time()`), because
 they outlive the process in TXN_HALF headers; a clock that jumps back only delays work.
 
 One event is one unit: its effects (and op records) are handed out all together, or, if
-it fails, not at all and the table is as it was (every move checks before it changes
-anything). In a batch, the events before a failing one stay applied and their effects come
-out of the next call.
+it fails, not at all and the table is as it was: the unit saves each transaction's fields
+before its first move (and the counters and tails) and puts them back, and a transaction
+leaves memory only once its unit succeeded. Only random draws are not given back. In a
+batch, the events before a failing one stay applied and their effects come out of the next
+call; the error names the failing event (`CoordinatorStateError.event`), so the caller can
+answer it and feed the rest.
 
 Guarantees (each one a test in tests/test_coordinator_state*.py and tests/test_core_table.py):
 - A `Publish` is emitted only after the commit record is persisted, never for a transaction
@@ -40,7 +45,9 @@ the table only compares them, in constant time.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import operator
 import random
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, get_args
@@ -74,7 +81,10 @@ from txactors.coordinator.core.states import (
 from txactors.coordinator.core.transactions import (
     Counters,
     ParkedTxn,
+    SavedTxn,
     Txn,
+    put_back,
+    save,
     unparked,
 )
 
@@ -173,6 +183,17 @@ _column(
 )
 
 
+class _Before(NamedTuple):
+    """What a unit puts back besides its transactions if it fails."""
+
+    counts: tuple[int, ...]
+    half_tail: int
+    next_check_id: int
+
+
+_counts = operator.attrgetter(*(field.name for field in dataclasses.fields(Counters)))
+
+
 class PhaseRule(NamedTuple):
     accepts: frozenset[str]
     """Names of the event types (and `tick`) the phase takes."""
@@ -209,7 +230,7 @@ class TransactionTable(Replay):
         self._ops_in_flight: dict[int, tuple[OpRecord, ...]] = {}
         self._op_ids = itertools.count(1)
         # Random start: an answer to a check sent before a restart cannot match a new one.
-        self._check_ids = itertools.count(self._rng.getrandbits(48))
+        self._next_check_id = self._rng.getrandbits(48)
         self._half_tail = 0
         self._op_tail = 0
         self._replay_op_from: int | None = None
@@ -217,7 +238,10 @@ class TransactionTable(Replay):
         self._records: list[OpRecord] = []
         self._step_effects: list[Effect] = []  # of the event being applied
         self._step_records: list[OpRecord] = []
-        self._touched: list[str] = []
+        self._touched: dict[str, SavedTxn | None] = {}
+        """Each transaction a row of the event ran on, as it was (None: not in memory)."""
+        self._leaving: dict[str, TxnState] = {}
+        """Transactions the event finished or forgot: they leave memory when it succeeds."""
 
     # ------------------------------------------------------------------ inputs
 
@@ -226,16 +250,32 @@ class TransactionTable(Replay):
         return self.handle_batch((event,), now)
 
     def handle_batch(self, events: Iterable[Event], now: float) -> list[Effect]:
-        """Apply several events, each as one unit; their op records share one `PersistOp`."""
+        """Apply several events, each as one unit; their op records share one `PersistOp`.
+        An event that fails raises with the error's `event` set to it."""
         for event in events:
-            self._unit(self._apply, event, now)
+            try:
+                self._unit(self._apply, event, now)
+            except CoordinatorStateError as error:
+                error.event = event
+                raise
         return self._end_step()
 
     def tick(self, now: float) -> list[Effect]:
-        """Act on every deadline due at `now`: send checks, time them out, discard, forget."""
+        """Act on every deadline due at `now`: send checks, time them out, discard, forget.
+
+        A due transaction whose move fails (a bug) is left as it was, but without its
+        deadline, so that the bug does not fire again at every tick (recovery schedules it
+        again); the due ones after it keep theirs, for the next tick.
+        """
         self._phase_rule("tick")
-        for txid in self._deadlines.pop_due(now):
-            self._unit(self._fire, txid, K.DUE, None, now)
+        due = self._deadlines.pop_due(now)
+        for i, txid in enumerate(due):
+            try:
+                self._unit(self._fire, txid, K.DUE, None, now)
+            except BaseException:
+                for later in due[i + 1 :]:
+                    self._schedule(self._open[later])
+                raise
         self.phase = PHASES[self.phase].then
         return self._end_step()
 
@@ -281,14 +321,23 @@ class TransactionTable(Replay):
     # ------------------------------------------------------------------ dispatch
 
     def _unit(self, apply: Callable[..., None], *args: Any) -> None:
-        """Apply one event as a unit: keep its effects only if all of it succeeded."""
+        """Apply one event as a unit: keep all it did if all of it succeeded, else nothing."""
+        before = _Before(_counts(self.counters), self._half_tail, self._next_check_id)
         try:
             apply(*args)
         except BaseException:
-            self._step_effects.clear()
-            self._step_records.clear()
-            self._touched.clear()
+            for txid, saved in self._touched.items():
+                if saved is None:
+                    self._open.pop(txid, None)
+                else:
+                    put_back(self._open[txid], saved)
+            self.counters = Counters(*before.counts)
+            self._half_tail, self._next_check_id = before.half_tail, before.next_check_id
+            self._end_unit()
             raise
+        for txid, final in self._leaving.items():
+            left = self._open.pop(txid)
+            self._recent.remember(txid, Outcome(final, left.token))
         rule = PHASES[self.phase]
         self.phase = rule.then
         if rule.emits:
@@ -300,9 +349,13 @@ class TransactionTable(Replay):
                     self._deadlines.cancel(txid)
                 else:
                     self._schedule(txn)
+        self._end_unit()
+
+    def _end_unit(self) -> None:
         self._step_effects.clear()
         self._step_records.clear()
         self._touched.clear()
+        self._leaving.clear()
 
     def _apply(self, event: Event, now: float) -> None:
         self._phase_rule(type(event).__name__)
@@ -310,11 +363,11 @@ class TransactionTable(Replay):
             case OpPersisted():
                 self._written(event, now)
             case OpReplayed():
-                self._op_tail = max(self._op_tail, event.seq)
                 for record in event.records:
                     kind = record_kind(record, replayed=True)
                     if kind is not None:
                         self._fire(record.txid, kind, record, now)
+                self._op_tail = max(self._op_tail, event.seq)
             case HalvesStored(halves=()):
                 raise CoordinatorStateError(f"HalvesStored for {event.txid} without halves")
             case _:
@@ -334,17 +387,24 @@ class TransactionTable(Replay):
             where = after.get(record.txid) or self.where(record.txid)
             [after[record.txid]] = self._row(record.txid, where, kind).to
             fired.append((record, kind))
-        del self._ops_in_flight[event.op_id]
-        self._op_tail = max(self._op_tail, event.seq)
         for record, kind in fired:
             self._fire(record.txid, kind, record, now)
+        del self._ops_in_flight[event.op_id]
+        self._op_tail = max(self._op_tail, event.seq)
 
     def _fire(self, txid: str, kind: Kind, event: Any, now: float) -> None:
-        row = self._row(txid, self.where(txid), kind)
-        target = row.move(self, self._open.get(txid), event, now)
-        if target is not None:
-            self._move_to(self._open[txid], target)
-        self._touched.append(txid)
+        """Run the row's move, and refuse the state it moves to unless the row lists it."""
+        where = self.where(txid)
+        row = self._row(txid, where, kind)
+        txn = self._open.get(txid)
+        if txid not in self._touched:
+            self._touched[txid] = None if txn is None else save(txn)
+        target = row.move(self, txn, event, now)
+        if target is None or target == where:
+            return  # it stays
+        if target not in row.to:
+            raise CoordinatorStateError(f"can't move {txid} from {where} to {target} on {kind}")
+        self._move_to(self._open[txid], target)
 
     def _row(self, txid: str, where: Where, kind: Kind) -> Row:
         row = TABLE.get((where, kind))
@@ -357,11 +417,12 @@ class TransactionTable(Replay):
             raise CoordinatorStateError(f"can't handle {name} in phase {self.phase}")
 
     def _move_to(self, txn: Txn, target: Where) -> None:
-        """The only assignment of a transaction's state."""
+        """The only assignment of a transaction's state (one that leaves memory, FINAL or
+        FORGOTTEN, is carried out by `_unit` once the event succeeded)."""
         if target in LEAVES_MEMORY:
-            del self._open[txn.txid]
             final = S.DISCARDED if target is Gone.FORGOTTEN else TxnState(target)
-            self._recent.remember(txn.txid, Outcome(final, txn.token))
+            self._leaving[txn.txid] = final
+            txn.state = final
         else:
             txn.state = TxnState(target)
 

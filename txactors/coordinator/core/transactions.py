@@ -7,7 +7,9 @@ Plain data: `Txn` is mutated only by the table's rows (`moves.py`, `replay.py`),
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -92,6 +94,7 @@ class Txn:
     producer: str
     state: TxnState
     halves: dict[int, Half]
+    """Replaced, never changed in place: `save` shares it."""
     first_seq: int
     born: float
     """The oldest half's birth: retention counts from here."""
@@ -112,6 +115,30 @@ class Txn:
 
     def ordered_halves(self) -> tuple[Half, ...]:
         return tuple(self.halves[i] for i in sorted(self.halves))
+
+
+class SavedTxn(NamedTuple):
+    """A transaction's fields as they were, to put back if the event changing it fails."""
+
+    fields: tuple[Any, ...]
+    published: set[int]
+    waiters: list[str]
+
+
+_TXN_FIELDS = tuple(field.name for field in dataclasses.fields(Txn))
+_txn_fields = operator.attrgetter(*_TXN_FIELDS)
+
+
+def save(txn: Txn) -> SavedTxn:
+    """The containers the moves change in place are copied; `halves` is replaced, never
+    changed in place, so it is shared: a save per event costs O(published), not O(halves)."""
+    return SavedTxn(_txn_fields(txn), set(txn.published), list(txn.waiters))
+
+
+def put_back(txn: Txn, saved: SavedTxn) -> None:
+    for name, value in zip(_TXN_FIELDS, saved.fields, strict=True):
+        setattr(txn, name, value)
+    txn.published, txn.waiters = saved.published, saved.waiters
 
 
 def view(txn: Txn) -> TxnView:
