@@ -33,7 +33,7 @@ from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import CommandError, ConfigError
 from txactors.logs import configure_logging
-from txactors.protocol import ListTransactions, TransactionInfo
+from txactors.protocol import PROTOCOL_VERSION, ListTransactions, TransactionInfo
 
 PENDING = 600.0
 """Check immunity that keeps a transaction prepared (unchecked) for the whole test."""
@@ -137,7 +137,7 @@ async def test_list_merges_partitions_and_commands_find_the_owner(private_nc: Cl
         found = await admin.list_transactions(private_nc, partitions=partitions)
         assert [t.txid for t in found] == txids
         first = await admin.find_transactions(
-            private_nc, ListTransactions(limit=3), partitions=partitions
+            private_nc, ListTransactions(limit=3, version=PROTOCOL_VERSION), partitions=partitions
         )
         assert ([t.txid for t in first.transactions], first.more) == (txids[:3], 5)
         for txid in txids:
@@ -162,7 +162,9 @@ async def test_filters_are_applied_by_the_coordinator(private_nc: Client) -> Non
             await _wait_for_state(private_nc, txid, "discarded")
 
         async def found(**where: Any) -> tuple[list[str], int]:
-            reply = await admin.find_transactions(private_nc, ListTransactions(**where))
+            reply = await admin.find_transactions(
+                private_nc, ListTransactions(**where, version=PROTOCOL_VERSION)
+            )
             return [t.txid for t in reply.transactions], reply.more
 
         assert await found(older_than=1800) == (["old-g", "old-b"], 0)
@@ -172,7 +174,9 @@ async def test_filters_are_applied_by_the_coordinator(private_nc: Client) -> Non
         assert await found(group="billing", older_than=1800, topic="orders") == ([], 0)
         assert await found(limit=2) == (["old-g", "old-b"], 4)
         with pytest.raises(CommandError, match=r"\$\.older_than"):
-            await admin.find_transactions(private_nc, ListTransactions(older_than=-1))
+            await admin.find_transactions(
+                private_nc, ListTransactions(older_than=-1, version=PROTOCOL_VERSION)
+            )
 
 
 async def test_bulk_resolution_reports_each_and_every_action_is_logged(

@@ -163,7 +163,9 @@ def test_the_name_schema_refuses_exactly_what_the_coordinator_refuses(kind: str,
 @given(key=st.text(NAME_ALPHABET, max_size=300))
 def test_the_key_schema_allows_every_key_the_coordinator_allows(key: str) -> None:
     message = protocol.OutgoingMessage(topic="t", body=b"", keys=[key])
-    prepare = protocol.Prepare(txid="x", group="g", producer="p", messages=[message])
+    prepare = protocol.Prepare(
+        txid="x", group="g", producer="p", messages=[message], version=protocol.PROTOCOL_VERSION
+    )
     boundary = validation.Boundary(partition=0, partitions=1, max_messages=10, max_immunity=60)
     if boundary.refusal(prepare, max_payload=1 << 20) is None:
         assert re.search(asyncapi.KEY_PATTERN, key)
@@ -193,24 +195,41 @@ async def test_a_real_coordinator_answers_with_the_documented_fields(nc: Client)
     async with run_coordinator(nc):
         prepared = await ask(
             layout.prepare_subject(0, "g"),
-            protocol.Prepare(txid="asyncapi-doc", group="g", producer="p", messages=[body]),
+            protocol.Prepare(
+                txid="asyncapi-doc",
+                group="g",
+                producer="p",
+                messages=[body],
+                version=protocol.PROTOCOL_VERSION,
+            ),
         )
         _assert_fits(schemas, "Prepared", prepared)
         assert re.fullmatch(
             schemas["Prepared"]["properties"]["token"]["pattern"].strip("^$"), prepared["token"]
         )
-        info = await ask(layout.admin_subject(0), protocol.ShowTransaction(txid="asyncapi-doc"))
+        info = await ask(
+            layout.admin_subject(0),
+            protocol.ShowTransaction(txid="asyncapi-doc", version=protocol.PROTOCOL_VERSION),
+        )
         _assert_fits(schemas, "TransactionInfo", info)
-        listed = await ask(layout.admin_subject(0), protocol.ListTransactions())
+        listed = await ask(
+            layout.admin_subject(0), protocol.ListTransactions(version=protocol.PROTOCOL_VERSION)
+        )
         _assert_fits(schemas, "TransactionList", listed)
         ended = await ask(
             layout.end_subject(0, "g"),
             protocol.EndTransaction(
-                txid="asyncapi-doc", token=prepared["token"], decision=protocol.Decision.ROLLBACK
+                txid="asyncapi-doc",
+                token=prepared["token"],
+                decision=protocol.Decision.ROLLBACK,
+                version=protocol.PROTOCOL_VERSION,
             ),
         )
         _assert_fits(schemas, "Ended", ended)
         assert ended["state"] in schemas["Ended"]["properties"]["state"]["enum"]
-        refused = await ask(layout.admin_subject(0), protocol.ShowTransaction(txid="no such"))
+        refused = await ask(
+            layout.admin_subject(0),
+            protocol.ShowTransaction(txid="no such", version=protocol.PROTOCOL_VERSION),
+        )
         _assert_fits(schemas, "Error", refused)
         assert refused["code"] == protocol.ErrorCode.BAD_REQUEST

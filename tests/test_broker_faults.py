@@ -29,7 +29,7 @@ from txactors.coordinator.recovery import read_subject
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import ActorDeadError, AskTimeout, CommandError, TxActorsError
 from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
-from txactors.protocol import Prepare, Prepared
+from txactors.protocol import PROTOCOL_VERSION, Prepare, Prepared
 
 pytestmark = pytest.mark.slow
 
@@ -118,7 +118,10 @@ async def _commit_once_up(
     async def commit_one() -> str:
         txid = _txid_on(partition, partitions, f"probe-{next(attempts)}")
         prepared = await client.prepare_ref.ask(
-            Prepare(txid=txid, group="g", producer="p1", messages=[message()]), timeout=1.0
+            Prepare(
+                txid=txid, group="g", producer="p1", messages=[message()], version=PROTOCOL_VERSION
+            ),
+            timeout=1.0,
         )
         return (await client.end(txid, prepared.token, Decision.COMMIT, timeout=1.0)).state
 
@@ -149,7 +152,9 @@ async def test_in_flight_writes_resume_within_seconds_of_the_broker_return(
         txid = f"inflight-{n}"
         client = clients[layout.partition_of(txid, partitions)]
         messages = [message() for _ in range(per_prepare)]
-        command = Prepare(txid=txid, group="g", producer="p1", messages=messages)
+        command = Prepare(
+            txid=txid, group="g", producer="p1", messages=messages, version=PROTOCOL_VERSION
+        )
         with contextlib.suppress(ActorDeadError, AskTimeout, CommandError):
             answered.append(await client.prepare_ref.ask(command, timeout=30))
 
@@ -167,7 +172,7 @@ async def test_in_flight_writes_resume_within_seconds_of_the_broker_return(
                     "-m",
                     "tests.peers.freezer",
                     server.url,
-                    "txn.coord.*.prepare",
+                    "txn.coord.*.prepare.*",
                     str(server.pid),
                 ]
             )

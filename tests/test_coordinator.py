@@ -28,6 +28,7 @@ from txactors.coordinator.service import run_coordinator
 from txactors.errors import AskTimeout, CommandError
 from txactors.faults import CRASH_EXIT_CODE, FAULT_ENV, FaultPoint
 from txactors.protocol import (
+    PROTOCOL_VERSION,
     Decision,
     ListTransactions,
     ResumeTransaction,
@@ -93,7 +94,10 @@ async def test_a_multi_topic_transaction_is_delivered_entirely_or_not_at_all(
     ("payload", "code"),
     [
         (b"\xc1not msgpack", "bad_request"),
-        (encode({"type": "Prepare", "txid": 5, "group": "g", "producer": "p"}), "bad_request"),
+        (
+            encode({"type": "Prepare", "version": 2, "txid": 5, "group": "g", "producer": "p"}),
+            "bad_request",
+        ),
         (encode({"type": "Explode", "txid": "x"}), "unknown_command"),
     ],
     ids=["malformed", "wrong-type", "unknown-command"],
@@ -102,7 +106,7 @@ async def test_malformed_prepares_get_error_codes_and_the_coordinator_keeps_serv
     private_nc: Client, payload: bytes, code: str
 ) -> None:
     async with run_coordinator(private_nc):
-        reply = await private_nc.request(layout.prepare_subject(0), payload, timeout=5)
+        reply = await private_nc.request(layout.prepare_subject(0, "g"), payload, timeout=5)
         error = msgspec.msgpack.decode(reply.data)
         assert error["type"] == "Error" and error["code"] == code
         client = CoordinatorClient(private_nc)
@@ -129,7 +133,7 @@ async def test_invalid_requests_are_refused_and_change_nothing(private_nc: Clien
             with pytest.raises(CommandError) as refused:
                 await request()
             assert refused.value.code == code, refused.value
-        [info] = (await client.admin(ListTransactions())).transactions
+        [info] = (await client.admin(ListTransactions(version=PROTOCOL_VERSION))).transactions
         assert (info.txid, info.state, info.half_seqs) == ("t1", "prepared", receipt.seqs)
         assert (await client.end("t1", receipt.token, COMMIT)).state == "committed"
         assert await topic_ids(private_nc, "orders") == ["t1:0"]
@@ -155,7 +159,7 @@ async def test_an_event_the_table_refuses_is_answered_and_the_partition_keeps_se
         events = [e["event"] for e in logs]
         assert "actor_message_failed" not in events and "actor_restarting" not in events
         assert "can't move t1 from prepared to committed on end_commit" in str(refused.value)
-        shown = await client.admin(ShowTransaction(txid="t1"))
+        shown = await client.admin(ShowTransaction(txid="t1", version=PROTOCOL_VERSION))
         assert (shown.state, shown.half_seqs) == ("prepared", receipt.seqs)
         assert (await client.end("t1", receipt.token, ROLLBACK)).state == "rolled_back"
         other = await client.prepare("t2", message())
@@ -182,7 +186,7 @@ async def test_a_due_transaction_the_table_cannot_move_is_logged_and_left_as_it_
         assert "can't move stuck from prepared to committed on due" in logged["error"]
         events = [e["event"] for e in logs]
         assert "actor_message_failed" not in events and "actor_restarting" not in events
-        shown = await client.admin(ShowTransaction(txid="stuck"))
+        shown = await client.admin(ShowTransaction(txid="stuck", version=PROTOCOL_VERSION))
         assert (shown.state, shown.check_times) == ("prepared", 0)
         assert (await client.end("stuck", receipt.token, COMMIT)).state == "committed"
         assert await topic_ids(private_nc, "orders") == ["stuck:0"]
@@ -202,7 +206,7 @@ async def test_unknown_end_then_nobody_answers_checks_discards_after_check_max(
         receipt = await client.prepare("lost", message(keys=["k1"]))
         assert (await client.end("lost", receipt.token, UNKNOWN)).state == "prepared"
         info = await eventually(
-            lambda: client.admin(ShowTransaction(txid="lost")),
+            lambda: client.admin(ShowTransaction(txid="lost", version=PROTOCOL_VERSION)),
             until=lambda info: info.state == "discarded",
             what="lost discarded",
         )
@@ -219,7 +223,7 @@ async def test_unknown_end_then_nobody_answers_checks_discards_after_check_max(
         assert await topic_ids(private_nc, "orders") == []
 
         # An operator resumes it; a late commit by the producer is then accepted.
-        resumed = await client.admin(ResumeTransaction(txid="lost"))
+        resumed = await client.admin(ResumeTransaction(txid="lost", version=PROTOCOL_VERSION))
         assert resumed.state == "prepared"
         assert (await client.end("lost", receipt.token, COMMIT)).state == "committed"
         assert await topic_ids(private_nc, "orders") == ["lost:0"]
@@ -233,7 +237,7 @@ async def test_restart_rebuilds_open_transactions_from_the_streams(private_nc: C
         await client.end("a", receipts["a"].token, ROLLBACK)
     async with run_coordinator(private_nc, config=config):
         client = CoordinatorClient(private_nc)
-        listed = await client.admin(ListTransactions())
+        listed = await client.admin(ListTransactions(version=PROTOCOL_VERSION))
         assert sorted(t.txid for t in listed.transactions) == ["b", "c"]
         with pytest.raises(CommandError):
             await client.end("a", receipts["a"].token, COMMIT)

@@ -29,8 +29,10 @@ from txactors.coordinator.store import ensure_streams, half_headers
 from txactors.copies import stored_headers
 from txactors.errors import CommandError
 from txactors.protocol import (
+    PROTOCOL_VERSION,
     CheckResult,
     CheckTransaction,
+    CommitTransaction,
     Decision,
     Encoding,
     Prepare,
@@ -48,6 +50,7 @@ DEEP = 100_000
 def prepare_dict(**message_fields: Any) -> dict[str, Any]:
     return {
         "type": "Prepare",
+        "version": PROTOCOL_VERSION,
         "txid": "bad",
         "group": "g",
         "producer": "p1",
@@ -62,14 +65,22 @@ def json_prepare(**message_fields: Any) -> dict[str, Any]:
 
 
 ms, js = Encoding.MSGPACK, Encoding.JSON
-valid_end = encode({"type": "EndTransaction", "txid": "tx", "token": TOKEN, "decision": "commit"})
+valid_end = encode(
+    {
+        "type": "EndTransaction",
+        "version": PROTOCOL_VERSION,
+        "txid": "tx",
+        "token": TOKEN,
+        "decision": "commit",
+    }
+)
 RAW_CASES: list[tuple[str, str, bytes, Encoding, str]] = [
     # (name, verb, payload, encoding, expected code)
     ("invalid-utf8-msgpack", "end", valid_end.replace(b"tx", b"\xff\xfe"), ms, "bad_request"),
     (
         "invalid-utf8-json",
         "end",
-        b'{"type":"EndTransaction","txid":"\xff","token":"t","decision":"commit"}',
+        b'{"type":"EndTransaction","version":2,"txid":"\xff","token":"t","decision":"commit"}',
         js,
         "bad_request",
     ),
@@ -150,21 +161,29 @@ RAW_CASES: list[tuple[str, str, bytes, Encoding, str]] = [
     (
         "end-bad-token",
         "end",
-        encode({"type": "EndTransaction", "txid": "t", "token": "x", "decision": "commit"}),
+        encode(
+            {
+                "type": "EndTransaction",
+                "version": PROTOCOL_VERSION,
+                "txid": "t",
+                "token": "x",
+                "decision": "commit",
+            }
+        ),
         ms,
         "bad_request",
     ),
     (
         "admin-bad-txid",
         "admin",
-        encode({"type": "ShowTransaction", "txid": "t\n"}),
+        encode({"type": "ShowTransaction", "version": PROTOCOL_VERSION, "txid": "t\n"}),
         ms,
         "bad_request",
     ),
     (
         "admin-bad-state",
         "admin",
-        encode({"type": "ListTransactions", "states": ["bogus"]}),
+        encode({"type": "ListTransactions", "version": PROTOCOL_VERSION, "states": ["bogus"]}),
         ms,
         "bad_request",
     ),
@@ -177,8 +196,8 @@ RAW_CASES: list[tuple[str, str, bytes, Encoding, str]] = [
     ),
 ]
 SUBJECTS: dict[str, Callable[[int], str]] = {
-    "prepare": layout.prepare_subject,
-    "end": layout.end_subject,
+    "prepare": lambda partition: layout.prepare_subject(partition, "g"),
+    "end": lambda partition: layout.end_subject(partition, "g"),
     "admin": layout.admin_subject,
 }
 
@@ -227,7 +246,7 @@ async def test_a_txid_is_served_only_by_the_partition_it_hashes_to(private_nc: C
         receipt = await right.prepare(txid, message())
         for attempt in (
             lambda: wrong.end(txid, receipt.token, COMMIT),
-            lambda: wrong.admin(ShowTransaction(txid=txid)),
+            lambda: wrong.admin(ShowTransaction(txid=txid, version=PROTOCOL_VERSION)),
         ):
             with pytest.raises(CommandError) as refused:
                 await attempt()
@@ -259,9 +278,12 @@ async def test_a_txid_begins_once_and_its_token_is_stored_only_as_a_digest(
         assert published.data == b"first"
 
 
-async def test_a_half_stored_with_a_raw_token_by_an_older_version_still_ends(
+async def test_a_half_stored_with_a_raw_token_is_no_longer_ended_by_it_but_is_not_lost(
     private_nc: Client,
 ) -> None:
+    """Raw stored tokens were removed in 0.x (docs/protocol.md, "Removed in 0.x"): no token
+    matches such a half, so its end is refused `forbidden`; the transaction stays open for
+    its check-back or an operator, who can still commit it."""
     jetstream = private_nc.jetstream()
     await ensure_streams(jetstream, half_retention=3600)
     await ensure_topic_stream(jetstream, "orders", duplicate_window=60)  # made at its prepare
@@ -278,10 +300,15 @@ async def test_a_half_stored_with_a_raw_token_by_an_older_version_still_ends(
     await jetstream.publish(layout.half_subject(0), b"payload", headers=legacy)
     async with run_coordinator(private_nc, config=CoordinatorConfig(transaction_timeout=60)):
         client = CoordinatorClient(private_nc)
-        with pytest.raises(CommandError) as wrong:
-            await client.end("legacy", "f" * 32, COMMIT)
-        assert wrong.value.code == "forbidden"
-        assert (await client.end("legacy", TOKEN, COMMIT)).state == "committed"
+        for token in ("f" * 32, TOKEN):
+            with pytest.raises(CommandError) as refused:
+                await client.end("legacy", token, COMMIT)
+            assert refused.value.code == "forbidden"
+        assert await topic_ids(private_nc, "orders") == []
+        show = ShowTransaction(txid="legacy", version=PROTOCOL_VERSION)
+        assert (await client.admin(show)).state == "prepared"
+        commit = CommitTransaction(txid="legacy", version=PROTOCOL_VERSION)
+        assert (await client.admin(commit)).state == "committed"
         assert await topic_ids(private_nc, "orders") == ["legacy:0"]
 
 
@@ -364,7 +391,7 @@ async def _has_stored(js: JetStreamContext, stream: str, subject: str) -> bool:
 
 
 async def _state_is(client: CoordinatorClient, txid: str, state: str) -> bool:
-    info = await client.admin(ShowTransaction(txid=txid))
+    info = await client.admin(ShowTransaction(txid=txid, version=PROTOCOL_VERSION))
     return bool(info.state == state)
 
 
@@ -404,7 +431,9 @@ async def test_a_prepare_for_a_producer_instance_in_another_encoding_round_trips
 ) -> None:
     """A JSON client gets the same boundary: a valid prepare passes, a bad one names its path."""
     async with run_coordinator(private_nc):
-        good = Prepare(txid="json", group="g", producer="p1", messages=[message()])
+        good = Prepare(
+            txid="json", group="g", producer="p1", messages=[message()], version=PROTOCOL_VERSION
+        )
         answer = await raw_request(private_nc, "prepare", encode(good, js), js)
         assert answer["type"] == "Prepared"
         bad = await raw_request(

@@ -21,7 +21,7 @@ from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import RunningCoordinator, run_coordinator
 from txactors.errors import ActorDeadError
 from txactors.producer import Decision, TransactionProducer, TxMessage
-from txactors.protocol import ListTransactions
+from txactors.protocol import PROTOCOL_VERSION, ListTransactions
 
 QUICK = CoordinatorOptions(lease_ttl=0.6)
 
@@ -106,12 +106,12 @@ async def test_coordinators_split_partitions_and_serve_them_all(private_nc: Clie
 async def test_an_owner_that_lost_its_lease_stops_serving(private_nc: Client) -> None:
     async with run_coordinator(private_nc, options=QUICK, owner="owner") as owner:
         client = CoordinatorClient(private_nc)
-        assert (await client.admin(ListTransactions())).transactions == []
+        assert (await client.admin(ListTransactions(version=PROTOCOL_VERSION))).transactions == []
         kv = await private_nc.jetstream().key_value(layout.LEASE_BUCKET)
         await kv.put("0", b"intruder")  # someone else holds it now
         await eventually(lambda: not owner.partitions, timeout=5, what="the owner gave up 0")
         with pytest.raises(ActorDeadError):
-            await client.admin(ListTransactions())
+            await client.admin(ListTransactions(version=PROTOCOL_VERSION))
 
 
 async def test_a_coordinator_keeps_its_lease_while_a_partition_recovers_for_long(

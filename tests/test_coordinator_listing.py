@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from txactors.coordinator.core.states import TxnState
 from txactors.coordinator.core.transactions import TxnView
 from txactors.coordinator.listing import select
-from txactors.protocol import ListTransactions
+from txactors.protocol import PROTOCOL_VERSION, ListTransactions
 
 NOW = 10_000.0
 GROUPS = st.sampled_from(["g", "billing", "shop"])
@@ -90,7 +90,10 @@ def test_every_filter_narrows() -> None:
     ]
 
     def txids(**query: Any) -> list[str]:
-        return [v.txid for v in select(table, ListTransactions(**query), NOW)[0]]
+        return [
+            v.txid
+            for v in select(table, ListTransactions(**query, version=PROTOCOL_VERSION), NOW)[0]
+        ]
 
     assert txids() == ["d1", "p1", "d2"]
     assert txids(states=["discarded"]) == ["d1", "d2"]

@@ -17,7 +17,13 @@ from txactors.coordinator import CoordinatorConfig, CoordinatorOptions
 from txactors.coordinator.recovery import read_subject
 from txactors.coordinator.service import run_coordinator
 from txactors.coordinator.store import load_checkpoint
-from txactors.protocol import CommitTransaction, Decision, ListTransactions, ShowTransaction
+from txactors.protocol import (
+    PROTOCOL_VERSION,
+    CommitTransaction,
+    Decision,
+    ListTransactions,
+    ShowTransaction,
+)
 
 OPTIONS = CoordinatorOptions(tick_interval=0.02, checkpoint_interval=0.1)
 
@@ -48,7 +54,7 @@ async def test_a_discarded_transaction_does_not_make_recovery_reread_history(
         client = CoordinatorClient(private_nc)
         await client.prepare("lost", message(), group="nobody-answers")
         await eventually(
-            lambda: client.admin(ShowTransaction(txid="lost")),
+            lambda: client.admin(ShowTransaction(txid="lost", version=PROTOCOL_VERSION)),
             until=lambda info: info.state == "discarded",
             what="lost discarded",
         )
@@ -66,11 +72,13 @@ async def test_a_discarded_transaction_does_not_make_recovery_reread_history(
     with capture_logs() as logs:
         async with run_coordinator(private_nc, config=config, options=OPTIONS):
             client = CoordinatorClient(private_nc)
-            listed = await client.admin(ListTransactions(states=["discarded"]))
+            listed = await client.admin(
+                ListTransactions(states=["discarded"], version=PROTOCOL_VERSION)
+            )
             assert [t.txid for t in listed.transactions] == ["lost"], "still there to resolve"
             # An operator can still resolve it by hand after the restart: its body is read
             # back from TXN_HALF by the sequence the checkpoint kept.
-            forced = await client.admin(CommitTransaction(txid="lost"))
+            forced = await client.admin(CommitTransaction(txid="lost", version=PROTOCOL_VERSION))
             assert forced.state == "committed"
             assert "lost:0" in await topic_ids(private_nc, "orders")
     assert recovered(logs)["halves_read"] < 5, "not the 200 committed since the discard"

@@ -25,7 +25,7 @@ from txactors.coordinator.validation import (
 )
 from txactors.framing import JETSTREAM_MAX_HEADER_BYTES
 from txactors.protocol import (
-    FIRST_VERSION,
+    OLDEST_VERSION,
     PROTOCOL_VERSION,
     CheckResult,
     Codec,
@@ -54,7 +54,12 @@ NATS_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
 def prepare(*messages: OutgoingMessage, **fields: Any) -> Prepare:
-    defaults: dict[str, Any] = {"txid": "t1", "group": "g", "producer": "p1"}
+    defaults: dict[str, Any] = {
+        "txid": "t1",
+        "group": "g",
+        "producer": "p1",
+        "version": PROTOCOL_VERSION,
+    }
     return Prepare(**(defaults | fields), messages=list(messages))
 
 
@@ -178,9 +183,11 @@ def test_a_txid_is_served_only_by_its_own_partition() -> None:
         )
         commands: list[Any] = [
             prepare(message(), txid=txid),
-            EndTransaction(txid=txid, token=TOKEN, decision=Decision.COMMIT),
-            ShowTransaction(txid=txid),
-            CommitTransaction(txid=txid),
+            EndTransaction(
+                txid=txid, token=TOKEN, decision=Decision.COMMIT, version=PROTOCOL_VERSION
+            ),
+            ShowTransaction(txid=txid, version=PROTOCOL_VERSION),
+            CommitTransaction(txid=txid, version=PROTOCOL_VERSION),
         ]
         for command in commands:
             explanation = refusal(command, boundary)
@@ -191,30 +198,50 @@ def test_a_txid_is_served_only_by_its_own_partition() -> None:
 
 
 def test_ends_and_admin_commands_are_checked_too() -> None:
-    assert refusal(EndTransaction(txid="t1", token=TOKEN, decision=Decision.COMMIT)) is None
+    assert (
+        refusal(
+            EndTransaction(
+                txid="t1", token=TOKEN, decision=Decision.COMMIT, version=PROTOCOL_VERSION
+            )
+        )
+        is None
+    )
     assert "$.token" in (
-        refusal(EndTransaction(txid="t1", token="x", decision=Decision.COMMIT)) or ""
+        refusal(
+            EndTransaction(txid="t1", token="x", decision=Decision.COMMIT, version=PROTOCOL_VERSION)
+        )
+        or ""
     )
     assert "$.txid" in (
-        refusal(EndTransaction(txid="t\n", token=TOKEN, decision=Decision.ROLLBACK)) or ""
+        refusal(
+            EndTransaction(
+                txid="t\n", token=TOKEN, decision=Decision.ROLLBACK, version=PROTOCOL_VERSION
+            )
+        )
+        or ""
     )
-    assert "$.txid" in (refusal(ShowTransaction(txid="x" * 1000)) or "")
-    assert refusal(ListTransactions(states=["prepared", "discarded"])) is None
-    assert "$.states[1]" in (refusal(ListTransactions(states=["prepared", "nope"])) or "")
+    assert "$.txid" in (refusal(ShowTransaction(txid="x" * 1000, version=PROTOCOL_VERSION)) or "")
+    assert (
+        refusal(ListTransactions(states=["prepared", "discarded"], version=PROTOCOL_VERSION))
+        is None
+    )
+    assert "$.states[1]" in (
+        refusal(ListTransactions(states=["prepared", "nope"], version=PROTOCOL_VERSION)) or ""
+    )
 
 
 @pytest.mark.parametrize(
     ("command", "path"),
     [
-        (ListTransactions(group="a.b"), "$.group"),
-        (ListTransactions(topic="x" * 65), "$.topic"),
-        (ListTransactions(older_than=-1.0), "$.older_than"),
-        (ListTransactions(older_than=math.nan), "$.older_than"),
-        (ListTransactions(limit=0), "$.limit"),
-        (ListTransactions(limit=100_001), "$.limit"),
-        (CommitTransaction(txid="t1", batch=""), "$.batch"),
-        (ResumeTransaction(txid="t1", batch="b" * 65), "$.batch"),
-        (RollbackTransaction(txid="t1", batch="two words"), "$.batch"),
+        (ListTransactions(group="a.b", version=PROTOCOL_VERSION), "$.group"),
+        (ListTransactions(topic="x" * 65, version=PROTOCOL_VERSION), "$.topic"),
+        (ListTransactions(older_than=-1.0, version=PROTOCOL_VERSION), "$.older_than"),
+        (ListTransactions(older_than=math.nan, version=PROTOCOL_VERSION), "$.older_than"),
+        (ListTransactions(limit=0, version=PROTOCOL_VERSION), "$.limit"),
+        (ListTransactions(limit=100_001, version=PROTOCOL_VERSION), "$.limit"),
+        (CommitTransaction(txid="t1", batch="", version=PROTOCOL_VERSION), "$.batch"),
+        (ResumeTransaction(txid="t1", batch="b" * 65, version=PROTOCOL_VERSION), "$.batch"),
+        (RollbackTransaction(txid="t1", batch="two words", version=PROTOCOL_VERSION), "$.batch"),
     ],
 )
 def test_admin_filters_and_batch_ids_are_checked(command: Any, path: str) -> None:
@@ -222,14 +249,19 @@ def test_admin_filters_and_batch_ids_are_checked(command: Any, path: str) -> Non
 
 
 def test_admin_filters_and_batch_ids_within_the_rules_pass() -> None:
-    listing = ListTransactions(group="g", topic="orders", older_than=0.0, limit=100_000)
+    listing = ListTransactions(
+        group="g", topic="orders", older_than=0.0, limit=100_000, version=PROTOCOL_VERSION
+    )
     assert refusal(listing) is None
-    assert refusal(RollbackTransaction(txid="t1", batch="bulk-0a1b2c:x.y")) is None
+    assert (
+        refusal(RollbackTransaction(txid="t1", batch="bulk-0a1b2c:x.y", version=PROTOCOL_VERSION))
+        is None
+    )
 
 
 @given(st.floats(allow_nan=True, allow_infinity=True))
 def test_older_than_is_a_finite_non_negative_number(seconds: float) -> None:
-    explanation = refusal(ListTransactions(older_than=seconds))
+    explanation = refusal(ListTransactions(older_than=seconds, version=PROTOCOL_VERSION))
     assert (explanation is None) == (math.isfinite(seconds) and seconds >= 0), explanation
 
 
@@ -246,7 +278,10 @@ def test_a_check_answer_must_be_about_the_check_asked() -> None:
 @pytest.mark.parametrize("encoding", list(Encoding))
 def test_invalid_utf8_and_deep_nesting_are_bad_requests_not_crashes(encoding: Encoding) -> None:
     codec: Codec[Any] = Codec(CoordinatorCommand)
-    valid = encode(EndTransaction(txid="tx", token=TOKEN, decision=Decision.COMMIT), encoding)
+    valid = encode(
+        EndTransaction(txid="tx", token=TOKEN, decision=Decision.COMMIT, version=PROTOCOL_VERSION),
+        encoding,
+    )
     payloads = [
         valid.replace(b"tx", b"\xff\xfe"),
         (b"[" * 100_000 + b"]" * 100_000) if encoding is Encoding.JSON else b"\x91" * 100_000,
@@ -256,6 +291,7 @@ def test_invalid_utf8_and_deep_nesting_are_bad_requests_not_crashes(encoding: En
         encode(
             {
                 "type": "EndTransaction",
+                "version": PROTOCOL_VERSION,
                 "txid": "t",
                 "token": "x" * 100_000,
                 "decision": "x" * 100_000,
@@ -272,14 +308,14 @@ def test_invalid_utf8_and_deep_nesting_are_bad_requests_not_crashes(encoding: En
 # -- tokens ----------------------------------------------------------------------------------
 
 
-def test_tokens_are_stored_as_digests_and_legacy_raw_tokens_still_match() -> None:
+def test_tokens_are_stored_as_digests_and_a_raw_stored_token_matches_nothing() -> None:
     token = tokens.new_token()
     assert tokens.TOKEN_PATTERN.fullmatch(token)
     stored = tokens.digest(token)
     assert token not in stored and stored.startswith("sha256:")
-    assert tokens.stored_digest(stored) == stored
-    assert tokens.same(tokens.stored_digest(token), tokens.digest(token)), "a legacy raw token"
+    assert tokens.same(stored, tokens.digest(token))
     assert not tokens.same(stored, tokens.digest(tokens.new_token()))
+    assert not tokens.same(token, tokens.digest(token)), "raw stored tokens: removed in 0.x"
 
 
 # -- Hypothesis: whatever is accepted fits everything downstream, any one bad field is refused
@@ -366,6 +402,7 @@ def valid_prepares(draw: st.DrawFn) -> Prepare:
         producer=draw(valid_names("producer")),
         messages=draw(st.lists(valid_messages(), min_size=1, max_size=3)),
         token=draw(st.none() | st.just(TOKEN)),
+        version=PROTOCOL_VERSION,
     )
 
 
@@ -441,7 +478,7 @@ def test_every_accepted_prepare_fits_headers_payload_and_subjects(request_: Prep
     if refusal(request_) is not None:
         return
     subjects = [
-        layout.prepare_subject(0),
+        layout.prepare_subject(0, request_.group),
         layout.check_instance_subject(request_.group, request_.producer),
         layout.discard_subject(request_.group),
     ]
@@ -521,9 +558,11 @@ def test_any_bytes_decode_to_a_command_or_an_error(data: bytes, encoding: Encodi
 
 
 def test_json_refuses_what_json_cannot_say() -> None:
-    lone_surrogate = b'{"type":"EndTransaction","txid":"\\ud800","token":"x","decision":"commit"}'
+    lone_surrogate = (
+        b'{"type":"EndTransaction","version":2,"txid":"\\ud800","token":"x","decision":"commit"}'
+    )
     huge_number = (
-        b'{"type":"Prepare","txid":"t","group":"g","producer":"p",'
+        b'{"type":"Prepare","version":2,"txid":"t","group":"g","producer":"p",'
         b'"messages":[{"topic":"o","body":"","check_immunity":1e999}]}'
     )
     for payload in (lone_surrogate, huge_number):
@@ -533,12 +572,12 @@ def test_json_refuses_what_json_cannot_say() -> None:
 
 COMMANDS = [
     prepare(message()),
-    EndTransaction(txid="t1", token=TOKEN, decision=Decision.COMMIT),
-    ListTransactions(),
-    ShowTransaction(txid="t1"),
-    ResumeTransaction(txid="t1"),
-    CommitTransaction(txid="t1"),
-    RollbackTransaction(txid="t1"),
+    EndTransaction(txid="t1", token=TOKEN, decision=Decision.COMMIT, version=PROTOCOL_VERSION),
+    ListTransactions(version=PROTOCOL_VERSION),
+    ShowTransaction(txid="t1", version=PROTOCOL_VERSION),
+    ResumeTransaction(txid="t1", version=PROTOCOL_VERSION),
+    CommitTransaction(txid="t1", version=PROTOCOL_VERSION),
+    RollbackTransaction(txid="t1", version=PROTOCOL_VERSION),
 ]
 
 
@@ -547,9 +586,9 @@ def test_the_version_is_checked_first_on_every_command(command: Any, version: in
     refusal = BOUNDARY.refusal(
         msgspec.structs.replace(command, version=version), max_payload=MAX_PAYLOAD
     )
-    if FIRST_VERSION <= version <= PROTOCOL_VERSION:
+    if OLDEST_VERSION <= version <= PROTOCOL_VERSION:
         assert refusal is None
-    elif version > PROTOCOL_VERSION:
+    elif version > PROTOCOL_VERSION or version >= 1:  # newer, or removed in 0.x (1)
         assert refusal is not None and refusal.code == ErrorCode.UNSUPPORTED_VERSION
     else:
         assert refusal is not None and refusal.code == ErrorCode.BAD_REQUEST
@@ -570,3 +609,31 @@ def test_a_newer_version_is_recognised_even_when_the_command_does_not_decode() -
     assert Codec(CheckResult).versioned is False, "only coordinator commands carry a version"
     unknown = Codec(CheckResult).decode(encode({"type": "CheckResult", "version": 9}))
     assert isinstance(unknown, Error) and unknown.code == ErrorCode.BAD_REQUEST
+
+
+@pytest.mark.parametrize("encoding", list(Encoding))
+def test_a_version_1_command_is_refused_with_unsupported_version(encoding: Encoding) -> None:
+    """Removed in 0.x: a known command without `version` (the codec) or with 1 (the
+    boundary) is told what to send; a payload that is not one of our commands keeps its own
+    error."""
+    codec: Codec[Any] = Codec(CoordinatorCommand)
+    end = {"type": "EndTransaction", "txid": "t1", "token": TOKEN, "decision": "commit"}
+    cases = [
+        (end, ErrorCode.UNSUPPORTED_VERSION),
+        ({**end, "version": 1}, ErrorCode.UNSUPPORTED_VERSION),
+        ({"type": "Prepare", "txid": 5}, ErrorCode.UNSUPPORTED_VERSION),
+        ({"type": "Explode"}, ErrorCode.UNKNOWN_COMMAND),
+        ({}, ErrorCode.BAD_REQUEST),
+    ]
+    for command, code in cases:
+        decoded = codec.decode(encode(command, encoding), encoding)
+        answer = (
+            decoded
+            if isinstance(decoded, Error)
+            else BOUNDARY.refusal(decoded, max_payload=MAX_PAYLOAD)
+        )
+        assert answer is not None and answer.code == code, (command, answer)
+        if code is ErrorCode.UNSUPPORTED_VERSION:
+            assert f"send version {PROTOCOL_VERSION}" in answer.message
+    current = codec.decode(encode({**end, "version": PROTOCOL_VERSION}, encoding), encoding)
+    assert isinstance(current, EndTransaction)

@@ -29,7 +29,7 @@ from txactors.coordinator.options import DiscardedTransaction
 from txactors.coordinator.recovery import read_subject
 from txactors.coordinator.service import run_coordinator
 from txactors.copies import copied_headers, stored_headers
-from txactors.protocol import Decision, Prepare, Prepared
+from txactors.protocol import PROTOCOL_VERSION, Decision, Prepare, Prepared
 
 REGION = "Zürich"
 """A user property with a non-ASCII value: a copy keeps it intact too."""
@@ -133,6 +133,7 @@ async def test_hundreds_of_transactions_discarded_at_once_all_land_on_their_grou
                 group="g",
                 producer="p1",
                 messages=[message(properties=_props()), message("points", properties=_props())],
+                version=PROTOCOL_VERSION,
             )
             await client.prepare_ref.ask(command, timeout=60)
 

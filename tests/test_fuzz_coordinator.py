@@ -48,6 +48,7 @@ from tests.support.fuzz_inputs import (
     MAX_KEY,
     MAX_PROPERTY_NAME,
     NAME_LIMITS,
+    PROTOCOL_VERSION,
     CheckAnswer,
     Expect,
     Flow,
@@ -57,10 +58,12 @@ from tests.support.fuzz_inputs import (
     Verdict,
     batches,
     encode_json,
+    end_on,
     hostile_replies,
     invalid_utf8,
     long_name,
     nested,
+    prepare_on,
 )
 from tests.support.wait import eventually
 from txactors import layout
@@ -168,7 +171,7 @@ async def test_fuzzed_batches_long_run(open_bus: OpenBus) -> None:
 def prepare(txid: str, **fields: object) -> dict[str, object]:
     """A first Prepare of one message; `group` and `producer` among `fields` go to the
     command, the rest to the message."""
-    command: dict[str, object] = {"type": "Prepare", "txid": txid}
+    command: dict[str, object] = {"type": "Prepare", "version": PROTOCOL_VERSION, "txid": txid}
     command["group"] = fields.pop("group", "fzgroup")
     command["producer"] = fields.pop("producer", "fzprod")
     command["messages"] = [{"topic": "fz", "body": b"x", **fields}]
@@ -188,7 +191,9 @@ async def ask(bus: Harness, subject: str, command: dict[str, object]) -> Reply |
 
 async def state_of(bus: Harness, txid: str) -> str:
     subject = layout.admin_subject(layout.partition_of(txid, PARTITIONS))
-    info = await ask(bus, subject, {"type": "ShowTransaction", "txid": txid})
+    info = await ask(
+        bus, subject, {"type": "ShowTransaction", "version": PROTOCOL_VERSION, "txid": txid}
+    )
     return info.state if isinstance(info, TransactionInfo) else repr(info)
 
 
@@ -210,7 +215,7 @@ async def _refused_reply_leaves_no_trace(bus: Harness, reply: str, n: int) -> st
     opened, fresh = f"hostileopen{n}", f"hostilefresh{n}"
     immune = prepare(opened, check_immunity=600.0)  # no check-back during the test
     own = layout.partition_of(opened, PARTITIONS)
-    prepared = await ask(bus, layout.prepare_subject(own), immune)
+    prepared = await ask(bus, prepare_on(own), immune)
     assert isinstance(prepared, Prepared), prepared
     bus.ledger.store(opened, immune["messages"])  # type: ignore[arg-type]
     recorder = BusRecorder([opened, fresh])
@@ -221,6 +226,7 @@ async def _refused_reply_leaves_no_trace(bus: Harness, reply: str, n: int) -> st
 
     end: dict[str, object] = {
         "type": "EndTransaction",
+        "version": PROTOCOL_VERSION,
         "txid": opened,
         "token": prepared.token,
         "decision": "commit",
@@ -228,23 +234,29 @@ async def _refused_reply_leaves_no_trace(bus: Harness, reply: str, n: int) -> st
     batch: list[FuzzInput] = [
         Request(
             f"{reply}: valid prepare",
-            layout.prepare_subject(layout.partition_of(fresh, PARTITIONS)),
+            prepare_on(layout.partition_of(fresh, PARTITIONS)),
             msgspec.msgpack.encode(prepare(fresh)),
             Expect.NO_ANSWER,
             reply=reply,
             never_prepared=fresh,
         ),
-        hostile("bad prepare", layout.prepare_subject(own), {"type": "Prepare"}),
-        hostile("end with the right token", layout.end_subject(own), end),
+        hostile("bad prepare", prepare_on(own), {"type": "Prepare", "version": PROTOCOL_VERSION}),
+        hostile("end with the right token", end_on(own), end),
         hostile(
-            "admin commit", layout.admin_subject(own), {"type": "CommitTransaction", "txid": opened}
+            "admin commit",
+            layout.admin_subject(own),
+            {"type": "CommitTransaction", "version": PROTOCOL_VERSION, "txid": opened},
         ),
         hostile(
             "admin rollback",
             layout.admin_subject(own),
-            {"type": "RollbackTransaction", "txid": opened},
+            {"type": "RollbackTransaction", "version": PROTOCOL_VERSION, "txid": opened},
         ),
-        hostile("admin list", layout.admin_subject(own), {"type": "ListTransactions"}),
+        hostile(
+            "admin list",
+            layout.admin_subject(own),
+            {"type": "ListTransactions", "version": PROTOCOL_VERSION},
+        ),
         Request("garbage", layout.admin_subject(own), b"\xc1", Expect.NO_ANSWER, reply=reply),
     ]
     try:
@@ -270,7 +282,7 @@ async def test_malformed_header_blocks_are_contained(open_bus: OpenBus) -> None:
                 b"NATS/1.0\r\n\xff: \xff\r\n\r\n",
             )
             for p in range(PARTITIONS)
-            for subject in (layout.prepare_subject, layout.end_subject, layout.admin_subject)
+            for subject in (prepare_on, end_on, layout.admin_subject)
             for answered in (True, False)
         ]
         await assert_survives(bus, batch, restart="term")
@@ -298,7 +310,7 @@ async def test_properties_spelling_control_headers_are_refused(open_bus: OpenBus
         batch: list[FuzzInput] = [
             request(
                 f"property {name!r}",
-                layout.prepare_subject(layout.partition_of(f"h{i}", PARTITIONS)),
+                prepare_on(layout.partition_of(f"h{i}", PARTITIONS)),
                 prepare(f"h{i}", properties={name: "forged"}),
                 Expect.BAD_REQUEST,
             )
@@ -369,15 +381,16 @@ async def test_the_same_txid_on_two_partitions(open_bus: OpenBus) -> None:
             [
                 request(
                     "other partition",
-                    layout.prepare_subject(other),
+                    prepare_on(other),
                     prepare(txid, body=b"B"),
                     Expect.BAD_REQUEST,
                 ),
                 request(
                     "other partition, end",
-                    layout.end_subject(other),
+                    end_on(other),
                     {
                         "type": "EndTransaction",
+                        "version": PROTOCOL_VERSION,
                         "txid": txid,
                         "token": "0" * 32,
                         "decision": "commit",
@@ -386,7 +399,7 @@ async def test_the_same_txid_on_two_partitions(open_bus: OpenBus) -> None:
                 ),
                 request(
                     "own partition, a second first prepare",
-                    layout.prepare_subject(own),
+                    prepare_on(own),
                     prepare(txid, body=b"C"),
                     Expect.REFUSED,
                 ),
@@ -406,7 +419,7 @@ async def test_undecodable_input_is_a_bad_request(open_bus: OpenBus) -> None:
 def _undecodable(*, as_json: bool) -> list[FuzzInput]:
     """Payloads no decoder may crash on, and immunities outside [0, max_immunity]."""
     headers = dict(JSON) if as_json else None
-    subject = layout.prepare_subject(0)
+    subject = prepare_on(0)
 
     def encoded(command: dict[str, object]) -> bytes:
         return encode_json(command) if as_json else msgspec.msgpack.encode(command)
@@ -415,7 +428,7 @@ def _undecodable(*, as_json: bool) -> list[FuzzInput]:
         txid += "j" if as_json else "m"
         return Request(
             f"immunity {value} ({'json' if as_json else 'mp'})",
-            layout.prepare_subject(layout.partition_of(txid, PARTITIONS)),
+            prepare_on(layout.partition_of(txid, PARTITIONS)),
             encoded(prepare(txid, check_immunity=value)),
             Expect.BAD_REQUEST,
             headers,

@@ -149,7 +149,11 @@ async def test_the_coordinator_answers_a_malformed_block_bad_request_and_still_s
     try:
         async with run_coordinator(service), replies_to(private_nc) as (inbox, answers):
             client = CoordinatorClient(private_nc)
-            subjects = [layout.prepare_subject(0), layout.end_subject(0), layout.admin_subject(0)]
+            subjects = [
+                layout.prepare_subject(0, "g"),
+                layout.end_subject(0, "g"),
+                layout.admin_subject(0),
+            ]
             sent = 0
             for subject in subjects:
                 for block in MALFORMED_BLOCKS:
@@ -177,7 +181,7 @@ async def test_a_coordinator_on_a_plain_client_is_revived_after_its_read_loop_di
     plain = await nats.connect(url, reconnect_time_wait=0.1, reconnected_cb=on_reconnect)
     try:
         async with run_coordinator(plain):
-            await raw_hpub(url, layout.prepare_subject(0), "_INBOX.x", b"ab")
+            await raw_hpub(url, layout.prepare_subject(0, "g"), "_INBOX.x", b"ab")
             with anyio.fail_after(5):
                 await reconnected.wait()
             client = CoordinatorClient(private_nc)
@@ -291,7 +295,11 @@ async def test_txactors_coordinator_serves_after_malformed_blocks_and_stops_on_s
     try:
         client = CoordinatorClient(nc)
         await client.prepare_once_up("warm", message())
-        for subject in (layout.prepare_subject(0), layout.end_subject(0), layout.admin_subject(0)):
+        for subject in (
+            layout.prepare_subject(0, "g"),
+            layout.end_subject(0, "g"),
+            layout.admin_subject(0),
+        ):
             for block in MALFORMED_BLOCKS:
                 await raw_hpub(server.url, subject, nc.new_inbox(), block)
         receipt = await client.prepare("t1", message())

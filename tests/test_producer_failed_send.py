@@ -33,7 +33,7 @@ from txactors.layout import admin_subject, partition_of, prepare_subject
 from txactors.natsclient import connect
 from txactors.producer import CheckView, Decision, Transaction, TransactionProducer, TxMessage
 from txactors.producer.failed_sends import MAX_REASON_LENGTH, FailedSends
-from txactors.protocol import ErrorCode, ShowTransaction, TransactionInfo
+from txactors.protocol import PROTOCOL_VERSION, ErrorCode, ShowTransaction, TransactionInfo
 
 GROUP = "shop"
 TOPIC = "orders"
@@ -77,7 +77,7 @@ async def final_state(nc: Client, txid: str) -> str:
     with anyio.fail_after(30):
         while True:
             try:
-                await admin.ask(ShowTransaction(txid=txid), timeout=5)
+                await admin.ask(ShowTransaction(txid=txid, version=PROTOCOL_VERSION), timeout=5)
             except CommandError as finished:  # no longer open: "<txid>: it is <state>"
                 assert finished.code == ErrorCode.NOT_FOUND, finished
                 return finished.message.rsplit(" ", 1)[-1]

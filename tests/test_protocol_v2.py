@@ -2,9 +2,10 @@
 
 A one-way end (an `EndTransaction` published without a reply subject) is carried out like
 an acknowledged one and never answered; a lost one is settled by the check-back, a bad one
-is counted and logged (rate-limited) while the coordinator goes on. A request without a
-`version` is a version 1 client's and is served as before; a newer version is refused with
-`unsupported_version`, whatever else its fields say.
+is counted and logged (rate-limited) while the coordinator goes on. A newer version is refused
+with `unsupported_version`, whatever else its fields say. What 0.x removed is refused cleanly:
+a version 1 command (without `version`, or `version: 1`) with `unsupported_version`, and the
+prepare and end subjects without a group are not served (a request gets no responders).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import msgspec
+import nats.errors
 import pytest
 import structlog
 from nats.aio.client import Client
@@ -74,7 +76,7 @@ async def consumed(nc: Client, topic: str) -> AsyncIterator[list[str]]:
 
 
 async def open_count(client: CoordinatorClient) -> int:
-    listing = await client.admin(ListTransactions())
+    listing = await client.admin(ListTransactions(version=PROTOCOL_VERSION))
     return len(listing.transactions)
 
 
@@ -147,11 +149,17 @@ async def test_bad_oneway_ends_are_counted_logged_once_per_code_and_never_answer
     answers: list[bytes] = []
 
     async def spy(msg: Msg) -> None:
-        if msg.subject != layout.end_subject(0):
+        if msg.subject != layout.end_subject(0, "g"):
             answers.append(msg.data)
 
     def end(**fields: Any) -> bytes:
-        command = {"type": "EndTransaction", "txid": "open", "token": TOKEN, "decision": "commit"}
+        command = {
+            "type": "EndTransaction",
+            "version": PROTOCOL_VERSION,
+            "txid": "open",
+            "token": TOKEN,
+            "decision": "commit",
+        }
         return msgspec.msgpack.encode({**command, **fields})
 
     def counted(code: ErrorCode) -> float:
@@ -172,8 +180,8 @@ async def test_bad_oneway_ends_are_counted_logged_once_per_code_and_never_answer
         with structlog.testing.capture_logs() as logs:
             for payloads in bad.values():
                 for payload in payloads:
-                    await private_nc.publish(layout.end_subject(0), payload)
-            await private_nc.publish(layout.end_subject(0), b"\xc1 not msgpack")
+                    await private_nc.publish(layout.end_subject(0, "g"), payload)
+            await private_nc.publish(layout.end_subject(0, "g"), b"\xc1 not msgpack")
 
             async def all_counted() -> bool:
                 return all(counted(code) == len(p) for code, p in bad.items())
@@ -184,7 +192,7 @@ async def test_bad_oneway_ends_are_counted_logged_once_per_code_and_never_answer
         assert not [entry for entry in logs if entry["event"] == "request_refused"]
 
         # Healthy: the transaction the forbidden ends aimed at is untouched, and ends.
-        info = await client.admin(ShowTransaction(txid="open"))
+        info = await client.admin(ShowTransaction(txid="open", version=PROTOCOL_VERSION))
         assert isinstance(info, TransactionInfo) and info.state == "prepared"
         assert (await client.end("open", receipt.token, Decision.COMMIT)).state == "committed"
         await spying.unsubscribe()
@@ -206,7 +214,9 @@ def test_oneway_errors_are_all_counted_but_logged_once_per_code_and_minute() -> 
     now = [0.0]
     counts: list[str] = []
     errors = OneWayErrors(3, on_error=counts.append, clock=lambda: now[0])
-    command = EndTransaction(txid="t", token=TOKEN, decision=Decision.COMMIT)
+    command = EndTransaction(
+        txid="t", token=TOKEN, decision=Decision.COMMIT, version=PROTOCOL_VERSION
+    )
     forbidden = Error(ErrorCode.FORBIDDEN, "wrong token")
     with structlog.testing.capture_logs() as logs:
         for _ in range(5):
@@ -240,9 +250,11 @@ async def request(nc: Client, subject: str, command: dict[str, Any], *, json: bo
 
 
 @pytest.mark.parametrize("json", [False, True], ids=["msgpack", "json"])
-async def test_a_version_1_client_without_the_field_is_served_as_before(
+async def test_a_version_1_command_is_refused_with_unsupported_version_and_not_executed(
     private_nc: Client, json: bool
 ) -> None:
+    """Protocol version 1 was removed in 0.x: with the field absent (as a v1 client sends) or
+    1, every command is refused before it is executed, and the answer says what to send."""
     prepare = {
         "type": "Prepare",
         "txid": "old",
@@ -250,19 +262,45 @@ async def test_a_version_1_client_without_the_field_is_served_as_before(
         "producer": "p1",
         "messages": [{"topic": "orders", "body": "eA==" if json else b"x"}],
     }
+    end = {"type": "EndTransaction", "txid": "old", "token": TOKEN, "decision": "commit"}
+    commands = [
+        (layout.prepare_subject(0, "g"), prepare),
+        (layout.end_subject(0, "g"), end),
+        (layout.admin_subject(0), {"type": "ListTransactions"}),
+        (layout.admin_subject(0), {"type": "CommitTransaction", "txid": "old"}),
+    ]
     async with run_coordinator(private_nc):
-        prepared = await request(private_nc, layout.prepare_subject(0), prepare, json=json)
-        assert prepared["type"] == "Prepared", prepared
-        end = {"type": "EndTransaction", "txid": "old", "token": prepared["token"]}
-        ended = await request(
-            private_nc, layout.end_subject(0), {**end, "decision": "commit"}, json=json
-        )
-        assert ended == {"type": "Ended", "txid": "old", "state": "committed"}
-        listing = await request(
-            private_nc, layout.admin_subject(0), {"type": "ListTransactions"}, json=json
-        )
-        assert listing["type"] == "TransactionList"
-    assert await topic_ids(private_nc, "orders") == ["old:0"]
+        for subject, command in commands:
+            for sent in (command, {**command, "version": 1}):
+                answer = await request(private_nc, subject, sent, json=json)
+                assert answer["type"] == "Error", (sent, answer)
+                assert answer["code"] == "unsupported_version", (sent, answer)
+                assert f"send version {PROTOCOL_VERSION}" in answer["message"]
+        info = await private_nc.jetstream().stream_info(layout.HALF_STREAM)
+        assert info.state.messages == 0, "the v1 prepare stored nothing"
+    assert await topic_ids(private_nc, "orders") == []
+
+
+async def test_the_prepare_and_end_subjects_without_a_group_are_not_served(
+    private_nc: Client,
+) -> None:
+    """Removed in 0.x: a client on `txn.coord.<p>.prepare` / `.end` gets no responders."""
+    prepare = {
+        "type": "Prepare",
+        "version": PROTOCOL_VERSION,
+        "txid": "ungrouped",
+        "group": "g",
+        "producer": "p1",
+        "messages": [{"topic": "orders", "body": b"x"}],
+    }
+    async with run_coordinator(private_nc):
+        for subject in ("txn.coord.0.prepare", "txn.coord.0.end"):
+            with pytest.raises(nats.errors.NoRespondersError):
+                await request(private_nc, subject, prepare, json=False)
+        client = CoordinatorClient(private_nc)
+        receipt = await client.prepare("grouped", message())
+        assert (await client.end("grouped", receipt.token, Decision.COMMIT)).state == "committed"
+    assert await topic_ids(private_nc, "orders") == ["grouped:0"]
 
 
 NEWER = PROTOCOL_VERSION + 1
@@ -276,8 +314,8 @@ FUTURE_COMMANDS = [
     ("admin", {"type": "ForgetTransaction", "txid": "new"}),
 ]
 SUBJECTS = {
-    "prepare": layout.prepare_subject,
-    "end": layout.end_subject,
+    "prepare": lambda partition: layout.prepare_subject(partition, "g"),
+    "end": lambda partition: layout.end_subject(partition, "g"),
     "admin": layout.admin_subject,
 }
 
@@ -315,11 +353,14 @@ async def test_a_newer_version_is_refused_with_unsupported_version_whatever_its_
         assert (await client.end("still", receipt.token, Decision.COMMIT)).state == "committed"
 
 
-def test_commands_carry_the_version_and_default_to_1() -> None:
-    command = EndTransaction(txid="t", token=TOKEN, decision=Decision.COMMIT)
-    assert command.version == 1
+def test_commands_carry_the_version_and_it_is_required() -> None:
+    command = EndTransaction(
+        txid="t", token=TOKEN, decision=Decision.COMMIT, version=PROTOCOL_VERSION
+    )
     decoded = msgspec.msgpack.decode(encode(command))
-    assert decoded["version"] == 1
+    assert decoded["version"] == PROTOCOL_VERSION
+    with pytest.raises(TypeError, match="version"):
+        EndTransaction(txid="t", token=TOKEN, decision=Decision.COMMIT)  # type: ignore[call-arg]
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,7 @@ from txactors.logs import LOG_EVERY
 from txactors.metrics import CoordinatorMetrics
 from txactors.natsclient import connect
 from txactors.protocol import (
+    PROTOCOL_VERSION,
     CheckResult,
     Decision,
     EndTransaction,
@@ -178,12 +179,18 @@ async def test_a_coordinator_never_writes_to_a_reply_subject_outside_the_inbox(
 
         for index, reply in enumerate(HOSTILE_REPLIES):
             txid = f"evil-{index}"
-            prepare = Prepare(txid=txid, group="g", producer="p1", messages=[message()])
-            end = EndTransaction(txid="open", token=open_.token, decision=Decision.COMMIT)
-            await private_nc.publish(layout.prepare_subject(0), encode(prepare), reply=reply)
-            await private_nc.publish(layout.end_subject(0), encode(end), reply=reply)
+            prepare = Prepare(
+                txid=txid, group="g", producer="p1", messages=[message()], version=PROTOCOL_VERSION
+            )
+            end = EndTransaction(
+                txid="open", token=open_.token, decision=Decision.COMMIT, version=PROTOCOL_VERSION
+            )
+            await private_nc.publish(layout.prepare_subject(0, "g"), encode(prepare), reply=reply)
+            await private_nc.publish(layout.end_subject(0, "g"), encode(end), reply=reply)
             await private_nc.publish(
-                layout.admin_subject(0), encode(ShowTransaction(txid="t0")), reply=reply
+                layout.admin_subject(0),
+                encode(ShowTransaction(txid="t0", version=PROTOCOL_VERSION)),
+                reply=reply,
             )
         await eventually(lambda: refused() == 3 * len(HOSTILE_REPLIES))
 
@@ -193,9 +200,9 @@ async def test_a_coordinator_never_writes_to_a_reply_subject_outside_the_inbox(
         assert (after.revision, after.value) == (lease.revision, lease.value), "lease untouched"
         for index in range(len(HOSTILE_REPLIES)):
             with pytest.raises(CommandError) as unknown:
-                await client.admin(ShowTransaction(txid=f"evil-{index}"))
+                await client.admin(ShowTransaction(txid=f"evil-{index}", version=PROTOCOL_VERSION))
             assert unknown.value.code == "not_found", "a refused prepare wrote no halves"
-        shown = await client.admin(ShowTransaction(txid="open"))
+        shown = await client.admin(ShowTransaction(txid="open", version=PROTOCOL_VERSION))
         assert shown.state == "prepared", "a refused end was not applied"
 
         # ... and it still serves everyone else.
@@ -218,10 +225,17 @@ async def test_a_coordinator_answers_the_inbox_prefix_it_is_configured_with(
             client = CoordinatorClient(custom)
             receipt = await client.prepare("t1", message())
             assert (await client.end("t1", receipt.token, Decision.COMMIT)).state == "committed"
-            ref = RemoteActorRef(default, layout.prepare_subject(0), Prepared)
+            ref = RemoteActorRef(default, layout.prepare_subject(0, "g"), Prepared)
             with pytest.raises(AskTimeout):  # `_INBOX.` is not this account's prefix
                 await ref.ask(
-                    Prepare(txid="t2", group="g", producer="p", messages=[message()]), 0.5
+                    Prepare(
+                        txid="t2",
+                        group="g",
+                        producer="p",
+                        messages=[message()],
+                        version=PROTOCOL_VERSION,
+                    ),
+                    0.5,
                 )
             assert await topic_ids(custom, "orders") == ["t1:0"]
     finally:

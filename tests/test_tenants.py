@@ -61,6 +61,7 @@ from txactors.nats_cluster import free_ports
 from txactors.partition_count import read_published
 from txactors.producer import TransactionProducer, TxMessage
 from txactors.protocol import (
+    PROTOCOL_VERSION,
     Decision,
     Ended,
     EndTransaction,
@@ -268,7 +269,9 @@ async def _served(nc: Client, group: str) -> None:
 
 def _prepare(group: str, topic: str, txid: str = "tenant-tx") -> Prepare:
     message = OutgoingMessage(topic=topic, body=b"x")
-    return Prepare(txid=txid, group=group, producer="p1", messages=[message])
+    return Prepare(
+        txid=txid, group=group, producer="p1", messages=[message], version=PROTOCOL_VERSION
+    )
 
 
 async def _stream_exists(deployment: Deployment, name: str) -> bool:
@@ -310,9 +313,8 @@ BOUNDARY = Boundary(
     [
         ("orders", "orders", layout.prepare_subject(0, "orders"), None),
         ("orders", "orders-eu", layout.prepare_subject(0, "orders"), None),
-        ("orders", "orders", layout.prepare_subject(0), None),  # deprecated, still policed
         ("orders", "ordersx", layout.prepare_subject(0, "orders"), ErrorCode.FORBIDDEN),
-        ("orders", "payments", layout.prepare_subject(0), ErrorCode.FORBIDDEN),
+        ("orders", "payments", layout.prepare_subject(0, "orders"), ErrorCode.FORBIDDEN),
         ("payments", "payments", layout.prepare_subject(0, "orders"), ErrorCode.FORBIDDEN),
         ("intruders", "orders", layout.prepare_subject(0, "intruders"), ErrorCode.FORBIDDEN),
         ("orders", "bad.topic", layout.prepare_subject(0, "payments"), ErrorCode.BAD_REQUEST),
@@ -329,7 +331,6 @@ def test_the_boundary_keeps_groups_to_their_subjects_and_topics(
     ("known", "subject", "code"),
     [
         ("orders", layout.end_subject(0, "orders"), None),
-        ("orders", layout.end_subject(0), None),  # deprecated: the token alone decides
         (None, layout.end_subject(0, "payments"), None),  # unknown here: answered not_found later
         ("orders", layout.end_subject(0, "payments"), ErrorCode.FORBIDDEN),
     ],
@@ -339,7 +340,9 @@ def test_the_boundary_keeps_an_end_to_its_transactions_group_subject(
 ) -> None:
     """The same policy as a prepare's, for an end: the group its subject names must be the
     transaction's, without telling the sender which group that is."""
-    end = EndTransaction(txid="tenant-tx", token="0" * 32, decision=Decision.COMMIT)
+    end = EndTransaction(
+        txid="tenant-tx", token="0" * 32, decision=Decision.COMMIT, version=PROTOCOL_VERSION
+    )
     refusal = BOUNDARY.refusal(
         end, max_payload=1 << 20, subject=subject, group_of=lambda txid: known
     )
@@ -405,8 +408,7 @@ def test_a_groups_request_is_answered_only_in_its_own_inbox(
 def test_admin_answers_never_go_into_a_tenants_inbox(owner: str, rest: str) -> None:
     reply = f"_INBOX.{owner}.{rest}"
     tenant = owner in ("orders", "payments", "billing")
-    for subject in (layout.admin_subject(0), layout.prepare_subject(0)):
-        assert (REPLIES(subject, reply) is None) == (not tenant)
+    assert (REPLIES(layout.admin_subject(0), reply) is None) == (not tenant)
 
 
 # -- the documented deployment -----------------------------------------------------------------
@@ -636,7 +638,11 @@ async def test_answers_stay_in_the_groups_inbox(tmp_path: Path) -> None:
         await payments.nc.flush()
         requests = [
             (orders.nc, layout.prepare_subject(0, "orders"), _prepare("orders", "orders", "o-1")),
-            (deployment["operator"].nc, layout.admin_subject(0), ListTransactions()),
+            (
+                deployment["operator"].nc,
+                layout.admin_subject(0),
+                ListTransactions(version=PROTOCOL_VERSION),
+            ),
         ]
         for nc, subject, command in requests:
             await nc.publish(subject, encode(command), reply="_INBOX.payments.aimed")
@@ -660,7 +666,7 @@ async def test_a_producer_cannot_prepare_as_another_group(tmp_path: Path) -> Non
             await own.ask(_prepare("payments", "payments"), timeout=5)
         assert refused.value.code == ErrorCode.FORBIDDEN
         assert "subject of group" in refused.value.message
-        for subject in (layout.prepare_subject(0, "payments"), layout.prepare_subject(0)):
+        for subject in (layout.prepare_subject(0, "payments"), "txn.coord.0.prepare"):
             other = RemoteActorRef(orders.nc, subject, Prepared)
             with pytest.raises(AskTimeout):  # the server dropped it: nobody got it
                 await other.ask(_prepare("payments", "payments"), timeout=DENIED)
@@ -674,7 +680,9 @@ async def test_a_producer_cannot_end_another_groups_transaction(tmp_path: Path) 
             deployment["payments"].nc, layout.prepare_subject(0, "payments"), Prepared
         )
         prepared = await payments.ask(_prepare("payments", "payments", "pay-1"), timeout=5)
-        end = EndTransaction(txid="pay-1", token=prepared.token, decision=Decision.ROLLBACK)
+        end = EndTransaction(
+            txid="pay-1", token=prepared.token, decision=Decision.ROLLBACK, version=PROTOCOL_VERSION
+        )
         # Even with the token (leaked, say), on its own end subject: forbidden.
         own = RemoteActorRef(deployment["orders"].nc, layout.end_subject(0, "orders"), Ended)
         with pytest.raises(CommandError) as refused:
@@ -756,7 +764,7 @@ async def test_only_the_operator_calls_the_admin_verbs(tmp_path: Path) -> None:
             user = deployment[role]
             ref = RemoteActorRef(user.nc, layout.admin_subject(0), TransactionList)
             with pytest.raises(AskTimeout):
-                await ref.ask(ListTransactions(), timeout=DENIED)
+                await ref.ask(ListTransactions(version=PROTOCOL_VERSION), timeout=DENIED)
             await user.violation(layout.admin_subject(0))
         assert await admin.list_transactions(deployment["operator"].nc) == []
 

@@ -214,7 +214,7 @@ async def test_producer_killed_between_prepare_and_end_is_resolved_by_another_in
                 ids = await topic_ids(private_nc, "transfers")
                 listed = await private_nc.request(
                     layout.admin_subject(0),
-                    b'{"type":"ListTransactions"}',
+                    b'{"type":"ListTransactions","version":2}',
                     timeout=2,
                     headers={"Content-Type": "application/json"},
                 )

@@ -44,6 +44,7 @@ from txactors.errors import (
 from txactors.partition_count import PartitionCountUnknown, client_count
 from txactors.protocol import (
     OPERATOR_DECISIONS,
+    PROTOCOL_VERSION,
     Ended,
     ListTransactions,
     Resolution,
@@ -203,7 +204,7 @@ async def list_transactions(
 ) -> list[TransactionInfo]:
     """Open and discarded transactions of every partition (optionally only in `states`),
     oldest first. Finished (committed, rolled back) ones are not kept, so never listed."""
-    where = ListTransactions(states=list(states))
+    where = ListTransactions(states=list(states), version=PROTOCOL_VERSION)
     found = await find_transactions(nc, where, partitions=partitions, timeout=timeout)
     return found.transactions
 
@@ -212,7 +213,7 @@ async def show(
     nc: Client, txid: str, *, partitions: int | None = None, timeout: float = ADMIN_TIMEOUT
 ) -> TransactionInfo:
     """One open or discarded transaction; CommandError(not_found) names a finished one's state."""
-    command = ShowTransaction(txid=txid)
+    command = ShowTransaction(txid=txid, version=PROTOCOL_VERSION)
     return await _ask_owner(nc, txid, command, TransactionInfo, partitions, timeout)
 
 
@@ -229,7 +230,7 @@ async def decide(
     resume (back to PREPARED with a fresh check count, so the checker asks the producer
     again), commit (answered once every message is published) or roll back (nothing of it is
     ever delivered)."""
-    command = OPERATOR_DECISIONS[resolution](txid=txid, batch=batch)
+    command = OPERATOR_DECISIONS[resolution](txid=txid, batch=batch, version=PROTOCOL_VERSION)
     return await _ask_owner(nc, txid, command, Ended, partitions, timeout)
 
 
@@ -280,7 +281,7 @@ async def resolve_all(
                 ended = await _ask(
                     nc,
                     layout.partition_of(txid, count),
-                    command(txid=txid, batch=batch),
+                    command(txid=txid, batch=batch, version=PROTOCOL_VERSION),
                     Ended,
                     timeout,
                 )

@@ -66,16 +66,16 @@ def discard_subject(group: str) -> str:
 # -- commands (core NATS request/reply) -----------------------------------------------------
 
 
-def prepare_subject(partition: int, group: str | None = None) -> str:
+def prepare_subject(partition: int, group: str) -> str:
     """Where a producer of `group` prepares: `txn.coord.<p>.prepare.<group>`, so that NATS
-    permissions can confine a group to its own subjects. Without a group: the subject older
-    clients use, still served (deprecated; not granted to producers of a confined deployment)."""
-    return f"txn.coord.{partition}.prepare" + ("" if group is None else f".{group}")
+    permissions can confine a group to its own subjects. (The subject without a group, which
+    no one could confine, was removed in 0.x: nothing serves it.)"""
+    return f"txn.coord.{partition}.prepare.{group}"
 
 
-def end_subject(partition: int, group: str | None = None) -> str:
+def end_subject(partition: int, group: str) -> str:
     """Where a producer of `group` ends its transactions (see `prepare_subject`)."""
-    return f"txn.coord.{partition}.end" + ("" if group is None else f".{group}")
+    return f"txn.coord.{partition}.end.{group}"
 
 
 def prepare_filter(partition: int) -> str:
@@ -88,7 +88,7 @@ def end_filter(partition: int) -> str:
 
 
 def subject_group(subject: str) -> str | None:
-    """The producer group a prepare or end subject names (None: the deprecated subject)."""
+    """The producer group a prepare or end subject names (None: not such a subject)."""
     tokens = subject.split(".")
     if len(tokens) == 5 and tokens[:2] == ["txn", "coord"] and tokens[3] in ("prepare", "end"):
         return tokens[4]

@@ -25,8 +25,10 @@ CONTENT_TYPE_HEADER: Final = "Content-Type"
 PROTOCOL_VERSION: Final = 2
 """The protocol version this code speaks (docs/protocol.md#protocol-version): 2 added the
 one-way end and the `version` field itself."""
-FIRST_VERSION: Final = 1
-"""What a request without a `version` field speaks: it was sent by a client older than it."""
+OLDEST_VERSION: Final = 2
+"""The oldest version this code serves. Version 1 (a command without `version`) was removed
+in 0.x: it is refused with `unsupported_version`, so a client that predates the field learns
+why instead of being read as a newer one."""
 
 
 class Encoding(enum.StrEnum):
@@ -56,9 +58,9 @@ class Message(msgspec.Struct, tag_field="type", tag=True):
 class Command(Message, kw_only=True):
     """Base of every request to the coordinator: it says which protocol version it speaks."""
 
-    version: int = FIRST_VERSION
-    """The client's protocol version; absent (a client older than the field) means 1. A
-    version the server does not know is refused with `unsupported_version`."""
+    version: int
+    """The client's protocol version, required: a command without it (version 1) or with a
+    version the server does not speak is refused with `unsupported_version`."""
 
 
 class Error(Message, omit_defaults=True):
@@ -121,13 +123,26 @@ def _all_commands(message_type: Any) -> bool:
 
 def unsupported_version(version: object) -> Error | None:
     """The `unsupported_version` error for a request that speaks a newer protocol than
-    this code, or None (a version this code speaks, or no integer at all: other rules)."""
-    if type(version) is not int or version <= PROTOCOL_VERSION:
+    this code, or the removed version 1, or None (a version this code speaks, or no positive
+    integer at all: other rules)."""
+    if type(version) is not int or OLDEST_VERSION <= version <= PROTOCOL_VERSION:
         return None
+    if version > PROTOCOL_VERSION:
+        return Error(
+            ErrorCode.UNSUPPORTED_VERSION,
+            f"protocol version {version} is newer than this server's ({OLDEST_VERSION} to "
+            f"{PROTOCOL_VERSION}); send version {PROTOCOL_VERSION} or upgrade the server",
+        )
+    if version < 1:
+        return None  # not a version at all: a `bad_request`
+    return _removed_version(f"protocol version {version}")
+
+
+def _removed_version(what: str) -> Error:
     return Error(
         ErrorCode.UNSUPPORTED_VERSION,
-        f"protocol version {version} is newer than this server's ({FIRST_VERSION} to "
-        f"{PROTOCOL_VERSION}); send version {PROTOCOL_VERSION} or upgrade the server",
+        f"{what} is no longer served (removed in 0.x; this server speaks {OLDEST_VERSION} to "
+        f"{PROTOCOL_VERSION}); send version {PROTOCOL_VERSION}",
     )
 
 
@@ -179,16 +194,19 @@ class Codec(Generic[T]):
             raw = (msgspec.json if encoding is Encoding.JSON else msgspec.msgpack).decode(data)
         except _UNREADABLE:  # e.g. too deeply nested: the typed error says enough
             return Error(ErrorCode.BAD_REQUEST, _brief(str(exc)))
-        if self.versioned and isinstance(raw, dict):
-            newer = unsupported_version(raw.get("version"))
-            if newer is not None:  # a newer client's fields may not fit our Structs at all
-                return newer
+        versioned = self.versioned and isinstance(raw, dict)
+        if versioned:
+            unsupported = unsupported_version(raw.get("version"))
+            if unsupported is not None:  # another version's fields may not fit our Structs
+                return unsupported
         tag = raw.get("type") if isinstance(raw, dict) else None
         if isinstance(tag, str) and tag not in self.tags:
             known = ", ".join(sorted(self.tags))
             return Error(
                 ErrorCode.UNKNOWN_COMMAND, f"unknown command {tag[:64]!r}; expected {known}"
             )
+        if versioned and tag in self.tags and "version" not in raw:  # a version 1 client's
+            return _removed_version("a command without `version` (protocol version 1)")
         return Error(ErrorCode.BAD_REQUEST, _brief(str(exc)))
 
 

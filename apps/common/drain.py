@@ -20,7 +20,7 @@ from apps.common.report import Check
 from txactors import layout
 from txactors.admin import CoordinatorUnavailable, find_transactions
 from txactors.coordinator.core.states import TxnState
-from txactors.protocol import ListTransactions
+from txactors.protocol import PROTOCOL_VERSION, ListTransactions
 
 
 async def open_transactions(
@@ -28,12 +28,14 @@ async def open_transactions(
 ) -> int:
     """Transactions (of producer group `group`, or all) not yet in a final state (discarded
     is final for the checker)."""
-    found = await find_transactions(nc, ListTransactions(group=group), partitions=partitions)
+    found = await find_transactions(
+        nc, ListTransactions(group=group, version=PROTOCOL_VERSION), partitions=partitions
+    )
     return sum(info.state != TxnState.DISCARDED for info in found.transactions)
 
 
 async def discarded_transactions(nc: Client, group: str, *, partitions: int | None = None) -> int:
-    where = ListTransactions(group=group, states=[TxnState.DISCARDED])
+    where = ListTransactions(group=group, states=[TxnState.DISCARDED], version=PROTOCOL_VERSION)
     return len((await find_transactions(nc, where, partitions=partitions)).transactions)
 
 

@@ -20,7 +20,7 @@ from nats.js.errors import NotFoundError
 
 from txactors import layout
 from txactors.admin import Resolution, find_transactions, resolve_all
-from txactors.protocol import ListTransactions
+from txactors.protocol import PROTOCOL_VERSION, ListTransactions
 
 
 async def start_clean(
@@ -37,7 +37,9 @@ async def start_clean(
     rolled_back = 0
     with anyio.fail_after(timeout):
         while True:
-            left = await find_transactions(nc, ListTransactions(group=producer_group))
+            left = await find_transactions(
+                nc, ListTransactions(group=producer_group, version=PROTOCOL_VERSION)
+            )
             if not left.transactions:
                 break
             txids = [info.txid for info in left.transactions]

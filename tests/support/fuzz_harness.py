@@ -25,6 +25,7 @@ from tests.support.coordinator_process import CoordinatorProcess
 from tests.support.fuzz_inputs import (
     JSON,
     PROBE_GROUP,
+    PROTOCOL_VERSION,
     CheckAnswer,
     Expect,
     Flow,
@@ -384,7 +385,7 @@ class Harness:
         flow = self._fresh(flow)
         prepare = Request(
             flow.label,
-            layout.prepare_subject(flow.partition),
+            layout.prepare_subject(flow.partition, flow.group),
             msgspec.msgpack.encode(flow.prepare),
             {Verdict.OK: Expect.ACCEPTED, Verdict.MAYBE: Expect.ANSWER}.get(
                 flow.verdict, Expect.BAD_REQUEST
@@ -409,14 +410,20 @@ class Harness:
             return None
         if flow.decision is Decision.COMMIT:
             self.ledger.may_commit.add(txid)
-        end = {"type": "EndTransaction", "txid": txid, "token": reply.token}
+        end = {
+            "type": "EndTransaction",
+            "version": PROTOCOL_VERSION,
+            "txid": txid,
+            "token": reply.token,
+        }
         if flow.oneway:  # nothing to wait for; the topics check judges what it publishes
-            end = {**end, "decision": flow.decision.value, "version": 2}
-            await self.nc.publish(layout.end_subject(flow.partition), msgspec.msgpack.encode(end))
+            end = {**end, "decision": flow.decision.value}
+            subject = layout.end_subject(flow.partition, flow.group)
+            await self.nc.publish(subject, msgspec.msgpack.encode(end))
             return None
         try:
             msg = await self.nc.request(
-                layout.end_subject(flow.partition),
+                layout.end_subject(flow.partition, flow.group),
                 msgspec.msgpack.encode({**end, "decision": flow.decision.value}),
                 timeout=REPLY_TIMEOUT,
             )
@@ -523,7 +530,9 @@ async def refused_replies_were_not_executed(harness: Harness) -> list[str]:
     unverified, harness._unverified = harness._unverified, []
     for txid in unverified:
         subject = layout.admin_subject(layout.partition_of(txid, harness.partitions))
-        show = msgspec.msgpack.encode({"type": "ShowTransaction", "txid": txid})
+        show = msgspec.msgpack.encode(
+            {"type": "ShowTransaction", "version": PROTOCOL_VERSION, "txid": txid}
+        )
         try:
             msg = await harness.nc.request(subject, show, timeout=REPLY_TIMEOUT)
         except nats.errors.Error as error:

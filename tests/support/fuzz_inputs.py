@@ -30,6 +30,17 @@ TXID_POOL = ("t0", "t1", "t2", "shared-txid")
 TOPIC_POOL = ("fz", "fz-2")
 PROBE_GROUP = "zz-probe"
 """The probe producer's group; no strategy draws it, so garbage check answers never reach it."""
+GROUP = "fzgroup"
+"""The producer group of the fuzzed commands and flows: their prepare and end subjects name it,
+as a producer's do."""
+
+
+def prepare_on(partition: int) -> str:
+    return layout.prepare_subject(partition, GROUP)
+
+
+def end_on(partition: int) -> str:
+    return layout.end_subject(partition, GROUP)
 
 
 class Verdict(enum.IntEnum):
@@ -48,7 +59,7 @@ class Expect(enum.Enum):
     ACCEPTED = "Prepared"
     REFUSED = "an Error other than `bad_request` or `internal` (valid, but not allowed)"
     BAD_REQUEST = "Error bad_request"
-    UNSUPPORTED = "Error unsupported_version (a version newer than the coordinator's)"
+    UNSUPPORTED = "Error unsupported_version (a newer version, or version 1: removed in 0.x)"
     REJECTED = "Error bad_request or unknown_command"
     NO_ANSWER = "nothing (hostile or no reply subject, or raw frame)"
 
@@ -82,6 +93,12 @@ class Flow:
     verdict: Verdict
     decision: Decision | None
     oneway: bool = False
+
+    @property
+    def group(self) -> str:
+        """The producer group the flow prepares and ends as, on the subjects that name it."""
+        group = self.prepare.get("group")
+        return group if isinstance(group, str) else GROUP
 
 
 @dataclass(frozen=True)
@@ -349,17 +366,20 @@ PROTOCOL_VERSION = 2
 class Version(enum.Enum):
     """How a command's `version` field is drawn, and what it owes the command's answer."""
 
+    CURRENT = "current"
     ABSENT = "absent"
-    KNOWN = "known"
+    """A version 1 client's command (removed in 0.x): `unsupported_version` once its type is
+    one the subject serves."""
+    REMOVED = "removed"
+    """`version: 1` (removed in 0.x): `unsupported_version`, like a newer one."""
     NEWER = "newer"
     BAD = "bad"
 
 
-_known = st.sampled_from([1, PROTOCOL_VERSION]).map(lambda v: (Version.KNOWN, v))
 versions: st.SearchStrategy[tuple[Version, Any]] = st.one_of(
-    *[st.just((Version.ABSENT, None))] * 4,  # mostly as v1 clients: the other rules get a turn
-    _known,
-    _known,
+    *[st.just((Version.CURRENT, PROTOCOL_VERSION))] * 4,  # mostly: the other rules get a turn
+    st.just((Version.ABSENT, None)),
+    st.just((Version.REMOVED, 1)),
     st.sampled_from([PROTOCOL_VERSION + 1, 2**31, 2**64 - 1]).map(lambda v: (Version.NEWER, v)),
     st.sampled_from([0, -1, -(2**63), "2", 2.0, True, None, [2]]).map(lambda v: (Version.BAD, v)),
 )
@@ -476,7 +496,7 @@ def prepare_commands(
 ) -> st.SearchStrategy[tuple[dict[str, Any], Verdict]]:
     return combine(
         txid=names("txid", TXID_POOL, valid=valid),
-        group=names("group", ("fzgroup",), valid=valid),
+        group=names("group", (GROUP,), valid=valid),
         producer=names("producer", ("fzprod",), valid=valid),
         messages=message_lists(max_payload, valid=valid),
         token=tokens(valid),
@@ -579,11 +599,20 @@ def encoded(
 def nested(depth: int, *, as_json: bool) -> bytes:
     """A Prepare whose `messages` is `depth` lists deep: parsers recurse, and must not die."""
     if as_json:
-        return b'{"type":"Prepare","txid":"t0","group":"g","producer":"p","messages":' + (
-            b"[" * depth + b"]" * depth + b"}"
+        return (
+            b'{"type":"Prepare","version":2,"txid":"t0","group":"g","producer":"p","messages":'
+            + (b"[" * depth + b"]" * depth + b"}")
         )
-    head = msgspec.msgpack.encode({"type": "Prepare", "txid": "t0", "group": "g", "producer": "p"})
-    # fixmap of 4 → 5 entries, then "messages": [[[...]]]
+    head = msgspec.msgpack.encode(
+        {
+            "type": "Prepare",
+            "version": PROTOCOL_VERSION,
+            "txid": "t0",
+            "group": "g",
+            "producer": "p",
+        }
+    )
+    # fixmap of 5 → 6 entries, then "messages": [[[...]]]
     return (
         bytes([head[0] + 1])
         + head[1:]
@@ -595,9 +624,14 @@ def nested(depth: int, *, as_json: bool) -> bytes:
 
 def invalid_utf8(as_json: bool) -> bytes:
     if as_json:
-        return b'{"type":"Prepare","txid":"t\xff\xfe","group":"g","producer":"p","messages":[]}'
+        return (
+            b'{"type":"Prepare","version":2,"txid":"t\xff\xfe","group":"g","producer":"p",'
+            b'"messages":[]}'
+        )
     # a msgpack str whose bytes are not UTF-8
-    head = msgspec.msgpack.encode({"type": "Prepare", "txid": "PLACEHOLDER"})
+    head = msgspec.msgpack.encode(
+        {"type": "Prepare", "version": PROTOCOL_VERSION, "txid": "PLACEHOLDER"}
+    )
     return head.replace(b"\xabPLACEHOLDER", b"\xa3t\xff\xfe")
 
 
@@ -620,7 +654,7 @@ def command_requests(partitions: int, max_payload: int) -> st.SearchStrategy[Req
     verbs = [
         (
             "prepare",
-            layout.prepare_subject,
+            prepare_on,
             st.one_of(
                 prepare_commands(max_payload, valid=True),
                 drop_or_add_fields(prepare_commands(max_payload)),
@@ -628,7 +662,7 @@ def command_requests(partitions: int, max_payload: int) -> st.SearchStrategy[Req
         ),
         (
             "end",
-            layout.end_subject,
+            end_on,
             st.one_of(end_commands(valid=True), drop_or_add_fields(end_commands())),
         ),
         (
@@ -645,6 +679,7 @@ def command_requests(partitions: int, max_payload: int) -> st.SearchStrategy[Req
         if version is not Version.ABSENT:
             command = command.map(lambda cv: ({**cv[0], "version": number}, cv[1]))
         payload, headers, fields, verdict = draw(encoded(command))
+        decodable = _decodable(payload, headers is not None)
         txid = fields.get("txid")
         own = layout.partition_of(txid, partitions) if isinstance(txid, str) else None
         partition = draw(st.integers(0, partitions - 1))
@@ -659,12 +694,13 @@ def command_requests(partitions: int, max_payload: int) -> st.SearchStrategy[Req
             expect = Expect.REJECTED  # its type is checked first, or its fields: either
         if version is Version.BAD and expect is not Expect.REJECTED:
             expect = Expect.BAD_REQUEST
-        if version is Version.NEWER:  # before anything else, on any coordinator subject
-            newer = _decodable(payload, headers is not None)
-            expect = Expect.UNSUPPORTED if newer else Expect.BAD_REQUEST
+        if version in (Version.NEWER, Version.REMOVED):  # first, on any coordinator subject
+            expect = Expect.UNSUPPORTED if decodable else Expect.BAD_REQUEST
+        if version is Version.ABSENT and expect is not Expect.REJECTED:  # its own verb's type
+            expect = Expect.UNSUPPORTED if decodable else Expect.BAD_REQUEST
         return Request(
             label=f"{verb} {fields.get('type')} ({verdict.name}, {'json' if headers else 'mp'}"
-            f"{'' if version is Version.ABSENT else f', version {number!r}'})",
+            f"{', no version' if version is Version.ABSENT else f', version {number!r}'})",
             subject=subject_of(partition),
             payload=payload,
             headers=headers,
@@ -694,7 +730,7 @@ def oneway_ends(partitions: int) -> st.SearchStrategy[Request]:
         partition = own if draw(st.integers(0, 3)) else draw(st.integers(0, partitions - 1))
         return Request(
             label=f"one-way end ({verdict.name}, version {version.value})",
-            subject=layout.end_subject(partition),
+            subject=end_on(partition),
             payload=payload,
             expect=Expect.NO_ANSWER,
             headers=headers,
@@ -708,16 +744,12 @@ def oneway_ends(partitions: int) -> st.SearchStrategy[Request]:
 def raw_requests(partitions: int) -> st.SearchStrategy[Request]:
     """Bytes that are not a command: garbage, bad UTF-8, deep nesting, odd Content-Types."""
     subjects = st.sampled_from(
-        [
-            f(p)
-            for p in range(partitions)
-            for f in (layout.prepare_subject, layout.end_subject, layout.admin_subject)
-        ]
+        [layout.admin_subject(p) for p in range(partitions)]
         + [
-            f(p, group)  # the grouped subjects of protocol v2 clients, any group token
+            f(p, group)  # any group token
             for p in range(partitions)
             for f in (layout.prepare_subject, layout.end_subject)
-            for group in ("fuzz", "other-group")
+            for group in (GROUP, "fuzz", "other-group")
         ]
     )
     content_types = st.one_of(
@@ -803,14 +835,15 @@ def reply_injections(partitions: int, max_payload: int, topic: str) -> st.Search
         txid = f"hr{suffix}"
         command = {
             "type": "Prepare",
+            "version": PROTOCOL_VERSION,
             "txid": txid,
-            "group": "fzgroup",
+            "group": GROUP,
             "producer": "fzprod",
             "messages": [{"topic": "fz", "body": b"never"}],
         }
         return Request(
             f"reply={reply} on a valid prepare",
-            layout.prepare_subject(layout.partition_of(txid, partitions)),
+            prepare_on(layout.partition_of(txid, partitions)),
             msgspec.msgpack.encode(command),
             Expect.NO_ANSWER,
             reply=reply,
@@ -825,7 +858,7 @@ def reply_injections(partitions: int, max_payload: int, topic: str) -> st.Search
 def flows(partitions: int, max_payload: int) -> st.SearchStrategy[Flow]:
     """Well-typed transactions with odd content, prepared on the txid's own partition."""
     typed = combine(
-        group=ok(st.just("fzgroup")),
+        group=ok(st.just(GROUP)),
         producer=ok(st.just("fzprod")),
         messages=st.one_of(
             listed(outgoing(max_payload, valid=True), min_size=1, max_size=2),
@@ -839,7 +872,7 @@ def flows(partitions: int, max_payload: int) -> st.SearchStrategy[Flow]:
         txid = "fl" + draw(st.text("0123456789abcdef", min_size=12, max_size=12))
         decision = draw(st.sampled_from([*Decision, None]))
         oneway = decision is not None and draw(st.booleans())
-        prepare = {"type": "Prepare", "txid": txid, **fields}
+        prepare = {"type": "Prepare", "version": PROTOCOL_VERSION, "txid": txid, **fields}
         return Flow(
             label=f"flow {decision and decision.value}{' one-way' if oneway else ''} "
             f"({verdict.name})",
@@ -882,16 +915,12 @@ MALFORMED_HEADER_BLOCKS = (
 
 def raw_frames(partitions: int) -> st.SearchStrategy[RawFrame]:
     subjects = st.sampled_from(
-        [
-            f(p)
-            for p in range(partitions)
-            for f in (layout.prepare_subject, layout.end_subject, layout.admin_subject)
-        ]
+        [layout.admin_subject(p) for p in range(partitions)]
         + [
-            f(p, group)  # the grouped subjects of protocol v2 clients, any group token
+            f(p, group)  # any group token
             for p in range(partitions)
             for f in (layout.prepare_subject, layout.end_subject)
-            for group in ("fuzz", "other-group")
+            for group in (GROUP, "fuzz", "other-group")
         ]
     )
     return st.builds(
@@ -905,7 +934,9 @@ def raw_frames(partitions: int) -> st.SearchStrategy[RawFrame]:
         ),
         subjects,
         st.sampled_from(MALFORMED_HEADER_BLOCKS),
-        st.sampled_from([b"", msgspec.msgpack.encode({"type": "ListTransactions"})]),
+        st.sampled_from(
+            [b"", msgspec.msgpack.encode({"type": "ListTransactions", "version": PROTOCOL_VERSION})]
+        ),
         st.booleans(),
     )
 

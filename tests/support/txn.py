@@ -13,6 +13,7 @@ from txactors.actors import RemoteActorRef
 from txactors.coordinator.recovery import read_subject
 from txactors.errors import ActorDeadError, AskTimeout
 from txactors.protocol import (
+    PROTOCOL_VERSION,
     Decision,
     Ended,
     EndTransaction,
@@ -33,22 +34,41 @@ FAST = {
 
 
 class CoordinatorClient:
-    """Raw requests to partition 0: what any language's client would send."""
+    """Raw requests to partition 0: what any language's client would send, as producers
+    speak today (the group's subjects, the current protocol version)."""
 
-    def __init__(self, nc: Client, partition: int = 0) -> None:
-        self.prepare_ref = RemoteActorRef(nc, layout.prepare_subject(partition), Prepared)
-        self.end_ref = RemoteActorRef(nc, layout.end_subject(partition), Ended)
+    def __init__(self, nc: Client, partition: int = 0, group: str = "g") -> None:
+        self.nc, self.partition, self.group = nc, partition, group
+        self.prepare_ref = self.prepare_for(group)
+        self.end_ref = self.end_for(group)
         self.admin_ref = RemoteActorRef(
             nc, layout.admin_subject(partition), TransactionList | TransactionInfo | Ended
         )
 
+    def prepare_for(self, group: str) -> RemoteActorRef:
+        return RemoteActorRef(self.nc, layout.prepare_subject(self.partition, group), Prepared)
+
+    def end_for(self, group: str) -> RemoteActorRef:
+        return RemoteActorRef(self.nc, layout.end_subject(self.partition, group), Ended)
+
     async def prepare(
-        self, txid: str, *messages: OutgoingMessage, token: str | None = None, group: str = "g"
+        self,
+        txid: str,
+        *messages: OutgoingMessage,
+        token: str | None = None,
+        group: str | None = None,
     ) -> Prepared:
+        """A prepare on the subject of `group` (the client's by default)."""
+        group = group or self.group
         command = Prepare(
-            txid=txid, group=group, producer="p1", messages=list(messages), token=token
+            txid=txid,
+            group=group,
+            producer="p1",
+            messages=list(messages),
+            token=token,
+            version=PROTOCOL_VERSION,
         )
-        result: Prepared = await self.prepare_ref.ask(command, timeout=5)
+        result: Prepared = await self.prepare_for(group).ask(command, timeout=5)
         return result
 
     async def prepare_once_up(self, txid: str, *messages: OutgoingMessage) -> Prepared:
@@ -61,9 +81,18 @@ class CoordinatorClient:
             what=f"{txid} prepared",
         )
 
-    async def end(self, txid: str, token: str, decision: Decision, timeout: float = 5) -> Ended:
-        result: Ended = await self.end_ref.ask(
-            EndTransaction(txid=txid, token=token, decision=decision), timeout=timeout
+    async def end(
+        self,
+        txid: str,
+        token: str,
+        decision: Decision,
+        timeout: float = 5,
+        group: str | None = None,
+    ) -> Ended:
+        """An end on the subject of `group` (the client's by default)."""
+        result: Ended = await self.end_for(group or self.group).ask(
+            EndTransaction(txid=txid, token=token, decision=decision, version=PROTOCOL_VERSION),
+            timeout=timeout,
         )
         return result
 

@@ -121,15 +121,13 @@ def channels() -> dict[str, Any]:
         "prepare": _channel(
             layout.prepare_subject(_PARTITION, "{group}"),
             "Store half messages (core NATS request/reply); `{group}` is the prepare's group, "
-            "or the prepare is refused `forbidden`. Deprecated, for older clients: "
-            f"`{layout.prepare_subject(_PARTITION)}`, the same without the group.",
+            "or the prepare is refused `forbidden`.",
             "Prepare",
         ),
         "end": _channel(
             layout.end_subject(_PARTITION, "{group}"),
             "Commit, roll back or leave a transaction to its check-back; `{group}` is the "
-            "transaction's group. Deprecated, for older clients: "
-            f"`{layout.end_subject(_PARTITION)}`, the same without the group.",
+            "transaction's group.",
             "EndTransaction",
         ),
         "admin": _channel(

@@ -112,10 +112,11 @@ def _limits() -> dict[tuple[str, str], dict[str, Any]]:
         },
         **{
             (command.__name__, "version"): {
-                "minimum": protocol.FIRST_VERSION,
+                "minimum": protocol.OLDEST_VERSION,
                 "maximum": protocol.PROTOCOL_VERSION,
-                "description": "The protocol version the client speaks; absent means "
-                f"{protocol.FIRST_VERSION}. A newer one is refused with `unsupported_version`.",
+                "description": "The protocol version the client speaks. Without it (version "
+                "1, removed in 0.x), or another one, the command is refused with "
+                "`unsupported_version`.",
             }
             for command in STRUCTS
             if issubclass(command, protocol.Command)

@@ -67,7 +67,7 @@ def _filters(
     """The coordinator's query for these options; a bad one is a usage error naming it."""
     from txactors import admin_views, layout
     from txactors.coordinator.core.states import TxnState
-    from txactors.protocol import ListTransactions
+    from txactors.protocol import PROTOCOL_VERSION, ListTransactions
 
     states = state or []
     known = [s.value for s in TxnState]
@@ -84,7 +84,14 @@ def _filters(
         age = None if older_than is None else admin_views.parse_duration(older_than)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--older-than") from None
-    return ListTransactions(states=states, group=group, topic=topic, older_than=age, limit=limit)
+    return ListTransactions(
+        states=states,
+        group=group,
+        topic=topic,
+        older_than=age,
+        limit=limit,
+        version=PROTOCOL_VERSION,
+    )
 
 
 def _described(where: ListTransactions) -> str:

@@ -7,16 +7,15 @@ announces itself as a member of the lease bucket, takes its share of the free pa
 (balance.py: an even split over the live members, at most `max_partitions`), and for each
 one spawns a `PartitionCoordinator` (which recovers its state before it serves, then starts
 the partition's `Checker`) and serves `txn.coord.<p>.prepare.*` and `.end.*` (the last
-token: the producer group), `.admin`, and the deprecated `.prepare` and `.end` of older
-clients. A keeper renews the leases (a failed renewal is retried soon), stops
-serving a partition whose lease is lost or cannot be renewed in time, takes over partitions
-whose owner died or left, and hands over a few at a time when a member joins. Renewing runs in
-a task of its own, from before the first partition is taken: a partition that is still
-recovering (however long that takes) keeps its lease. Several coordinator processes thus split
-the partitions evenly, and take over from each other. Only inbox reply subjects are answered
-(`options.inbox_prefix`; with a tenant policy, a group's only in its own inbox, tenants.py),
-and a connection closed for good ends the coordinator with
-`NatsConnectionLost` rather than leaving it up serving nothing.
+token: the producer group) and `.admin`. A keeper renews the leases (a failed renewal is
+retried soon), stops serving a partition whose lease is lost or cannot be renewed in time,
+takes over partitions whose owner died or left, and hands over a few at a time when a member
+joins. Renewing runs in a task of its own, from before the first partition is taken: a
+partition that is still recovering (however long that takes) keeps its lease. Several
+coordinator processes thus split the partitions evenly, and take over from each other. Only
+inbox reply subjects are answered (`options.inbox_prefix`; with a tenant policy, a group's
+only in its own inbox, tenants.py), and a connection closed for good ends the coordinator
+with `NatsConnectionLost` rather than leaving it up serving nothing.
 """
 
 from __future__ import annotations
@@ -278,8 +277,6 @@ class _PartitionKeeper:
             for subject, accepts in (
                 (layout.prepare_filter(partition), Prepare),
                 (layout.end_filter(partition), EndTransaction),
-                (layout.prepare_subject(partition), Prepare),  # deprecated: older clients
-                (layout.end_subject(partition), EndTransaction),  # deprecated: older clients
                 (layout.admin_subject(partition), AdminCommand),
             )
         ]

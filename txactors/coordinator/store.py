@@ -19,7 +19,6 @@ from nats.js.api import DiscardPolicy, KeyValueConfig, RawStreamMsg, StorageType
 from nats.js.kv import KeyValue
 
 from txactors import layout
-from txactors.coordinator import tokens
 from txactors.coordinator.core.records import Half, OpRecord
 from txactors.coordinator.core.transactions import Checkpoint
 from txactors.copies import stored_headers
@@ -136,7 +135,7 @@ class StoredHalf(msgspec.Struct, frozen=True, kw_only=True):
 
     txid: str
     token: str
-    """The commit token's digest (`tokens.py`), also for records that stored it raw."""
+    """The commit token's digest (`tokens.py`)."""
     group: str
     producer: str
     begins: bool
@@ -192,7 +191,7 @@ def read_half(seq: int, headers: Mapping[str, str], body: bytes) -> StoredHalf:
     )
     return StoredHalf(
         txid=headers[layout.TXID_HEADER],
-        token=tokens.stored_digest(headers[layout.TOKEN_HEADER]),
+        token=headers[layout.TOKEN_HEADER],
         group=headers[layout.GROUP_HEADER],
         producer=headers[layout.PRODUCER_HEADER],
         begins=headers.get(layout.BEGINS_HEADER) == "1",

@@ -7,7 +7,7 @@ they cannot see are kept here.
   with its own rights. With a tenant policy (`group_topics`), a group's request on
   `txn.coord.<p>.prepare|end.<group>` is answered only under that group's inbox
   (`_INBOX.<group>.`, the `inbox_prefix` its clients connect with), and any other request
-  (admin, the deprecated subjects) never into a tenant's inbox: one group cannot aim answers
+  (admin) never into a tenant's inbox: one group cannot aim answers
   into another's. A request whose reply breaks this is not executed at all.
 - **How many streams a prefix rule makes.** A rule `orders-*` lets a producer name new topics,
   each a stream the coordinator creates; `max_prefix_topics` caps the streams under each rule

@@ -2,8 +2,9 @@
 
 A token proves that an `end` (or a later prepare) comes from whoever began the transaction.
 TXN_HALF is readable by anyone with stream access, so it stores `sha256:<hex>` of the token,
-never the token; the table compares digests in constant time. Records written before tokens
-were hashed hold the raw token: they are read as its digest, so recovery keeps working.
+never the token; the table compares digests in constant time. (Halves written before tokens
+were hashed hold the raw token; reading them as its digest was removed in 0.x, so no token
+matches such a half and its check-back settles it.)
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ TOKEN_BYTES: Final = 16
 TOKEN_PATTERN: Final = re.compile(r"[0-9a-f]{32}")
 """A token on the wire: 128 random bits as 32 lowercase hex digits."""
 _DIGEST_PREFIX: Final = "sha256:"
-_DIGEST: Final = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 def new_token() -> str:
@@ -28,11 +28,6 @@ def new_token() -> str:
 def digest(token: str) -> str:
     """What the coordinator stores and compares in place of `token`."""
     return _DIGEST_PREFIX + hashlib.sha256(token.encode()).hexdigest()
-
-
-def stored_digest(value: str) -> str:
-    """The digest in a stored `Txn-Token` header; a legacy raw token is hashed here."""
-    return value if _DIGEST.fullmatch(value) else digest(value)
 
 
 def same(stored: str, presented: str) -> bool:

@@ -29,7 +29,7 @@ from txactors.coordinator.store import half_headers
 from txactors.errors import TxActorsError
 from txactors.framing import JETSTREAM_MAX_HEADER_BYTES, header_block_bytes
 from txactors.protocol import (
-    FIRST_VERSION,
+    OLDEST_VERSION,
     PROTOCOL_VERSION,
     CheckResult,
     Command,
@@ -100,15 +100,15 @@ class Boundary:
 
         `max_payload` is the connected server's (it can change on a reconnect); `subject` the
         one the command arrived on (None: from this process); `group_of` the group of a known
-        transaction (None: not known here). The version is checked first: a newer client's
+        transaction (None: not known here). The version is checked first: another version's
         other fields may mean something else.
         """
         if isinstance(command, Command):
-            newer = unsupported_version(command.version)
-            if newer is not None:
-                return newer
-            if command.version < FIRST_VERSION:
-                rule = f"the protocol version, {FIRST_VERSION} to {PROTOCOL_VERSION}"
+            unsupported = unsupported_version(command.version)
+            if unsupported is not None:
+                return unsupported
+            if command.version < 1:
+                rule = f"the protocol version, {OLDEST_VERSION} to {PROTOCOL_VERSION}"
                 return Error(ErrorCode.BAD_REQUEST, f"$.version: {rule}, not {command.version}")
         try:
             match command:
