@@ -9,6 +9,7 @@
     ├── CommandError              the actor replied with a protocol Error (code + message)
     ├── ConfigError               a setting or argument is invalid (also a ValueError)
     │   ├── ConfigTypeError       an argument has the wrong type (also a TypeError)
+    │   ├── FsyncError*           a bad fsync setting; `field` names it (txactors.server_setup)
     │   ├── PartitionCountMismatch*  a partition count disagrees with the published one
     │   └── PartitionCountUnknown*   no partition count is published (or it is unreadable)
     ├── PoisonMessage             no retry can help this message: dead-letter it at once
@@ -36,8 +37,8 @@
         └── ServerExitedEarly     the process died before it was ready (log tail attached)
 
 * defined beside the code that raises it (txactors.actors, the admin modules,
-  txactors.coordinator, txactors.natsclient, txactors.partition_count). Two never leave the
-  coordinator: `coordinator.link.Troubled` (a write that did not land, caught by the writers) and
+  txactors.coordinator, txactors.natsclient, txactors.partition_count,
+  txactors.server_setup). Two never leave the coordinator: `coordinator.link.Troubled` (a write that did not land, caught by the writers) and
   `coordinator.validation._Refused` are control flow; they derive from TxActorsError all the same.
   Nor does `producer.txlog.decide.LogUnavailable` leave the check-back: it is answered UNKNOWN.
 
