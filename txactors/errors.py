@@ -38,8 +38,9 @@
 
 * defined beside the code that raises it (txactors.actors, the admin modules,
   txactors.coordinator, txactors.natsclient, txactors.partition_count,
-  txactors.server_setup). Two never leave the coordinator: `coordinator.link.Troubled` (a write that did not land, caught by the writers) and
-  `coordinator.validation._Refused` are control flow; they derive from TxActorsError all the same.
+  txactors.server_setup). Two never leave the coordinator: `coordinator.link.Troubled` (a
+  write that did not land, caught by the writers) and `coordinator.validation._Refused` are
+  control flow; they derive from TxActorsError all the same.
   Nor does `producer.txlog.decide.LogUnavailable` leave the check-back: it is answered UNKNOWN.
 
 Callers catch the precise class they can act on; `TxActorsError` catches them all.
