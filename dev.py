@@ -33,6 +33,8 @@ DEMO_EXTRAS = ("postgres",)
 """A demo needs the base dependencies, and asyncpg for `--db postgres`; not Spark (849 MB)."""
 SINK_EXTRAS = ("spark",)
 """`dev.py sink`: the Spark sink (pyspark and pyarrow; Java 17+ is the user's to install)."""
+TEST_SETS = {"unit": "tests/unit", "integration": "tests/integration"}
+"""`python3 dev.py test unit`: the tests that need no server, in seconds."""
 DEMOS = {"transfer": "apps.transfer", "orders": "apps.orders"}
 """`python3 dev.py demo [name] [flags]`: the bank transfer unless another one is named."""
 
@@ -135,7 +137,7 @@ def main(argv: list[str]) -> None:
     elif command == "test":
         ensure_env()
         ensure_fuse()
-        run([tool("pytest"), *rest])
+        run([tool("pytest"), *(TEST_SETS.get(arg, arg) for arg in rest)])
     elif command == "lint":
         ensure_env()
         run([tool("ruff"), "check", "."])
@@ -146,7 +148,8 @@ def main(argv: list[str]) -> None:
         run([str(PYTHON), "-m", "bench", *rest])
     else:
         print(
-            "usage: python3 dev.py {setup|demo [transfer|orders]|sink [run|query]|test|lint|bench}"
+            "usage: python3 dev.py {setup|demo [transfer|orders]|sink [run|query]"
+            "|test [unit|integration]|lint|bench}"
             " [args...]"
         )
         sys.exit(0 if command == "help" else 2)

@@ -23,9 +23,9 @@ from rich.console import Console
 from rich.table import Table
 
 from txactors.actors import Actor, ActorSystem, RemoteActorRef, Request, serve
-from txactors.logs import configure_logging
-from txactors.protocol import Message, encode
-from txactors.server import EmbeddedNatsServer
+from txactors.embedded.server import EmbeddedNatsServer
+from txactors.observe.logs import configure_logging
+from txactors.wire.protocol import Message, encode
 
 
 class Ping(Message):

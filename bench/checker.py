@@ -34,9 +34,9 @@ from txactors.coordinator import (
     TransactionTable,
 )
 from txactors.coordinator.service import run_coordinator
-from txactors.metrics import CoordinatorMetrics
+from txactors.embedded.server import EmbeddedNatsServer
+from txactors.observe.metrics import CoordinatorMetrics
 from txactors.producer import CheckView, TransactionProducer, TxMessage
-from txactors.server import EmbeddedNatsServer
 
 BODY = b"x" * 128
 

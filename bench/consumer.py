@@ -29,11 +29,11 @@ from nats.aio.client import Client
 from rich.console import Console
 from rich.table import Table
 
-from txactors import layout
 from txactors.consumer import ConsumedMessage, Consumer
-from txactors.logs import configure_logging
-from txactors.server import EmbeddedNatsServer
-from txactors.topics import ensure_topic_stream
+from txactors.embedded.server import EmbeddedNatsServer
+from txactors.nats.topics import ensure_topic_stream
+from txactors.observe.logs import configure_logging
+from txactors.wire import layout
 
 BODY = b"x" * 128
 TOPIC = "consumerbench"

@@ -45,9 +45,9 @@ from rich.table import Table
 from bench import callgrind, cpu_roles
 from bench.deployed import ROOT, wait_balanced
 from bench.transactions import CONCURRENCY
-from txactors.logs import configure_logging
-from txactors.server import EmbeddedNatsServer
-from txactors.server_setup import find_nats_server_binary
+from txactors.embedded.server import EmbeddedNatsServer
+from txactors.embedded.setup import find_nats_server_binary
+from txactors.observe.logs import configure_logging
 
 COUNT = 320
 """Measured transactions (messages) per run: a multiple of every concurrency."""

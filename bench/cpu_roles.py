@@ -27,11 +27,11 @@ from nats.js.api import AckPolicy, ConsumerConfig, Header
 from bench.raw import publish_acked
 from bench.transactions import BODY_SIZE, CONCURRENCY
 from bench.workers import run_workers
-from txactors import layout
 from txactors.consumer import ConsumedMessage, Consumer
-from txactors.logs import configure_logging
+from txactors.nats.topics import ensure_topic_stream
+from txactors.observe.logs import configure_logging
 from txactors.producer import Decision, TransactionProducer, TxMessage
-from txactors.topics import ensure_topic_stream
+from txactors.wire import layout
 
 BODY = b"x" * BODY_SIZE
 PARTITIONS = 2

@@ -27,8 +27,8 @@ from typing import IO, Any
 
 import nats
 
-from txactors.lease_admin import list_leases
-from txactors.server import EmbeddedNatsServer, Fsync
+from txactors.embedded.server import EmbeddedNatsServer, Fsync
+from txactors.ops.leases import list_leases
 
 ROOT = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")

@@ -18,7 +18,7 @@ import anyio
 import nats
 
 from txactors.consumer import ConsumedMessage, Consumer
-from txactors.logs import configure_logging
+from txactors.observe.logs import configure_logging
 
 STAMP = struct.Struct("<d")
 """The send time (`time.monotonic()`) at the start of each benchmark body."""

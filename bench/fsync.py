@@ -27,8 +27,8 @@ import nats
 from rich.console import Console
 from rich.table import Table
 
-from txactors.logs import configure_logging
-from txactors.server import EmbeddedNatsServer, Fsync, find_nats_server_binary
+from txactors.embedded.server import EmbeddedNatsServer, Fsync, find_nats_server_binary
+from txactors.observe.logs import configure_logging
 
 BODY = b"x" * 100
 STREAM = "FSYNCBENCH"

@@ -40,8 +40,8 @@ from rich.table import Table
 
 from bench import ingest_publish as pub
 from bench.fsync import conditions
-from txactors.logs import configure_logging
-from txactors.server import EmbeddedNatsServer, Fsync
+from txactors.embedded.server import EmbeddedNatsServer, Fsync
+from txactors.observe.logs import configure_logging
 
 STREAM = "INGESTBENCH"
 COUNT = 20_000

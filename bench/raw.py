@@ -21,8 +21,8 @@ from typing import Any
 from nats.aio.client import Client
 from nats.nuid import NUID
 
-from txactors import layout
-from txactors.topics import ensure_topic_stream
+from txactors.nats.topics import ensure_topic_stream
+from txactors.wire import layout
 
 BATCH_ID = "Nats-Batch-Id"
 BATCH_SEQUENCE = "Nats-Batch-Sequence"

@@ -22,7 +22,7 @@ from rich.table import Table
 
 from bench.deployed import deployment
 from bench.transactions import Run, e2e, p50_p99, raw_runs
-from txactors.logs import configure_logging
+from txactors.observe.logs import configure_logging
 from txactors.producer import Decision, TransactionProducer
 
 PARTITIONS = 8

@@ -30,11 +30,11 @@ from spark_sinks.jetstream_read import fetch_range
 from spark_sinks.job import PARTITION_COLUMNS, BatchProgress, run_sink
 from spark_sinks.session import local_session
 from tests.support.spark_models import Currency, Transfer
-from txactors import layout
-from txactors.config import NatsConfig
-from txactors.logs import configure_logging
-from txactors.server import EmbeddedNatsServer
-from txactors.topics import ensure_topic_stream
+from txactors.embedded.server import EmbeddedNatsServer
+from txactors.nats.config import NatsConfig
+from txactors.nats.topics import ensure_topic_stream
+from txactors.observe.logs import configure_logging
+from txactors.wire import layout
 
 TOPIC = "bench_transfers"
 

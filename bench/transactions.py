@@ -39,9 +39,9 @@ from rich.table import Table
 
 from bench import checker, raw
 from bench.deployed import PARTITIONS, PROFILE_ENV, Deployment, Usage, deployment
-from txactors.logs import configure_logging
+from txactors.embedded.server import Fsync
+from txactors.observe.logs import configure_logging
 from txactors.producer import Decision, TransactionProducer, TxMessage
-from txactors.server import Fsync
 
 SETTINGS: tuple[Fsync, ...] = ("always", "interval")
 """The embedded server's fsync settings: `always` (the durable default) is the one that counts."""

@@ -26,9 +26,9 @@ from apps.transfer.bank import ALIPAY, YUEBAO
 from apps.transfer.demo import DemoConfig, run_demo
 from bench.inprocess import transactions
 from txactors.coordinator.service import run_coordinator
-from txactors.logs import configure_logging
+from txactors.embedded.server import EmbeddedNatsServer
+from txactors.observe.logs import configure_logging
 from txactors.producer import Decision, TransactionProducer
-from txactors.server import EmbeddedNatsServer
 
 PG_DSN_ENV = "TXACTORS_BENCH_PG_DSN"
 TIMING = Timing(drain_timeout=600.0)

@@ -26,8 +26,8 @@ from spark_sinks.job import (
     Schema,
     Skipped,
 )
-from txactors.config import NatsConfig
-from txactors.layout import name_problem
+from txactors.nats.config import NatsConfig
+from txactors.wire.layout import name_problem
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -109,7 +109,7 @@ def nats_for_sink(config: NatsConfig) -> Iterator[NatsConfig]:
             "nothing to sink from: set NATS_URL to your server, or TXACTORS_DATA_DIR to the "
             "data directory a demo ran with (an embedded server is started over it)"
         )
-    from txactors.server import EmbeddedNatsServer
+    from txactors.embedded.server import EmbeddedNatsServer
 
     server = EmbeddedNatsServer(Path(config.data_dir))
     asyncio.run(server.start())

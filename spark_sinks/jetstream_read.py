@@ -27,9 +27,9 @@ from nats.js.errors import NotFoundError
 
 from spark_sinks.errors import SinkError
 from spark_sinks.schema import Committed
-from txactors.config import NatsConfig
-from txactors.connection import nats_session
-from txactors.layout import topic_filter, topic_stream
+from txactors.nats.config import NatsConfig
+from txactors.nats.connect import nats_session
+from txactors.wire.layout import topic_filter, topic_stream
 
 FETCH_BATCH: Final = 2_000
 """Messages per pull request: large enough that the request round trip is amortised."""

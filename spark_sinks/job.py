@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
-    from txactors.config import NatsConfig
+    from txactors.nats.config import NatsConfig
 
 __all__ = [
     "PARTITION_COLUMNS",

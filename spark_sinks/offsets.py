@@ -27,7 +27,7 @@ from typing import Final
 
 from spark_sinks.errors import SinkError, StreamMissing
 from spark_sinks.jetstream_read import Bounds
-from txactors.layout import topic_stream
+from txactors.wire.layout import topic_stream
 
 EARLIEST: Final = "earliest"
 LATEST: Final = "latest"

@@ -31,12 +31,12 @@ from spark_sinks.offsets import (
     require,
 )
 from spark_sinks.schema import load_struct, payload_columns, spark_schema, struct_path
-from txactors.layout import topic_stream
+from txactors.wire.layout import topic_stream
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
-    from txactors.config import NatsConfig
+    from txactors.nats.config import NatsConfig
 
 Schema = type[msgspec.Struct] | str | None
 """A topic's payload type: a Struct, its `module:Name` path, or None for raw bytes."""

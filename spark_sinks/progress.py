@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from spark_sinks.checkpoint import position
 from spark_sinks.offsets import StreamPosition, first_to_read
-from txactors.layout import topic_stream
+from txactors.wire.layout import topic_stream
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery

@@ -23,7 +23,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from spark_sinks.errors import SchemaError
-from txactors import layout
+from txactors.wire import layout
 
 DECIMAL_PRECISION: Final = 38
 DECIMAL_SCALE: Final = 18

@@ -73,7 +73,7 @@ from spark_sinks.offsets import (
     require,
 )
 from spark_sinks.schema import BatchBuilder, load_struct, spark_schema
-from txactors.layout import topic_stream, validate_name
+from txactors.wire.layout import topic_stream, validate_name
 
 SOURCE_NAME: Final = "txactors"
 STARTING_OFFSETS: Final = "startingOffsets"

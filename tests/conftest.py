@@ -18,9 +18,9 @@ import pytest_asyncio
 from hypothesis import settings
 from nats.aio.client import Client
 
-from txactors.logs import LOG_LEVEL_ENV, configure_logging
-from txactors.natsclient import connect
-from txactors.server import EmbeddedNatsServer
+from txactors.embedded.server import EmbeddedNatsServer
+from txactors.nats.client import connect
+from txactors.observe.logs import LOG_LEVEL_ENV, configure_logging
 
 pytest_plugins = ["tests.support.cluster"]  # the `nats_cluster` fixture
 

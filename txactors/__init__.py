@@ -6,9 +6,7 @@ The names most programs need are here; each role's module has the rest
 """
 
 from txactors.actors import Actor, ActorSystem, RemoteActorRef, serve
-from txactors.app import TxApp
-from txactors.config import NatsConfig
-from txactors.connection import nats_session
+from txactors.app.txapp import TxApp
 from txactors.consumer import ConsumedMessage, Consumer, apply_once_postgres, apply_once_sqlite
 from txactors.coordinator import CoordinatorConfig
 from txactors.coordinator.service import run_coordinator
@@ -35,6 +33,8 @@ from txactors.errors import (
     TransactionStateError,
     TxActorsError,
 )
+from txactors.nats.config import NatsConfig
+from txactors.nats.connect import nats_session
 from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
 
 __all__ = [

@@ -9,7 +9,7 @@
     ├── CommandError              the actor replied with a protocol Error (code + message)
     ├── ConfigError               a setting or argument is invalid (also a ValueError)
     │   ├── ConfigTypeError       an argument has the wrong type (also a TypeError)
-    │   ├── FsyncError*           a bad fsync setting; `field` names it (txactors.server_setup)
+    │   ├── FsyncError*           a bad fsync setting; `field` names it (txactors.embedded.setup)
     │   ├── PartitionCountMismatch*  a partition count disagrees with the published one
     │   └── PartitionCountUnknown*   no partition count is published (or it is unreadable)
     ├── PoisonMessage             no retry can help this message: dead-letter it at once
@@ -19,10 +19,10 @@
     │   ├── TransactionStateError this Transaction cannot do that now (ended, or a send failed)
     │   └── RolledBackByCheck     a check-back claimed the txid first: the local transaction
     │                             must roll back (txactors.producer.txlog)
-    ├── CoordinatorUnavailable*   no coordinator answered an admin command (txactors.admin)
-    ├── DeadLetterError*          a dead letter cannot be read or replayed (txactors.dlq_admin)
-    ├── NoLeases*                 no coordinator has run on this server (txactors.lease_admin)
-    ├── CoordinatorsRunning*      the partition count cannot change now (txactors.partition_admin)
+    ├── CoordinatorUnavailable*   no coordinator answered an admin command (txactors.ops.txn)
+    ├── DeadLetterError*          a dead letter cannot be read or replayed (txactors.ops.dlq)
+    ├── NoLeases*                 no coordinator has run on this server (txactors.ops.leases)
+    ├── CoordinatorsRunning*      the partition count cannot change now (txactors.ops.partitions)
     ├── CoordinatorStateError*    the coordinator's table was fed an impossible event (a bug)
     ├── FencedOut*                another coordinator wrote this partition's op log: stop
     ├── LinkLost*                 the connection dropped while a JetStream call waited
@@ -37,9 +37,9 @@
         └── ServerExitedEarly     the process died before it was ready (log tail attached)
 
 * defined beside the code that raises it (txactors.actors, the admin modules,
-  txactors.coordinator, txactors.natsclient, txactors.partition_count,
-  txactors.server_setup). Two never leave the coordinator: `coordinator.link.Troubled` (a
-  write that did not land, caught by the writers) and `coordinator.validation._Refused` are
+  txactors.coordinator, txactors.nats.client, txactors.nats.partition_count,
+  txactors.embedded.setup). Two never leave the coordinator: `nats.link.Troubled` (a
+  write that did not land, caught by the writers) and `coordinator.boundary._Refused` are
   control flow; they derive from TxActorsError all the same.
   Nor does `producer.txlog.decide.LogUnavailable` leave the check-back: it is answered UNKNOWN.
 

@@ -36,15 +36,15 @@ import pytest
 import pytest_asyncio
 from nats.aio.client import Client
 
-from txactors.app import ConsumerSpec, TxApp
+from txactors.app.txapp import ConsumerSpec, TxApp
 from txactors.consumer import ConsumedMessage, Consumer, Handler
 from txactors.coordinator import CoordinatorConfig
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import RunningCoordinator, run_coordinator
+from txactors.embedded.server import EmbeddedNatsServer
 from txactors.errors import ConfigError, TxActorsError
-from txactors.natsclient import connect
+from txactors.nats.client import connect
 from txactors.producer import Checker, TransactionProducer
-from txactors.server import EmbeddedNatsServer
 
 __all__ = ["MakeConsumer", "MakeProducer", "ManualClock", "Received", "RunApp"]
 

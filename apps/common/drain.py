@@ -17,10 +17,10 @@ from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
 from apps.common.report import Check
-from txactors import layout
-from txactors.admin import CoordinatorUnavailable, find_transactions
 from txactors.coordinator.core.states import TxnState
-from txactors.protocol import PROTOCOL_VERSION, ListTransactions
+from txactors.ops.txn import CoordinatorUnavailable, find_transactions
+from txactors.wire import layout
+from txactors.wire.protocol import PROTOCOL_VERSION, ListTransactions
 
 
 async def open_transactions(

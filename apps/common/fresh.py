@@ -18,9 +18,9 @@ import anyio
 from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
-from txactors import layout
-from txactors.admin import Resolution, find_transactions, resolve_all
-from txactors.protocol import PROTOCOL_VERSION, ListTransactions
+from txactors.ops.txn import Resolution, find_transactions, resolve_all
+from txactors.wire import layout
+from txactors.wire.protocol import PROTOCOL_VERSION, ListTransactions
 
 
 async def start_clean(

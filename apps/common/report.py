@@ -21,8 +21,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from txactors import layout
-from txactors.topics import ensure_topic_stream
+from txactors.nats.topics import ensure_topic_stream
+from txactors.wire import layout
 
 RECONCILIATION_TOPIC = "reconciliation"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from txactors.coordinator.config import CoordinatorConfig
+from txactors.coordinator.core.config import CoordinatorConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,8 +36,8 @@ from apps.common.report import progress_bar, show
 from apps.common.timing import Timing
 from apps.orders.demo import DATABASES, DemoReport, run_demo
 from txactors.cli import run_cli
-from txactors.connection import nats_session
-from txactors.logs import configure_logging
+from txactors.nats.connect import nats_session
+from txactors.observe.logs import configure_logging
 
 DEMO = "orders"
 MISMATCH = 1

@@ -28,8 +28,8 @@ from apps.orders.consumers import GroupHandler
 from apps.orders.events import PAID_TAG, PRODUCER_GROUP, TOPIC
 from apps.orders.service import OrderService
 from txactors.consumer import ConsumedMessage, Consumer
-from txactors.logs import configure_logging
-from txactors.natsclient import connect
+from txactors.nats.client import connect
+from txactors.observe.logs import configure_logging
 from txactors.producer import TransactionProducer
 
 BEFORE_COMMIT = "before-commit"

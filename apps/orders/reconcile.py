@@ -30,9 +30,9 @@ from apps.common.drain import pipeline_checks
 from apps.common.report import Check, Reconciliation, Tally
 from apps.orders.events import CART, LOGISTICS, POINTS, PRODUCER_GROUP, TOPIC, OrderPaid, points_for
 from apps.orders.service import PAID
-from txactors import layout
 from txactors.consumer.idempotent import TABLE as APPLY_TABLE
-from txactors.coordinator.recovery import read_subject
+from txactors.coordinator.partition.recovery import read_subject
+from txactors.wire import layout
 
 APP = "orders"
 

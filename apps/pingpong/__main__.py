@@ -17,9 +17,9 @@ from rich.progress import Progress
 from rich.table import Table
 
 from txactors.actors import Actor, ActorSystem, RemoteActorRef, serve
-from txactors.connection import nats_session
-from txactors.logs import configure_logging
-from txactors.protocol import Message
+from txactors.nats.connect import nats_session
+from txactors.observe.logs import configure_logging
+from txactors.wire.protocol import Message
 
 SUBJECT = "demo.ponger"
 

@@ -47,10 +47,10 @@ from apps.transfer.receiver import Receiver
 from apps.transfer.reconcile import reconcile
 from apps.transfer.sender import Sender, new_transfer
 from txactors.cli import run_cli
-from txactors.connection import nats_session
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import RolledBackByCheck
-from txactors.logs import configure_logging
+from txactors.nats.connect import nats_session
+from txactors.observe.logs import configure_logging
 from txactors.producer import TransactionProducer
 
 DEMO = "transfer"

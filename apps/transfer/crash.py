@@ -30,9 +30,9 @@ from apps.transfer.bank import ALIPAY, YUEBAO, Bank
 from apps.transfer.messages import SENDER_GROUP, Transfer
 from apps.transfer.receiver import Receiver
 from apps.transfer.sender import Sender
-from txactors.connection import nats_session
 from txactors.errors import RolledBackByCheck
-from txactors.logs import configure_logging
+from txactors.nats.connect import nats_session
+from txactors.observe.logs import configure_logging
 from txactors.producer import TransactionProducer
 
 Plan = list[tuple[dict[str, Any], bool]]

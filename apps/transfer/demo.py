@@ -48,11 +48,11 @@ from apps.transfer.messages import RECEIVER_GROUP, SENDER_GROUP, TOPIC, Transfer
 from apps.transfer.receiver import Receiver
 from apps.transfer.reconcile import Expectation, reconcile
 from apps.transfer.sender import Sender
-from txactors.config import ENV_VARS
-from txactors.connection import nats_session
 from txactors.consumer import Consumer
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import PrepareFailed, RolledBackByCheck
+from txactors.nats.config import ENV_VARS
+from txactors.nats.connect import nats_session
 from txactors.producer import TransactionProducer
 
 CRASH_MODULE = "apps.transfer.crash"

@@ -24,8 +24,8 @@ from apps.common.drain import pipeline_checks
 from apps.common.report import Check, Reconciliation, Tally
 from apps.transfer.bank import Bank
 from apps.transfer.messages import RECEIVER_GROUP, SENDER_GROUP, TOPIC, Transfer
-from txactors import layout
-from txactors.coordinator.recovery import read_subject
+from txactors.coordinator.partition.recovery import read_subject
+from txactors.wire import layout
 
 APP = "transfer"
 

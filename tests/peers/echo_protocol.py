@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from txactors.actors import Actor
-from txactors.protocol import Error, ErrorCode, Message
+from txactors.wire.protocol import Error, ErrorCode, Message
 
 
 class Add(Message):

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TextIO
 
 from txactors.consumer import ConsumedMessage, Consumer
-from txactors.natsclient import connect
+from txactors.nats.client import connect
 
 READY_LINE = "JOURNAL CONSUMER READY"
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from txactors.errors import TransactionError
-from txactors.natsclient import connect
+from txactors.nats.client import connect
 from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
 
 KINDS = (Decision.COMMIT, Decision.ROLLBACK, Decision.UNKNOWN)

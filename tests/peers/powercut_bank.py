@@ -30,7 +30,7 @@ from apps.transfer.demo import Timing
 from apps.transfer.messages import SENDER_GROUP, Transfer
 from apps.transfer.receiver import Receiver
 from apps.transfer.sender import Sender
-from txactors.connection import nats_session
+from txactors.nats.connect import nats_session
 from txactors.producer import TransactionProducer
 
 ACCOUNTS = 8

@@ -22,7 +22,7 @@ import aiosqlite
 import anyio
 import msgspec
 
-from txactors.connection import nats_session
+from txactors.nats.connect import nats_session
 from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
 
 TOPIC = "powercut"

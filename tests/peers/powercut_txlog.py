@@ -19,7 +19,7 @@ import aiosqlite
 import anyio
 
 from tests.peers.powercut_producer import CONCURRENCY, TOPIC
-from txactors.connection import nats_session
+from txactors.nats.connect import nats_session
 from txactors.producer import TransactionProducer, TxMessage
 from txactors.producer.txlog.sqlite import SqliteTxLog
 

@@ -10,7 +10,7 @@ import nats
 
 from tests.peers.echo_protocol import Add, Greet, Reply
 from txactors.actors import RemoteActorRef
-from txactors.protocol import Encoding
+from txactors.wire.protocol import Encoding
 
 
 async def main(url: str, subject: str) -> None:

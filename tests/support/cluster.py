@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest_asyncio
 
-from txactors.nats_cluster import EmbeddedNatsCluster
+from txactors.embedded.cluster import EmbeddedNatsCluster
 
 
 @pytest_asyncio.fixture

@@ -38,11 +38,11 @@ from tests.support.fuzz_inputs import (
 )
 from tests.support.rawnats import raw_hpub
 from tests.support.wait import eventually
-from txactors import layout
 from txactors.consumer import ConsumedMessage, Consumer
-from txactors.coordinator.recovery import read_subject
+from txactors.coordinator.partition.recovery import read_subject
 from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
-from txactors.protocol import (
+from txactors.wire import layout
+from txactors.wire.protocol import (
     CheckTransaction,
     Ended,
     Error,

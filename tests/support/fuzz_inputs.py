@@ -18,9 +18,9 @@ import msgspec
 from hypothesis import strategies as st
 
 from tests.support.rawnats import MALFORMED_BLOCKS
-from txactors import layout
 from txactors.coordinator.core.states import TxnState
-from txactors.protocol import Decision
+from txactors.wire import layout
+from txactors.wire.protocol import Decision
 
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 HEADER_LIMIT = 64 * 1024

@@ -42,12 +42,12 @@ from tests.peers.journal_consumer import READY_LINE as CONSUMER_READY
 from tests.peers.load_producer import READY_LINE as PRODUCER_READY
 from tests.support.coordinator_process import ROOT, CoordinatorProcess, _exited, _spawn
 from tests.support.wait import eventually
-from txactors import layout
-from txactors.admin import CoordinatorUnavailable, list_transactions
-from txactors.lease_admin import list_leases
-from txactors.nats_cluster import EmbeddedNatsCluster
-from txactors.natsclient import connect
-from txactors.protocol import ErrorCode
+from txactors.embedded.cluster import EmbeddedNatsCluster
+from txactors.nats.client import connect
+from txactors.ops.leases import list_leases
+from txactors.ops.txn import CoordinatorUnavailable, list_transactions
+from txactors.wire import layout
+from txactors.wire.protocol import ErrorCode
 
 PARTITIONS = 4
 TOPICS = ("orders", "audit", "mail")

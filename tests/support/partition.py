@@ -20,9 +20,9 @@ from typing import Any
 from nats.aio.client import Client
 
 from txactors.actors import Actor, ActorSystem, serve
-from txactors.coordinator.agreement import agree_partition_count, meta_bucket
-from txactors.layout import end_filter, prepare_filter
-from txactors.protocol import (
+from txactors.coordinator.cluster.agreement import agree_partition_count, meta_bucket
+from txactors.wire.layout import end_filter, prepare_filter
+from txactors.wire.protocol import (
     CoordinatorCommand,
     Decision,
     Ended,

@@ -8,11 +8,11 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from tests.support.wait import eventually
-from txactors import layout
 from txactors.actors import RemoteActorRef
-from txactors.coordinator.recovery import read_subject
+from txactors.coordinator.partition.recovery import read_subject
 from txactors.errors import ActorDeadError, AskTimeout
-from txactors.protocol import (
+from txactors.wire import layout
+from txactors.wire.protocol import (
     PROTOCOL_VERSION,
     Decision,
     Ended,

@@ -23,7 +23,7 @@ from txactors.actors.envelope import Request
 from txactors.actors.ref import LocalActorRef
 from txactors.actors.supervision import Directive, RestartBudget, Supervisor
 from txactors.errors import ActorDeadError, ActorError, ConfigError, MailboxFull
-from txactors.logs import get_logger
+from txactors.observe.logs import get_logger
 
 if TYPE_CHECKING:
     from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import anyio
 
 from txactors.errors import CommandError
-from txactors.protocol import Error
+from txactors.wire.protocol import Error
 
 
 class ReplySink(Protocol):

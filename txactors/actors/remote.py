@@ -23,9 +23,17 @@ from txactors.actors.envelope import NO_REPLY, Request, unwrap
 from txactors.actors.ref import DEFAULT_ASK_TIMEOUT, Mailbox
 from txactors.actors.replies import ReplyGuard
 from txactors.errors import ActorDeadError, AskTimeout, CommandError
-from txactors.logs import get_logger
-from txactors.natsclient import malformed_headers
-from txactors.protocol import Codec, Encoding, Error, ErrorCode, encode, encoding_of, headers_for
+from txactors.nats.client import malformed_headers
+from txactors.observe.logs import get_logger
+from txactors.wire.protocol import (
+    Codec,
+    Encoding,
+    Error,
+    ErrorCode,
+    encode,
+    encoding_of,
+    headers_for,
+)
 
 log = get_logger(__name__)
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Final
 
 from txactors.errors import ConfigError
-from txactors.logs import RateLimited, get_logger
+from txactors.observe.logs import RateLimited, get_logger
 
 DEFAULT_INBOX_PREFIX: Final = "_INBOX."
 _FORBIDDEN_CHARS: Final = frozenset("*> \t\r\n\f\v")

@@ -20,7 +20,7 @@ from txactors.actors.cell import ActorCell
 from txactors.actors.ref import LocalActorRef
 from txactors.actors.supervision import Supervisor
 from txactors.errors import ActorError
-from txactors.logs import get_logger
+from txactors.observe.logs import get_logger
 
 A = TypeVar("A", bound=Actor)
 

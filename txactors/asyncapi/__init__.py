@@ -2,9 +2,10 @@
 
 The payload schemas are msgspec's JSON Schemas of the Structs in `protocol.py`; the subjects
 and header names come from `layout.py`; the limits the coordinator enforces
-(`coordinator/validation.py`) are added to the schemas as patterns, lengths and ranges. So the
+(`coordinator/boundary.py`) are added to the schemas as patterns, lengths and ranges. So the
 document cannot drift from the code: `docs/asyncapi.json` is this package's output
-(`txactors protocol asyncapi -o docs/asyncapi.json`), and tests/test_asyncapi.py fails when the
+(`txactors protocol asyncapi -o docs/asyncapi.json`), and tests/integration/test_asyncapi.py fails
+when the
 checked-in copy differs from a fresh one. What a schema cannot say (the check-back's encoding,
 base64 in JSON, id ranges, which errors are retriable) is in docs/protocol.md.
 

@@ -8,9 +8,9 @@ import json
 from importlib.metadata import version
 from typing import Any, Final
 
-from txactors import layout, protocol
 from txactors.asyncapi.headers import header_schemas
 from txactors.asyncapi.schemas import SCHEMA_REF, STRUCTS, payload_schemas
+from txactors.wire import layout, protocol
 
 ASYNCAPI_VERSION: Final = "3.0.0"
 OUTPUT: Final = "docs/asyncapi.json"
@@ -283,7 +283,7 @@ def document() -> dict[str, Any]:
             "description": (
                 "Transactional messages on NATS JetStream: the commands a producer, a consumer "
                 "and an operator exchange with the txactors coordinator. Generated from "
-                f"txactors/protocol.py and txactors/layout.py (`{REGENERATE}`); "
+                f"txactors/wire/protocol.py and txactors/wire/layout.py (`{REGENERATE}`); "
                 "docs/protocol.md says what the schemas cannot (encodings, id ranges, which "
                 "errors are retriable). The protocol version (the `version` field of every "
                 f"command) is {protocol.PROTOCOL_VERSION}."

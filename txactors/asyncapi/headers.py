@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from txactors import layout, protocol
 from txactors.asyncapi.schemas import name_schema
 from txactors.coordinator.core.records import DiscardReason
+from txactors.wire import layout, protocol
 
 
 def _header(description: str, **schema: Any) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """The payload schemas of the AsyncAPI document: msgspec's JSON Schemas of the protocol's
-Structs, with the limits the coordinator enforces (`coordinator/validation.py`) added as
+Structs, with the limits the coordinator enforces (`coordinator/boundary.py`) added as
 patterns, lengths and ranges."""
 
 from __future__ import annotations
@@ -8,15 +8,16 @@ from typing import Any, Final
 
 import msgspec
 
-from txactors import layout, protocol
-from txactors.coordinator import tokens, validation
-from txactors.coordinator.config import CoordinatorConfig
+from txactors.coordinator import boundary as validation
+from txactors.coordinator.core import tokens
+from txactors.coordinator.core.config import CoordinatorConfig
 from txactors.coordinator.core.records import DiscardReason
 from txactors.coordinator.core.states import TxnState
 from txactors.coordinator.options import CoordinatorOptions
+from txactors.wire import layout, protocol
 
 NAME_PATTERN: Final = "^[A-Za-z0-9_-]+$"
-"""`layout.name_problem`'s grammar (tests/test_asyncapi.py checks that they agree)."""
+"""`layout.name_problem`'s grammar (tests/integration/test_asyncapi.py checks that they agree)."""
 
 KEY_PATTERN: Final = r"^[^\s,]([^,]*[^\s,])?$"
 """A key: no ',', no blank at either end (control characters are refused too)."""
@@ -54,7 +55,7 @@ def _or_null(schema: dict[str, Any], extra: dict[str, Any]) -> None:
 
 
 def _limits() -> dict[tuple[str, str], dict[str, Any]]:
-    """What validation.py refuses, as JSON Schema keywords per (schema, property)."""
+    """What coordinator/boundary.py refuses, as JSON Schema keywords per (schema, property)."""
     token = {"pattern": f"^{tokens.TOKEN_PATTERN.pattern}$", "minLength": 32, "maxLength": 32}
     text = {"description": validation.TEXT_GRAMMAR}
     states = {"enum": [s.value for s in TxnState]}

@@ -15,7 +15,7 @@ import typer
 from txactors.cli import coordinator, dlq, lease, partitions, protocol, run, server, sink, txn
 from txactors.cli.exits import run_cli
 from txactors.cli.flags import show_flags_without_a_type
-from txactors.logs import LOG_FORMAT_ENV, LogFormat
+from txactors.observe.logs import LOG_FORMAT_ENV, LogFormat
 
 __all__ = ["app", "main", "run_cli"]
 

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from txactors.coordinator.settings import CONFIG_ENV, SETTINGS, CoordinatorSettings, load_settings
 from txactors.errors import ConfigError
-from txactors.logs import configure_logging, get_logger
-from txactors.settings import CONFIG_ENV, SETTINGS, CoordinatorSettings, load_settings
+from txactors.observe.logs import configure_logging, get_logger
 
 if TYPE_CHECKING:
-    from txactors.metrics import CoordinatorMetrics
+    from txactors.observe.metrics import CoordinatorMetrics
 
 log = get_logger(__name__)
 
@@ -38,7 +38,7 @@ def coordinator(config: Path | None = None, **flags: str | None) -> None:
     Stops within two seconds on Ctrl-C or SIGTERM; a crash at any point loses nothing (it
     recovers from its streams on the next start).
     """
-    from txactors.metrics import CoordinatorMetrics, serve_metrics
+    from txactors.observe.metrics import CoordinatorMetrics, serve_metrics
 
     settings = load_settings(flags, os.environ, config)
     configure_logging(settings.process.log_level)
@@ -102,9 +102,9 @@ coordinator.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
 async def _run_coordinator(
     settings: CoordinatorSettings, metrics: CoordinatorMetrics | None
 ) -> None:
-    from txactors.config import NatsConfig
-    from txactors.connection import nats_session
     from txactors.coordinator.service import run_coordinator
+    from txactors.nats.config import NatsConfig
+    from txactors.nats.connect import nats_session
 
     process = settings.process
     nats_config = NatsConfig.from_env(fsync=process.fsync, fsync_interval=process.fsync_interval)

@@ -1,5 +1,5 @@
 """`txactors dlq`: list, show and replay the dead letters of consumer groups
-(the work is in txactors/dlq_admin.py)."""
+(the work is in txactors/ops/dlq.py)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,9 @@ def dlq_list(
     url: NatsUrlOption = None,
 ) -> None:
     """List a group's dead letters, oldest first (or, without GROUP, the groups that have some)."""
-    from txactors import admin_views, dlq_admin, dlq_views
+    from txactors.ops import dlq as dlq_admin
+    from txactors.ops import dlq_views
+    from txactors.ops import views as admin_views
 
     if group is None:
         summaries = admin_call(url, dlq_admin.dlq_summaries)
@@ -68,7 +70,8 @@ def dlq_show(
     url: NatsUrlOption = None,
 ) -> None:
     """Show one dead letter in full: the error, every header and the body."""
-    from txactors import dlq_admin, dlq_views
+    from txactors.ops import dlq as dlq_admin
+    from txactors.ops import dlq_views
 
     entry = admin_call(url, lambda nc: dlq_admin.show_dead_letter(nc, group, seq))
     print_one(entry, as_json, dlq_views.render_detail)
@@ -93,7 +96,9 @@ def dlq_replay(
     repeated soon after (the entry was not deleted) is dropped by the topic stream. Exit 1 if
     any entry could not be replayed (it stays in the DLQ).
     """
-    from txactors import admin_views, dlq_admin, dlq_views
+    from txactors.ops import dlq as dlq_admin
+    from txactors.ops import dlq_views
+    from txactors.ops import views as admin_views
 
     if bool(seqs) == replay_all:
         raise typer.BadParameter("give the DLQ sequences to replay, or --all (not both)")

@@ -1,4 +1,4 @@
-"""`txactors lease list`: which coordinator owns which partition (txactors/lease_admin.py)."""
+"""`txactors lease list`: which coordinator owns which partition (txactors/ops/leases.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from txactors.cli.operator import JsonOption, NatsUrlOption, admin_call, print_r
 if TYPE_CHECKING:
     from nats.aio.client import Client
 
-    from txactors.lease_admin import LeaseTable
+    from txactors.ops.leases import LeaseTable
 
 app = typer.Typer(
     help="See which coordinator owns which partition (the TXN_LEASE bucket).",
@@ -33,7 +33,8 @@ def lease_list(
     url: NatsUrlOption = None,
 ) -> None:
     """List each partition's lease: owner, revision, last renewal and when it expires."""
-    from txactors import admin_views, lease_admin
+    from txactors.ops import leases as lease_admin
+    from txactors.ops import views as admin_views
 
     leases = admin_call(url, lambda nc: _leases(nc, partitions))
     if as_json:
@@ -46,9 +47,9 @@ def lease_list(
 
 async def _leases(nc: Client, partitions: int | None) -> LeaseTable:
     """The lease table, a row for every partition of the published count (or `partitions`)."""
-    from txactors import lease_admin
-    from txactors.admin import ADMIN_TIMEOUT
-    from txactors.partition_count import agreed_count, read_published
+    from txactors.nats.partition_count import agreed_count, read_published
+    from txactors.ops import leases as lease_admin
+    from txactors.ops.txn import ADMIN_TIMEOUT
 
     published = await read_published(nc, ADMIN_TIMEOUT)
     return await lease_admin.list_leases(nc, partitions=agreed_count(published, partitions))

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 import typer
 
 from txactors.cli.exits import answer_in_json, say_error
-from txactors.logs import configure_logging
+from txactors.observe.logs import configure_logging
 
 if TYPE_CHECKING:
     import msgspec
@@ -32,11 +32,11 @@ NatsUrlOption = Annotated[
 
 def admin_call(url: str | None, work: Callable[[Client], Awaitable[T]]) -> T:
     """One exchange with the coordinator; exit 1 when it refuses, 2 when it cannot be asked."""
-    from txactors.admin import CoordinatorUnavailable, admin_session
-    from txactors.dlq_admin import DeadLetterError
     from txactors.errors import CommandError, ConfigError, NatsConnectError
-    from txactors.lease_admin import NoLeases
-    from txactors.partition_admin import CoordinatorsRunning
+    from txactors.ops.dlq import DeadLetterError
+    from txactors.ops.leases import NoLeases
+    from txactors.ops.partitions import CoordinatorsRunning
+    from txactors.ops.txn import CoordinatorUnavailable, admin_session
 
     # Operator output stays clean; connection trouble is reported once, below.
     configure_logging(default="ERROR")
@@ -67,7 +67,7 @@ def ask_yes(question: str) -> bool:
 
 def print_one(value: S, as_json: bool, render: Callable[[S], object]) -> None:
     """One thing found: its JSON for scripts, else `render`'s view of it."""
-    from txactors.admin_views import to_json
+    from txactors.ops.views import to_json
 
     if as_json:
         typer.echo(to_json(value))

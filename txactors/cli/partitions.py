@@ -1,5 +1,5 @@
 """`txactors partitions`: show the partition count the coordinators publish, or change it with
-every coordinator stopped (txactors/partition_admin.py)."""
+every coordinator stopped (txactors/ops/partitions.py)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ app = typer.Typer(
 @app.command("show")
 def partitions_show(as_json: JsonOption = False, url: NatsUrlOption = None) -> None:
     """Print the published partition count (every producer and operator command uses it)."""
-    from txactors.admin import ADMIN_TIMEOUT
-    from txactors.partition_count import read_published
+    from txactors.nats.partition_count import read_published
+    from txactors.ops.txn import ADMIN_TIMEOUT
 
     count = admin_call(url, lambda nc: read_published(nc, ADMIN_TIMEOUT))
     if as_json:
@@ -42,7 +42,7 @@ def partitions_set(
     then stop the coordinators, run this, and start them with the new --partitions. Needs
     credentials that may write the coordinators' TXN_META bucket.
     """
-    from txactors.partition_admin import change_partition_count
+    from txactors.ops.partitions import change_partition_count
 
     if not yes and not ask_yes(
         f"Set the partition count to {partitions}? Transactions still open stay where the old "

@@ -1,4 +1,4 @@
-"""`txactors run`: a TxApp's consumers as a worker process (txactors/worker.py)."""
+"""`txactors run`: a TxApp's consumers as a worker process (txactors/app/worker.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from txactors.logs import configure_logging
+from txactors.observe.logs import configure_logging
 
 
 def run(
@@ -29,8 +29,8 @@ def run(
     A signal stops them gracefully: running handlers finish and ack, then exit 0. A second
     signal stops at once (their messages are redelivered).
     """
-    from txactors.metrics import serve_metrics
-    from txactors.worker import load_app, run_worker
+    from txactors.app.worker import load_app, run_worker
+    from txactors.observe.metrics import serve_metrics
 
     configure_logging()
     worker = load_app(target)

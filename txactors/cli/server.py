@@ -10,10 +10,7 @@ from typing import Annotated
 
 import typer
 
-from txactors.config import DATA_DIR_ENV, FSYNC_ENV, FSYNC_INTERVAL_ENV
-from txactors.errors import NatsServerError
-from txactors.logs import configure_logging
-from txactors.server_setup import (
+from txactors.embedded.setup import (
     DEFAULT_FSYNC,
     DEFAULT_FSYNC_INTERVAL,
     FSYNC_MODES,
@@ -21,6 +18,9 @@ from txactors.server_setup import (
     FsyncError,
     FsyncSetting,
 )
+from txactors.errors import NatsServerError
+from txactors.nats.config import DATA_DIR_ENV, FSYNC_ENV, FSYNC_INTERVAL_ENV
+from txactors.observe.logs import configure_logging
 
 
 def server(
@@ -102,8 +102,8 @@ async def _run_server(
     fsync_interval: float,
     nodes: int,
 ) -> int:
-    from txactors.nats_cluster import EmbeddedNatsCluster
-    from txactors.server import EmbeddedNatsServer
+    from txactors.embedded.cluster import EmbeddedNatsCluster
+    from txactors.embedded.server import EmbeddedNatsServer
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from txactors.logs import configure_logging
+from txactors.observe.logs import configure_logging
 
 app = typer.Typer(
     help="Stream committed topics into Parquet tables with Spark, exactly once (needs Java 17+).",

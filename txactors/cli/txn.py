@@ -1,5 +1,5 @@
 """`txactors txn`: operators list, show and resolve the transactions a running coordinator
-holds (the work is in txactors/admin.py; these functions parse, confirm and print)."""
+holds (the work is in txactors/ops/txn.py; these functions parse, confirm and print)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from txactors.cli.operator import JsonOption, YesOption, admin_call, ask_yes, pr
 if TYPE_CHECKING:
     from nats.aio.client import Client
 
-    from txactors.protocol import Ended, ListTransactions, Resolution, TransactionInfo
+    from txactors.wire.protocol import Ended, ListTransactions, Resolution, TransactionInfo
 
 app = typer.Typer(
     help="Inspect and resolve transactions held by a running coordinator (`txactors coordinator`).",
@@ -65,9 +65,10 @@ def _filters(
     limit: int,
 ) -> ListTransactions:
     """The coordinator's query for these options; a bad one is a usage error naming it."""
-    from txactors import admin_views, layout
     from txactors.coordinator.core.states import TxnState
-    from txactors.protocol import PROTOCOL_VERSION, ListTransactions
+    from txactors.ops import views as admin_views
+    from txactors.wire import layout
+    from txactors.wire.protocol import PROTOCOL_VERSION, ListTransactions
 
     states = state or []
     known = [s.value for s in TxnState]
@@ -96,7 +97,7 @@ def _filters(
 
 def _described(where: ListTransactions) -> str:
     """The filters in words, for "no transaction matches (…)"."""
-    from txactors.admin_views import human_duration
+    from txactors.ops.views import human_duration
 
     parts = [" or ".join(where.states)] if where.states else []
     parts += [f"group {where.group}"] if where.group else []
@@ -121,7 +122,8 @@ def txn_list(
 
     Filters (--state, --group, --topic, --older-than) are applied by the coordinator.
     """
-    from txactors import admin, admin_views
+    from txactors.ops import txn as admin
+    from txactors.ops import views as admin_views
 
     where = _filters(state, group, topic, older_than, limit)
     found = admin_call(url, lambda nc: admin.find_transactions(nc, where, partitions=partitions))
@@ -143,7 +145,8 @@ def txn_show(
     url: UrlOption = None,
 ) -> None:
     """Show everything about one open or discarded transaction."""
-    from txactors import admin, admin_views
+    from txactors.ops import txn as admin
+    from txactors.ops import views as admin_views
 
     info = admin_call(url, lambda nc: admin.show(nc, txid, partitions=partitions))
     print_one(info, as_json, admin_views.render_detail)
@@ -160,7 +163,7 @@ def txn_resume(
 
     The checker then asks its producer again; nothing is published by this command.
     """
-    from txactors.protocol import Resolution
+    from txactors.wire.protocol import Resolution
 
     _decide(Resolution.RESUME, url, txid, partitions, True, as_json)  # decides nothing: no question
 
@@ -177,7 +180,7 @@ def txn_commit(
 
     Commit only what the producer's local transaction committed (check its database first).
     """
-    from txactors.protocol import Resolution
+    from txactors.wire.protocol import Resolution
 
     _decide(Resolution.COMMIT, url, txid, partitions, yes, as_json)
 
@@ -191,7 +194,7 @@ def txn_rollback(
     url: UrlOption = None,
 ) -> None:
     """Roll a transaction back by hand: none of its messages is ever delivered."""
-    from txactors.protocol import Resolution
+    from txactors.wire.protocol import Resolution
 
     _decide(Resolution.ROLLBACK, url, txid, partitions, yes, as_json)
 
@@ -232,7 +235,8 @@ def txn_resolve(
     """
     from rich.console import Console
 
-    from txactors import admin, admin_views
+    from txactors.ops import txn as admin
+    from txactors.ops import views as admin_views
 
     flags = {
         admin.Resolution.RESUME: resume,
@@ -298,7 +302,7 @@ def _decide(
     as_json: bool,
 ) -> None:
     """Resolve one transaction by hand, once the operator said yes (or --yes)."""
-    from txactors import admin
+    from txactors.ops import txn as admin
 
     if not yes:
         _confirm(url, txid, partitions, *_DECIDING_ONE[resolution])
@@ -310,8 +314,9 @@ def _confirm(url: str | None, txid: str, partitions: int | None, action: str, ef
     """Show what is about to be decided (on stderr, so --json output stays clean) and ask."""
     from rich.console import Console
 
-    from txactors import admin, admin_views
     from txactors.errors import CommandError
+    from txactors.ops import txn as admin
+    from txactors.ops import views as admin_views
 
     async def find(nc: Client) -> TransactionInfo | str:
         try:
@@ -330,6 +335,6 @@ def _confirm(url: str | None, txid: str, partitions: int | None, action: str, ef
 
 
 def _print_ended(ended: Ended, as_json: bool) -> None:
-    from txactors.admin_views import to_json
+    from txactors.ops.views import to_json
 
     typer.echo(to_json(ended) if as_json else f"{ended.txid}: {ended.state}")

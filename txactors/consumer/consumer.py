@@ -56,11 +56,17 @@ from txactors.consumer.dlq import ensure_dlq_stream
 from txactors.consumer.handling import Handler, Handling
 from txactors.consumer.retry import DEFAULT_MAX_RECONSUME, DEFAULT_RETRY_DELAYS, RetryPolicy
 from txactors.errors import ConfigError
-from txactors.layout import dlq_stream, topic_filter, topic_stream, topic_subject, validate_name
-from txactors.logs import get_logger
-from txactors.metrics import ConsumerMetrics
-from txactors.natsclient import raising_connection_lost, watch_connection
-from txactors.topics import DECLARE_DEADLINE, declaring, ensure_topic_stream, wait_for_stream
+from txactors.nats.client import raising_connection_lost, watch_connection
+from txactors.nats.topics import DECLARE_DEADLINE, declaring, ensure_topic_stream, wait_for_stream
+from txactors.observe.logs import get_logger
+from txactors.observe.metrics import ConsumerMetrics
+from txactors.wire.layout import (
+    dlq_stream,
+    topic_filter,
+    topic_stream,
+    topic_subject,
+    validate_name,
+)
 
 __all__ = ["Consumer", "Handler"]
 

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from nats.js import JetStreamContext
 
 from txactors.consumer.message import ConsumedMessage
-from txactors.copies import copied_headers
-from txactors.framing import JETSTREAM_MAX_HEADER_BYTES, header_block_bytes
-from txactors.layout import (
+from txactors.nats.topics import DECLARE_DEADLINE, ensure_stream
+from txactors.wire.copies import copied_headers
+from txactors.wire.framing import JETSTREAM_MAX_HEADER_BYTES, header_block_bytes
+from txactors.wire.layout import (
     DELIVERIES_HEADER,
     DLQ_OMITTED_HEADER,
     ERROR_HEADER,
@@ -42,7 +43,6 @@ from txactors.layout import (
     topic_stream,
     validate_name,
 )
-from txactors.topics import DECLARE_DEADLINE, ensure_stream
 
 MAX_ERROR_CHARS = 1024
 """Headers travel in every copy of the message; a long traceback belongs in the logs."""

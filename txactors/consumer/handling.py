@@ -22,14 +22,14 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from txactors import tracing
 from txactors.consumer.dlq import dead_letter, describe_error
 from txactors.consumer.message import ConsumedMessage
 from txactors.consumer.retry import RetryPolicy
 from txactors.errors import PoisonMessage
-from txactors.layout import REPLAY_GROUP_HEADER
-from txactors.logs import get_logger
-from txactors.metrics import ConsumerMetrics
+from txactors.observe import tracing
+from txactors.observe.logs import get_logger
+from txactors.observe.metrics import ConsumerMetrics
+from txactors.wire.layout import REPLAY_GROUP_HEADER
 
 Handler = Callable[[ConsumedMessage], Awaitable[None]]
 

@@ -19,7 +19,7 @@ disk by then, or a power cut after the ack loses a change whose message is gone 
 SQLite: the helper raises the connection's `synchronous` before its own transaction: to FULL in
 WAL mode (the common WAL-with-NORMAL is not durable), to EXTRA with a rollback journal, where
 FULL does not sync the journal's deletion and a power cut right after a commit can bring the
-journal back and undo it (the power-cut tests in tests/test_powercut.py show both).
+journal back and undo it (the power-cut tests in tests/integration/test_powercut.py show both).
 PostgreSQL: it sets `synchronous_commit = on` for its transaction (`off` or `local` would ack
 before the WAL is flushed). When nested, your transaction commits, so your connection needs the
 same: SQLite `PRAGMA synchronous=FULL` in WAL mode, EXTRA otherwise (it cannot change inside a

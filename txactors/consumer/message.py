@@ -14,8 +14,8 @@ from typing import TypeVar
 import msgspec
 from nats.aio.msg import Msg
 
-from txactors.copies import copied_headers
-from txactors.layout import (
+from txactors.wire.copies import copied_headers
+from txactors.wire.layout import (
     COMMITTED_AT_HEADER,
     KEYS_HEADER,
     MSG_ID_HEADER,
@@ -23,7 +23,7 @@ from txactors.layout import (
     RESERVED_HEADER_PREFIXES,
     TXID_HEADER,
 )
-from txactors.protocol import CONTENT_TYPE_HEADER, Encoding
+from txactors.wire.protocol import CONTENT_TYPE_HEADER, Encoding
 
 T = TypeVar("T")
 

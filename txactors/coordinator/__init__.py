@@ -4,7 +4,7 @@
 the actor that drives it against JetStream feeds it events and carries out its effects.
 """
 
-from txactors.coordinator.config import CoordinatorConfig
+from txactors.coordinator.core.config import CoordinatorConfig
 from txactors.coordinator.core.effects import (
     Acknowledge,
     Action,

@@ -12,8 +12,8 @@ import msgspec
 
 from txactors.actors.replies import DEFAULT_INBOX_PREFIX, normalize_prefix
 from txactors.errors import ConfigError
-from txactors.layout import name_problem
-from txactors.protocol import OutgoingMessage
+from txactors.wire.layout import name_problem
+from txactors.wire.protocol import OutgoingMessage
 
 
 class CoordinatorOptions(msgspec.Struct, frozen=True, kw_only=True):

@@ -34,22 +34,26 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 
-from txactors import layout
 from txactors.actors import ActorSystem, Directive, LocalActorRef, ReplyGuard, Supervisor, serve
 from txactors.actors.replies import normalize_prefix
-from txactors.coordinator.actor import PartitionCoordinator
-from txactors.coordinator.agreement import agree_partition_count, meta_bucket
-from txactors.coordinator.balance import MemberInfo, plan
-from txactors.coordinator.config import CoordinatorConfig
-from txactors.coordinator.leases import LEASE_TROUBLE, Leases, lease_bucket
-from txactors.coordinator.oplog import FencedOut
+from txactors.coordinator.cluster.agreement import agree_partition_count, meta_bucket
+from txactors.coordinator.cluster.balance import MemberInfo, plan
+from txactors.coordinator.cluster.leases import LEASE_TROUBLE, Leases, lease_bucket
+from txactors.coordinator.core.config import CoordinatorConfig
 from txactors.coordinator.options import Clock, CoordinatorOptions, OnDiscard
-from txactors.coordinator.store import ensure_streams
-from txactors.coordinator.tenants import TenantReplies, declare_consumer_streams, tenant_groups
-from txactors.logs import get_logger
-from txactors.metrics import CoordinatorMetrics
-from txactors.natsclient import raising_connection_lost, watch_connection
-from txactors.protocol import AdminCommand, EndTransaction, Prepare
+from txactors.coordinator.partition.actor import PartitionCoordinator
+from txactors.coordinator.partition.oplog import FencedOut
+from txactors.coordinator.partition.store import ensure_streams
+from txactors.coordinator.partition.tenants import (
+    TenantReplies,
+    declare_consumer_streams,
+    tenant_groups,
+)
+from txactors.nats.client import raising_connection_lost, watch_connection
+from txactors.observe.logs import get_logger
+from txactors.observe.metrics import CoordinatorMetrics
+from txactors.wire import layout
+from txactors.wire.protocol import AdminCommand, EndTransaction, Prepare
 
 MAILBOX_SIZE = 8192
 RENEW_FRACTION = 1 / 3

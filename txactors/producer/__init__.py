@@ -4,7 +4,7 @@ from txactors.producer.checks import Checker, CheckView, MessageView
 from txactors.producer.message import TxMessage
 from txactors.producer.producer import LocalTransaction, TransactionProducer
 from txactors.producer.transaction import EndMode, Transaction, TransactionResult
-from txactors.protocol import Decision
+from txactors.wire.protocol import Decision
 
 __all__ = [
     "CheckView",

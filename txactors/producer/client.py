@@ -19,7 +19,7 @@ the hint (plus jitter, so producers refused together do not come back together).
 are spent, `PrepareFailed.retry_after` carries the last hint to the caller.
 
 Which partition a txid goes to depends on the coordinators' partition count, read where they
-publish it the first time a transaction needs it (txactors/partition_count.py).
+publish it the first time a transaction needs it (txactors/nats/partition_count.py).
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ from nats.aio.client import Client
 
 from txactors.actors import RemoteActorRef
 from txactors.errors import ActorDeadError, AskTimeout, CommandError, EndRefused, PrepareFailed
-from txactors.layout import end_subject, partition_of, prepare_subject
-from txactors.logs import get_logger
-from txactors.partition_count import PartitionCount, PartitionCountUnknown
+from txactors.nats.partition_count import PartitionCount, PartitionCountUnknown
+from txactors.observe.logs import get_logger
 from txactors.producer.failed_sends import FailedSends
 from txactors.producer.inflight import InFlight
 from txactors.producer.outcomes import UnconfirmedOutcomes
-from txactors.protocol import (
+from txactors.wire.layout import end_subject, partition_of, prepare_subject
+from txactors.wire.protocol import (
     PROTOCOL_VERSION,
     Decision,
     Ended,

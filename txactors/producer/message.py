@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import msgspec
 
 from txactors.errors import ConfigError, ConfigTypeError
-from txactors.layout import NO_TAG, RESERVED_HEADER_PREFIXES, validate_name
-from txactors.protocol import OutgoingMessage
+from txactors.wire.layout import NO_TAG, RESERVED_HEADER_PREFIXES, validate_name
+from txactors.wire.protocol import OutgoingMessage
 
 # RFC 7230 token: what a header name may be made of (NATS headers follow HTTP's rules).
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from txactors.errors import ConfigError
-from txactors.protocol import Decision
+from txactors.wire.protocol import Decision
 
 DEFAULT_CAPACITY = 10_000
 

@@ -21,9 +21,8 @@ from typing import Any, Self
 from nats.aio.client import Client
 
 from txactors.errors import ActorDeadError, ConfigError
-from txactors.layout import validate_name
-from txactors.logs import get_logger
-from txactors.partition_count import PartitionCount, PartitionCountUnknown
+from txactors.nats.partition_count import PartitionCount, PartitionCountUnknown
+from txactors.observe.logs import get_logger
 from txactors.producer.checks import Checker, CheckResponder, CheckWorker
 from txactors.producer.client import CoordinatorClient
 from txactors.producer.failed_sends import FailedSends
@@ -31,7 +30,8 @@ from txactors.producer.inflight import InFlight
 from txactors.producer.message import TxMessage
 from txactors.producer.outcomes import UnconfirmedOutcomes
 from txactors.producer.transaction import EndMode, Transaction, TransactionResult
-from txactors.protocol import Decision
+from txactors.wire.layout import validate_name
+from txactors.wire.protocol import Decision
 
 log = get_logger(__name__)
 

@@ -38,12 +38,12 @@ from typing import Any, Self
 import anyio
 import structlog
 
-from txactors import tracing
 from txactors.errors import ConfigError, PrepareFailed, TransactionStateError, TxActorsError
-from txactors.logs import get_logger
+from txactors.observe import tracing
+from txactors.observe.logs import get_logger
 from txactors.producer.client import CoordinatorClient
 from txactors.producer.message import TxMessage
-from txactors.protocol import Decision
+from txactors.wire.protocol import Decision
 
 log = get_logger(__name__)
 

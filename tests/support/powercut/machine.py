@@ -18,7 +18,7 @@ import anyio
 
 from tests.support.powercut.fixture import ROOT, PowerCut
 from tests.support.wait import eventually
-from txactors.server import find_nats_server_binary
+from txactors.embedded.server import find_nats_server_binary
 
 COORDINATOR_FLAGS = (
     "--transaction-timeout=0.5",

@@ -8,11 +8,11 @@ because the transaction may have been decided in between.
 
 from __future__ import annotations
 
-from txactors.coordinator import tokens
+from txactors.coordinator.core import tokens
 from txactors.coordinator.core.recent import Outcome
 from txactors.coordinator.core.states import OPEN
 from txactors.coordinator.core.transactions import Txn
-from txactors.protocol import ErrorCode
+from txactors.wire.protocol import ErrorCode
 
 Refusal = tuple[ErrorCode, str]
 

@@ -16,7 +16,7 @@ import msgspec
 
 from txactors.coordinator.core.records import DiscardReason, Half, OpRecord
 from txactors.coordinator.core.states import TxnState
-from txactors.protocol import ErrorCode
+from txactors.wire.protocol import ErrorCode
 
 
 class PersistOp(msgspec.Struct, frozen=True, kw_only=True):

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import random
 
-from txactors.coordinator.config import CoordinatorConfig
 from txactors.coordinator.core import admission
+from txactors.coordinator.core.config import CoordinatorConfig
 from txactors.coordinator.core.effects import (
     Acknowledge,
     CheckTarget,
@@ -50,7 +50,7 @@ from txactors.coordinator.core.states import (
     Where,
 )
 from txactors.coordinator.core.transactions import Counters, Txn
-from txactors.protocol import ErrorCode
+from txactors.wire.protocol import ErrorCode
 
 S = TxnState
 

@@ -9,7 +9,7 @@ from txactors.coordinator.core.deadlines import Deadlines
 from txactors.coordinator.core.recent import RecentOutcomes
 from txactors.coordinator.core.states import Gone, TxnState, Where
 from txactors.coordinator.core.transactions import Checkpoint, Txn, TxnView, checkpoint, view
-from txactors.protocol import ErrorCode
+from txactors.wire.protocol import ErrorCode
 
 S = TxnState
 

@@ -12,7 +12,7 @@ import enum
 
 import msgspec
 
-from txactors.protocol import Decision
+from txactors.wire.protocol import Decision
 
 __all__ = ["Decision", "DiscardReason", "Half", "OpKind", "OpRecord"]
 

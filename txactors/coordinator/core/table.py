@@ -22,7 +22,7 @@ batch, the events before a failing one stay applied and their effects come out o
 call; the error names the failing event (`CoordinatorStateError.event`), so the caller can
 answer it and feed the rest.
 
-Guarantees (each one a test in tests/test_coordinator_state*.py and tests/test_core_table.py):
+Guarantees (each one a test in tests/test_coordinator_state*.py and tests/unit/test_core_table.py):
 - A `Publish` is emitted only after the commit record is persisted, never for a transaction
   that was rolled back or discarded; the reply to a commit only once every one of its
   messages is published (acknowledged by its topic stream).
@@ -52,7 +52,7 @@ import random
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, get_args
 
-from txactors.coordinator.config import CoordinatorConfig
+from txactors.coordinator.core.config import CoordinatorConfig
 from txactors.coordinator.core.deadlines import Deadlines
 from txactors.coordinator.core.effects import Effect, PersistOp
 from txactors.coordinator.core.errors import CoordinatorStateError

@@ -27,7 +27,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from txactors.logs import get_logger
+from txactors.observe.logs import get_logger
 from txactors.producer.txlog.decide import COMMITTED, ROLLED_BACK, LogUnavailable
 from txactors.producer.txlog.log import PRUNE_BATCH, TxLog, duplicate_txid
 from txactors.producer.txlog.schema import (

@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import Final, Protocol
 
 from txactors.errors import TxActorsError
-from txactors.logs import get_logger
-from txactors.protocol import Decision
+from txactors.observe.logs import get_logger
+from txactors.wire.protocol import Decision
 
 log = get_logger(__name__)
 

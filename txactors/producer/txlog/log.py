@@ -30,18 +30,18 @@ from typing import Generic, NoReturn, Protocol, TypeVar
 
 import anyio
 
-from txactors.coordinator.config import CoordinatorConfig
+from txactors.coordinator.core.config import CoordinatorConfig
 from txactors.errors import ConfigError, RolledBackByCheck
 from txactors.faults import FaultPoint, crash_if_armed
-from txactors.layout import validate_name
-from txactors.logs import get_logger
+from txactors.observe.logs import get_logger
 from txactors.producer.checks import CheckView
 from txactors.producer.message import TxMessage
 from txactors.producer.producer import TransactionProducer
 from txactors.producer.transaction import TransactionResult
 from txactors.producer.txlog.decide import settle
 from txactors.producer.txlog.retention import CLOCK_MARGIN, retention_age
-from txactors.protocol import Decision
+from txactors.wire.layout import validate_name
+from txactors.wire.protocol import Decision
 
 C = TypeVar("C")
 C_co = TypeVar("C_co", covariant=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 
-from txactors.logs import get_logger
+from txactors.observe.logs import get_logger
 from txactors.producer.txlog.decide import COMMITTED, ROLLED_BACK, LogUnavailable
 from txactors.producer.txlog.log import PRUNE_BATCH, TxLog, duplicate_txid
 from txactors.producer.txlog.postgres import DDL_LOCK, DURABLE, UNIQUE_VIOLATION, is_transient

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from txactors.layout import NAME_MAX_LENGTH
+from txactors.wire.layout import NAME_MAX_LENGTH
 
 TABLE: Final = "txactors_txlog"
 INDEX: Final = "txactors_txlog_recorded_at"

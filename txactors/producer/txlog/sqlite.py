@@ -27,7 +27,7 @@ import aiosqlite
 import anyio
 
 from txactors.consumer.idempotent import _sqlite_durable
-from txactors.logs import get_logger
+from txactors.observe.logs import get_logger
 from txactors.producer.txlog.decide import COMMITTED, ROLLED_BACK, LogUnavailable
 from txactors.producer.txlog.log import PRUNE_BATCH, TxLog, duplicate_txid
 from txactors.producer.txlog.schema import CREATE_INDEX, CREATE_TABLE, TABLE

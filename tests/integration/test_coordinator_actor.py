@@ -1,0 +1,90 @@
+"""The partition actor's shape: two mailbox hops per commit, and a checker of its own.
+
+The checker is driven here by the coordinator's injectable clock alone (no NATS: a partition
+stand-in collects what it says), and the hop count is what the partition's mailbox receives
+for one transaction, prepared and committed, on a real server.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+from nats.aio.client import Client
+
+from tests.support.partition import FakePartition, Recorder
+from tests.support.txn import CoordinatorClient, message
+from tests.support.wait import eventually
+from txactors.actors import ActorSystem, Request
+from txactors.actors.cell import ActorCell
+from txactors.coordinator.partition.checker import Checker, CheckWork, Due
+from txactors.coordinator.service import run_coordinator
+from txactors.wire.protocol import Decision
+
+TICK = 0.01
+
+
+async def heard_due(heard: list[Any], count: int) -> None:
+    await eventually(
+        lambda: sum(isinstance(m, Due) for m in heard) >= count, what=f"{count} Due told"
+    )
+
+
+async def test_the_checker_reports_due_only_once_the_coordinators_clock_passes_the_deadline(
+    private_nc: Client,
+) -> None:
+    now = [1_000.0]
+    recorder = Recorder()
+    heard = recorder.heard
+    async with ActorSystem() as system:
+        partition = await system.spawn(lambda: FakePartition(recorder), name="partition")
+        checker = await system.spawn(
+            lambda: Checker(
+                nc=private_nc,
+                js=private_nc.jetstream(),
+                partition=0,
+                owner=partition,
+                epoch=7,
+                clock=lambda: now[0],
+                tick_interval=TICK,
+            ),
+            name="checker",
+        )
+        await heard_due(heard, 1)  # a fresh checker knows no deadline: it asks at once
+        assert heard == [Due(7)]
+        await checker.tell(CheckWork(deadline=1_600.0))
+        await anyio.sleep(TICK * 5)  # several ticks of real time: the virtual clock stood still
+        assert heard == [Due(7)]
+        now[0] = 1_600.0
+        await heard_due(heard, 2)
+        await anyio.sleep(TICK * 5)  # the scenario: ticks pass, and no second Due may come
+        assert heard == [Due(7), Due(7)], "due once per deadline told, not once per tick"
+
+
+@pytest.fixture
+def partition_mail(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The type of every message delivered to partition 0's mailbox."""
+    delivered: list[str] = []
+    deliver = ActorCell.deliver
+
+    async def counted(cell: ActorCell, envelope: Request) -> None:
+        if cell.name == "coordinator-0":
+            inner = getattr(envelope.message, "message", envelope.message)
+            delivered.append(type(inner).__name__)
+        await deliver(cell, envelope)
+
+    monkeypatch.setattr(ActorCell, "deliver", counted)
+    return delivered
+
+
+async def test_a_commit_takes_two_mailbox_hops_its_prepare_and_its_end(
+    private_nc: Client, partition_mail: list[str]
+) -> None:
+    async with run_coordinator(private_nc):
+        client = CoordinatorClient(private_nc)
+        await client.prepare("warm-up", message())  # the topic stream exists from now on
+        partition_mail.clear()
+        receipt = await client.prepare("t1", message(), message())
+        assert (await client.end("t1", receipt.token, Decision.COMMIT)).state == "committed"
+    assert partition_mail == ["Prepare", "EndTransaction"]

@@ -1,0 +1,273 @@
+"""Recovery reads whole streams, and halves that appear after it are still settled.
+
+After a whole cluster restarts, a node serves its copy of a stream while still rebuilding it
+from its raft log: a recovery that read then would miss halves, and their transactions would
+never be checked back (their commits never published) until the next restart. Recovery waits
+until each stream is current, and a partition keeps reading its halves after recovery, so a
+half that shows up late is checked back like any other.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, cast
+
+import anyio
+import nats.errors
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import ClusterInfo, PeerInfo, StreamInfo
+
+from tests.integration.test_coordinator_recovery import capture_logs
+from tests.support.txn import FAST, CoordinatorClient, message, topic_ids
+from tests.support.wait import eventually
+from txactors.coordinator import CoordinatorConfig, CoordinatorOptions
+from txactors.coordinator.core import tokens
+from txactors.coordinator.core.table import TransactionTable
+from txactors.coordinator.core.transactions import Checkpoint
+from txactors.coordinator.partition.late import LateHalves
+from txactors.coordinator.partition.recovery import recover
+from txactors.coordinator.partition.store import StoredHalf, ensure_streams, half_headers
+from txactors.coordinator.service import run_coordinator
+from txactors.nats.current import wait_current, why_not_current
+from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
+from txactors.wire import layout
+
+OPTIONS = CoordinatorOptions(tick_interval=0.02, checkpoint_interval=0.1)
+HEARD = 200_000_000
+"""Nanoseconds since the leader last heard from a live replica."""
+LEADERLESS = ClusterInfo(name="c", leader=None, replicas=[PeerInfo(name="n2", current=False)])
+CATCHING_UP = ClusterInfo(
+    name="c",
+    leader="n1",
+    replicas=[
+        PeerInfo(name="n2", current=True, active=HEARD),
+        PeerInfo(name="n3", current=False, active=HEARD),
+    ],
+)
+CURRENT = ClusterInfo(
+    name="c",
+    leader="n1",
+    replicas=[
+        PeerInfo(name="n2", current=True, active=HEARD),
+        PeerInfo(name="n3", current=True, active=HEARD),
+    ],
+)
+
+
+def test_a_stream_is_current_with_a_leader_and_no_reachable_replica_behind() -> None:
+    assert why_not_current("s", None) is None, "a single server's stream"
+    assert why_not_current("s", CURRENT) is None
+    assert why_not_current("s", LEADERLESS) == "s has no leader"
+    assert why_not_current("s", CATCHING_UP) == "s: n3 not current"
+    down = ClusterInfo(
+        leader="n1",
+        replicas=[
+            PeerInfo(name="n2", current=True, active=HEARD),
+            PeerInfo(name="n3", current=False, offline=True, active=HEARD),
+        ],
+    )
+    assert why_not_current("s", down) is None, "a node down for good holds nothing up"
+    killed = ClusterInfo(
+        leader="n1",
+        replicas=[
+            PeerInfo(name="n2", current=True, active=HEARD),
+            PeerInfo(name="n3", current=False, active=12_000_000_000),  # not heard for 12 s
+        ],
+    )
+    assert why_not_current("s", killed) is None, "nor does one killed (never marked offline)"
+    old_leader = ClusterInfo(
+        leader="n1",
+        replicas=[
+            PeerInfo(name="n2", current=True, active=HEARD),
+            PeerInfo(name="n3", current=False, active=0),  # not heard since the election
+        ],
+    )
+    assert why_not_current("s", old_leader) is None, "nor the killed leader it replaced"
+
+
+class Rebuilding:
+    """A JetStream context whose TXN_HALF is being rebuilt, as after a whole cluster
+    restarted: its info requests go unanswered (no leader), then it has a leader with a
+    replica behind, and only then is it current, with the half `rebuilt` written by
+    `catch_up` (what the raft log held and the store did not yet)."""
+
+    def __init__(self, js: JetStreamContext, catch_up: Any) -> None:
+        self._js = js
+        self._catch_up = catch_up
+        self._answers: list[ClusterInfo | None] = [None, LEADERLESS, CATCHING_UP]
+        self.asked = 0
+
+    async def stream_info(self, name: str, subjects_filter: str | None = None) -> StreamInfo:
+        info = await self._js.stream_info(name)
+        if name != layout.HALF_STREAM:
+            return info
+        self.asked += 1
+        if self._answers:
+            answer = self._answers.pop(0)
+            if answer is None:
+                raise nats.errors.TimeoutError
+            info.cluster = answer
+            return info
+        if self._catch_up is not None:
+            await self._catch_up()
+            self._catch_up = None
+        info.cluster = CURRENT
+        return info
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._js, name)
+
+
+def ignore(stored: StoredHalf) -> None:
+    """What recovery remembers of each half: nothing, here."""
+
+
+def stored_half(txid: str, producer: str = "p1", group: str = "g") -> dict[str, str]:
+    return half_headers(
+        txid=txid,
+        token_digest=tokens.digest(tokens.new_token()),
+        group=group,
+        producer=producer,
+        begins=True,
+        index=0,
+        born=time.time(),
+        message=message(),
+    )
+
+
+async def test_recovery_reads_a_stream_only_once_it_is_current(private_nc: Client) -> None:
+    js = private_nc.jetstream()
+    await ensure_streams(js, half_retention=3600)
+
+    async def catch_up() -> None:
+        await js.publish(layout.half_subject(0), b"payload", headers=stored_half("rebuilt"))
+
+    rebuilding = Rebuilding(js, catch_up)
+    table = TransactionTable(CoordinatorConfig())
+    with capture_logs() as logs:
+        with anyio.fail_after(20):
+            found = await recover(
+                cast(JetStreamContext, rebuilding), table, 0, Checkpoint(1, 1), ignore, 0
+            )
+    assert rebuilding.asked == 4, "asked until it was current"
+    assert found.halves == 1 and table.show("rebuilt") is not None
+    waits = [e["why"] for e in logs if e["event"] == "stream_not_current_yet"]
+    assert waits[1:] == ["stream TXN_HALF has no leader", "stream TXN_HALF: n3 not current"]
+    assert waits[0].startswith("stream TXN_HALF does not answer")
+
+
+class ShortRead:
+    """A JetStream context whose first read of TXN_HALF stops short: the half `gap` is
+    there by the time the leader is asked for the subject's last message."""
+
+    def __init__(self, js: JetStreamContext) -> None:
+        self._js = js
+        self._written = False
+
+    async def get_last_msg(self, stream: str, subject: str) -> Any:
+        if stream == layout.HALF_STREAM and not self._written:
+            self._written = True
+            await self._js.publish(subject, b"payload", headers=stored_half("gap"))
+        return await self._js.get_last_msg(stream, subject)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._js, name)
+
+
+async def test_recovery_reads_again_when_the_leader_names_a_later_half(
+    private_nc: Client,
+) -> None:
+    js = private_nc.jetstream()
+    await ensure_streams(js, half_retention=3600)
+    await js.publish(layout.half_subject(0), b"payload", headers=stored_half("first"))
+    table = TransactionTable(CoordinatorConfig())
+    with capture_logs() as logs:
+        with anyio.fail_after(20):
+            found = await recover(
+                cast(JetStreamContext, ShortRead(js)), table, 0, Checkpoint(1, 1), ignore, 0
+            )
+    assert found.halves == 2 and table.show("gap") is not None
+    assert [e["read_to"] for e in logs if e["event"] == "recovery_read_gap"] == [1]
+
+
+async def test_a_stream_never_current_is_read_after_the_deadline(private_nc: Client) -> None:
+    js = private_nc.jetstream()
+    await ensure_streams(js, half_retention=3600)
+    stuck = Rebuilding(js, None)
+    stuck._answers = [LEADERLESS] * 1000
+    with capture_logs() as logs:
+        with anyio.fail_after(10):
+            current = await wait_current(
+                cast(JetStreamContext, stuck), layout.HALF_STREAM, deadline=0.5
+            )
+    assert not current
+    [gave_up] = [e for e in logs if e["event"] == "stream_not_current_read_anyway"]
+    assert gave_up["why"] == "stream TXN_HALF has no leader"
+
+
+async def test_a_half_that_appears_after_recovery_is_checked_back(private_nc: Client) -> None:
+    asked: list[str] = []
+
+    def checker(view: CheckView) -> Decision:
+        asked.append(view.txid)
+        return Decision.COMMIT
+
+    config = CoordinatorConfig(**FAST)
+    async with (
+        run_coordinator(private_nc, config=config, options=OPTIONS),
+        TransactionProducer(private_nc, "g", checker, instance="p-late") as producer,
+    ):
+        async with producer.begin() as txn:  # the coordinator has recovered and serves
+            await txn.send([TxMessage("orders", b"first")])
+        with capture_logs() as logs:
+            # A half as a predecessor (or a copy still rebuilding) left it: in TXN_HALF
+            # after this coordinator read the stream.
+            headers = stored_half("late", producer="p-late")
+            await private_nc.jetstream().publish(layout.half_subject(0), b"late", headers=headers)
+            await eventually(
+                lambda: topic_ids(private_nc, "orders"),
+                until=lambda ids: "late:0" in ids,
+                timeout=15,
+                what="the late half checked back and published",
+            )
+    assert asked == ["late"], "checked back once, like a recovered half"
+    [found] = [e for e in logs if e["event"] == "late_half_found"]
+    assert found["txid"] == "late"
+
+
+async def test_its_own_halves_are_never_late(private_nc: Client) -> None:
+    """Even when finished transactions are forgotten at once (no recent outcomes), the
+    halves this partition wrote are not taken for late ones and asked about again."""
+    asked: list[str] = []
+
+    def checker(view: CheckView) -> Decision:
+        asked.append(view.txid)
+        return Decision.COMMIT
+
+    config = CoordinatorConfig(recent_outcomes=0, **FAST)
+    client = CoordinatorClient(private_nc)
+    with capture_logs() as logs:
+        async with (
+            run_coordinator(private_nc, config=config, options=OPTIONS),
+            TransactionProducer(private_nc, "g", checker, instance="p1"),
+        ):
+            for n in range(50):
+                receipt = await client.prepare(f"t{n}", message())
+                await client.end(f"t{n}", receipt.token, Decision.COMMIT)
+            await anyio.sleep(3 * config.transaction_timeout + 1.5)  # time for a check-back
+            assert len(await topic_ids(private_nc, "orders")) == 50
+    assert asked == []
+    assert not [e for e in logs if e["event"] == "late_half_found"]
+
+
+def test_the_checkpoint_never_passes_a_half_not_looked_at() -> None:
+    late = LateHalves(cast(JetStreamContext, None), 0, after=41, found=nothing_found)
+    ahead = Checkpoint(half_seq=100, op_seq=7)
+    assert late.hold(ahead) == Checkpoint(half_seq=42, op_seq=7)
+    behind = Checkpoint(half_seq=10, op_seq=7)
+    assert late.hold(behind) is behind
+
+
+async def nothing_found(seq: int, headers: dict[str, str]) -> None:
+    raise AssertionError("nothing is read here")

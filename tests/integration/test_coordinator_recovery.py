@@ -1,0 +1,123 @@
+"""Recovery costs what is open, not what happened, and survives garbage in its own streams."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, MutableMapping
+from contextlib import contextmanager
+from typing import Any
+
+import structlog
+from nats.aio.client import Client
+
+from tests.support.txn import FAST, CoordinatorClient, message, topic_ids
+from tests.support.wait import eventually
+from txactors.coordinator import CoordinatorConfig, CoordinatorOptions
+from txactors.coordinator.partition.recovery import read_subject
+from txactors.coordinator.partition.store import load_checkpoint
+from txactors.coordinator.service import run_coordinator
+from txactors.wire import layout
+from txactors.wire.protocol import (
+    PROTOCOL_VERSION,
+    CommitTransaction,
+    Decision,
+    ListTransactions,
+    ShowTransaction,
+)
+
+OPTIONS = CoordinatorOptions(tick_interval=0.02, checkpoint_interval=0.1)
+
+
+@contextmanager
+def capture_logs() -> Iterator[list[MutableMapping[str, Any]]]:
+    """Every log event, INFO included, whatever level the tests run at."""
+    saved = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+    try:
+        with structlog.testing.capture_logs() as logs:
+            yield logs
+    finally:
+        structlog.configure(**saved)
+
+
+def recovered(logs: list[MutableMapping[str, Any]]) -> MutableMapping[str, Any]:
+    [event] = [e for e in logs if e["event"] == "coordinator_recovered"]
+    return event
+
+
+async def test_a_discarded_transaction_does_not_make_recovery_reread_history(
+    private_nc: Client,
+) -> None:
+    committed = 200
+    config = CoordinatorConfig(check_max=1, **FAST)
+    async with run_coordinator(private_nc, config=config, options=OPTIONS):
+        client = CoordinatorClient(private_nc)
+        await client.prepare("lost", message(), group="nobody-answers")
+        await eventually(
+            lambda: client.admin(ShowTransaction(txid="lost", version=PROTOCOL_VERSION)),
+            until=lambda info: info.state == "discarded",
+            what="lost discarded",
+        )
+        for n in range(committed):
+            receipt = await client.prepare(f"t{n}", message())
+            await client.end(f"t{n}", receipt.token, Decision.COMMIT)
+        kv = await private_nc.jetstream().key_value(layout.CHECKPOINT_BUCKET)
+        await eventually(
+            lambda: load_checkpoint(kv, 0),
+            until=lambda checkpoint: checkpoint.half_seq > committed + 1,
+            what="a checkpoint past every committed half saved",
+        )
+        assert [p.txid for p in (await load_checkpoint(kv, 0)).discarded] == ["lost"]
+
+    with capture_logs() as logs:
+        async with run_coordinator(private_nc, config=config, options=OPTIONS):
+            client = CoordinatorClient(private_nc)
+            listed = await client.admin(
+                ListTransactions(states=["discarded"], version=PROTOCOL_VERSION)
+            )
+            assert [t.txid for t in listed.transactions] == ["lost"], "still there to resolve"
+            # An operator can still resolve it by hand after the restart: its body is read
+            # back from TXN_HALF by the sequence the checkpoint kept.
+            forced = await client.admin(CommitTransaction(txid="lost", version=PROTOCOL_VERSION))
+            assert forced.state == "committed"
+            assert "lost:0" in await topic_ids(private_nc, "orders")
+    assert recovered(logs)["halves_read"] < 5, "not the 200 committed since the discard"
+
+
+async def test_garbage_in_the_coordinators_own_streams_is_quarantined_not_fatal(
+    private_nc: Client,
+) -> None:
+    async with run_coordinator(private_nc, options=OPTIONS):
+        pass  # the streams exist
+    js = private_nc.jetstream()
+    await js.publish(layout.half_subject(0), b"no headers at all")
+    await js.publish(layout.half_subject(0), b"x", headers={layout.TXID_HEADER: "only-a-txid"})
+    await private_nc.publish(layout.op_subject(0), b"\xc1 not msgpack")
+    await private_nc.flush()
+
+    with capture_logs() as logs:
+        async with run_coordinator(private_nc, options=OPTIONS) as coordinator:
+            assert coordinator.partitions == [0]
+            client = CoordinatorClient(private_nc)
+            receipt = await client.prepare("after-garbage", message())
+            ended = await client.end("after-garbage", receipt.token, Decision.COMMIT)
+            assert ended.state == "committed"
+    assert recovered(logs)["halves_read"] == 2
+    quarantined = [e for e in logs if e["event"] == "record_quarantined"]
+    assert sorted(e["stream"] for e in quarantined) == ["TXN_HALF", "TXN_HALF", "TXN_OP"]
+    copies = [
+        m async for m in read_subject(js, layout.DISCARD_STREAM, layout.quarantine_subject(), 1)
+    ]
+    assert len(copies) == 3
+    for copy in copies:
+        headers = copy.headers or {}
+        assert headers[layout.QUARANTINE_REASON_HEADER].startswith("unreadable in recovery")
+        assert headers[layout.ORIGIN_STREAM_HEADER] in ("TXN_HALF", "TXN_OP")
+
+    # A second restart copies nothing twice (the copies are deduplicated by stream and seq).
+    async with run_coordinator(private_nc, options=OPTIONS):
+        pass
+    again = [
+        m async for m in read_subject(js, layout.DISCARD_STREAM, layout.quarantine_subject(), 1)
+    ]
+    assert len(again) == 3

@@ -1,0 +1,319 @@
+"""Nobody but the coordinators is told the partition count: they publish it, clients read it.
+
+Two coordinator processes with 4 partitions; a producer and the operator's `txactors txn`
+commands given no count: every transaction, on every partition, commits or is listed, shown
+and resolved. A coordinator started with another count refuses in one line; a client whose
+count disagrees with the published one is told so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import anyio
+import nats.js.errors
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from nats.aio.client import Client
+from nats.js.kv import KeyValue
+
+from tests.conftest import MakeNatsServer
+from tests.support.coordinator_process import CoordinatorProcess
+from txactors.coordinator.cluster.agreement import agree_partition_count, meta_bucket
+from txactors.coordinator.options import CoordinatorOptions
+from txactors.coordinator.service import run_coordinator
+from txactors.errors import PrepareFailed
+from txactors.nats.client import connect
+from txactors.nats.partition_count import (
+    PartitionCountMismatch,
+    agreed_count,
+    read_published,
+)
+from txactors.ops import txn as admin
+from txactors.ops.partitions import live_coordinators
+from txactors.producer import Decision, TransactionProducer, TxMessage
+from txactors.producer.transaction import TransactionResult
+from txactors.wire import layout
+
+ROOT = Path(__file__).resolve().parents[2]
+PARTITIONS = 4
+PER_PARTITION = 2
+
+
+@asynccontextmanager
+async def four_partitions(
+    make_nats_server: MakeNatsServer, tmp_path: Path
+) -> AsyncIterator[tuple[str, Client]]:
+    """Two coordinator processes with --partitions 4, every partition served."""
+    server = await make_nats_server()
+    coordinators = [
+        CoordinatorProcess(server.url, _dir(tmp_path, name), partitions=PARTITIONS)
+        for name in ("a", "b")
+    ]
+    nc = await connect(server.url)
+    try:
+        for coordinator in coordinators:
+            await coordinator.start()
+        with anyio.fail_after(30):
+            while not await _all_served(nc):
+                await anyio.sleep(0.1)
+        yield server.url, nc
+    finally:
+        await nc.close()
+        for coordinator in coordinators:
+            await coordinator.terminate()
+
+
+async def _all_served(nc: Client) -> bool:
+    try:
+        await admin.list_transactions(nc, partitions=PARTITIONS, timeout=1)
+    except admin.CoordinatorUnavailable:
+        return False
+    return True
+
+
+def _dir(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / name
+    path.mkdir()
+    return path
+
+
+async def _until_every_partition(
+    producer: TransactionProducer, decision: Decision
+) -> list[TransactionResult]:
+    """Transactions ended with `decision` until each partition has PER_PARTITION of them."""
+    results: list[TransactionResult] = []
+    with anyio.fail_after(60):
+        while min(_per_partition(r.txid for r in results)) < PER_PARTITION:
+            results.append(
+                await producer.send_in_transaction(TxMessage("orders", b"x"), lambda m, a: decision)
+            )
+    return results
+
+
+def _per_partition(txids: Iterable[str]) -> list[int]:
+    counts = [0] * PARTITIONS
+    for txid in txids:
+        counts[layout.partition_of(txid, PARTITIONS)] += 1
+    return counts
+
+
+async def _cli(url: str, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """The real `txactors`, without TXACTORS_PARTITIONS unless `env` sets it."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "TXACTORS_PARTITIONS")}
+    environ |= {"PYTHONPATH": str(ROOT), **(env or {})}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "txactors.cli",
+        *args,
+        "--url",
+        url,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=environ,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_a_producer_and_the_txn_commands_given_no_count_reach_every_partition(
+    make_nats_server: MakeNatsServer, tmp_path: Path
+) -> None:
+    async with four_partitions(make_nats_server, tmp_path) as (url, nc):
+        assert await read_published(nc, timeout=5) == PARTITIONS
+        async with TransactionProducer(nc, "shop", lambda view: Decision.UNKNOWN) as producer:
+            committed = await _until_every_partition(producer, Decision.COMMIT)
+            left_open = await _until_every_partition(producer, Decision.UNKNOWN)
+        assert {r.state for r in committed} == {"committed"}, "every prepare and end reached"
+        open_txids = {r.txid for r in left_open}
+
+        code, out, err = await _cli(url, "txn", "list", "--group", "shop", "--json")
+        assert code == 0, err
+        assert {info["txid"] for info in json.loads(out)} == open_txids, "all 4 partitions"
+        one_per_partition = {layout.partition_of(t, PARTITIONS): t for t in open_txids}
+        assert sorted(one_per_partition) == list(range(PARTITIONS))
+        for txid in one_per_partition.values():
+            code, out, err = await _cli(url, "txn", "show", txid, "--json")
+            assert code == 0, err
+            assert json.loads(out)["txid"] == txid
+
+        code, out, err = await _cli(url, "txn", "resolve", "--rollback", "--group", "shop", "--yes")
+        assert code == 0, err
+        assert sorted(out.splitlines()) == sorted(f"{t}: rolled_back" for t in open_txids), out
+        assert await admin.list_transactions(nc) == []
+
+
+async def test_a_coordinator_with_another_count_refuses_in_one_line(
+    make_nats_server: MakeNatsServer, tmp_path: Path
+) -> None:
+    async with four_partitions(make_nats_server, tmp_path) as (url, nc):
+        other = CoordinatorProcess(url, _dir(tmp_path, "two"), partitions=2)
+        with pytest.raises(AssertionError, match="exited at start"):
+            await other.start()
+        assert other.returncode() == 2
+        assert other.log_tail() == (
+            "error: this coordinator has --partitions 2, but the coordinators' partition "
+            "count is 4 (key 'partitions' of KV bucket TXN_META): start it with --partitions "
+            "4; to change the count see docs/operations.md (Partitions)"
+        )
+        assert await read_published(nc, timeout=5) == PARTITIONS, "the count in force stays"
+        await admin.list_transactions(nc, timeout=5)  # all 4 still served
+
+
+async def test_a_client_count_that_disagrees_is_an_error(
+    make_nats_server: MakeNatsServer, tmp_path: Path
+) -> None:
+    async with four_partitions(make_nats_server, tmp_path) as (url, nc):
+        producer = TransactionProducer(nc, "shop", lambda view: Decision.COMMIT, partitions=2)
+        with pytest.raises(PartitionCountMismatch, match="set to 2 here, but the coordinators"):
+            await producer.__aenter__()
+        async with TransactionProducer(
+            nc, "shop", lambda view: Decision.COMMIT, partitions=PARTITIONS
+        ) as agreeing:
+            result = await agreeing.send_in_transaction(
+                TxMessage("orders", b"x"), lambda m, a: Decision.COMMIT
+            )
+            assert result.state == "committed"
+
+        expected = (
+            "error: partitions is set to 2 here, but the coordinators use 4 (key 'partitions' "
+            "of KV bucket TXN_META): drop the setting (the published count is read) or make it "
+            "agree\n"
+        )
+        runs = await asyncio.gather(
+            _cli(url, "txn", "list", "--partitions", "2"),
+            _cli(url, "txn", "show", "t1", env={"TXACTORS_PARTITIONS": "2"}),
+            _cli(url, "txn", "resolve", "--rollback", "--group", "shop", "--partitions", "2"),
+        )
+        assert [(code, out, err) for code, out, err in runs] == [(2, "", expected)] * 3
+
+
+async def test_the_count_changes_only_with_every_coordinator_stopped(
+    make_nats_server: MakeNatsServer, tmp_path: Path
+) -> None:
+    async with four_partitions(make_nats_server, tmp_path) as (url, _):
+        assert await _cli(url, "partitions", "show") == (0, "4\n", "")
+        code, out, err = await _cli(url, "partitions", "set", "2", "--yes")
+        assert (code, out) == (1, "")
+        assert err.startswith("error: coordinators still run") and err.count("\n") == 1, err
+    nc = await connect(url)
+    try:
+        with anyio.fail_after(10):  # both left cleanly; a killed one's lease expires in 2 s
+            while await live_coordinators(nc):
+                await anyio.sleep(0.1)
+        code, out, err = await _cli(url, "partitions", "set", "2", "--yes")
+        assert (code, out) == (0, "partition count 2 (was 4): start the coordinators with it\n")
+        coordinator = CoordinatorProcess(url, _dir(tmp_path, "after"), partitions=2)
+        await coordinator.start()
+        try:
+            async with TransactionProducer(nc, "shop", lambda view: Decision.COMMIT) as producer:
+                results: list[TransactionResult] = []
+                while len({layout.partition_of(r.txid, 2) for r in results}) < 2:
+                    assert len(results) < 64, "64 txids on one partition of 2"
+                    results.append(
+                        await producer.send_in_transaction(
+                            TxMessage("orders", b"x"), lambda m, a: Decision.COMMIT
+                        )
+                    )
+        finally:
+            await coordinator.terminate()
+    finally:
+        await nc.close()
+    assert {r.state for r in results} == {"committed"}, "both partitions of the new count"
+
+
+async def test_a_producer_started_before_any_coordinator_reads_the_count_when_it_sends(
+    private_nc: Client,
+) -> None:
+    """Producers and coordinators started together: the count is read by the first send."""
+    async with TransactionProducer(private_nc, "shop", lambda view: Decision.COMMIT) as producer:
+        with pytest.raises(PrepareFailed, match="no coordinator has published") as early:
+            await producer.send_in_transaction(TxMessage("orders", b"x"), lambda m, a: None)
+        assert early.value.retry_after is not None, "nothing was sent: come back"
+        options = CoordinatorOptions(partitions=3)
+        async with run_coordinator(private_nc, options=options) as running:
+            with anyio.fail_after(10):
+                while running.partitions != [0, 1, 2]:
+                    await anyio.sleep(0.05)
+            results = [
+                await producer.send_in_transaction(
+                    TxMessage("orders", b"x"), lambda m, a: Decision.COMMIT
+                )
+                for _ in range(12)
+            ]
+    assert {r.state for r in results} == {"committed"}
+
+
+async def test_the_first_count_stays_and_a_deleted_key_is_published_again(
+    private_nc: Client,
+) -> None:
+    assert await read_published(private_nc, timeout=5) is None, "no bucket yet"
+    with pytest.raises(admin.CoordinatorUnavailable, match="no coordinator has published"):
+        await admin.list_transactions(private_nc)
+    kv = await meta_bucket(private_nc.jetstream(), replicas=1)
+    assert await read_published(private_nc, timeout=5) is None, "a bucket without the key"
+    await agree_partition_count(kv, 4)
+    await agree_partition_count(kv, 4)
+    with pytest.raises(PartitionCountMismatch, match=r"has --partitions 3, but .* is 4"):
+        await agree_partition_count(kv, 3)
+    assert await read_published(private_nc, timeout=5) == 4
+    await kv.delete(layout.PARTITIONS_KEY)
+    assert await read_published(private_nc, timeout=5) is None
+    await agree_partition_count(kv, 3)
+    assert await read_published(private_nc, timeout=5) == 3
+
+
+@given(
+    published=st.none() | st.integers(1, 64),
+    configured=st.none() | st.integers(1, 64),
+)
+def test_the_count_used_is_the_published_one_and_an_override_must_equal_it(
+    published: int | None, configured: int | None
+) -> None:
+    if published is not None and configured is not None and published != configured:
+        with pytest.raises(PartitionCountMismatch):
+            agreed_count(published, configured)
+    else:
+        assert agreed_count(published, configured) == (
+            published if published is not None else configured
+        )
+
+
+class LaggingReplica:
+    """A KV bucket whose create finds the key while the first gets, answered by a replica
+    still behind its leader, do not (what a cluster restarted at once answered)."""
+
+    def __init__(self, published: int, misses: int) -> None:
+        self.value = str(published).encode()
+        self.misses = misses
+        self.gets = 0
+
+    async def create(self, key: str, value: bytes) -> int:
+        raise nats.js.errors.KeyWrongLastSequenceError()
+
+    async def get(self, key: str) -> Any:
+        self.gets += 1
+        if self.gets <= self.misses:
+            raise nats.js.errors.KeyNotFoundError()
+        return SimpleNamespace(value=self.value)
+
+
+async def test_a_count_not_readable_yet_is_read_again_not_a_crash() -> None:
+    """A key the create found and the get did not is tried again until it reads, then
+    agreed (or refused) like any other published count."""
+    bucket = LaggingReplica(published=4, misses=2)
+    await agree_partition_count(cast(KeyValue, bucket), 4, deadline=30)
+    assert bucket.gets == 3
+    with pytest.raises(PartitionCountMismatch):
+        await agree_partition_count(cast(KeyValue, LaggingReplica(4, 1)), 2, deadline=30)

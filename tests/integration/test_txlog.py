@@ -1,0 +1,278 @@
+"""The transaction log decides check-backs by claiming: every interleaving of a local
+transaction and a check-back, on SQLite, PostgreSQL (asyncpg, psycopg) and MariaDB.
+
+The local transaction runs on instance A of the group; the check is served by another
+instance B (its own connections, as another process of the group has) or by A itself.
+Whatever the order, a decisive answer agrees with the local outcome: COMMIT if and only if
+the business change committed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import pytest_asyncio
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.support.txlogs import BACKENDS, Backend, SqliteBackend, backend
+from txactors.coordinator.core.config import CoordinatorConfig
+from txactors.errors import RolledBackByCheck
+from txactors.producer import CheckView, Decision
+from txactors.producer.txlog import TxLog, retention_age, schedule_span
+
+pytestmark = [pytest.mark.postgres, pytest.mark.mariadb]  # required, never skipped
+
+
+@pytest_asyncio.fixture(params=BACKENDS)
+async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    opened = backend(request.param, tmp_path)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+def new_group() -> str:
+    return f"shop-{uuid.uuid4().hex[:12]}"
+
+
+async def check(txlog: TxLog[Any], txid: str) -> Decision:
+    return await txlog.check(CheckView(txid=txid, group=txlog.group, check_times=0, messages=()))
+
+
+async def commit_locally(db: Backend, txlog: TxLog[Any], txid: str) -> None:
+    async with txlog.local() as local:
+        await txlog.record(local.connection, txid)
+        await db.write(local.connection, txid)
+        await local.commit()
+
+
+async def test_a_check_before_the_local_transaction_fences_it_off(db: Backend) -> None:
+    group = new_group()
+    a, b = await db.instance(group), await db.instance(group)
+    txid = uuid.uuid4().hex
+    assert await check(b, txid) is Decision.ROLLBACK
+    with pytest.raises(RolledBackByCheck):
+        await commit_locally(db, a, txid)
+    assert not await db.committed(txid)
+    assert [await check(a, txid), await check(b, txid)] == [Decision.ROLLBACK] * 2
+
+
+async def test_a_check_while_the_local_transaction_runs_before_it_records(db: Backend) -> None:
+    """The work is done, the txid not yet recorded. A database with row locks lets the check
+    claim the txid at once: the record then fails and the work rolls back. SQLite's one
+    writer makes the check wait for the local transaction, which then commits first."""
+    group = new_group()
+    a, b = await db.instance(group), await db.instance(group)
+    txid = uuid.uuid4().hex
+    answer: list[Decision] = []
+    async with anyio.create_task_group() as tg, a.local() as local:
+        await db.write(local.connection, txid)
+        tg.start_soon(lambda: _append(answer, check(b, txid)))
+        await _settled(answer, 0.5)
+        try:
+            await a.record(local.connection, txid)
+        except RolledBackByCheck:
+            pass
+        else:
+            await local.commit()
+    committed = await db.committed(txid)
+    assert answer == [Decision.COMMIT if committed else Decision.ROLLBACK]
+    assert committed is isinstance(db, SqliteBackend)
+
+
+@pytest.mark.parametrize("outcome", [Decision.COMMIT, Decision.ROLLBACK])
+async def test_a_check_after_the_record_waits_for_the_local_outcome(
+    db: Backend, outcome: Decision
+) -> None:
+    group = new_group()
+    a, b = await db.instance(group), await db.instance(group)
+    txid = uuid.uuid4().hex
+    answer: list[Decision] = []
+    async with anyio.create_task_group() as tg, a.local() as local:
+        await a.record(local.connection, txid)
+        await db.write(local.connection, txid)
+        tg.start_soon(lambda: _append(answer, check(b, txid)))
+        await _settled(answer, 0.5)
+        assert answer == [], "the check answered before the local transaction ended"
+        if outcome is Decision.COMMIT:
+            await local.commit()
+    assert answer == [outcome]
+    assert await db.committed(txid) is (outcome is Decision.COMMIT)
+    assert [await check(a, txid), await check(b, txid)] == [outcome] * 2
+
+
+async def test_a_check_after_the_commit_says_commit(db: Backend) -> None:
+    group = new_group()
+    a, b = await db.instance(group), await db.instance(group)
+    txid = uuid.uuid4().hex
+    await commit_locally(db, a, txid)
+    assert [await check(a, txid), await check(b, txid), await check(b, txid)] == [
+        Decision.COMMIT
+    ] * 3
+
+
+async def test_a_check_after_a_rollback_says_rollback_and_fences_a_retry(db: Backend) -> None:
+    group = new_group()
+    a, b = await db.instance(group), await db.instance(group)
+    txid = uuid.uuid4().hex
+    with pytest.raises(ZeroDivisionError):
+        async with a.local() as local:
+            await a.record(local.connection, txid)
+            await db.write(local.connection, txid)
+            raise ZeroDivisionError
+    assert await check(b, txid) is Decision.ROLLBACK
+    with pytest.raises(RolledBackByCheck):  # the same txid can never commit now
+        await commit_locally(db, a, txid)
+    assert not await db.committed(txid)
+
+
+async def test_groups_do_not_answer_for_each_other(db: Backend) -> None:
+    shop, bank = await db.instance(new_group()), await db.instance(new_group())
+    txid = uuid.uuid4().hex
+    await commit_locally(db, shop, txid)
+    assert await check(bank, txid) is Decision.ROLLBACK
+    assert await check(shop, txid) is Decision.COMMIT
+
+
+async def test_retention_removes_only_rows_past_the_cutoff(db: Backend) -> None:
+    txlog = await db.instance(new_group())
+    old, young = uuid.uuid4().hex, uuid.uuid4().hex
+    await commit_locally(db, txlog, old)
+    assert await check(txlog, uuid.uuid4().hex) is Decision.ROLLBACK  # a claimed row
+    cutoff = await _now_after_a_tick()
+    await commit_locally(db, txlog, young)
+    assert await txlog.forget_before(cutoff) == 2  # this group's: `old` and the claim
+    assert await txlog.lookup(old) is None
+    assert await txlog.lookup(young) == "committed"
+    assert await txlog.prune(CoordinatorConfig()) == 0  # nothing is 73 hours old
+
+
+async def test_pruning_follows_the_coordinators_retention(db: Backend) -> None:
+    """With a half retention of 0.2 s, a row is prunable 0.3 s after it was written; other
+    groups' rows are theirs to prune."""
+    txlog, other = await db.instance(new_group()), await db.instance(new_group())
+    config = CoordinatorConfig(
+        transaction_timeout=0.1, half_retention=0.2, check_answer_timeout=0.1
+    )
+    others = uuid.uuid4().hex
+    await commit_locally(db, other, others)
+    old = uuid.uuid4().hex
+    await commit_locally(db, txlog, old)
+    assert await txlog.prune(config, clock_margin=0) == 0  # young: a check may still come
+    await anyio.sleep(0.35)
+    young = uuid.uuid4().hex
+    await commit_locally(db, txlog, young)
+    with anyio.move_on_after(0.1):  # a few rounds, while `young` is still young
+        await txlog.prune_forever(config, every=0.02, clock_margin=0)
+    assert await txlog.lookup(old) is None
+    assert await txlog.lookup(young) == "committed"
+    assert await other.lookup(others) == "committed"
+
+
+# -- the database cannot answer: UNKNOWN -----------------------------------------------
+
+
+async def test_a_locked_sqlite_database_answers_unknown(tmp_path: Path) -> None:
+    db = SqliteBackend(tmp_path / "locked.db", busy_timeout=0.1)
+    try:
+        group = new_group()
+        a, b = await db.instance(group), await db.instance(group)
+        txid = uuid.uuid4().hex
+        async with a.local() as local:
+            await a.record(local.connection, txid)
+            assert await check(b, txid) is Decision.UNKNOWN  # A holds the write lock
+            await local.commit()
+        assert await check(b, txid) is Decision.COMMIT
+    finally:
+        await db.close()
+
+
+async def test_an_unreachable_server_answers_unknown() -> None:
+    import asyncpg  # type: ignore[import-untyped]
+    import psycopg_pool
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from txactors.producer.txlog.alchemy import SqlAlchemyTxLog
+    from txactors.producer.txlog.pg_asyncpg import AsyncpgTxLog
+    from txactors.producer.txlog.pg_psycopg import PsycopgTxLog
+
+    port = 1  # nothing listens there
+    pg_pool = await asyncpg.create_pool(f"postgresql://postgres@127.0.0.1:{port}/test", min_size=0)
+    ps_pool = psycopg_pool.AsyncConnectionPool(
+        f"host=127.0.0.1 port={port} user=postgres dbname=test", min_size=1, open=False, timeout=1
+    )
+    await ps_pool.open(wait=False)
+    engine = create_async_engine(f"mysql+asyncmy://root@127.0.0.1:{port}/test")
+    try:
+        for txlog in (
+            AsyncpgTxLog(pg_pool, "shop"),
+            PsycopgTxLog(ps_pool, "shop"),
+            SqlAlchemyTxLog(engine, "shop"),
+        ):
+            assert await check(txlog, uuid.uuid4().hex) is Decision.UNKNOWN, txlog
+    finally:
+        await pg_pool.close()
+        await ps_pool.close()
+        await engine.dispose()
+
+
+# -- retention arithmetic ---------------------------------------------------------------
+
+
+def test_the_retention_age_outlasts_the_half_retention() -> None:
+    config = CoordinatorConfig()
+    assert retention_age(config) == config.half_retention + config.check_answer_timeout + 3600
+    assert retention_age(config, clock_margin=0) > config.half_retention
+    with pytest.raises(ValueError, match="clock_margin"):
+        retention_age(config, clock_margin=-1)
+
+
+@given(
+    check_max=st.integers(1, 40),
+    interval=st.floats(0.1, 100),
+    backoff=st.floats(1.0, 4.0),
+    half_retention=st.floats(10, 1e6),
+)
+def test_the_check_schedule_never_outlasts_the_retention_age(
+    check_max: int, interval: float, backoff: float, half_retention: float
+) -> None:
+    config = CoordinatorConfig(
+        check_max=check_max,
+        check_interval=interval,
+        check_interval_max=interval * 8,
+        check_backoff=backoff,
+        half_retention=half_retention,
+    )
+    span = schedule_span(config)
+    assert min(config.max_immunity, config.half_retention) < span
+    assert span <= retention_age(config, clock_margin=0)
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+async def _append(answers: list[Decision], answer: Any) -> None:
+    answers.append(await answer)
+
+
+async def _settled(answers: list[Decision], wait: float) -> None:
+    """Until the check answered, or `wait` seconds (it is waiting for a lock)."""
+    with anyio.move_on_after(wait):
+        while not answers:
+            await anyio.sleep(0.01)
+
+
+async def _now_after_a_tick() -> float:
+    import time
+
+    await anyio.sleep(0.05)
+    now = time.time()
+    await anyio.sleep(0.05)
+    return now

@@ -1,0 +1,292 @@
+"""The one-call form `TxLog.send_in_transaction` against a real coordinator: the message
+is delivered if and only if the business change committed, whatever happens at each step
+(an exception, a cancellation, a failed commit, a producer SIGKILLed), with the check-back
+served by the same process or by another instance of the group."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import nats
+import pytest
+import pytest_asyncio
+from nats.aio.client import Client
+
+from tests.peers.txlog_producer import TOPIC as KILL_TOPIC
+from tests.support.txlogs import Backend, SqliteBackend, backend
+from tests.support.txn import FAST, topic_ids
+from txactors.coordinator import CoordinatorConfig
+from txactors.coordinator.service import run_coordinator
+from txactors.errors import ConfigError, RolledBackByCheck
+from txactors.faults import CRASH_EXIT_CODE, FAULT_ENV, FaultPoint
+from txactors.ops.txn import list_transactions
+from txactors.producer import Transaction, TransactionProducer, TxMessage
+from txactors.producer.txlog.sqlite import SqliteLocal, SqliteTxLog
+
+pytestmark = [pytest.mark.postgres, pytest.mark.mariadb]  # the kill test runs on each
+
+ROOT = Path(__file__).resolve().parents[2]
+TOPIC = "paid"
+SETTLE = 30.0
+
+
+@pytest_asyncio.fixture
+async def sqlite(tmp_path: Path) -> AsyncIterator[SqliteBackend]:
+    db = SqliteBackend(tmp_path / "shop.db")
+    try:
+        yield db
+    finally:
+        await db.close()
+
+
+@asynccontextmanager
+async def coordinated(nc: Client) -> AsyncIterator[None]:
+    async with run_coordinator(nc, config=CoordinatorConfig(**FAST)):
+        yield
+
+
+async def settled(nc: Client) -> set[str]:
+    """The txids delivered on TOPIC once the coordinator holds no open transaction."""
+    with anyio.fail_after(SETTLE):
+        while await list_transactions(nc):
+            await anyio.sleep(0.1)
+    return {msg_id.split(":")[0] for msg_id in await topic_ids(nc, TOPIC)}
+
+
+async def test_a_committed_work_is_delivered(private_nc: Client, sqlite: SqliteBackend) -> None:
+    txlog = await sqlite.instance("shop")
+    async with (
+        coordinated(private_nc),
+        TransactionProducer(private_nc, "shop", txlog.check) as producer,
+    ):
+        result = await txlog.send_in_transaction(producer, TxMessage(TOPIC, b"42"), sqlite.write)
+        assert result.state == "committed"
+        assert await settled(private_nc) == {result.txid}
+    assert await sqlite.committed(result.txid)
+    assert await txlog.lookup(result.txid) == "committed"
+
+
+async def test_a_failing_work_rolls_both_back(private_nc: Client, sqlite: SqliteBackend) -> None:
+    txlog = await sqlite.instance("shop")
+    txids: list[str] = []
+
+    async def work(conn: Any, txid: str) -> None:
+        txids.append(txid)
+        await sqlite.write(conn, txid)
+        raise ZeroDivisionError
+
+    async with (
+        coordinated(private_nc),
+        TransactionProducer(private_nc, "shop", txlog.check) as producer,
+    ):
+        with pytest.raises(ZeroDivisionError):
+            await txlog.send_in_transaction(producer, TxMessage(TOPIC, b"42"), work)
+        assert await settled(private_nc) == set()
+    assert not await sqlite.committed(txids[0])
+    assert await txlog.lookup(txids[0]) is None
+
+
+async def test_a_cancelled_work_is_rolled_back_by_the_same_process_check(
+    private_nc: Client, sqlite: SqliteBackend
+) -> None:
+    """Cancelled, the send ends nothing; the coordinator's check-back comes to this very
+    process, whose log claims the txid: ROLLBACK, and nothing is delivered."""
+    txlog = await sqlite.instance("shop")
+    started = anyio.Event()
+    txids: list[str] = []
+
+    async def work(conn: Any, txid: str) -> None:
+        txids.append(txid)
+        await sqlite.write(conn, txid)
+        started.set()
+        await anyio.sleep_forever()
+
+    async with (
+        coordinated(private_nc),
+        TransactionProducer(private_nc, "shop", txlog.check) as producer,
+    ):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(txlog.send_in_transaction, producer, TxMessage(TOPIC, b"42"), work)
+            await started.wait()
+            tg.cancel_scope.cancel()
+        assert await settled(private_nc) == set()
+    assert not await sqlite.committed(txids[0])
+    assert await txlog.lookup(txids[0]) == "rolled_back"
+
+
+class FlakyCommit(SqliteTxLog):
+    """A log whose commit raises, after committing (`lost_reply`) or instead of it."""
+
+    def __init__(self, path: Path, group: str, *, lost_reply: bool) -> None:
+        super().__init__(path, group)
+        self.lost_reply = lost_reply
+
+    @asynccontextmanager
+    async def local(self) -> AsyncIterator[SqliteLocal]:
+        async with super().local() as local:
+            commit = local.commit
+
+            async def flaky() -> None:
+                if self.lost_reply:
+                    await commit()
+                raise OSError("the connection dropped during COMMIT")
+
+            local.commit = flaky  # type: ignore[method-assign]
+            yield local
+
+
+@pytest.mark.parametrize("lost_reply", [True, False])
+async def test_a_commit_that_raises_is_settled_from_the_log(
+    private_nc: Client, sqlite: SqliteBackend, lost_reply: bool
+) -> None:
+    await sqlite.instance("shop")  # the tables
+    txids: list[str] = []
+
+    async def work(conn: Any, txid: str) -> None:
+        txids.append(txid)
+        await sqlite.write(conn, txid)
+
+    txlog = FlakyCommit(sqlite.path, "shop", lost_reply=lost_reply)
+    async with (
+        txlog,
+        coordinated(private_nc),
+        TransactionProducer(private_nc, "shop", txlog.check) as producer,
+    ):
+        if lost_reply:
+            result = await txlog.send_in_transaction(producer, TxMessage(TOPIC, b"1"), work)
+            assert result.state == "committed"
+        else:
+            with pytest.raises(OSError, match="dropped"):
+                await txlog.send_in_transaction(producer, TxMessage(TOPIC, b"1"), work)
+        delivered = await settled(private_nc)
+    assert await sqlite.committed(txids[0]) is lost_reply
+    assert delivered == ({txids[0]} if lost_reply else set())
+
+
+async def test_a_txid_claimed_before_the_record_fails_before_the_work(
+    private_nc: Client, sqlite: SqliteBackend
+) -> None:
+    """Another instance's check-back claims the txid right after the prepare: the record
+    fails on the key, the work never runs, and the messages are rolled back."""
+    txlog = await sqlite.instance("shop")
+    other = await sqlite.instance("shop")
+    ran: list[str] = []
+
+    async def work(conn: Any, txid: str) -> None:
+        ran.append(txid)
+
+    async with (
+        coordinated(private_nc),
+        TransactionProducer(private_nc, "shop", txlog.check) as producer,
+    ):
+        begin = producer.begin
+
+        def begin_then_lose_the_race(**options: Any) -> Transaction:
+            txn = begin(**options)
+            send = txn.send
+
+            async def send_then_claim(message: Any) -> tuple[int, ...]:
+                seqs = await send(message)
+                assert await other.claim(txn.txid)  # the check-back got there first
+                return seqs
+
+            txn.send = send_then_claim  # type: ignore[method-assign]
+            return txn
+
+        producer.begin = begin_then_lose_the_race  # type: ignore[method-assign]
+        with pytest.raises(RolledBackByCheck):
+            await txlog.send_in_transaction(producer, TxMessage(TOPIC, b"1"), work)
+        assert await settled(private_nc) == set()
+    assert ran == []
+
+
+async def test_the_log_and_the_producer_must_share_the_group(
+    private_nc: Client, sqlite: SqliteBackend
+) -> None:
+    txlog = await sqlite.instance("shop")
+    async with TransactionProducer(private_nc, "bank", txlog.check) as producer:
+        with pytest.raises(ConfigError, match="group"):
+            await txlog.send_in_transaction(producer, TxMessage(TOPIC, b"1"), sqlite.write)
+
+
+# -- a producer SIGKILLed at each step, the check served by another instance -------------
+
+
+KILL_POINTS = [
+    FaultPoint.AFTER_PREPARE,
+    FaultPoint.AFTER_TXLOG_RECORD,
+    "in_work",
+    FaultPoint.AFTER_LOCAL_WORK,
+    FaultPoint.AFTER_LOCAL_COMMIT,
+]
+
+
+@pytest.mark.parametrize("backend_name", ["sqlite", "asyncpg", "mariadb"])
+@pytest.mark.parametrize("point", KILL_POINTS)
+async def test_a_producer_killed_at_each_step_delivers_iff_it_committed(
+    make_nats_server: Any, tmp_path: Path, backend_name: str, point: str
+) -> None:
+    server = await make_nats_server()
+    nc = await nats.connect(server.url)
+    db: Backend = backend(backend_name, tmp_path)
+    group = f"shop-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NATS_URL": server.url}
+    mode = "kill" if point == "in_work" else "fault"
+    if mode == "fault":
+        env[FAULT_ENV] = point
+    try:
+        survivor = await db.instance(group)  # another instance of the group
+        async with (
+            run_coordinator(nc, config=CoordinatorConfig(**FAST)),
+            TransactionProducer(nc, group, survivor.check),
+        ):
+            command = [sys.executable, "-m", "tests.peers.txlog_producer", server.url]
+            peer = await anyio.open_process(
+                [*command, backend_name, str(tmp_path), group, mode], cwd=ROOT, env=env
+            )
+            lines = await _died(peer, mode)
+            txids = {line.split()[1] for line in lines if line.startswith("TXID")}
+            with anyio.fail_after(SETTLE):
+                while await list_transactions(nc):
+                    await anyio.sleep(0.1)
+            delivered = {m.split(":")[0] for m in await topic_ids(nc, KILL_TOPIC)}
+        committed = {txid for txid in txids if await db.committed(txid)}
+        assert delivered == committed
+        assert bool(committed) is (point == FaultPoint.AFTER_LOCAL_COMMIT), lines
+    finally:
+        await db.close()
+        await nc.close()
+
+
+async def _died(peer: anyio.abc.Process, mode: str) -> list[str]:
+    """The peer's output lines once it is dead: by its fault point, or by our SIGKILL."""
+    assert peer.stdout is not None
+    lines: list[str] = []
+    buffer = b""
+    deadline = time.monotonic() + 60
+    try:
+        with anyio.fail_after(60):
+            async for chunk in peer.stdout:
+                buffer += chunk
+                *complete, buffer = buffer.split(b"\n")
+                lines += [line.decode() for line in complete]
+                if mode == "kill" and "WORKING" in lines:
+                    peer.send_signal(signal.SIGKILL)
+        code = await peer.wait()
+    finally:
+        if peer.returncode is None:
+            peer.kill()
+        await peer.aclose()
+    assert time.monotonic() < deadline
+    expected = -signal.SIGKILL if mode == "kill" else CRASH_EXIT_CODE
+    assert code == expected, lines
+    return lines

@@ -1,0 +1,1 @@
+"""The app layer: typed handlers (`TxApp`) and the worker process that runs them."""

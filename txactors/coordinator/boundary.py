@@ -1,0 +1,344 @@
+"""The coordinator's one input boundary: what it accepts from the bus, checked before it acts.
+
+Every verb a coordinator serves (`Prepare`, `EndTransaction`, the admin commands) and every
+answer a producer sends back to a check-back (`CheckResult`) passes through here, after msgspec
+has checked the types (protocol.Codec) and before anything is written. What is not allowed is
+refused with `bad_request`, the field's path (`$.messages[2].properties['a b']`) and what is
+allowed; nothing is trimmed, clamped or rewritten. What a well-formed request may not do is
+refused with `forbidden`: a prepare or end on another producer group's subject
+(`txn.coord.<p>.prepare|end.<group>` names the group NATS permissions let the sender use), or,
+under a tenant policy (`group_topics`), into a topic its group was not given. The limits are
+chosen so that whatever passes can be stored, published, checked back and discarded without the
+broker refusing it later (a record the broker refuses would stop a partition for good); the
+table in docs/protocol.md lists them. Pure, no I/O: tests/unit/test_coordinator_validation.py drives
+it with Hypothesis.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from txactors.coordinator.core import tokens
+from txactors.coordinator.core.states import TxnState
+from txactors.coordinator.partition.store import half_headers
+from txactors.errors import TxActorsError
+from txactors.wire import layout
+from txactors.wire.framing import JETSTREAM_MAX_HEADER_BYTES, header_block_bytes
+from txactors.wire.protocol import (
+    OLDEST_VERSION,
+    PROTOCOL_VERSION,
+    CheckResult,
+    Command,
+    EndTransaction,
+    Error,
+    ErrorCode,
+    ListTransactions,
+    OperatorDecision,
+    OutgoingMessage,
+    Prepare,
+    ShowTransaction,
+    unsupported_version,
+)
+
+HEADER_RESERVE: Final = 1024
+"""Bytes kept free, in the header block and in the whole message, for headers added after
+the prepare: a discarded copy's reason and check count, a dead-lettered copy's error."""
+MAX_HALF_HEADER_BYTES: Final = JETSTREAM_MAX_HEADER_BYTES - HEADER_RESERVE
+MAX_KEY_LENGTH: Final = 256
+MAX_PROPERTY_NAME_LENGTH: Final = 128
+PROPERTY_NAME: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+"""An RFC 7230 token: what nats-py (and the NATS header format) accepts as a header name."""
+PROPERTY_NAME_GRAMMAR: Final = "letters, digits and !#$%&'*+-.^_`|~"
+TEXT_GRAMMAR: Final = (
+    "printable UTF-8 text (no control characters or line breaks) without leading or trailing blanks"
+)
+
+MAX_LIST_LIMIT: Final = 100_000
+BATCH: Final = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+BATCH_GRAMMAR: Final = "1 to 64 of letters, digits, '_', '-', '.' and ':'"
+
+# Worst cases for the header values only known when the half is written.
+_WORST_BORN: Final = -2.2250738585072014e-308
+_WORST_INDEX: Final = 2**63 - 1
+_WORST_DIGEST: Final = tokens.digest("0" * 32)
+
+
+class _Refused(TxActorsError):
+    """Private control flow: caught in `Boundary.refusal`, which answers with an `Error`."""
+
+    def __init__(self, path: str, rule: str, code: ErrorCode = ErrorCode.BAD_REQUEST) -> None:
+        super().__init__(f"{path}: {rule}")
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Boundary:
+    """The checks of one partition's coordinator: its number, the partition count, and the
+    limits it was configured with."""
+
+    partition: int
+    partitions: int
+    max_messages: int
+    max_immunity: float
+    group_topics: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """The tenant policy (CoordinatorOptions.group_topics); empty: any group, any topic."""
+
+    def refusal(
+        self,
+        command: Any,
+        *,
+        max_payload: int,
+        subject: str | None = None,
+        group_of: Callable[[str], str | None] = lambda txid: None,
+    ) -> Error | None:
+        """The `bad_request`, `forbidden` (or `unknown_command`) to answer `command` with, or
+        None if it may go on.
+
+        `max_payload` is the connected server's (it can change on a reconnect); `subject` the
+        one the command arrived on (None: from this process); `group_of` the group of a known
+        transaction (None: not known here). The version is checked first: another version's
+        other fields may mean something else.
+        """
+        if isinstance(command, Command):
+            unsupported = unsupported_version(command.version)
+            if unsupported is not None:
+                return unsupported
+            if command.version < 1:
+                rule = f"the protocol version, {OLDEST_VERSION} to {PROTOCOL_VERSION}"
+                return Error(ErrorCode.BAD_REQUEST, f"$.version: {rule}, not {command.version}")
+        try:
+            match command:
+                case Prepare():
+                    self._check_prepare(command, max_payload)
+                    self._check_tenant(command, subject)
+                case EndTransaction():
+                    self._check_txid(command.txid)
+                    _check_token("$.token", command.token)
+                    _check_end_group(command.txid, group_of(command.txid), subject)
+                case ListTransactions():
+                    _check_listing(command)
+                case ShowTransaction():
+                    self._check_txid(command.txid)
+                case OperatorDecision():
+                    self._check_txid(command.txid)
+                    if command.batch is not None and not BATCH.fullmatch(command.batch):
+                        raise _Refused("$.batch", f"null or {BATCH_GRAMMAR}")
+                case _:
+                    name = type(command).__name__
+                    return Error(ErrorCode.UNKNOWN_COMMAND, f"{name} is not served here")
+        except _Refused as refused:
+            return Error(refused.code, str(refused))
+        return None
+
+    def _check_tenant(self, prepare: Prepare, subject: str | None) -> None:
+        """The group the subject names (what NATS let the sender publish) is the prepare's,
+        and the policy gives that group every topic the prepare names."""
+        sent_as = _sent_as(subject)
+        if sent_as is not None and sent_as != prepare.group:
+            raise _Refused(
+                "$.group",
+                f"the prepare is for group {_quoted(prepare.group)} but came on the subject "
+                f"of group {_quoted(sent_as)}: a group prepares only on "
+                "txn.coord.<partition>.prepare.<its group>",
+                ErrorCode.FORBIDDEN,
+            )
+        if not self.group_topics:
+            return
+        allowed = self.group_topics.get(prepare.group)
+        if allowed is None:
+            raise _Refused(
+                "$.group",
+                f"group {_quoted(prepare.group)} may not prepare here: the coordinator's "
+                "group_topics policy does not list it",
+                ErrorCode.FORBIDDEN,
+            )
+        for i, message in enumerate(prepare.messages):
+            if not topic_allowed(message.topic, allowed):
+                raise _Refused(
+                    f"$.messages[{i}].topic",
+                    f"group {_quoted(prepare.group)} may not write to topic "
+                    f"{_quoted(message.topic)}; the group_topics policy allows it "
+                    f"{', '.join(allowed)}",
+                    ErrorCode.FORBIDDEN,
+                )
+
+    def prefix_rules(self, group: str, topic: str) -> tuple[str, ...]:
+        """The prefix rules (`orders-*`) by which the policy lets `group` write `topic`, when
+        no rule names it outright: a new stream for it counts against `max_prefix_topics`.
+        Empty: no policy, or the topic is named (its stream is not capped)."""
+        allowed = self.group_topics.get(group, ())
+        if topic in allowed:
+            return ()
+        return tuple(p for p in allowed if p.endswith("*") and topic.startswith(p[:-1]))
+
+    def _check_txid(self, txid: str) -> None:
+        _check_name("$.txid", "txid", txid)
+        owner = layout.partition_of(txid, self.partitions)
+        if owner != self.partition:
+            raise _Refused(
+                "$.txid",
+                f"transaction {txid} belongs to partition {owner} (crc32 mod "
+                f"{self.partitions}), not {self.partition}: use txn.coord.{owner}.*",
+            )
+
+    def _check_prepare(self, prepare: Prepare, max_payload: int) -> None:
+        self._check_txid(prepare.txid)
+        _check_name("$.group", "group", prepare.group)
+        _check_name("$.producer", "producer", prepare.producer)
+        if prepare.token is not None:
+            _check_token("$.token", prepare.token)
+        if not 1 <= len(prepare.messages) <= self.max_messages:
+            raise _Refused("$.messages", f"1 to {self.max_messages} messages per prepare")
+        for i, message in enumerate(prepare.messages):
+            self._check_message(f"$.messages[{i}]", prepare, message, max_payload)
+
+    def _check_message(
+        self, path: str, prepare: Prepare, message: OutgoingMessage, max_payload: int
+    ) -> None:
+        _check_name(f"{path}.topic", "topic", message.topic)
+        if message.tag is not None:
+            _check_name(f"{path}.tag", "tag", message.tag)
+            if message.tag == layout.NO_TAG:
+                raise _Refused(f"{path}.tag", f"{layout.NO_TAG!r} means 'no tag': send null")
+        for k, key in enumerate(message.keys):
+            key_path = f"{path}.keys[{k}]"
+            if not key or len(key) > MAX_KEY_LENGTH or "," in key:
+                raise _Refused(key_path, f"1 to {MAX_KEY_LENGTH} characters, no ','")
+            _check_text(key_path, key)
+        for name, value in message.properties.items():
+            property_path = f"{path}.properties[{layout.shown(name)}]"
+            _check_property_name(property_path, name)
+            _check_text(property_path, value)
+        immunity = message.check_immunity
+        if immunity is not None and not (
+            math.isfinite(immunity) and 0 <= immunity <= self.max_immunity
+        ):
+            raise _Refused(
+                f"{path}.check_immunity",
+                f"null or a number of seconds from 0 to {self.max_immunity:g}, not {immunity!r}",
+            )
+        header_bytes = half_header_bytes(prepare, message)
+        if header_bytes > MAX_HALF_HEADER_BYTES:
+            raise _Refused(
+                path,
+                f"its headers (properties, keys and the coordinator's own) take {header_bytes} "
+                f"bytes; at most {MAX_HALF_HEADER_BYTES} (JetStream's header limit is "
+                f"{JETSTREAM_MAX_HEADER_BYTES}, {HEADER_RESERVE} are kept for later headers)",
+            )
+        size = header_bytes + len(message.body)
+        limit = max_payload - HEADER_RESERVE
+        if size > limit:
+            raise _Refused(
+                path,
+                f"body and headers take {size} bytes; at most {limit} (the server's "
+                f"max_payload {max_payload} less {HEADER_RESERVE} kept for later headers)",
+            )
+
+
+def _sent_as(subject: str | None) -> str | None:
+    """The group NATS let the sender publish as (None: from this process, or on a deprecated
+    group-less subject, which only a tenant policy polices)."""
+    return layout.subject_group(subject) if subject is not None else None
+
+
+def _check_end_group(txid: str, group: str | None, subject: str | None) -> None:
+    """An end comes on its transaction's group's subject. The token proves the sender may end
+    it already; the group NATS let the sender use must agree (without naming the other)."""
+    sent_as = _sent_as(subject)
+    if sent_as is not None and group not in (None, sent_as):
+        raise _Refused(
+            "$.txid",
+            f"{txid} is a transaction of another group than {sent_as!r}",
+            ErrorCode.FORBIDDEN,
+        )
+
+
+def topic_allowed(topic: str, patterns: tuple[str, ...]) -> bool:
+    """Whether `topic` is one of `patterns`: a topic name, or a prefix ending in `*`."""
+    return any(topic.startswith(p[:-1]) if p.endswith("*") else topic == p for p in patterns)
+
+
+def _check_listing(command: ListTransactions) -> None:
+    known = {s.value for s in TxnState}
+    for i, state in enumerate(command.states):
+        if state not in known:
+            raise _Refused(f"$.states[{i}]", f"one of {', '.join(sorted(known))}")
+    if command.group is not None:
+        _check_name("$.group", "group", command.group)
+    if command.topic is not None:
+        _check_name("$.topic", "topic", command.topic)
+    older_than = command.older_than
+    if older_than is not None and not (math.isfinite(older_than) and older_than >= 0):
+        raise _Refused(
+            "$.older_than", f"null or a finite number of seconds >= 0, not {older_than!r}"
+        )
+    if command.limit is not None and not 1 <= command.limit <= MAX_LIST_LIMIT:
+        raise _Refused("$.limit", f"null (no limit) or 1 to {MAX_LIST_LIMIT}")
+
+
+def check_answer_problem(answer: CheckResult, *, txid: str, check_id: int) -> str | None:
+    """Why a producer's answer to a check-back cannot decide it (None: it can)."""
+    if answer.txid != txid:
+        return f"$.txid: the answer is about {layout.shown(answer.txid)}, the check about {txid}"
+    if answer.check_id != check_id:
+        return f"$.check_id: the answer is to check {answer.check_id}, not {check_id}"
+    return None
+
+
+def half_header_bytes(prepare: Prepare, message: OutgoingMessage) -> int:
+    """The size of the header block of `message`'s half, as NATS frames it, with the
+    coordinator's own headers at their longest (index, birth time, token digest)."""
+    headers = half_headers(
+        txid=prepare.txid,
+        token_digest=_WORST_DIGEST,
+        group=prepare.group,
+        producer=prepare.producer,
+        begins=True,
+        index=_WORST_INDEX,
+        born=_WORST_BORN,
+        message=message,
+    )
+    return header_block_bytes(headers)
+
+
+def _check_name(path: str, kind: str, name: str) -> None:
+    problem = layout.name_problem(kind, name)
+    if problem is not None:
+        raise _Refused(path, problem)
+
+
+def _check_token(path: str, token: str) -> None:
+    if not tokens.TOKEN_PATTERN.fullmatch(token):
+        raise _Refused(path, "the token a Prepared reply gave: 32 lowercase hex digits")
+
+
+def _check_property_name(path: str, name: str) -> None:
+    if not PROPERTY_NAME.fullmatch(name) or len(name) > MAX_PROPERTY_NAME_LENGTH:
+        raise _Refused(
+            path,
+            f"a property name is 1 to {MAX_PROPERTY_NAME_LENGTH} of {PROPERTY_NAME_GRAMMAR} "
+            "(it travels as a NATS header name)",
+        )
+    if layout.is_reserved_header(name):
+        prefixes = " or ".join(layout.RESERVED_HEADER_PREFIXES)
+        reserved = ", ".join(sorted(layout.RESERVED_HEADER_NAMES))
+        raise _Refused(
+            path,
+            f"reserved: txactors and NATS own headers starting with {prefixes} and the "
+            f"names {reserved}, in any case",
+        )
+
+
+def _check_text(path: str, text: str) -> None:
+    """Keys and property values travel as header values: nats-py trims them and turns
+    line breaks into spaces, so such a value would arrive altered (or end the header)."""
+    if not text.isprintable() or text != text.strip():
+        raise _Refused(path, TEXT_GRAMMAR)
+
+
+def _quoted(name: str) -> str:
+    return layout.shown(name).replace("'", '"') if name.isprintable() else layout.shown(name)

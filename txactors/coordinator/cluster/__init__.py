@@ -1,0 +1,1 @@
+"""Cluster membership: leases, each member's share, the count."""

@@ -1,0 +1,1 @@
+"""One partition's I/O: its actor, writers, checker, recovery."""

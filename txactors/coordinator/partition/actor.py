@@ -1,0 +1,551 @@
+"""The partition actor: inputs become table events, the table's actions go to the writers.
+
+It owns one partition's `TransactionTable`. Requests (prepare, end, admin) arrive in its
+mailbox, pass the validation `Boundary` and become events; the actions of each step are
+handed on at once and never awaited: op records to `OpLog`, publishes to `Publisher`,
+answers to `Answers`, check-backs and the next deadline to the partition's `Checker` actor.
+
+A step (`_step`: `table.handle_batch`, then handing on its actions) never waits, so it is
+atomic on the event loop, and the writers, tasks of this instance, feed their completions
+(`HalvesStored`, `OpPersisted`, `Published`: the table's own events) straight into a step
+instead of through the mailbox. Mailbox hops per committed transaction: **two**, the
+prepare request and the end request; every write's completion is a direct step. The
+checker is another actor: its messages (`Due`, `Checked`) come through the mailbox, off the
+commit path, tagged with the epoch of the instance that started it, so a restarted
+instance (fresh table, fresh checker) ignores what its predecessor's checker said. The
+writers die with their instance, but not at once: between a failure and the restart they may
+still complete, so each completion carries the epoch of the instance that submitted it and
+is dropped once that instance has ended (and a failure of one of its tasks is dropped by the
+actor cell), so a restarted instance never trips over its predecessor's writes.
+
+Faults stay local: the halves, each topic and the discards have writers of their own (a
+topic's outage holds up only its own commits, see `publisher.py`), JetStream's transient
+errors in recovery and checkpoints are retried with backoff, and while the halves cannot be
+written a prepare is answered at once with a retry-after hint instead of queueing behind them.
+After recovery, `LateHalves` (late.py) reads on in TXN_HALF; a half this instance did not
+write is fed to the table like a recovered one (a direct step too).
+An event the table refuses as impossible (a bug) changes nothing there: it is logged, its
+request answered with an internal error, and the partition keeps serving.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import PubAck
+from nats.js.kv import KeyValue
+
+from txactors.actors import Actor, ActorSystem, LocalActorRef, Request, Supervisor
+from txactors.coordinator.boundary import Boundary
+from txactors.coordinator.core import tokens
+from txactors.coordinator.core.config import CoordinatorConfig
+from txactors.coordinator.core.effects import (
+    Acknowledge,
+    Action,
+    Discard,
+    PersistOp,
+    Publish,
+    Refuse,
+    SendCheck,
+)
+from txactors.coordinator.core.errors import CoordinatorStateError
+from txactors.coordinator.core.events import (
+    End,
+    Event,
+    ForceCommit,
+    ForceRollback,
+    HalvesStored,
+    OpPersisted,
+    Published,
+    Resume,
+)
+from txactors.coordinator.core.table import TransactionTable
+from txactors.coordinator.options import Clock, CoordinatorOptions, OnDiscard
+from txactors.coordinator.partition.answers import Answers
+from txactors.coordinator.partition.audit import audited
+from txactors.coordinator.partition.checker import Checked, Checker, CheckWork, Due
+from txactors.coordinator.partition.discard import discard, quarantine
+from txactors.coordinator.partition.late import LateHalves
+from txactors.coordinator.partition.listing import info, select
+from txactors.coordinator.partition.oneway import OneWayErrors
+from txactors.coordinator.partition.oplog import OpLog
+from txactors.coordinator.partition.prepares import PreparesInFlight, stored_event
+from txactors.coordinator.partition.publisher import Publisher
+from txactors.coordinator.partition.recovery import UNREADABLE, half_event, last_op_seq, recover
+from txactors.coordinator.partition.store import (
+    StoredHalf,
+    load_checkpoint,
+    read_half,
+    save_checkpoint,
+)
+from txactors.errors import ActorError, MailboxFull
+from txactors.faults import FaultPoint, crash_if_armed
+from txactors.nats.retry import RETRY_MAX, describe, retry_transient
+from txactors.nats.writer import Append, PipelinedWriter
+from txactors.observe import tracing
+from txactors.observe.logs import get_logger
+from txactors.observe.metrics import CoordinatorMetrics
+from txactors.wire.protocol import (
+    Decision,
+    Ended,
+    EndTransaction,
+    Error,
+    ErrorCode,
+    ListTransactions,
+    OperatorDecision,
+    Prepare,
+    Prepared,
+    Resolution,
+    ShowTransaction,
+    TransactionList,
+)
+
+log = get_logger(__name__)
+
+_epochs = itertools.count(1)
+
+CHECKER_MAILBOX = 4096
+MIN_RETRY_AFTER = 0.5
+"""Seconds a producer is told to wait at least before retrying a prepare refused for now."""
+
+
+class PartitionCoordinator(Actor):
+    answers_later = True  # asks arrive as `Request` handles, answered once the table decides
+
+    def __init__(
+        self,
+        *,
+        system: ActorSystem,
+        nc: Client,
+        js: JetStreamContext,
+        checkpoints: KeyValue,
+        partition: int,
+        config: CoordinatorConfig,
+        options: CoordinatorOptions,
+        clock: Clock = time.time,
+        on_discard: OnDiscard | None = None,
+        metrics: CoordinatorMetrics | None = None,
+    ) -> None:
+        self.system = system
+        self.nc = nc
+        self.js = js
+        self.checkpoints = checkpoints
+        self.partition = partition
+        self.options = options
+        self.clock = clock
+        self.on_discard = on_discard
+        self.metrics = metrics
+        self.table = TransactionTable(config)
+        self.boundary = Boundary(
+            partition=partition,
+            partitions=options.partitions,
+            max_messages=options.max_messages_per_prepare,
+            max_immunity=config.max_immunity,
+            group_topics={g: tuple(ps) for g, ps in options.group_topics.items()},
+        )
+        self._epoch = next(_epochs)
+        self._answers = Answers(partition, metrics)
+        self._one_way = OneWayErrors(
+            partition, on_error=metrics.oneway(partition) if metrics else None
+        )
+        self._prepares = PreparesInFlight(partition)
+        self._halves = PipelinedWriter(nc, js, self._quarantine, linger=options.write_linger)
+        self._discards = PipelinedWriter(nc, js, self._quarantine, linger=options.write_linger)
+        self._publisher = Publisher(
+            nc,
+            js,
+            self.start_task,
+            partition,
+            options,
+            clock,
+            self._quarantine,
+            functools.partial(self._on_published, self._epoch),
+        )
+        self._ended = False
+        """Set when this instance is retired: completions of its writes are stale from then."""
+        self.stale_completions = 0
+        self._oplog: OpLog | None = None
+        self._late: LateHalves | None = None
+        self._checker: LocalActorRef | None = None
+        self._sends: list[SendCheck] = []
+        self._told: float | None = None
+        """The deadline the checker was last told (None: none, or it reported it due)."""
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def on_start(self) -> None:
+        started = time.perf_counter()
+        checkpoint = await retry_transient(load_checkpoint, self.checkpoints, self.partition)
+        recovered = await recover(
+            self.js, self.table, self.partition, checkpoint, self._publisher.keep, self.clock()
+        )
+        if self.metrics is not None:
+            self.metrics.track(self.partition, self.table)
+        fence = await last_op_seq(self.js, self.partition)
+        appended = functools.partial(self._ops_appended, self._epoch)
+        self._oplog = OpLog(self.nc, self.js, self.partition, fence, appended)
+        log.info(
+            "coordinator_recovered",
+            partition=self.partition,
+            halves_read=recovered.halves,
+            op_messages_read=recovered.ops,
+            open=len(self.table),
+            seconds=round(time.perf_counter() - started, 3),
+        )
+        self._publisher.forget_finished(self.table)
+        late = functools.partial(self._late_half, self._epoch)
+        self._late = LateHalves(self.js, self.partition, recovered.half_end, late)
+        for run in (self._halves.run, self._discards.run, self._oplog.run):
+            self.start_task(run)
+        self.start_task(self._save_checkpoints)
+        self._checker = await self.system.spawn(
+            self._new_checker,
+            name=f"checker-{self.partition}",
+            mailbox_size=CHECKER_MAILBOX,
+            supervisor=Supervisor(max_restarts=5, within=60.0, backoff_initial=0.5),
+        )
+        self._apply(self.table.finish_recovery(self.clock()))
+        self.start_task(self._late.run)  # what it finds is live input: after recovery
+        await self._answers.flush()
+
+    def _new_checker(self) -> Checker:
+        return Checker(
+            nc=self.nc,
+            js=self.js,
+            partition=self.partition,
+            owner=self.ref,
+            epoch=self._epoch,
+            clock=self.clock,
+            tick_interval=self.options.tick_interval,
+            metrics=self.metrics,
+        )
+
+    async def on_stop(self) -> None:
+        self._ended = True
+        checker, self._checker = self._checker, None  # writers finishing meanwhile tell nobody
+        if checker is not None:
+            await checker.stop()
+
+    async def _save_checkpoints(self) -> None:
+        """Best effort: a checkpoint that cannot be saved now is saved at the next interval."""
+        while True:
+            await anyio.sleep(self.options.checkpoint_interval)
+            self._publisher.forget_finished(self.table)
+            checkpoint = self.table.checkpoint()
+            if self._late is not None:
+                checkpoint = self._late.hold(checkpoint)
+            try:
+                await save_checkpoint(self.checkpoints, self.partition, checkpoint)
+            except Exception as error:
+                log.warning("checkpoint_not_saved", partition=self.partition, error=describe(error))
+
+    # -- the mailbox ------------------------------------------------------------------------
+
+    async def receive(self, message: Any) -> None:
+        match message:
+            case Request():
+                message = self._one_way.wrap(message)  # no reply subject: errors counted, not sent
+                refusal = self.boundary.refusal(
+                    message.message,
+                    max_payload=self.nc.max_payload,
+                    subject=message.subject,
+                    group_of=self.table.group_of,
+                )
+                if refusal is not None:
+                    if message.reply is not None:  # a one-way request's are logged rate-limited
+                        log.info(
+                            "request_refused", partition=self.partition, reason=refusal.message
+                        )
+                    await message.answer(refusal)
+                elif isinstance(message.message, Prepare):
+                    await self._prepare(message, message.message)
+                elif isinstance(message.message, EndTransaction):
+                    self._end(message, message.message)
+                else:
+                    await self._admin(audited(message, self.partition))
+            case Due(epoch=epoch) | Checked(epoch=epoch) if epoch != self._epoch:
+                log.info("stale_checker_message_ignored", message=type(message).__name__)
+            case Due():
+                self._told = None  # the checker forgot it; whatever is next must be told
+                self._apply(self._tick())
+                await self._flush_checker()
+            case Checked(event=event):
+                self._step(event)
+                await self._flush_checker()
+            case _:
+                raise ActorError(f"coordinator got an unexpected {type(message).__name__}")
+        await self._answers.flush()
+
+    def _end(self, request: Request, end: EndTransaction) -> None:
+        request_id = self._answers.wait(request, lambda state: Ended(txid=end.txid, state=state))
+        token = tokens.digest(end.token)
+        self._step(End(txid=end.txid, token=token, decision=end.decision, request_id=request_id))
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def _step(self, *events: Event) -> None:
+        self._apply(self._handle(events))
+
+    def _handle(self, events: Sequence[Event]) -> list[Action]:
+        """The table's actions for `events`. One it refuses as impossible (a bug) changed
+        nothing: it is logged, its request answered with an internal error, and the events
+        after it still apply, so that one bad event does not take the partition down."""
+        rest = list(events)
+        while True:
+            try:
+                return self.table.handle_batch(rest, self.clock())
+            except CoordinatorStateError as error:
+                failed = next(i for i, event in enumerate(rest) if event is error.event)
+                self._refused(error, rest[failed])
+                rest = rest[failed + 1 :]
+
+    def _tick(self) -> list[Action]:
+        """`table.tick`; a due transaction it cannot move (a bug) is logged and left as it
+        was, and the due ones after it are moved at the next tick."""
+        try:
+            return self.table.tick(self.clock())
+        except CoordinatorStateError as error:
+            self._refused(error, None)
+            return self._handle(())  # what the due transactions before it did
+
+    def _refused(self, error: CoordinatorStateError, event: Event | None) -> None:
+        log.error(
+            "coordinator_event_refused",
+            partition=self.partition,
+            refused=type(event).__name__ if event is not None else "due",
+            error=str(error),
+        )
+        if isinstance(event, _REQUESTS) and event.request_id is not None:
+            message = f"the coordinator could not handle this request: {error}"
+            refusal = Refuse(
+                request_id=event.request_id,
+                txid=event.txid,
+                code=ErrorCode.INTERNAL,
+                message=message,
+            )
+            self._answers.settle(refusal)
+
+    def _apply(self, actions: list[Action]) -> None:
+        """Hand each action on, in order, without waiting for any of them."""
+        publishes: list[Publish] = []
+        for action in actions:
+            match action:
+                case PersistOp(op_id=op_id, records=records):
+                    assert self._oplog is not None
+                    self._oplog.append(op_id, records)
+                    tracing.record_decisions(records, self._publisher.trace_context, self.partition)
+                case Publish():
+                    publishes.append(action)
+                case SendCheck():
+                    self._sends.append(action)
+                case Discard():
+                    self.start_task(discard, self.js, self._discards, action, self.on_discard)
+                case Acknowledge() | Refuse():
+                    self._answers.settle(action)
+        for unkept in self._publisher.publish(publishes):
+            self.start_task(self._publisher.publish_from_stream, unkept)
+        work = self._checker_work()
+        if work is not None and self._checker is not None:
+            try:
+                self._checker.tell_nowait(work)
+            except MailboxFull:  # kept for the next step, which tells it again
+                self._sends[:0] = work.sends
+                self._told = None
+
+    def _checker_work(self) -> CheckWork | None:
+        """What the checker must hear: checks to send, or a deadline earlier than it knows."""
+        deadline = self.table.next_deadline()
+        if deadline is not None and (self._told is None or deadline < self._told):
+            self._told = deadline
+        elif not self._sends:
+            return None
+        work = CheckWork(sends=tuple(self._sends), deadline=self._told)
+        self._sends.clear()
+        return work
+
+    async def _flush_checker(self) -> None:
+        """Tell the checker, waiting for room, what a full mailbox kept back."""
+        work = self._checker_work()
+        if work is not None and self._checker is not None:
+            await self._checker.tell(work)
+
+    # -- completions of the writers (direct steps, see the module docstring) ---------------
+
+    def _stale(self, epoch: int, what: str) -> bool:
+        """Whether a completion comes from a write of an instance that has ended."""
+        if epoch == self._epoch and not self._ended:
+            return False
+        self.stale_completions += 1
+        log.debug("stale_completion_ignored", partition=self.partition, what=what, epoch=epoch)
+        return True
+
+    async def _ops_appended(self, epoch: int, op_ids: list[int], seq: int) -> None:
+        if self._stale(epoch, "ops"):
+            return
+        events = [OpPersisted(op_id=op_id, seq=seq) for op_id in op_ids]
+        actions = self._handle(events)
+        if any(isinstance(a, Publish) for a in actions):
+            crash_if_armed(FaultPoint.AFTER_COMMIT_RECORD)
+        self._apply(actions)
+        await self._answers.flush()
+
+    async def _on_published(self, epoch: int, published: list[Published]) -> None:
+        if self._stale(epoch, "published"):
+            return
+        self._step(*published)
+        await self._answers.flush()
+
+    async def _late_half(self, epoch: int, seq: int, headers: dict[str, str]) -> None:
+        """A half this instance did not write, found after recovery: taken as a recovered
+        one (a transaction not known here is checked back; one decided here refuses it)."""
+        if self._stale(epoch, "late half"):
+            return
+        try:
+            stored = read_half(seq, headers, b"")  # the body stays in TXN_HALF (headers only)
+        except UNREADABLE as error:
+            problem = repr(error)
+            log.warning("late_half_unreadable", partition=self.partition, seq=seq, error=problem)
+            return
+        if self._prepares.in_flight(stored.txid):
+            return  # our own write, whose ack is on its way
+        log.warning("late_half_found", partition=self.partition, txid=stored.txid, seq=seq)
+        self._step(half_event(stored))
+        await self._answers.flush()
+
+    async def _quarantine(self, append: Append, reason: str) -> None:
+        self.table.counters.quarantined += 1
+        await quarantine(
+            self.js,
+            partition=self.partition,
+            subject=append.subject,
+            headers=append.headers,
+            body=append.payload,
+            reason=reason,
+        )
+
+    # -- prepare ----------------------------------------------------------------------------
+
+    async def _prepare(self, request: Request, prepare: Prepare) -> None:
+        token = prepare.token or tokens.new_token()
+        digest = tokens.digest(token)
+        if (refusal := self._prepares.refusal(self.table, prepare, digest)) is not None:
+            await request.answer(Error(*refusal))
+            return
+        if self._halves.trouble is not None:
+            # Queued, it would wait out the outage and the producer's timeout; told to come
+            # back, the producer neither wonders whether its halves were stored nor hammers.
+            problem = f"TXN_HALF cannot be written now ({self._halves.trouble}); try again"
+            retry_after = min(max(self._halves.retry_after, MIN_RETRY_AFTER), RETRY_MAX)
+            await request.answer(Error(ErrorCode.INTERNAL, problem, retry_after))
+            return
+        topics = {m.topic for m in prepare.messages}
+        if not self._publisher.declared(topics):
+            rules = {t: self.boundary.prefix_rules(prepare.group, t) for t in topics}
+            undeclared = await self._publisher.declare(topics, rules)
+            if undeclared is not None:
+                error = Error(undeclared.code, undeclared.reason, undeclared.retry_after)
+                await request.answer(error)
+                return
+            # Checked again with no wait before the submit: a step may have run meanwhile.
+            if (refusal := self._prepares.refusal(self.table, prepare, digest)) is not None:
+                await request.answer(Error(*refusal))
+                return
+        appends = self._prepares.start(self.table, prepare, digest, self.clock())
+        stored = functools.partial(
+            self._halves_appended, self._epoch, request, prepare, token, digest, appends
+        )
+        self._halves.submit(appends, stored)
+
+    async def _halves_appended(
+        self,
+        epoch: int,
+        request: Request,
+        prepare: Prepare,
+        token: str,
+        digest: str,
+        appends: list[Append],
+        acks: list[PubAck | None],
+    ) -> None:
+        if self._stale(epoch, "halves"):
+            return  # the producer's prepare times out; the check-back settles its halves
+        stored, refused = self._prepares.finish(prepare, digest, appends, acks)
+        if self._late is not None:
+            self._late.own(s.half.seq for s in stored)
+        if refused:
+            self._halves_refused(request, prepare, digest, stored, refused)
+            await self._answers.flush()
+            return
+        for half in stored:
+            self._publisher.keep(half)
+        seqs = [s.half.seq for s in stored]
+        txid = prepare.txid
+        request_id = self._answers.wait(
+            request, lambda state: Prepared(txid=txid, token=token, seqs=seqs)
+        )
+        self._step(stored_event(prepare, digest, stored, request_id))
+        await self._answers.flush()
+
+    def _halves_refused(
+        self,
+        request: Request,
+        prepare: Prepare,
+        digest: str,
+        stored: list[StoredHalf],
+        refused: list[str],
+    ) -> None:
+        """JetStream refused some halves for good: the prepare fails, and nothing of the
+        transaction may ever be delivered, so what did land is rolled back at once."""
+        txid = prepare.txid
+        if stored:
+            self._step(stored_event(prepare, digest, stored, None))
+        if self.table.outcome(txid) is not None:
+            nobody = self._answers.wait(None, lambda state: None)
+            self._step(End(txid=txid, token=digest, decision=Decision.ROLLBACK, request_id=nobody))
+        message = f"JetStream refused {'; '.join(refused)} of transaction {txid} (quarantined); "
+        message += "the transaction is rolled back"
+        self._answers.send(request, Error(ErrorCode.INTERNAL, message))
+
+    # -- admin ------------------------------------------------------------------------------
+
+    async def _admin(self, request: Request) -> None:
+        """Operator commands; those that change a transaction log `operator_action`."""
+        command = request.message
+        match command:
+            case ListTransactions():
+                views, more = select(self.table.transactions(), command, self.clock())
+                infos = [info(v) for v in views]
+                await request.answer(TransactionList(transactions=infos, more=more))
+            case ShowTransaction(txid=txid):
+                view = self.table.show(txid)
+                if view is None:
+                    state = self.table.outcome(txid)
+                    detail = f"it is {state}" if state else "not open here"
+                    await request.answer(Error(ErrorCode.NOT_FOUND, f"{txid}: {detail}"))
+                else:
+                    await request.answer(info(view))
+            case OperatorDecision():
+                txid = command.txid
+                request_id = self._answers.wait(request, lambda s: Ended(txid=txid, state=s))
+                kind = _OPERATOR_EVENTS[command.resolution]
+                self._step(kind(txid=txid, request_id=request_id))
+            case _:
+                name = type(command).__name__
+                problem = f"not an admin command: {name}"
+                await request.answer(Error(ErrorCode.UNKNOWN_COMMAND, problem))
+
+
+_REQUESTS = (HalvesStored, End, Resume, ForceCommit, ForceRollback)
+"""The events that carry a request to answer."""
+
+_OPERATOR_EVENTS: dict[Resolution, type[Resume | ForceCommit | ForceRollback]] = {
+    Resolution.RESUME: Resume,
+    Resolution.COMMIT: ForceCommit,
+    Resolution.ROLLBACK: ForceRollback,
+}

@@ -1,0 +1,145 @@
+"""Putting records aside in TXN_DISCARD: discarded transactions and quarantined records.
+
+`discard` carries out a discard: copy the halves, say so, call the hook. The decision is
+already durable in TXN_OP when it runs. A copy keeps the half's headers but the server's
+(`copies.copied_headers`: a half written in an atomic batch keeps `Nats-Batch-*`, which
+TXN_DISCARD would refuse) and carries a `Nats-Msg-Id` of its own, so doing it again after a
+crash adds nothing.
+
+`quarantine` keeps a record JetStream refused for good (too large, stream gone) or that
+recovery could not read (a garbage record in the coordinator's own streams), so that one bad
+record costs a log line, a metric and a copy for an operator, never a partition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import nats.errors
+from nats.js import JetStreamContext
+from nats.js.api import PubAck
+
+from txactors.coordinator.core.effects import Discard
+from txactors.coordinator.options import DiscardedTransaction, OnDiscard
+from txactors.coordinator.partition.store import read_raw_half
+from txactors.nats.link import ACK_TIMEOUT
+from txactors.nats.retry import RETRY_INITIAL, RETRY_MAX, Fault, classify, describe, retry_transient
+from txactors.nats.writer import Append, PipelinedWriter
+from txactors.observe.logs import get_logger
+from txactors.wire import layout
+from txactors.wire.copies import copied_headers, stored_headers
+
+log = get_logger(__name__)
+
+QUARANTINE_ATTEMPTS = 5
+"""Tries per copy of a quarantined record: keeping it must not become a retry forever."""
+MAX_REASON_CHARS = 1024
+
+
+async def discard(
+    js: JetStreamContext, writer: PipelinedWriter, action: Discard, on_discard: OnDiscard | None
+) -> None:
+    raws = []
+    for half in action.halves:
+        try:
+            raws.append(await retry_transient(js.get_msg, layout.HALF_STREAM, half.seq))
+        except nats.errors.Error as error:  # gone (purged by hand?): nothing left to copy
+            log.error("discarded_half_unreadable", txid=action.txid, seq=half.seq, error=str(error))
+    appends = []
+    for raw in raws:
+        headers = copied_headers(stored_headers(raw))
+        index = int(headers.get(layout.INDEX_HEADER, "0"))
+        headers[layout.MSG_ID_HEADER] = f"{layout.message_id(action.txid, index)}:discard"
+        headers[layout.DISCARD_REASON_HEADER] = action.reason.value
+        headers[layout.CHECK_TIMES_HEADER] = str(action.check_times)
+        appends.append(Append(layout.discard_subject(action.group), raw.data or b"", headers))
+    copied = anyio.Event()
+
+    async def report(_: list[PubAck | None]) -> None:
+        copied.set()
+
+    writer.submit(appends, report)
+    await copied.wait()
+    log.warning(
+        "transaction_discarded",
+        txid=action.txid,
+        group=action.group,
+        producer=action.producer,
+        reason=action.reason.value,
+        check_times=action.check_times,
+        halves=len(raws),
+    )
+    if on_discard is not None:
+        await on_discard(
+            DiscardedTransaction(
+                txid=action.txid,
+                group=action.group,
+                producer=action.producer,
+                reason=action.reason.value,
+                check_times=action.check_times,
+                messages=[read_raw_half(raw).message for raw in raws],
+            )
+        )
+
+
+async def quarantine(
+    js: JetStreamContext,
+    *,
+    partition: int,
+    subject: str,
+    headers: Mapping[str, Any],
+    body: bytes,
+    reason: str,
+    stream: str | None = None,
+    seq: int | None = None,
+) -> None:
+    """Copy a record to TXN_DISCARD (`txn.discard.$quarantine`) with why, and log it.
+
+    Tries a whole copy, then one without the original headers and body (when those are what
+    JetStream refuses), each a few times; gives up with a log line rather than retry forever.
+    """
+    reason = " ".join(reason.split())[:MAX_REASON_CHARS]
+    log.error(
+        "record_quarantined",
+        partition=partition,
+        subject=subject,
+        stream=stream,
+        seq=seq,
+        reason=reason,
+    )
+    ours = {
+        layout.QUARANTINE_REASON_HEADER: reason,
+        layout.ORIGIN_SUBJECT_HEADER: subject,
+    }
+    if stream is not None and seq is not None:
+        ours[layout.ORIGIN_STREAM_HEADER] = stream
+        ours[layout.ORIGIN_SEQ_HEADER] = str(seq)
+        ours[layout.MSG_ID_HEADER] = f"{stream}:{seq}:quarantine"
+    elif isinstance(msg_id := headers.get(layout.MSG_ID_HEADER), str):
+        ours[layout.MSG_ID_HEADER] = f"{msg_id}:quarantine"
+    kept = copied_headers(headers)
+    copies = [
+        ({**kept, **ours}, body),
+        ({**ours, layout.BODY_DROPPED_HEADER: str(len(body))}, b""),
+    ]
+    failure = ""
+    for copy_headers, copy_body in copies:
+        delay = RETRY_INITIAL
+        for _ in range(QUARANTINE_ATTEMPTS):
+            try:
+                await js.publish(
+                    layout.quarantine_subject(),
+                    copy_body,
+                    timeout=ACK_TIMEOUT,
+                    headers=copy_headers,
+                )
+                return
+            except (nats.errors.Error, TimeoutError, OSError, ValueError) as error:
+                failure = describe(error)
+                if isinstance(error, ValueError) or classify(error) is Fault.PERMANENT:
+                    break  # this copy will never fit: try the smaller one
+                await anyio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
+    log.error("quarantine_copy_failed", partition=partition, subject=subject, error=failure)

@@ -1,0 +1,249 @@
+"""The coordinator's JetStream layout (DESIGN §4) and the encoding of what it stores there.
+
+TXN_HALF holds each half message as the producer sent it, with headers that let recovery
+rebuild the transaction without anything else; TXN_OP holds msgpack-encoded lists of
+`OpRecord`s (one stream message per group commit). Both are file-backed: a decision is
+durable when JetStream acknowledged it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Final
+
+import msgspec
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.api import DiscardPolicy, KeyValueConfig, RawStreamMsg, StorageType, StreamConfig
+from nats.js.kv import KeyValue
+
+from txactors.coordinator.core.records import Half, OpRecord
+from txactors.coordinator.core.transactions import Checkpoint
+from txactors.nats.topics import (
+    DECLARE_DEADLINE,
+    declare_stream,
+    declaring,
+    ensure_replicas,
+    is_replicas_error,
+    replicas_error,
+)
+from txactors.wire import layout
+from txactors.wire.copies import stored_headers
+from txactors.wire.protocol import CheckedMessage, OutgoingMessage
+
+DEDUPE_WINDOW: Final = 120.0
+"""Seconds JetStream remembers a `Nats-Msg-Id`: covers a retried append after a timeout."""
+
+_op_encoder: Final = msgspec.msgpack.Encoder()
+_op_decoder: Final = msgspec.msgpack.Decoder(list[OpRecord])
+_checkpoint_decoder: Final = msgspec.json.Decoder(Checkpoint)
+
+
+async def ensure_streams(
+    js: JetStreamContext,
+    *,
+    half_retention: float,
+    replicas: int = 1,
+    deadline: float = DECLARE_DEADLINE,
+) -> KeyValue:
+    """Create (or widen, `topics.declare_stream`) TXN_HALF, TXN_OP, TXN_DISCARD and the
+    checkpoint bucket, retrying transient answers for `deadline` seconds each."""
+    retention = half_retention * 2  # halves must outlive the retention decision about them
+    await declare_stream(
+        js,
+        StreamConfig(
+            name=layout.HALF_STREAM,
+            subjects=[layout.half_subject_filter()],
+            max_age=retention,
+            duplicate_window=DEDUPE_WINDOW,
+            allow_direct=True,
+            allow_atomic=True,  # halves queued meanwhile are written as one batch
+            storage=StorageType.FILE,
+            num_replicas=replicas,
+        ),
+        deadline=deadline,
+    )
+    await declare_stream(
+        js,
+        StreamConfig(
+            name=layout.OP_STREAM,
+            subjects=[layout.op_subject_filter()],
+            max_age=retention,
+            duplicate_window=DEDUPE_WINDOW,
+            storage=StorageType.FILE,
+            num_replicas=replicas,
+        ),
+        deadline=deadline,
+    )
+    await declare_stream(
+        js,
+        StreamConfig(
+            name=layout.DISCARD_STREAM,
+            subjects=[layout.discard_subject_filter()],
+            duplicate_window=DEDUPE_WINDOW,
+            discard=DiscardPolicy.OLD,
+            storage=StorageType.FILE,
+            num_replicas=replicas,
+        ),
+        deadline=deadline,
+    )
+    return await ensure_bucket(
+        js,
+        KeyValueConfig(
+            bucket=layout.CHECKPOINT_BUCKET, history=1, storage=StorageType.FILE, replicas=replicas
+        ),
+        deadline=deadline,
+    )
+
+
+async def ensure_bucket(
+    js: JetStreamContext, config: KeyValueConfig, *, deadline: float = DECLARE_DEADLINE
+) -> KeyValue:
+    """Open KV bucket `config.bucket`, creating it if absent; it gets `config.replicas` copies
+    at least (an existing bucket keeps an operator's other settings). Transient answers are
+    retried for `deadline` seconds (`declaring`)."""
+    return await declaring(
+        f"KV bucket {config.bucket}",
+        lambda: _ensure_bucket(js, config),
+        deadline=deadline,
+        replicas=config.replicas,
+    )
+
+
+async def _ensure_bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
+    try:
+        kv = await js.key_value(config.bucket)
+    except nats.js.errors.BucketNotFoundError:
+        try:
+            return await js.create_key_value(config)
+        except nats.js.errors.APIError as error:
+            if is_replicas_error(error):
+                raise replicas_error(
+                    f"KV bucket {config.bucket}", config.replicas, error
+                ) from error
+            raise
+    await ensure_replicas(js, f"KV_{config.bucket}", config.replicas)
+    return kv
+
+
+# -- halves ---------------------------------------------------------------------------------
+
+
+class StoredHalf(msgspec.Struct, frozen=True, kw_only=True):
+    """A half message as read back from TXN_HALF: enough to publish, check or recover it."""
+
+    txid: str
+    token: str
+    """The commit token's digest (`tokens.py`)."""
+    group: str
+    producer: str
+    begins: bool
+    half: Half
+    message: OutgoingMessage
+
+
+def half_headers(
+    *,
+    txid: str,
+    token_digest: str,
+    group: str,
+    producer: str,
+    begins: bool,
+    index: int,
+    born: float,
+    message: OutgoingMessage,
+) -> dict[str, str]:
+    """Every header of a half as stored: the user's properties, then ours (which win)."""
+    headers = dict(message.properties)
+    headers.update(
+        {
+            layout.MSG_ID_HEADER: f"{layout.message_id(txid, index)}:half",
+            layout.TXID_HEADER: txid,
+            layout.TOKEN_HEADER: token_digest,
+            layout.GROUP_HEADER: group,
+            layout.PRODUCER_HEADER: producer,
+            layout.BEGINS_HEADER: "1" if begins else "0",
+            layout.INDEX_HEADER: str(index),
+            layout.TOPIC_HEADER: message.topic,
+            layout.BORN_HEADER: repr(born),
+        }
+    )
+    if message.tag is not None:
+        headers[layout.TAG_HEADER] = message.tag
+    if message.keys:
+        headers[layout.KEYS_HEADER] = ",".join(message.keys)
+    if message.check_immunity is not None:
+        headers[layout.IMMUNITY_HEADER] = repr(message.check_immunity)
+    return headers
+
+
+def read_half(seq: int, headers: Mapping[str, str], body: bytes) -> StoredHalf:
+    immunity = headers.get(layout.IMMUNITY_HEADER)
+    keys = headers.get(layout.KEYS_HEADER)
+    message = OutgoingMessage(
+        topic=headers[layout.TOPIC_HEADER],
+        body=body,
+        keys=keys.split(",") if keys else [],
+        tag=headers.get(layout.TAG_HEADER),
+        properties=user_properties(headers),
+        check_immunity=float(immunity) if immunity is not None else None,
+    )
+    return StoredHalf(
+        txid=headers[layout.TXID_HEADER],
+        token=headers[layout.TOKEN_HEADER],
+        group=headers[layout.GROUP_HEADER],
+        producer=headers[layout.PRODUCER_HEADER],
+        begins=headers.get(layout.BEGINS_HEADER) == "1",
+        half=Half(
+            index=int(headers[layout.INDEX_HEADER]),
+            topic=message.topic,
+            seq=seq,
+            born=float(headers[layout.BORN_HEADER]),
+            immunity=message.check_immunity,
+        ),
+        message=message,
+    )
+
+
+def read_raw_half(raw: RawStreamMsg) -> StoredHalf:
+    return read_half(raw.seq or 0, stored_headers(raw), raw.data or b"")
+
+
+def user_properties(headers: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if not layout.is_reserved_header(k)}
+
+
+def checked_message(stored: StoredHalf) -> CheckedMessage:
+    message = stored.message
+    return CheckedMessage(
+        index=stored.half.index,
+        topic=message.topic,
+        body=message.body,
+        keys=message.keys,
+        tag=message.tag,
+        properties=message.properties,
+    )
+
+
+# -- op records and checkpoints -------------------------------------------------------------
+
+
+def encode_ops(records: list[OpRecord]) -> bytes:
+    return _op_encoder.encode(records)
+
+
+def decode_ops(data: bytes) -> list[OpRecord]:
+    return _op_decoder.decode(data)
+
+
+async def load_checkpoint(kv: KeyValue, partition: int) -> Checkpoint:
+    with contextlib.suppress(nats.js.errors.KeyNotFoundError):
+        entry = await kv.get(str(partition))
+        if entry.value:
+            return _checkpoint_decoder.decode(entry.value)
+    return Checkpoint(1, 1)
+
+
+async def save_checkpoint(kv: KeyValue, partition: int, checkpoint: Checkpoint) -> None:
+    await kv.put(str(partition), msgspec.json.encode(checkpoint))

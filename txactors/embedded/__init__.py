@@ -1,0 +1,1 @@
+"""The embedded nats-server: one process, or a routed cluster of them."""

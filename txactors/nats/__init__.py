@@ -1,0 +1,1 @@
+"""NATS plumbing: the client, the connection, streams, and JetStream writes."""

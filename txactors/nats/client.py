@@ -1,0 +1,133 @@
+"""The NATS client we connect with: nats-py's, with its own faults contained.
+
+nats-py 2.16 parses each message's header block inside its read loop. A block shorter than
+`NATS/1.0` plus one byte, which anyone may publish with a raw `HPUB`, raises `IndexError`
+there; the loop logs it and ends while the client still says it is connected. The process
+then receives nothing (every subscription is silent), `flush()` returns at once, and a
+JetStream call waits out its timeout, so a shutdown that gives back leases seems to ignore
+SIGTERM. A JetStream stream stores such a block as it is, so a consumer meets it again after
+every restart.
+
+`TolerantClient` fixes both ends: a header block that cannot be parsed yields a message whose
+only header is `MALFORMED_HEADERS` (serve boundaries answer it `bad_request`; a consumer's
+handler sees it), and a read loop that ends while connected is treated as a lost connection,
+so the client reconnects and re-subscribes as after a network fault. `watch_connection` is
+for long-lived roles handed any client: it revives a dead read loop the same way and raises
+`NatsConnectionLost` once the connection is closed for good, so the role exits with an error
+instead of staying up serving nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Final
+
+import anyio
+import nats.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from txactors.errors import NatsConnectionLost, TxActorsError
+from txactors.observe.logs import get_logger
+
+MALFORMED_HEADERS: Final = "txactors malformed headers"
+"""The one header of a message whose header block could not be parsed; its value says why.
+It contains spaces, which no parsed header name can, so no client can forge or shadow it."""
+
+WATCH_INTERVAL: Final = 0.5
+"""How often `watch_connection` looks at a client it cannot hook into."""
+
+log = get_logger(__name__)
+
+
+class ReadLoopDied(TxActorsError, nats.errors.Error):
+    """The client's read loop ended while it was connected (an error nats-py only logged).
+
+    Also a nats-py error: it is handed to the client's own error path, which reconnects."""
+
+    def __str__(self) -> str:
+        return "nats: the read loop ended while connected"
+
+
+class TolerantClient(Client):
+    """A nats-py `Client` whose read loop survives any header block a publisher sends."""
+
+    async def _process_headers(self, headers: Any) -> dict[str, str] | None:
+        try:
+            parsed: dict[str, str] | None = await super()._process_headers(headers)
+        except Exception as error:  # nats-py's parser has no error path for this
+            return {MALFORMED_HEADERS: f"{type(error).__name__}: {error}"}
+        return parsed
+
+    async def _read_loop(self) -> None:
+        await super()._read_loop()
+        if _serving(self):  # it ended on an error that nats-py only logged
+            await _reconnect(self)
+
+
+def malformed_headers(msg: Msg) -> str | None:
+    """Why `msg`'s header block could not be parsed, or None when it was fine."""
+    return (msg.headers or {}).get(MALFORMED_HEADERS)
+
+
+async def connect(servers: str | list[str], **options: Any) -> TolerantClient:
+    """`nats.connect`, returning a `TolerantClient` (for code that connects by itself)."""
+    nc = TolerantClient()
+    await nc.connect(servers, **options)
+    return nc
+
+
+def read_loop_dead(nc: Client) -> bool:
+    """True when `nc` says it is connected but its read loop has ended."""
+    task: asyncio.Task[None] | None = nc._reading_task
+    return _serving(nc) and task is not None and task.done()
+
+
+async def revive_if_dead(nc: Client) -> None:
+    """Reconnect `nc` if its read loop ended while connected."""
+    if read_loop_dead(nc):
+        await _reconnect(nc)
+
+
+def _serving(nc: Client) -> bool:
+    # A draining client is on its way to closed; reconnecting it would undo that.
+    return nc.is_connected and not nc.is_draining
+
+
+async def _reconnect(nc: Client) -> None:
+    """Handle a dead read loop as nats-py handles a network fault: reconnect (re-sending
+    every subscription, so subscribers need not act), or close when reconnects are off."""
+    log.error("nats_read_loop_died", action="reconnecting")
+    await nc._process_op_err(ReadLoopDied())
+
+
+async def watch_connection(nc: Client, interval: float = WATCH_INTERVAL) -> None:
+    """Run beside a role that serves on `nc`: revive a dead read loop, and raise
+    `NatsConnectionLost` once the connection is closed for good (reconnects given up)."""
+    while True:
+        if nc.is_closed:
+            log.error("nats_connection_closed")
+            raise NatsConnectionLost(
+                "the NATS connection is closed for good (reconnect attempts exhausted or "
+                "closed by the client); stopping rather than serving nothing"
+            )
+        await revive_if_dead(nc)
+        await anyio.sleep(interval)
+
+
+@contextmanager
+def raising_connection_lost() -> Iterator[None]:
+    """Let a `NatsConnectionLost` out of a task group as itself, not inside an exception
+    group, so a role's caller can catch it (the group rides along as its cause)."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        matched, _ = group.split(NatsConnectionLost)
+        if matched is None:
+            raise
+        leaf: BaseException = matched
+        while isinstance(leaf, BaseExceptionGroup):
+            leaf = leaf.exceptions[0]
+        raise leaf from group

@@ -1,0 +1,1 @@
+"""Observability: structured logs, Prometheus metrics, OpenTelemetry spans."""

@@ -1,0 +1,1 @@
+"""Operator tools: transactions, dead letters, leases and partitions by hand."""
