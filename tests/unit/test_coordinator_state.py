@@ -24,10 +24,9 @@ from txactors.coordinator import (
     DiscardReason,
     End,
     Event,
-    ForceCommit,
-    ForceRollback,
     Half,
     HalvesStored,
+    OperatorDecided,
     OpKind,
     OpPersisted,
     OpReplayed,
@@ -35,12 +34,11 @@ from txactors.coordinator import (
     Publish,
     Published,
     Refuse,
-    Resume,
     SendCheck,
     TransactionTable,
     TxnState,
 )
-from txactors.wire.protocol import ErrorCode
+from txactors.wire.protocol import ErrorCode, Resolution
 
 START = 1_700_000_000.0
 
@@ -496,7 +494,7 @@ def discard(h: Harness, txid: str) -> None:
 def test_resume_gives_a_discarded_transaction_a_fresh_check_count(h: Harness) -> None:
     h.prepare("t1")
     discard(h, "t1")
-    ack, persist = h.feed(Resume(txid="t1", request_id="op"))
+    ack, persist = h.feed(OperatorDecided(txid="t1", resolution=Resolution.RESUME, request_id="op"))
     assert isinstance(persist, PersistOp) and persist.records[0].kind is OpKind.RESUME
     assert ack == Acknowledge(request_id="op", txid="t1", state=TxnState.PREPARED)
     view = h.table.show("t1")
@@ -512,7 +510,7 @@ def test_resume_of_a_pending_transaction_resets_its_count(h: Harness) -> None:
     h.complete(
         h.feed(CheckAnswered(txid="t1", check_id=check.check_id, resolution=Decision.UNKNOWN))
     )
-    ack, persist = h.feed(Resume(txid="t1", request_id="op"))
+    ack, persist = h.feed(OperatorDecided(txid="t1", resolution=Resolution.RESUME, request_id="op"))
     assert isinstance(persist, PersistOp) and persist.records[0].kind is OpKind.RESUME
     assert isinstance(ack, Acknowledge)
     assert h.table.next_deadline() == h.now
@@ -520,14 +518,14 @@ def test_resume_of_a_pending_transaction_resets_its_count(h: Harness) -> None:
 
 @pytest.mark.parametrize(
     ("command", "state", "publishes"),
-    [(ForceCommit, TxnState.COMMITTED, 1), (ForceRollback, TxnState.ROLLED_BACK, 0)],
+    [(Resolution.COMMIT, TxnState.COMMITTED, 1), (Resolution.ROLLBACK, TxnState.ROLLED_BACK, 0)],
 )
 def test_operator_forces_a_discarded_transaction(
-    h: Harness, command: type[ForceCommit | ForceRollback], state: TxnState, publishes: int
+    h: Harness, command: Resolution, state: TxnState, publishes: int
 ) -> None:
     h.prepare("t1")
     discard(h, "t1")
-    persist = only(h.feed(command(txid="t1", request_id="op")))
+    persist = only(h.feed(OperatorDecided(txid="t1", resolution=command, request_id="op")))
     assert isinstance(persist, PersistOp) and persist.records[0].by_operator
     actions = h.persist(persist)
     assert len(of(Publish, actions)) == publishes
@@ -536,15 +534,23 @@ def test_operator_forces_a_discarded_transaction(
 
 
 def test_operator_commands_on_unknown_or_final_transactions(h: Harness) -> None:
-    refused = only(h.feed(Resume(txid="nope", request_id="op")))
+    refused = only(
+        h.feed(OperatorDecided(txid="nope", resolution=Resolution.RESUME, request_id="op"))
+    )
     assert isinstance(refused, Refuse) and refused.code is ErrorCode.NOT_FOUND
     h.prepare("t1")
     h.complete(h.end("t1", Decision.ROLLBACK))
-    refused = only(h.feed(Resume(txid="t1", request_id="op")))
+    refused = only(
+        h.feed(OperatorDecided(txid="t1", resolution=Resolution.RESUME, request_id="op"))
+    )
     assert isinstance(refused, Refuse) and refused.code is ErrorCode.CONFLICT
-    refused = only(h.feed(ForceCommit(txid="t1", request_id="op")))
+    refused = only(
+        h.feed(OperatorDecided(txid="t1", resolution=Resolution.COMMIT, request_id="op"))
+    )
     assert isinstance(refused, Refuse) and refused.code is ErrorCode.CONFLICT
-    again = only(h.feed(ForceRollback(txid="t1", request_id="op")))
+    again = only(
+        h.feed(OperatorDecided(txid="t1", resolution=Resolution.ROLLBACK, request_id="op"))
+    )
     assert isinstance(again, Acknowledge) and again.state is TxnState.ROLLED_BACK
 
 
@@ -590,7 +596,9 @@ def test_recovery_rebuilds_exact_state_and_republishes_commits_without_done() ->
     h.now += 3600.0
     discard(h, "discarded")
     discard(h, "resumed")
-    h.complete(h.feed(Resume(txid="resumed", request_id="op")))
+    h.complete(
+        h.feed(OperatorDecided(txid="resumed", resolution=Resolution.RESUME, request_id="op"))
+    )
     # "checked" was checked along the way; its last answer was UNKNOWN.
     view = h.table.show("checked")
     assert view is not None and view.check_times > 0

@@ -35,10 +35,9 @@ from txactors.coordinator import (
     DiscardReason,
     End,
     Event,
-    ForceCommit,
-    ForceRollback,
     Half,
     HalvesStored,
+    OperatorDecided,
     OpKind,
     OpPersisted,
     OpRecord,
@@ -47,13 +46,13 @@ from txactors.coordinator import (
     Publish,
     Published,
     Refuse,
-    Resume,
     SendCheck,
     TransactionTable,
     TxnState,
 )
 from txactors.coordinator.core.states import Where
 from txactors.coordinator.core.table import WHERE
+from txactors.wire.protocol import Resolution
 
 CONFIG = CoordinatorConfig(
     transaction_timeout=1.0,
@@ -355,7 +354,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
         to=st.sampled_from(WHERE),
         step=st.sampled_from(["end", "operator", "persist", "publish"]),
         decision=st.sampled_from(Decision),
-        command=st.sampled_from([Resume, ForceCommit, ForceRollback]),
+        resolution=st.sampled_from(Resolution),
     )
     def move_astray(
         self,
@@ -363,7 +362,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
         to: Where,
         step: str,
         decision: Decision,
-        command: type[Resume | ForceCommit | ForceRollback],
+        resolution: Resolution,
     ) -> None:
         """Whatever a row does to one transaction, it then moves it `to` a state: where the
         row does not list it, the event raises and changes nothing at all, also in the
@@ -377,7 +376,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
                 elif step == "publish" and self.pending_publishes:
                     self.publish_acked(index, twice=False)
                 elif step == "operator":
-                    self.feed(command(txid=victim, request_id="op"))
+                    self.feed(OperatorDecided(txid=victim, resolution=resolution, request_id="op"))
                 else:
                     self.feed(End(txid=victim, token=TOKEN, decision=decision, request_id="end"))
             except CoordinatorStateError as error:
@@ -399,9 +398,10 @@ class CoordinatorMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------ operators
 
     @precondition(lambda self: self.txids)
-    @rule(index=st.integers(0, 99), command=st.sampled_from([Resume, ForceCommit, ForceRollback]))
-    def operator(self, index: int, command: type[Resume | ForceCommit | ForceRollback]) -> None:
-        self.feed(command(txid=self.pick(index), request_id="op"))
+    @rule(index=st.integers(0, 99), resolution=st.sampled_from(Resolution))
+    def operator(self, index: int, resolution: Resolution) -> None:
+        txid = self.pick(index)
+        self.feed(OperatorDecided(txid=txid, resolution=resolution, request_id="op"))
 
     # ------------------------------------------------------------ invariants
 

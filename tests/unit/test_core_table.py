@@ -31,10 +31,9 @@ from txactors.coordinator import (
     DiscardReason,
     End,
     Event,
-    ForceCommit,
-    ForceRollback,
     Half,
     HalvesStored,
+    OperatorDecided,
     OpKind,
     OpPersisted,
     OpRecord,
@@ -42,7 +41,6 @@ from txactors.coordinator import (
     PersistOp,
     Publish,
     Published,
-    Resume,
     SendCheck,
     TransactionTable,
     TxnState,
@@ -51,6 +49,7 @@ from txactors.coordinator.core.events import Kind
 from txactors.coordinator.core.replay import Replay
 from txactors.coordinator.core.states import Gone, Phase, Where
 from txactors.coordinator.core.table import TABLE, WHERE
+from txactors.wire.protocol import Resolution
 
 S, G, K = TxnState, Gone, Kind
 CONFIG = CoordinatorConfig(
@@ -170,11 +169,11 @@ def event_of(w: World, kind: Kind) -> Event | None:
             decision = Decision(kind.removeprefix("end_"))
             return End(txid="t", token=TOKEN, decision=decision, request_id="end2")
         case K.FORCE_COMMIT:
-            return ForceCommit(txid="t", request_id="op")
+            return OperatorDecided(txid="t", resolution=Resolution.COMMIT, request_id="op")
         case K.FORCE_ROLLBACK:
-            return ForceRollback(txid="t", request_id="op")
+            return OperatorDecided(txid="t", resolution=Resolution.ROLLBACK, request_id="op")
         case K.RESUME:
-            return Resume(txid="t", request_id="op")
+            return OperatorDecided(txid="t", resolution=Resolution.RESUME, request_id="op")
         case K.CHECK_ANSWERED:
             return CheckAnswered(txid="t", check_id=w.check_id, resolution=Decision.COMMIT)
         case K.CHECK_FAILED:

@@ -14,6 +14,7 @@ import enum
 import msgspec
 
 from txactors.coordinator.core.records import Decision, Half, OpKind, OpRecord
+from txactors.wire.protocol import Resolution
 
 
 class HalvesStored(msgspec.Struct, frozen=True, kw_only=True):
@@ -88,24 +89,13 @@ class CheckFailed(msgspec.Struct, frozen=True, kw_only=True):
     reason: CheckFailure
 
 
-class Resume(msgspec.Struct, frozen=True, kw_only=True):
-    """Operator: back to PREPARED with a fresh check count (from DISCARDED or pending)."""
+class OperatorDecided(msgspec.Struct, frozen=True, kw_only=True):
+    """Operator, without the token: `RESUME` puts a discarded or pending transaction back to
+    PREPARED with a fresh check count; `COMMIT` / `ROLLBACK` force an undecided or discarded
+    one. One event for the wire's one `OperatorDecision` path."""
 
     txid: str
-    request_id: str
-
-
-class ForceCommit(msgspec.Struct, frozen=True, kw_only=True):
-    """Operator: commit an undecided or discarded transaction, without its token."""
-
-    txid: str
-    request_id: str
-
-
-class ForceRollback(msgspec.Struct, frozen=True, kw_only=True):
-    """Operator: roll back an undecided or discarded transaction, without its token."""
-
-    txid: str
+    resolution: Resolution
     request_id: str
 
 
@@ -117,9 +107,7 @@ Event = (
     | Published
     | CheckAnswered
     | CheckFailed
-    | Resume
-    | ForceCommit
-    | ForceRollback
+    | OperatorDecided
 )
 
 
@@ -154,6 +142,11 @@ _END_KINDS = {
     Decision.ROLLBACK: Kind.END_ROLLBACK,
     Decision.UNKNOWN: Kind.END_UNKNOWN,
 }
+_OPERATOR_KINDS = {
+    Resolution.RESUME: Kind.RESUME,
+    Resolution.COMMIT: Kind.FORCE_COMMIT,
+    Resolution.ROLLBACK: Kind.FORCE_ROLLBACK,
+}
 _WRITTEN_KINDS = {
     OpKind.COMMIT: Kind.COMMIT_WRITTEN,
     OpKind.ROLLBACK: Kind.ROLLBACK_WRITTEN,
@@ -169,16 +162,7 @@ _REPLAYED_KINDS = {
     OpKind.RESUME: Kind.RESUME_REPLAYED,
 }
 
-PerTxnEvent = (
-    HalvesStored
-    | End
-    | Published
-    | CheckAnswered
-    | CheckFailed
-    | Resume
-    | ForceCommit
-    | ForceRollback
-)
+PerTxnEvent = HalvesStored | End | Published | CheckAnswered | CheckFailed | OperatorDecided
 """Events about one transaction (`txid`), each one column of the table."""
 
 
@@ -194,12 +178,8 @@ def kind_of(event: PerTxnEvent) -> Kind:
             return Kind.CHECK_ANSWERED
         case CheckFailed():
             return Kind.CHECK_FAILED
-        case Resume():
-            return Kind.RESUME
-        case ForceCommit():
-            return Kind.FORCE_COMMIT
-        case ForceRollback():
-            return Kind.FORCE_ROLLBACK
+        case OperatorDecided():
+            return _OPERATOR_KINDS[event.resolution]
 
 
 def record_kind(record: OpRecord, *, replayed: bool) -> Kind | None:

@@ -31,11 +31,9 @@ from txactors.coordinator.core.events import (
     CheckFailed,
     CheckFailure,
     End,
-    ForceCommit,
-    ForceRollback,
     HalvesStored,
+    OperatorDecided,
     Published,
-    Resume,
 )
 from txactors.coordinator.core.reads import Reads
 from txactors.coordinator.core.records import Decision, DiscardReason, OpKind, OpRecord
@@ -50,7 +48,7 @@ from txactors.coordinator.core.states import (
     Where,
 )
 from txactors.coordinator.core.transactions import Counters, Txn
-from txactors.wire.protocol import ErrorCode
+from txactors.wire.protocol import ErrorCode, Resolution
 
 S = TxnState
 
@@ -128,13 +126,12 @@ class Moves(Reads):
             return None
         return self._answer(txn, event.txid, event.decision, event.request_id, by_operator=False)
 
-    def force(
-        self, txn: Txn | None, event: ForceCommit | ForceRollback, now: float
-    ) -> Where | None:
-        decision = Decision.COMMIT if isinstance(event, ForceCommit) else Decision.ROLLBACK
+    def force(self, txn: Txn | None, event: OperatorDecided, now: float) -> Where | None:
+        commit = event.resolution is Resolution.COMMIT
+        decision = Decision.COMMIT if commit else Decision.ROLLBACK
         return self._answer(txn, event.txid, decision, event.request_id, by_operator=True)
 
-    def resume(self, txn: Txn | None, event: Resume, now: float) -> Where | None:
+    def resume(self, txn: Txn | None, event: OperatorDecided, now: float) -> Where | None:
         if txn is None or txn.state not in DECIDABLE_BY_OPERATOR:
             state = self.outcome(event.txid)
             code = ErrorCode.NOT_FOUND if state is None else ErrorCode.CONFLICT

@@ -59,12 +59,10 @@ from txactors.coordinator.core.errors import CoordinatorStateError
 from txactors.coordinator.core.events import (
     End,
     Event,
-    ForceCommit,
-    ForceRollback,
     HalvesStored,
+    OperatorDecided,
     OpPersisted,
     Published,
-    Resume,
 )
 from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.options import Clock, CoordinatorOptions, OnDiscard
@@ -102,7 +100,6 @@ from txactors.wire.protocol import (
     OperatorDecision,
     Prepare,
     Prepared,
-    Resolution,
     ShowTransaction,
     TransactionList,
 )
@@ -533,19 +530,13 @@ class PartitionCoordinator(Actor):
             case OperatorDecision():
                 txid = command.txid
                 request_id = self._answers.wait(request, lambda s: Ended(txid=txid, state=s))
-                kind = _OPERATOR_EVENTS[command.resolution]
-                self._step(kind(txid=txid, request_id=request_id))
+                resolution = command.resolution
+                self._step(OperatorDecided(txid=txid, resolution=resolution, request_id=request_id))
             case _:
                 name = type(command).__name__
                 problem = f"not an admin command: {name}"
                 await request.answer(Error(ErrorCode.UNKNOWN_COMMAND, problem))
 
 
-_REQUESTS = (HalvesStored, End, Resume, ForceCommit, ForceRollback)
+_REQUESTS = (HalvesStored, End, OperatorDecided)
 """The events that carry a request to answer."""
-
-_OPERATOR_EVENTS: dict[Resolution, type[Resume | ForceCommit | ForceRollback]] = {
-    Resolution.RESUME: Resume,
-    Resolution.COMMIT: ForceCommit,
-    Resolution.ROLLBACK: ForceRollback,
-}
