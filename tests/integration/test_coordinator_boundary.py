@@ -24,7 +24,7 @@ from tests.support.wait import eventually
 from txactors.coordinator import CoordinatorConfig
 from txactors.coordinator.core import tokens
 from txactors.coordinator.options import CoordinatorOptions
-from txactors.coordinator.partition.store import ensure_streams, half_headers
+from txactors.coordinator.partition.store import ensure_streams, half_headers, stored_half
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import CommandError
 from txactors.nats.topics import ensure_topic_stream
@@ -289,14 +289,16 @@ async def test_a_half_stored_with_a_raw_token_is_no_longer_ended_by_it_but_is_no
     await ensure_streams(jetstream, half_retention=3600)
     await ensure_topic_stream(jetstream, "orders", duplicate_window=60)  # made at its prepare
     legacy = half_headers(
-        txid="legacy",
-        token_digest=TOKEN,  # what versions before digests wrote: the token itself
-        group="g",
-        producer="p1",
-        begins=True,
-        index=0,
-        born=time.time(),
-        message=message(),
+        stored_half(
+            txid="legacy",
+            token_digest=TOKEN,  # what versions before digests wrote: the token itself
+            group="g",
+            producer="p1",
+            begins=True,
+            index=0,
+            born=time.time(),
+            message=message(),
+        )
     )
     await jetstream.publish(layout.half_subject(0), b"payload", headers=legacy)
     async with run_coordinator(private_nc, config=CoordinatorConfig(transaction_timeout=60)):

@@ -27,7 +27,12 @@ from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.core.transactions import Checkpoint
 from txactors.coordinator.partition.late import LateHalves
 from txactors.coordinator.partition.recovery import recover
-from txactors.coordinator.partition.store import StoredHalf, ensure_streams, half_headers
+from txactors.coordinator.partition.store import (
+    StoredHalf,
+    ensure_streams,
+    half_headers,
+    stored_half,
+)
 from txactors.coordinator.service import run_coordinator
 from txactors.nats.current import wait_current, why_not_current
 from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
@@ -123,16 +128,18 @@ def ignore(stored: StoredHalf) -> None:
     """What recovery remembers of each half: nothing, here."""
 
 
-def stored_half(txid: str, producer: str = "p1", group: str = "g") -> dict[str, str]:
+def written_half(txid: str, producer: str = "p1", group: str = "g") -> dict[str, str]:
     return half_headers(
-        txid=txid,
-        token_digest=tokens.digest(tokens.new_token()),
-        group=group,
-        producer=producer,
-        begins=True,
-        index=0,
-        born=time.time(),
-        message=message(),
+        stored_half(
+            txid=txid,
+            token_digest=tokens.digest(tokens.new_token()),
+            group=group,
+            producer=producer,
+            begins=True,
+            index=0,
+            born=time.time(),
+            message=message(),
+        )
     )
 
 
@@ -141,7 +148,7 @@ async def test_recovery_reads_a_stream_only_once_it_is_current(private_nc: Clien
     await ensure_streams(js, half_retention=3600)
 
     async def catch_up() -> None:
-        await js.publish(layout.half_subject(0), b"payload", headers=stored_half("rebuilt"))
+        await js.publish(layout.half_subject(0), b"payload", headers=written_half("rebuilt"))
 
     rebuilding = Rebuilding(js, catch_up)
     table = TransactionTable(CoordinatorConfig())
@@ -168,7 +175,7 @@ class ShortRead:
     async def get_last_msg(self, stream: str, subject: str) -> Any:
         if stream == layout.HALF_STREAM and not self._written:
             self._written = True
-            await self._js.publish(subject, b"payload", headers=stored_half("gap"))
+            await self._js.publish(subject, b"payload", headers=written_half("gap"))
         return await self._js.get_last_msg(stream, subject)
 
     def __getattr__(self, name: str) -> Any:
@@ -180,7 +187,7 @@ async def test_recovery_reads_again_when_the_leader_names_a_later_half(
 ) -> None:
     js = private_nc.jetstream()
     await ensure_streams(js, half_retention=3600)
-    await js.publish(layout.half_subject(0), b"payload", headers=stored_half("first"))
+    await js.publish(layout.half_subject(0), b"payload", headers=written_half("first"))
     table = TransactionTable(CoordinatorConfig())
     with capture_logs() as logs:
         with anyio.fail_after(20):
@@ -223,7 +230,7 @@ async def test_a_half_that_appears_after_recovery_is_checked_back(private_nc: Cl
         with capture_logs() as logs:
             # A half as a predecessor (or a copy still rebuilding) left it: in TXN_HALF
             # after this coordinator read the stream.
-            headers = stored_half("late", producer="p-late")
+            headers = written_half("late", producer="p-late")
             await private_nc.jetstream().publish(layout.half_subject(0), b"late", headers=headers)
             await eventually(
                 lambda: topic_ids(private_nc, "orders"),

@@ -24,7 +24,7 @@ from typing import Any, Final
 
 from txactors.coordinator.core import tokens
 from txactors.coordinator.core.states import TxnState
-from txactors.coordinator.partition.store import half_headers
+from txactors.coordinator.partition.store import half_headers, stored_half
 from txactors.errors import TxActorsError
 from txactors.wire import layout
 from txactors.wire.framing import JETSTREAM_MAX_HEADER_BYTES, header_block_bytes
@@ -293,14 +293,16 @@ def half_header_bytes(prepare: Prepare, message: OutgoingMessage) -> int:
     """The size of the header block of `message`'s half, as NATS frames it, with the
     coordinator's own headers at their longest (index, birth time, token digest)."""
     headers = half_headers(
-        txid=prepare.txid,
-        token_digest=_WORST_DIGEST,
-        group=prepare.group,
-        producer=prepare.producer,
-        begins=True,
-        index=_WORST_INDEX,
-        born=_WORST_BORN,
-        message=message,
+        stored_half(
+            txid=prepare.txid,
+            token_digest=_WORST_DIGEST,
+            group=prepare.group,
+            producer=prepare.producer,
+            begins=True,
+            index=_WORST_INDEX,
+            born=_WORST_BORN,
+            message=message,
+        )
     )
     return header_block_bytes(headers)
 

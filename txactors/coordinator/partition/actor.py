@@ -74,11 +74,12 @@ from txactors.coordinator.partition.late import LateHalves
 from txactors.coordinator.partition.listing import info, select
 from txactors.coordinator.partition.oneway import OneWayErrors
 from txactors.coordinator.partition.oplog import OpLog
-from txactors.coordinator.partition.prepares import PreparesInFlight, stored_event
+from txactors.coordinator.partition.prepares import PreparesInFlight
 from txactors.coordinator.partition.publisher import Publisher
-from txactors.coordinator.partition.recovery import UNREADABLE, half_event, last_op_seq, recover
+from txactors.coordinator.partition.recovery import UNREADABLE, last_op_seq, recover
 from txactors.coordinator.partition.store import (
     StoredHalf,
+    halves_stored,
     load_checkpoint,
     read_half,
     save_checkpoint,
@@ -413,7 +414,7 @@ class PartitionCoordinator(Actor):
         if self._prepares.in_flight(stored.txid):
             return  # our own write, whose ack is on its way
         log.warning("late_half_found", partition=self.partition, txid=stored.txid, seq=seq)
-        self._step(half_event(stored))
+        self._step(halves_stored([stored]))
         await self._answers.flush()
 
     async def _quarantine(self, append: Append, reason: str) -> None:
@@ -486,7 +487,7 @@ class PartitionCoordinator(Actor):
         request_id = self._answers.wait(
             request, lambda state: Prepared(txid=txid, token=token, seqs=seqs)
         )
-        self._step(stored_event(prepare, digest, stored, request_id))
+        self._step(halves_stored(stored, request_id))
         await self._answers.flush()
 
     def _halves_refused(
@@ -501,7 +502,7 @@ class PartitionCoordinator(Actor):
         transaction may ever be delivered, so what did land is rolled back at once."""
         txid = prepare.txid
         if stored:
-            self._step(stored_event(prepare, digest, stored, None))
+            self._step(halves_stored(stored))
         if self.table.outcome(txid) is not None:
             nobody = self._answers.wait(None, lambda state: None)
             self._step(End(txid=txid, token=digest, decision=Decision.ROLLBACK, request_id=nobody))

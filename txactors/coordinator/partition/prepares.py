@@ -11,10 +11,8 @@ from __future__ import annotations
 from nats.js.api import PubAck
 
 from txactors.coordinator.core import tokens
-from txactors.coordinator.core.events import HalvesStored
-from txactors.coordinator.core.records import Half
 from txactors.coordinator.core.table import TransactionTable
-from txactors.coordinator.partition.store import StoredHalf, half_headers
+from txactors.coordinator.partition.store import StoredHalf, half_headers, stored_half
 from txactors.nats.writer import Append
 from txactors.wire import layout
 from txactors.wire.protocol import ErrorCode, OutgoingMessage, Prepare
@@ -57,14 +55,16 @@ class PreparesInFlight:
                 layout.half_subject(self._partition),
                 message.body,
                 half_headers(
-                    txid=prepare.txid,
-                    token_digest=digest,
-                    group=prepare.group,
-                    producer=prepare.producer,
-                    begins=prepare.token is None,
-                    index=first + offset,
-                    born=born,
-                    message=message,
+                    stored_half(
+                        txid=prepare.txid,
+                        token_digest=digest,
+                        group=prepare.group,
+                        producer=prepare.producer,
+                        begins=prepare.token is None,
+                        index=first + offset,
+                        born=born,
+                        message=message,
+                    )
                 ),
                 layout.HALF_STREAM,
             )
@@ -95,34 +95,14 @@ def _stored(
     """The half as `read_half` would read it back, built from what was written instead of
     parsing its headers again. Equal because the boundary refused reserved property names
     (the only ones `read_half` drops) and these headers never crossed the wire."""
-    headers = append.headers
-    return StoredHalf(
+    return stored_half(
         txid=prepare.txid,
-        token=digest,
+        token_digest=digest,
         group=prepare.group,
         producer=prepare.producer,
         begins=prepare.token is None,
-        half=Half(
-            index=int(headers[layout.INDEX_HEADER]),
-            topic=message.topic,
-            seq=seq,
-            born=float(headers[layout.BORN_HEADER]),
-            immunity=message.check_immunity,
-        ),
+        index=int(append.headers[layout.INDEX_HEADER]),
+        born=float(append.headers[layout.BORN_HEADER]),
         message=message,
-    )
-
-
-def stored_event(
-    prepare: Prepare, digest: str, stored: list[StoredHalf], request_id: str | None
-) -> HalvesStored:
-    """What the table learns from appended halves (with the request to answer, if any)."""
-    return HalvesStored(
-        txid=prepare.txid,
-        token=digest,
-        group=prepare.group,
-        producer=prepare.producer,
-        halves=tuple(s.half for s in stored),
-        begins=prepare.token is None,
-        request_id=request_id,
+        seq=seq,
     )

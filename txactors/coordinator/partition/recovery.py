@@ -29,11 +29,16 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from txactors.coordinator.core.errors import CoordinatorStateError
-from txactors.coordinator.core.events import HalvesStored, OpReplayed
+from txactors.coordinator.core.events import OpReplayed
 from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.core.transactions import Checkpoint
 from txactors.coordinator.partition.discard import quarantine
-from txactors.coordinator.partition.store import StoredHalf, decode_ops, read_half
+from txactors.coordinator.partition.store import (
+    StoredHalf,
+    decode_ops,
+    halves_stored,
+    read_half,
+)
 from txactors.nats.current import CURRENT_DEADLINE, wait_current
 from txactors.nats.retry import (
     LINK_TROUBLE,
@@ -165,7 +170,7 @@ async def recover(
         halves += 1
         try:
             stored = read_half(msg.metadata.sequence.stream, msg.headers or {}, msg.data)
-            table.handle(half_event(stored), now)
+            table.handle(halves_stored([stored]), now)
         except UNREADABLE as error:
             await unreadable(msg, layout.HALF_STREAM, error)
             return
@@ -217,18 +222,6 @@ async def read_whole(
 UNREADABLE = (KeyError, ValueError, TypeError, msgspec.DecodeError, CoordinatorStateError)
 """What reading a garbage record raises: a missing header, a bad number, bytes that do not
 decode, or a record the table refuses (it leaves the table as it was)."""
-
-
-def half_event(stored: StoredHalf) -> HalvesStored:
-    """What the table learns from a half read back from TXN_HALF (no request to answer)."""
-    return HalvesStored(
-        txid=stored.txid,
-        token=stored.token,
-        group=stored.group,
-        producer=stored.producer,
-        halves=(stored.half,),
-        begins=stored.begins,
-    )
 
 
 async def last_op_seq(js: JetStreamContext, partition: int) -> int:

@@ -9,7 +9,7 @@ durable when JetStream acknowledged it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 import msgspec
@@ -18,6 +18,7 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, KeyValueConfig, RawStreamMsg, StorageType, StreamConfig
 from nats.js.kv import KeyValue
 
+from txactors.coordinator.core.events import HalvesStored
 from txactors.coordinator.core.records import Half, OpRecord
 from txactors.coordinator.core.transactions import Checkpoint
 from txactors.nats.topics import (
@@ -143,30 +144,21 @@ class StoredHalf(msgspec.Struct, frozen=True, kw_only=True):
     message: OutgoingMessage
 
 
-def half_headers(
-    *,
-    txid: str,
-    token_digest: str,
-    group: str,
-    producer: str,
-    begins: bool,
-    index: int,
-    born: float,
-    message: OutgoingMessage,
-) -> dict[str, str]:
+def half_headers(stored: StoredHalf) -> dict[str, str]:
     """Every header of a half as stored: the user's properties, then ours (which win)."""
+    message, half, txid = stored.message, stored.half, stored.txid
     headers = dict(message.properties)
     headers.update(
         {
-            layout.MSG_ID_HEADER: f"{layout.message_id(txid, index)}:half",
+            layout.MSG_ID_HEADER: f"{layout.message_id(txid, half.index)}:half",
             layout.TXID_HEADER: txid,
-            layout.TOKEN_HEADER: token_digest,
-            layout.GROUP_HEADER: group,
-            layout.PRODUCER_HEADER: producer,
-            layout.BEGINS_HEADER: "1" if begins else "0",
-            layout.INDEX_HEADER: str(index),
+            layout.TOKEN_HEADER: stored.token,
+            layout.GROUP_HEADER: stored.group,
+            layout.PRODUCER_HEADER: stored.producer,
+            layout.BEGINS_HEADER: "1" if stored.begins else "0",
+            layout.INDEX_HEADER: str(half.index),
             layout.TOPIC_HEADER: message.topic,
-            layout.BORN_HEADER: repr(born),
+            layout.BORN_HEADER: repr(half.born),
         }
     )
     if message.tag is not None:
@@ -189,20 +181,60 @@ def read_half(seq: int, headers: Mapping[str, str], body: bytes) -> StoredHalf:
         properties=user_properties(headers),
         check_immunity=float(immunity) if immunity is not None else None,
     )
-    return StoredHalf(
+    return stored_half(
         txid=headers[layout.TXID_HEADER],
-        token=headers[layout.TOKEN_HEADER],
+        token_digest=headers[layout.TOKEN_HEADER],
         group=headers[layout.GROUP_HEADER],
         producer=headers[layout.PRODUCER_HEADER],
         begins=headers.get(layout.BEGINS_HEADER) == "1",
+        index=int(headers[layout.INDEX_HEADER]),
+        born=float(headers[layout.BORN_HEADER]),
+        message=message,
+        seq=seq,
+    )
+
+
+def stored_half(
+    *,
+    txid: str,
+    token_digest: str,
+    group: str,
+    producer: str,
+    begins: bool,
+    index: int,
+    born: float,
+    message: OutgoingMessage,
+    seq: int = 0,
+) -> StoredHalf:
+    """The half stored at `seq` (0: not written yet) with these fields: the one place a
+    `StoredHalf` is made, whether about to be written (`half_headers`), just written or
+    read back (`read_half`)."""
+    return StoredHalf(
+        txid=txid,
+        token=token_digest,
+        group=group,
+        producer=producer,
+        begins=begins,
         half=Half(
-            index=int(headers[layout.INDEX_HEADER]),
-            topic=message.topic,
-            seq=seq,
-            born=float(headers[layout.BORN_HEADER]),
-            immunity=message.check_immunity,
+            index=index, topic=message.topic, seq=seq, born=born, immunity=message.check_immunity
         ),
         message=message,
+    )
+
+
+def halves_stored(stored: Sequence[StoredHalf], request_id: str | None = None) -> HalvesStored:
+    """What the table learns from stored halves of one transaction (at least one; all from
+    one prepare, or one read back): `request_id` is the prepare to answer, None when read
+    back from TXN_HALF."""
+    first = stored[0]
+    return HalvesStored(
+        txid=first.txid,
+        token=first.token,
+        group=first.group,
+        producer=first.producer,
+        halves=tuple(s.half for s in stored),
+        begins=first.begins,
+        request_id=request_id,
     )
 
 
