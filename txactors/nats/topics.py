@@ -28,7 +28,7 @@ from nats.js.errors import APIError, NotFoundError
 
 from txactors.errors import ConfigError
 from txactors.nats.retry import PLACEMENT_CODES, retry_transient, transient
-from txactors.observe.logs import get_logger
+from txactors.observe.logs import RateLimited, get_logger
 from txactors.wire.layout import topic_filter, topic_stream, validate_name
 
 log = get_logger(__name__)
@@ -51,8 +51,6 @@ up; a minute covers a rolling start without hiding a cluster that never forms.""
 _WAIT_FIRST: Final = 0.1
 WAIT_POLL_MAX: Final = 5.0
 """Seconds between two looks at a stream awaited by `wait_for_stream`, at most."""
-WAIT_LOG_EVERY: Final = 60.0
-"""Seconds between two log lines saying a stream is still awaited."""
 
 T = TypeVar("T")
 
@@ -94,13 +92,14 @@ async def declaring(
 async def wait_for_stream(js: JetStreamContext, name: str) -> str:
     """Return `name` once stream `name` exists, looking at its info only (never creating it):
     with backoff up to WAIT_POLL_MAX seconds, logging `stream_awaited` at first and then
-    every WAIT_LOG_EVERY seconds. A transient answer (a cluster electing) is waited out."""
+    every `logs.LOG_EVERY` seconds. A transient answer (a cluster electing) is waited out."""
     delay = _WAIT_FIRST
-    logged_at: float | None = None
+    awaited = False
+    logged = RateLimited(clock=anyio.current_time)
     while True:
         try:
             await js.stream_info(name)
-            if logged_at is not None:
+            if awaited:
                 log.info("stream_appeared", stream=name)
             return name
         except NotFoundError:
@@ -109,10 +108,9 @@ async def wait_for_stream(js: JetStreamContext, name: str) -> str:
             if not transient(error):
                 raise
             problem = f"JetStream does not answer now: {error!r}"
-        now = anyio.current_time()
-        if logged_at is None or now - logged_at >= WAIT_LOG_EVERY:
+        awaited = True
+        if logged.suppressed(name) is not None:
             log.warning("stream_awaited", stream=name, problem=problem)
-            logged_at = now
         await anyio.sleep(delay)
         delay = min(delay * 2, WAIT_POLL_MAX)
 
