@@ -10,7 +10,9 @@
     progress.py        what a run reports, read off the queries as it polls
     catalog.py         warehouse layout and the metastore tables (`<topic>`, view `_rejects`)
     session.py         a SparkSession that works: Java check, Python workers, Hive catalog
-    cli.py             `txactors sink run|query|demo`
+    cli.py             what `txactors sink run|query` does
+    commands.py        the `txactors sink` commands (mounted by txactors/cli), `python -m`
 
-Modules import pyspark, which is the `spark` extra: `pip install 'txactors[spark]'`.
+Modules import pyspark, which is the `spark` extra: `pip install 'txactors[spark]'`; all but
+`commands.py`, which imports it inside each command so `txactors --help` works without it.
 """

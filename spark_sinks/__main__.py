@@ -3,9 +3,7 @@
 spark-submit runs a script, not an installed command; this is that script.
 """
 
-import sys
-
-from txactors.cli import app
+from spark_sinks.commands import app
 
 if __name__ == "__main__":
-    app(["sink", *sys.argv[1:]])
+    app(prog_name="txactors sink")

@@ -1,4 +1,4 @@
-"""What `txactors sink …` does; txactors/cli.py only declares the options and calls in here.
+"""What `txactors sink …` does; commands.py only declares the options and calls in here.
 
 Kept apart so `txactors --help` never imports pyspark, and so the demos can call
 `sink_and_show` directly after a run.

@@ -34,9 +34,10 @@ from txactors.coordinator.partition.store import (
     stored_half,
 )
 from txactors.coordinator.service import run_coordinator
-from txactors.nats.current import wait_current, why_not_current
+from txactors.nats.current import wait_current
 from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
 from txactors.wire import layout
+from txactors.wire.replicas import why_not_current
 
 OPTIONS = CoordinatorOptions(tick_interval=0.02, checkpoint_interval=0.1)
 HEARD = 200_000_000

@@ -22,12 +22,7 @@ from tests.integration.test_producer import RecordingChecker, ask_instance, chec
 from tests.support.txn import CoordinatorClient, message, topic_ids
 from tests.support.wait import eventually
 from txactors.actors import RemoteActorRef
-from txactors.actors.replies import (
-    ReplyGuard,
-    normalize_prefix,
-    reply_pattern,
-    reply_refusal,
-)
+from txactors.actors.replies import ReplyGuard, reply_pattern
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import AskTimeout, CommandError
@@ -35,6 +30,7 @@ from txactors.nats.client import connect
 from txactors.observe.logs import LOG_EVERY
 from txactors.observe.metrics import CoordinatorMetrics
 from txactors.wire import layout
+from txactors.wire.inbox import normalize_prefix, reply_refusal
 from txactors.wire.protocol import (
     PROTOCOL_VERSION,
     CheckResult,

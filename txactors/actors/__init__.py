@@ -7,9 +7,10 @@ from txactors.actors.envelope import Request
 from txactors.actors.pool import ActorPool
 from txactors.actors.ref import DEFAULT_ASK_TIMEOUT, ActorRef, LocalActorRef
 from txactors.actors.remote import RemoteActorRef, serve
-from txactors.actors.replies import DEFAULT_INBOX_PREFIX, ReplyGuard
+from txactors.actors.replies import ReplyGuard
 from txactors.actors.supervision import Directive, Supervisor
 from txactors.actors.system import ActorSystem
+from txactors.wire.inbox import DEFAULT_INBOX_PREFIX
 
 __all__ = [
     "DEFAULT_ASK_TIMEOUT",

@@ -8,15 +8,12 @@ ref (txactors.actors.remote), which sends the encoded Struct on the actor's NATS
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import anyio
 
 from txactors.actors.envelope import LocalReply, Request
 from txactors.errors import AskTimeout
-
-if TYPE_CHECKING:
-    from txactors.actors.cell import ActorCell
 
 DEFAULT_ASK_TIMEOUT = 5.0
 
@@ -57,10 +54,25 @@ async def ask_through(
         raise AskTimeout(f"{name} did not answer within {timeout}s") from None
 
 
+class Running(Protocol):
+    """What a local ref drives of its actor's running side (`cell.ActorCell`, which makes
+    the ref): named here so that refs, which actors hold, stand below the cell."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def stopped(self) -> anyio.Event: ...
+    @property
+    def failure(self) -> BaseException | None: ...
+    async def deliver(self, request: Request) -> None: ...
+    def deliver_nowait(self, request: Request) -> None: ...
+    def request_stop(self) -> None: ...
+
+
 class LocalActorRef:
     __slots__ = ("_cell", "name")
 
-    def __init__(self, cell: ActorCell) -> None:
+    def __init__(self, cell: Running) -> None:
         self._cell = cell
         self.name = cell.name
 

@@ -12,7 +12,8 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from txactors.cli import coordinator, dlq, lease, partitions, protocol, run, server, sink, txn
+from spark_sinks import commands as sink
+from txactors.cli import coordinator, dlq, lease, partitions, protocol, run, server, txn
 from txactors.cli.exits import run_cli
 from txactors.cli.flags import show_flags_without_a_type
 from txactors.observe.logs import LOG_FORMAT_ENV, LogFormat

@@ -10,8 +10,8 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from txactors.actors.replies import DEFAULT_INBOX_PREFIX, normalize_prefix
 from txactors.errors import ConfigError
+from txactors.wire.inbox import DEFAULT_INBOX_PREFIX, normalize_prefix
 from txactors.wire.layout import name_problem
 from txactors.wire.protocol import OutgoingMessage
 

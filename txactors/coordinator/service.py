@@ -35,7 +35,6 @@ from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 
 from txactors.actors import ActorSystem, Directive, LocalActorRef, ReplyGuard, Supervisor, serve
-from txactors.actors.replies import normalize_prefix
 from txactors.coordinator.cluster.agreement import agree_partition_count, meta_bucket
 from txactors.coordinator.cluster.balance import MemberInfo, plan
 from txactors.coordinator.cluster.leases import LEASE_TROUBLE, Leases, lease_bucket
@@ -53,6 +52,7 @@ from txactors.nats.client import raising_connection_lost, watch_connection
 from txactors.observe.logs import get_logger
 from txactors.observe.metrics import CoordinatorMetrics
 from txactors.wire import layout
+from txactors.wire.inbox import normalize_prefix
 from txactors.wire.protocol import AdminCommand, EndTransaction, Prepare
 
 MAILBOX_SIZE = 8192

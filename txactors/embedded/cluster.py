@@ -43,8 +43,8 @@ from txactors.embedded.setup import (
     FsyncSetting,
 )
 from txactors.errors import NatsServerError
-from txactors.nats.current import why_not_current
 from txactors.observe.logs import get_logger
+from txactors.wire.replicas import why_not_current
 
 __all__ = ["DEFAULT_CLUSTER_NAME", "EmbeddedNatsCluster", "free_ports"]
 

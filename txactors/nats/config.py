@@ -14,9 +14,9 @@ from typing import Any
 
 import msgspec
 
-from txactors.actors.replies import normalize_prefix
 from txactors.embedded.setup import FsyncError, FsyncSetting
 from txactors.errors import ConfigError
+from txactors.wire.inbox import normalize_prefix
 
 DATA_DIR_ENV = "TXACTORS_DATA_DIR"
 FSYNC_ENV = "TXACTORS_FSYNC"

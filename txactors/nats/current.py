@@ -5,8 +5,7 @@ before it has the stream's latest messages; a read served meanwhile (an ephemera
 placed on such a node, say) sees fewer messages than were acknowledged. Recovery decides
 from what it reads which transactions are open, so it waits (`wait_current`) until the
 stream's info names a leader and no reachable replica is behind (a server that died does
-not count: that is what replicas are for). On a single server the info has no replicas,
-and the stream is current as soon as it answers.
+not count: that is what replicas are for; the rule is `wire.replicas.why_not_current`).
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from typing import Final
 
 import anyio
 from nats.js import JetStreamContext
-from nats.js.api import ClusterInfo, PeerInfo
 
 from txactors.nats.retry import (
     FIRST_ATTEMPT,
@@ -28,6 +26,7 @@ from txactors.nats.retry import (
     transient,
 )
 from txactors.observe.logs import get_logger
+from txactors.wire.replicas import why_not_current
 
 CURRENT_DEADLINE: Final = 60.0
 """Seconds recovery waits for a stream to be current before it reads anyway (and says so):
@@ -35,34 +34,7 @@ a whole cluster restarted elects and catches up in 5-15 s; a replica that never 
 (a node down for good) must not keep the partition from serving. What a read then misses
 is found later by the partition's `LateHalves`."""
 
-HEARD_WITHIN: Final = 3.0
-"""Seconds: a live replica is heard from about every second (raft heartbeats)."""
-
 log = get_logger(__name__)
-
-
-def reachable(peer: PeerInfo) -> bool:
-    """A replica the leader has heard from within `HEARD_WITHIN`. One that is offline, silent
-    for longer, or never heard from since this leader was elected (`active` 0: the old
-    leader, killed) serves no read and must not hold one up; a killed server is never
-    marked offline."""
-    silent = (peer.active or 0) / 1e9  # nanoseconds since the leader last heard from it
-    return not peer.offline and 0 < silent < HEARD_WITHIN
-
-
-def why_not_current(
-    what: str, cluster: ClusterInfo | None, counted: Callable[[PeerInfo], bool] = reachable
-) -> str | None:
-    """Why the replica group of `what` is not current (no leader, a `counted` replica
-    behind), or None when it is. No cluster info: a single server's stream, current."""
-    if cluster is None:
-        return None
-    if not cluster.leader:
-        return f"{what} has no leader"
-    behind = sorted(
-        peer.name or "?" for peer in cluster.replicas or () if counted(peer) and not peer.current
-    )
-    return f"{what}: {', '.join(behind)} not current" if behind else None
 
 
 async def wait_current(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 from collections.abc import Callable, Iterator
+from typing import Protocol
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -36,7 +37,6 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from txactors.coordinator.core.table import TransactionTable
 from txactors.errors import ConfigError
 from txactors.wire.protocol import ErrorCode
 
@@ -71,6 +71,16 @@ _COUNTED: dict[str, tuple[str, str]] = {
 }
 
 
+class CountedTable(Protocol):
+    """What the collector reads of a partition's `TransactionTable` at scrape time: its
+    `counters` (by the field names in `_COUNTED`) and how many transactions it holds.
+    observe/ stands below the coordinator, so it names what it reads, not the table."""
+
+    @property
+    def counters(self) -> object: ...
+    def __len__(self) -> int: ...
+
+
 class CoordinatorMetrics(Collector):
     """One coordinator's metrics, in `registry`: by default a new one, so coordinators sharing
     a process each report their own partitions."""
@@ -79,7 +89,7 @@ class CoordinatorMetrics(Collector):
         registry = CollectorRegistry() if registry is None else registry
         self.registry = registry
         """Where these metrics are registered: what `serve_metrics` serves."""
-        self._tables: dict[int, TransactionTable] = {}
+        self._tables: dict[int, CountedTable] = {}
         self.commit_latency = Histogram(
             "txactors_commit_latency_seconds",
             "From a producer's COMMIT end to its acknowledgement (decision, publish, done).",
@@ -112,7 +122,7 @@ class CoordinatorMetrics(Collector):
         """What counts one failed one-way request of `partition`, by its error code."""
         return lambda code: self.oneway_errors.labels(str(partition), code).inc()
 
-    def track(self, partition: int, table: TransactionTable) -> None:
+    def track(self, partition: int, table: CountedTable) -> None:
         """Report `table` for `partition` (a restarted partition actor replaces its table)."""
         self._tables[partition] = table
         self.commit_latency.labels(str(partition))  # exported from now on, zeros included

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 try:
     from opentelemetry import trace
@@ -32,9 +32,6 @@ else:
 
 if TYPE_CHECKING:
     from opentelemetry.util.types import AttributeValue
-
-    from txactors.consumer.message import ConsumedMessage
-    from txactors.coordinator.core.records import OpRecord
 
 Attributes = Mapping[str, "AttributeValue"]
 
@@ -49,6 +46,44 @@ CONSUME_SPAN: Final = "txactors.consume"
 DECISION_SPAN_PREFIX: Final = "txactors.coordinator."
 """Followed by the decision: `commit`, `rollback` or `discard`."""
 _DECISIONS: Final = frozenset({"commit", "rollback", "discard"})
+
+
+class Decided(Protocol):
+    """What a decision span records of an op record (the coordinator's `OpRecord`): observe/
+    stands below the coordinator, so it names the fields it reads, not the record."""
+
+    @property
+    def txid(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def check_times(self) -> int: ...
+    @property
+    def by_operator(self) -> bool: ...
+    @property
+    def reason(self) -> Reason | None: ...
+
+
+class Reason(Protocol):
+    """Why a transaction was discarded (the coordinator's `DiscardReason`), by its value."""
+
+    @property
+    def value(self) -> str: ...
+
+
+class Delivered(Protocol):
+    """What a consume span records of a delivered message (the consumer's `ConsumedMessage`)."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def msg_id(self) -> str: ...
+    @property
+    def deliveries(self) -> int: ...
+    @property
+    def txid(self) -> str | None: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
 
 
 def tracer() -> trace.Tracer | None:
@@ -128,7 +163,7 @@ def finish(span: trace.Span | None, attributes: Attributes) -> None:
 
 
 def record_decisions(
-    records: Iterable[OpRecord], headers_of: Callable[[str], Mapping[str, str]], partition: int
+    records: Iterable[Decided], headers_of: Callable[[str], Mapping[str, str]], partition: int
 ) -> None:
     """One short span per decision among `records`, a child of the transaction's context
     as its halves carry it (`headers_of(txid)`); transactions without one are not traced."""
@@ -170,7 +205,7 @@ def record_publish(headers: MutableMapping[str, str], txid: str, msg_id: str, to
 
 
 @contextmanager
-def consuming(message: ConsumedMessage, group: str) -> Iterator[None]:
+def consuming(message: Delivered, group: str) -> Iterator[None]:
     """Run the block (`group`'s handler of `message`) in a `txactors.consume` span, a child
     of the message's context (a new trace without one); an exception escaping the block
     marks the span as an error."""

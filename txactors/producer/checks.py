@@ -31,13 +31,14 @@ from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 
 from txactors.actors import Actor, ActorPool, ActorSystem, serve
-from txactors.actors.replies import DEFAULT_INBOX_PREFIX, ReplyGuard
+from txactors.actors.replies import ReplyGuard
 from txactors.errors import ConfigError, NatsConnectionLost
 from txactors.nats.client import raising_connection_lost, watch_connection
 from txactors.observe.logs import get_logger
 from txactors.producer.failed_sends import FailedSends
 from txactors.producer.inflight import InFlight
 from txactors.producer.outcomes import UnconfirmedOutcomes
+from txactors.wire.inbox import DEFAULT_INBOX_PREFIX
 from txactors.wire.layout import check_group_subject, check_instance_subject
 from txactors.wire.protocol import (
     CheckResult,

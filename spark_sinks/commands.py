@@ -1,6 +1,8 @@
-"""`txactors sink`: committed topics into Spark tables (spark_sinks/, the `spark` extra).
+"""`txactors sink` (and `python -m spark_sinks`): committed topics into Spark tables.
 
-The Spark code is imported inside each command, so the rest of the CLI works without it.
+The sink's commands live with the sink, below the `txactors` command that mounts them. The
+Spark code (the `spark` extra) is imported inside each command, so this module, and with it
+the rest of the CLI, imports without it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from txactors.observe.logs import configure_logging
 app = typer.Typer(
     help="Stream committed topics into Parquet tables with Spark, exactly once (needs Java 17+).",
     no_args_is_help=True,
+    add_completion=False,
 )
 
 WarehouseOption = Annotated[
