@@ -6,7 +6,8 @@ serving through it (a failed renewal is retried soon, and it stops only at the s
 point, most of a TTL away), without ever releasing a partition.
 
 That holds for an election that ends within the fence's budget, so the riding-out test takes a
-TTL that gives the longest election a loaded machine sees that budget (`ride_out_ttl`): an owner
+TTL that gives the longest election a loaded machine sees (`longest_election`, from the
+server's raft timeout) that budget (`ride_out_ttl`): an owner
 that fences itself during a slow election with a TTL too short for it is right to.
 """
 
@@ -18,9 +19,9 @@ from contextlib import suppress
 import anyio
 import nats.errors
 import pytest
-from nats.aio.client import ServerVersion
 from structlog.testing import capture_logs
 
+from tests.support.cluster import longest_election
 from txactors.coordinator import CoordinatorOptions
 from txactors.coordinator.cluster.balance import MemberInfo
 from txactors.coordinator.cluster.leases import Leases, lease_bucket
@@ -40,21 +41,9 @@ pytestmark = pytest.mark.slow
 
 LEASE_TTL = 10.0
 PARTITIONS = 2
-ELECTION_ROUNDS = 2
-"""Rounds of voting an election may take: the two followers left may both campaign at once and
-split the vote (seen here as elections of twice the timeout)."""
 KILL_LEAD = 0.5
 """Seconds before a round of renewals is due that the lease bucket's leader is killed: less than
 the shortest election, so the round falls within it."""
-LOAD_MARGIN = 6.0
-"""What a loaded machine adds to an election: the votes, the new leader catching up, a client
-round trip on starved cores."""
-
-
-def election_timeout(server: ServerVersion) -> float:
-    """The longest a raft follower of this nats-server waits for a lost leader before it
-    campaigns (`maxElectionTimeoutDefault`: 5 s until v2.9, 9 s since v2.10)."""
-    return 9.0 if (server.major, server.minor) >= (2, 10) else 5.0
 
 
 def ride_out_ttl(election: float) -> float:
@@ -77,7 +66,7 @@ async def test_the_owner_keeps_serving_through_an_election_of_the_lease_bucket(
     nats_cluster: EmbeddedNatsCluster,
 ) -> None:
     admin = await connect(nats_cluster.url_list)
-    election = ELECTION_ROUNDS * election_timeout(admin.connected_server_version) + LOAD_MARGIN
+    election = longest_election(admin.connected_server_version)
     ttl = ride_out_ttl(election)
     options = CoordinatorOptions(replicas=3, lease_ttl=ttl, partitions=PARTITIONS)
     js = admin.jetstream()
