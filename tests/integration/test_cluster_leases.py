@@ -4,10 +4,16 @@ The node that leads `KV_TXN_LEASE` is killed while a coordinator holds its parti
 commits go on: renewals fail until the bucket elects a new leader, and the owner must keep
 serving through it (a failed renewal is retried soon, and it stops only at the self-fence
 point, most of a TTL away), without ever releasing a partition.
+
+That holds for an election that ends within the fence's budget, so the riding-out test takes a
+TTL that gives the longest election a loaded machine sees (`longest_election`, from the
+server's raft timeout) that budget (`ride_out_ttl`): an owner
+that fences itself during a slow election with a TTL too short for it is right to.
 """
 
 from __future__ import annotations
 
+import time
 from contextlib import suppress
 
 import anyio
@@ -15,10 +21,16 @@ import nats.errors
 import pytest
 from structlog.testing import capture_logs
 
+from tests.support.cluster import longest_election
 from txactors.coordinator import CoordinatorOptions
 from txactors.coordinator.cluster.balance import MemberInfo
 from txactors.coordinator.cluster.leases import Leases, lease_bucket
-from txactors.coordinator.service import RENEW_FRACTION, run_coordinator
+from txactors.coordinator.service import (
+    RENEW_FRACTION,
+    RETRY_FRACTION,
+    SELF_FENCE_FRACTION,
+    run_coordinator,
+)
 from txactors.embedded.cluster import EmbeddedNatsCluster
 from txactors.errors import PrepareFailed
 from txactors.nats.client import connect
@@ -29,6 +41,20 @@ pytestmark = pytest.mark.slow
 
 LEASE_TTL = 10.0
 PARTITIONS = 2
+KILL_LEAD = 0.5
+"""Seconds before a round of renewals is due that the lease bucket's leader is killed: less than
+the shortest election, so the round falls within it."""
+
+
+def ride_out_ttl(election: float) -> float:
+    """The shortest lease TTL whose owner keeps its leases through an election of `election`
+    seconds, wherever in the renewal cycle the leader dies: the last renewal may be a whole
+    renewal period old, and after the election the next attempt may wait out one failed
+    attempt and one retry delay, all before the self-fence point (an attempt's floor of
+    `ATTEMPT_FLOOR` is far below a tenth of such a TTL)."""
+    return election / (SELF_FENCE_FRACTION - RENEW_FRACTION - 2 * RETRY_FRACTION)
+
+
 RELEASED = {"partition_released", "lease_lost", "lease_expiring_stop_serving"}
 
 
@@ -39,10 +65,12 @@ async def commit_checker(view: CheckView) -> Decision:
 async def test_the_owner_keeps_serving_through_an_election_of_the_lease_bucket(
     nats_cluster: EmbeddedNatsCluster,
 ) -> None:
-    options = CoordinatorOptions(replicas=3, lease_ttl=LEASE_TTL, partitions=PARTITIONS)
     admin = await connect(nats_cluster.url_list)
+    election = longest_election(admin.connected_server_version)
+    ttl = ride_out_ttl(election)
+    options = CoordinatorOptions(replicas=3, lease_ttl=ttl, partitions=PARTITIONS)
     js = admin.jetstream()
-    await lease_bucket(js, ttl=LEASE_TTL, replicas=3)
+    await lease_bucket(js, ttl=ttl, replicas=3)
     leader = await nats_cluster.stream_leader(js, "KV_" + layout.LEASE_BUCKET)
     await admin.close()
     # The coordinator and producer talk to the two other nodes only: the election, not a
@@ -72,22 +100,37 @@ async def test_the_owner_keeps_serving_through_an_election_of_the_lease_bucket(
                                 await anyio.sleep(0.1)
 
                 await commit_one()
+                # The worst moment for the owner (the one `ttl` is derived for): just before a
+                # round of renewals is due, its last renewal a whole period old. This sleep is
+                # the scenario, not a wait for something to happen.
+                last = max(o.renewed_at for o in coordinator.owned.values())
+                due = last + ttl * RENEW_FRACTION
+                await anyio.sleep(max(0.0, due - KILL_LEAD - time.monotonic()))
                 await nats_cluster.kill(leader)
                 lease_js = nc.jetstream()
                 new_leader = await nats_cluster.stream_leader(
-                    lease_js, "KV_" + layout.LEASE_BUCKET, timeout=30
+                    lease_js, "KV_" + layout.LEASE_BUCKET, timeout=max(30, election)
                 )
+                elected = time.monotonic()
                 assert new_leader != leader
-                # Keep committing for more than a whole TTL after the kill: any owner that
-                # gave up during the election would have stopped serving by then.
-                with anyio.move_on_after(LEASE_TTL * 1.2):
-                    while True:
+
+                def renewed_since_the_election() -> bool:
+                    owned = coordinator.owned.values()
+                    return bool(owned) and all(o.renewed_at >= elected for o in owned)
+
+                # Keep committing until every lease was renewed after the election (the
+                # keeper's clock is time.monotonic): an owner that gave up during it would
+                # have stopped serving before; one renewed since is clear of its fence point.
+                with anyio.fail_after(ttl):
+                    await commit_one()
+                    while not renewed_since_the_election():
                         await commit_one()
                 assert coordinator.partitions == list(range(PARTITIONS))
                 await nats_cluster.restart(leader)
                 await commit_one()
         events = [e["event"] for e in logs]
         assert not RELEASED & set(events), [e for e in logs if e["event"] in RELEASED]
+        assert "lease_renew_failed" in events, "no renewal fell within the election"
         assert committed >= 3
     finally:
         await nc.close()
