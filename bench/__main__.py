@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from bench import actors, consumer, cpu, fsync, ingest, scale, spark, transactions, transfer
+from bench import actors, consumer, cpu, fsync, ingest, scale, spark, transactions, transfer, wire
 
 BENCHMARKS = {
     "actors": actors.main,
@@ -17,6 +17,7 @@ BENCHMARKS = {
     "transfer": transfer.main,
     "spark": spark.main,
     "cpu": cpu.main,
+    "wire": wire.main,
 }
 
 

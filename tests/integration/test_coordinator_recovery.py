@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import time
 from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from typing import Any
 
+import msgspec
 import structlog
 from nats.aio.client import Client
 
-from tests.support.txn import FAST, CoordinatorClient, message, topic_ids
+from tests.support.txn import FAST, CoordinatorClient, message, topic_ids, topic_messages
 from tests.support.wait import eventually
 from txactors.coordinator import CoordinatorConfig, CoordinatorOptions
+from txactors.coordinator.core import tokens
 from txactors.coordinator.partition.recovery import read_subject
 from txactors.coordinator.partition.store import load_checkpoint
 from txactors.coordinator.service import run_coordinator
@@ -121,3 +125,78 @@ async def test_garbage_in_the_coordinators_own_streams_is_quarantined_not_fatal(
         m async for m in read_subject(js, layout.DISCARD_STREAM, layout.quarantine_subject(), 1)
     ]
     assert len(again) == 3
+
+
+def old_half_headers(txid: str, index: int, token: str, *, begins: bool) -> dict[str, str]:
+    """A half's headers as written before the header diet (0.x up to issue 21): the txid and
+    index in headers of their own, the whole SHA-256 of the token, `Txn-Begins` always."""
+    return {
+        layout.MSG_ID_HEADER: f"{txid}:{index}:half",
+        layout.TXID_HEADER: txid,
+        layout.TOKEN_HEADER: "sha256:" + hashlib.sha256(token.encode()).hexdigest(),
+        layout.GROUP_HEADER: "g",
+        layout.PRODUCER_HEADER: "p-1",
+        layout.BEGINS_HEADER: "1" if begins else "0",
+        layout.INDEX_HEADER: str(index),
+        layout.TOPIC_HEADER: "orders",
+        layout.BORN_HEADER: repr(time.time()),
+        layout.KEYS_HEADER: "k1,k2",
+        "Region": "eu",
+    }
+
+
+async def test_records_written_before_the_header_diet_are_recovered_after_an_upgrade(
+    private_nc: Client,
+) -> None:
+    async with run_coordinator(private_nc, options=OPTIONS):
+        client = CoordinatorClient(private_nc)
+        receipt = await client.prepare("new", message())  # declares the topic's stream
+        await client.end("new", receipt.token, Decision.COMMIT)
+    js = private_nc.jetstream()
+    token = tokens.new_token()
+    for index in (0, 1):  # open: its end comes after the upgrade, with its token
+        headers = old_half_headers("old-open", index, token, begins=index == 0)
+        await js.publish(layout.half_subject(0), f"open {index}".encode(), headers=headers)
+    committed = await js.publish(
+        layout.half_subject(0),
+        b"committed",
+        headers=old_half_headers("old-committed", 0, tokens.new_token(), begins=True),
+    )
+    old_commit = {  # an op record as msgspec wrote it before `omit_defaults`: every field
+        "txid": "old-committed",
+        "kind": "commit",
+        "half_seqs": [committed.seq],
+        "check_times": 0,
+        "by_operator": False,
+        "reason": None,
+    }
+    await js.publish(layout.op_subject(0), msgspec.msgpack.encode([old_commit]))
+
+    with capture_logs() as logs:
+        async with run_coordinator(private_nc, options=OPTIONS):
+            client = CoordinatorClient(private_nc)
+            await eventually(
+                lambda: topic_ids(private_nc, "orders"),
+                until=lambda ids: "old-committed:0" in ids,
+                what="the old commit published by recovery",
+            )
+            info = await client.admin(ShowTransaction(txid="old-open", version=PROTOCOL_VERSION))
+            assert (info.state, info.group, info.producer) == ("prepared", "g", "p-1")
+            assert info.half_seqs == [committed.seq - 2, committed.seq - 1]
+            ended = await client.end("old-open", token, Decision.COMMIT)
+            assert ended.state == "committed", "the old digest matches its token"
+    assert not [e for e in logs if e["event"] == "record_quarantined"]
+    published = {
+        (m.headers or {})[layout.MSG_ID_HEADER]: m
+        for m in await topic_messages(private_nc, "orders")
+    }
+    assert {i: published[i].data for i in ("old-open:0", "old-open:1", "old-committed:0")} == {
+        "old-open:0": b"open 0",
+        "old-open:1": b"open 1",
+        "old-committed:0": b"committed",
+    }
+    for msg_id in ("old-open:1", "old-committed:0"):
+        headers = published[msg_id].headers or {}
+        txid, index = msg_id.split(":")
+        assert (headers[layout.TXID_HEADER], headers[layout.INDEX_HEADER]) == (txid, index)
+        assert (headers[layout.KEYS_HEADER], headers["Region"]) == ("k1,k2", "eu")

@@ -3,6 +3,7 @@ accepts fits every limit further down (headers, payload, subjects)."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from typing import Any
@@ -312,10 +313,19 @@ def test_tokens_are_stored_as_digests_and_a_raw_stored_token_matches_nothing() -
     token = tokens.new_token()
     assert tokens.TOKEN_PATTERN.fullmatch(token)
     stored = tokens.digest(token)
-    assert token not in stored and stored.startswith("sha256:")
+    assert token not in stored and len(stored) == 22  # 128 bits of SHA-256, base64url
     assert tokens.same(stored, tokens.digest(token))
+    assert tokens.stored_digest(stored) == stored
     assert not tokens.same(stored, tokens.digest(tokens.new_token()))
     assert not tokens.same(token, tokens.digest(token)), "raw stored tokens: removed in 0.x"
+    assert not tokens.same(tokens.stored_digest(token), tokens.digest(token))
+
+
+def test_a_digest_stored_before_the_header_diet_still_matches_its_token() -> None:
+    token = tokens.new_token()
+    old = "sha256:" + hashlib.sha256(token.encode()).hexdigest()  # how 0.x wrote it before
+    assert tokens.same(tokens.stored_digest(old), tokens.digest(token))
+    assert not tokens.same(tokens.stored_digest(old), tokens.digest(tokens.new_token()))
 
 
 # -- Hypothesis: whatever is accepted fits everything downstream, any one bad field is refused

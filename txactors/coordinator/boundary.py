@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -46,7 +47,8 @@ from txactors.wire.protocol import (
 
 HEADER_RESERVE: Final = 1024
 """Bytes kept free, in the header block and in the whole message, for headers added after
-the prepare: a discarded copy's reason and check count, a dead-lettered copy's error."""
+the prepare: a discarded copy's reason, check count, txid and index, a dead-lettered copy's
+error."""
 MAX_HALF_HEADER_BYTES: Final = JETSTREAM_MAX_HEADER_BYTES - HEADER_RESERVE
 MAX_KEY_LENGTH: Final = 256
 MAX_PROPERTY_NAME_LENGTH: Final = 128
@@ -62,7 +64,8 @@ BATCH: Final = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 BATCH_GRAMMAR: Final = "1 to 64 of letters, digits, '_', '-', '.' and ':'"
 
 # Worst cases for the header values only known when the half is written.
-_WORST_BORN: Final = -2.2250738585072014e-308
+_WORST_BORN: Final = -sys.float_info.max
+"""The longest `seconds_text`: 24 characters, as long as any float's repr."""
 _WORST_INDEX: Final = 2**63 - 1
 _WORST_DIGEST: Final = tokens.digest("0" * 32)
 
@@ -291,7 +294,7 @@ def check_answer_problem(answer: CheckResult, *, txid: str, check_id: int) -> st
 
 def half_header_bytes(prepare: Prepare, message: OutgoingMessage) -> int:
     """The size of the header block of `message`'s half, as NATS frames it, with the
-    coordinator's own headers at their longest (index, birth time, token digest)."""
+    coordinator's own headers at their longest (index, birth time, token digest, begins)."""
     headers = half_headers(
         stored_half(
             txid=prepare.txid,

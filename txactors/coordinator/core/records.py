@@ -4,6 +4,8 @@ A `Half` describes one half message in `TXN_HALF` (the actor keeps the body; the
 machine only needs where it is and when it was born). An `OpRecord` is one decision in
 `TXN_OP`; several of them can share one stream message (group commit). These Structs are
 the durable format: they get new fields only with defaults (see msgspec's schema evolution).
+An `OpRecord` is written without the fields at their default (`omit_defaults`): a `done` is
+its txid and kind; records written in full by earlier versions read the same.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class Half(msgspec.Struct, frozen=True, kw_only=True):
     """Seconds the producer asks to be left alone before a check-back (None: the default)."""
 
 
-class OpRecord(msgspec.Struct, frozen=True, kw_only=True):
+class OpRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One entry of TXN_OP."""
 
     txid: str

@@ -1,14 +1,17 @@
 """Commit tokens: handed to the producer once, kept by the coordinator only as a digest.
 
 A token proves that an `end` (or a later prepare) comes from whoever began the transaction.
-TXN_HALF is readable by anyone with stream access, so it stores `sha256:<hex>` of the token,
-never the token; the table compares digests in constant time. (Halves written before tokens
-were hashed hold the raw token; reading them as its digest was removed in 0.x, so no token
-matches such a half and its check-back settles it.)
+TXN_HALF is readable by anyone with stream access, so it stores a digest of the token, never
+the token: the first 128 bits of its SHA-256 (as many as the token has), base64url without
+padding, 22 characters on every half. The table compares digests in constant time. Halves
+written before 0.x's header diet hold `sha256:<hex>`, the whole digest: `stored_digest` reads
+that as today's form, so their ends still match. (Halves written before tokens were hashed
+hold the raw token; no token matches such a half and its check-back settles it.)
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import re
@@ -18,7 +21,10 @@ from typing import Final
 TOKEN_BYTES: Final = 16
 TOKEN_PATTERN: Final = re.compile(r"[0-9a-f]{32}")
 """A token on the wire: 128 random bits as 32 lowercase hex digits."""
-_DIGEST_PREFIX: Final = "sha256:"
+DIGEST_BYTES: Final = 16
+"""Bytes of SHA-256 kept: a digest as long as the token cannot be found from it faster than the
+token can be guessed."""
+_OLD_DIGEST_PREFIX: Final = "sha256:"
 
 
 def new_token() -> str:
@@ -27,7 +33,19 @@ def new_token() -> str:
 
 def digest(token: str) -> str:
     """What the coordinator stores and compares in place of `token`."""
-    return _DIGEST_PREFIX + hashlib.sha256(token.encode()).hexdigest()
+    return _text(hashlib.sha256(token.encode()).digest())
+
+
+def stored_digest(stored: str) -> str:
+    """A digest as read from a half, in today's form: an old `sha256:<hex>` becomes its first
+    `DIGEST_BYTES`; anything else (today's form, a raw token of long ago) is kept as is."""
+    if stored.startswith(_OLD_DIGEST_PREFIX):
+        return _text(bytes.fromhex(stored.removeprefix(_OLD_DIGEST_PREFIX)))
+    return stored
+
+
+def _text(sha256: bytes) -> str:
+    return base64.urlsafe_b64encode(sha256[:DIGEST_BYTES]).rstrip(b"=").decode()
 
 
 def same(stored: str, presented: str) -> bool:

@@ -6,6 +6,9 @@ already durable in TXN_OP when it runs. A copy keeps the half's headers but the 
 TXN_DISCARD would refuse) and carries a `Nats-Msg-Id` of its own, so doing it again after a
 crash adds nothing.
 
+A half stores its txid and index only in its `Nats-Msg-Id`, which a copy does not keep: the
+copy says them in `Txn-Id` and `Txn-Index`.
+
 `quarantine` keeps a record JetStream refused for good (too large, stream gone) or that
 recovery could not read (a garbage record in the coordinator's own streams), so that one bad
 record costs a log line, a metric and a copy for an operator, never a partition.
@@ -23,7 +26,7 @@ from nats.js.api import PubAck
 
 from txactors.coordinator.core.effects import Discard
 from txactors.coordinator.options import DiscardedTransaction, OnDiscard
-from txactors.coordinator.partition.store import read_raw_half
+from txactors.coordinator.partition.store import half_identity, read_raw_half
 from txactors.nats.link import ACK_TIMEOUT
 from txactors.nats.retry import RETRY_INITIAL, RETRY_MAX, Fault, classify, describe, retry_transient
 from txactors.nats.writer import Append, PipelinedWriter
@@ -49,9 +52,12 @@ async def discard(
             log.error("discarded_half_unreadable", txid=action.txid, seq=half.seq, error=str(error))
     appends = []
     for raw in raws:
-        headers = copied_headers(stored_headers(raw))
-        index = int(headers.get(layout.INDEX_HEADER, "0"))
+        stored = stored_headers(raw)
+        _, index = half_identity(stored)
+        headers = copied_headers(stored)
         headers[layout.MSG_ID_HEADER] = f"{layout.message_id(action.txid, index)}:discard"
+        headers[layout.TXID_HEADER] = action.txid  # the half's own id is not copied
+        headers[layout.INDEX_HEADER] = str(index)
         headers[layout.DISCARD_REASON_HEADER] = action.reason.value
         headers[layout.CHECK_TIMES_HEADER] = str(action.check_times)
         appends.append(Append(layout.discard_subject(action.group), raw.data or b"", headers))

@@ -12,7 +12,12 @@ from nats.js.api import PubAck
 
 from txactors.coordinator.core import tokens
 from txactors.coordinator.core.table import TransactionTable
-from txactors.coordinator.partition.store import StoredHalf, half_headers, stored_half
+from txactors.coordinator.partition.store import (
+    StoredHalf,
+    half_headers,
+    half_identity,
+    stored_half,
+)
 from txactors.nats.writer import Append
 from txactors.wire import layout
 from txactors.wire.protocol import ErrorCode, OutgoingMessage, Prepare
@@ -78,9 +83,7 @@ class PreparesInFlight:
         txid = prepare.txid
         triples = list(zip(prepare.messages, appends, acks, strict=True))
         stored = [_stored(prepare, digest, m, a, ack.seq) for m, a, ack in triples if ack]
-        refused = [
-            f"message {a.headers.get(layout.INDEX_HEADER)}" for _, a, ack in triples if not ack
-        ]
+        refused = [f"message {half_identity(a.headers)[1]}" for _, a, ack in triples if not ack]
         in_flight = self._next.get(txid)
         if in_flight is not None and tokens.same(in_flight[0], digest):
             last_index = max((s.half.index for s in stored), default=-1)
@@ -101,7 +104,7 @@ def _stored(
         group=prepare.group,
         producer=prepare.producer,
         begins=prepare.token is None,
-        index=int(append.headers[layout.INDEX_HEADER]),
+        index=half_identity(append.headers)[1],
         born=float(append.headers[layout.BORN_HEADER]),
         message=message,
         seq=seq,

@@ -35,7 +35,7 @@ from txactors.coordinator.core.events import Published
 from txactors.coordinator.core.states import FINAL
 from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.options import Clock, CoordinatorOptions
-from txactors.coordinator.partition.store import StoredHalf, read_raw_half
+from txactors.coordinator.partition.store import StoredHalf, read_raw_half, seconds_text
 from txactors.coordinator.partition.tenants import topic_stream_count
 from txactors.errors import ConfigError
 from txactors.nats.link import linked
@@ -247,7 +247,7 @@ class Publisher:
         headers[layout.TXID_HEADER] = action.txid
         headers[layout.GROUP_HEADER] = group
         headers[layout.INDEX_HEADER] = str(action.index)
-        headers[layout.COMMITTED_AT_HEADER] = repr(self._clock())
+        headers[layout.COMMITTED_AT_HEADER] = seconds_text(self._clock())
         if message.tag is not None:
             headers[layout.TAG_HEADER] = message.tag
         if message.keys:

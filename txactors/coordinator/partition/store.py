@@ -18,6 +18,7 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, KeyValueConfig, RawStreamMsg, StorageType, StreamConfig
 from nats.js.kv import KeyValue
 
+from txactors.coordinator.core import tokens
 from txactors.coordinator.core.events import HalvesStored
 from txactors.coordinator.core.records import Half, OpRecord
 from txactors.coordinator.core.transactions import Checkpoint
@@ -36,6 +37,8 @@ from txactors.wire.protocol import CheckedMessage, OutgoingMessage
 DEDUPE_WINDOW: Final = 120.0
 """Seconds JetStream remembers a `Nats-Msg-Id`: covers a retried append after a timeout."""
 
+_HALF_ID_SUFFIX: Final = ":half"
+"""A half's `Nats-Msg-Id` is `<txid>:<index>:half`: apart from its committed copy's."""
 _op_encoder: Final = msgspec.msgpack.Encoder()
 _op_decoder: Final = msgspec.msgpack.Decoder(list[OpRecord])
 _checkpoint_decoder: Final = msgspec.json.Decoder(Checkpoint)
@@ -145,22 +148,25 @@ class StoredHalf(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def half_headers(stored: StoredHalf) -> dict[str, str]:
-    """Every header of a half as stored: the user's properties, then ours (which win)."""
+    """Every header of a half as stored: the user's properties, then ours (which win).
+
+    Only what recovery, the checker or a discarded copy reads, each once: the txid and index
+    are those of `Nats-Msg-Id` (`<txid>:<index>:half`), `Txn-Begins` is there only when set,
+    the birth time is to the millisecond."""
     message, half, txid = stored.message, stored.half, stored.txid
     headers = dict(message.properties)
     headers.update(
         {
-            layout.MSG_ID_HEADER: f"{layout.message_id(txid, half.index)}:half",
-            layout.TXID_HEADER: txid,
+            layout.MSG_ID_HEADER: f"{layout.message_id(txid, half.index)}{_HALF_ID_SUFFIX}",
             layout.TOKEN_HEADER: stored.token,
             layout.GROUP_HEADER: stored.group,
             layout.PRODUCER_HEADER: stored.producer,
-            layout.BEGINS_HEADER: "1" if stored.begins else "0",
-            layout.INDEX_HEADER: str(half.index),
             layout.TOPIC_HEADER: message.topic,
-            layout.BORN_HEADER: repr(half.born),
+            layout.BORN_HEADER: seconds_text(half.born),
         }
     )
+    if stored.begins:
+        headers[layout.BEGINS_HEADER] = "1"
     if message.tag is not None:
         headers[layout.TAG_HEADER] = message.tag
     if message.keys:
@@ -170,7 +176,29 @@ def half_headers(stored: StoredHalf) -> dict[str, str]:
     return headers
 
 
+def seconds_text(seconds: float) -> str:
+    """A time in seconds as a header value: to the millisecond, which is all any reader uses."""
+    return repr(round(seconds, 3))
+
+
+def half_identity(headers: Mapping[str, str]) -> tuple[str, int]:
+    """(txid, index) of a stored half: from its `Nats-Msg-Id`, or from the `Txn-Id` and
+    `Txn-Index` a half written before the header diet carries. KeyError or ValueError if
+    neither is there whole."""
+    txid, index = headers.get(layout.TXID_HEADER), headers.get(layout.INDEX_HEADER)
+    if txid is not None and index is not None:
+        return txid, int(index)
+    msg_id = headers[layout.MSG_ID_HEADER]
+    if not msg_id.endswith(_HALF_ID_SUFFIX):
+        raise ValueError(f"{layout.MSG_ID_HEADER} {layout.shown(msg_id)} is not a half's")
+    txid, _, index = msg_id.removesuffix(_HALF_ID_SUFFIX).rpartition(":")
+    if not txid:
+        raise ValueError(f"{layout.MSG_ID_HEADER} {layout.shown(msg_id)} names no txid")
+    return txid, int(index)
+
+
 def read_half(seq: int, headers: Mapping[str, str], body: bytes) -> StoredHalf:
+    """The half stored at `seq`, in today's form or the one before the header diet."""
     immunity = headers.get(layout.IMMUNITY_HEADER)
     keys = headers.get(layout.KEYS_HEADER)
     message = OutgoingMessage(
@@ -181,13 +209,14 @@ def read_half(seq: int, headers: Mapping[str, str], body: bytes) -> StoredHalf:
         properties=user_properties(headers),
         check_immunity=float(immunity) if immunity is not None else None,
     )
+    txid, index = half_identity(headers)
     return stored_half(
-        txid=headers[layout.TXID_HEADER],
-        token_digest=headers[layout.TOKEN_HEADER],
+        txid=txid,
+        token_digest=tokens.stored_digest(headers[layout.TOKEN_HEADER]),
         group=headers[layout.GROUP_HEADER],
         producer=headers[layout.PRODUCER_HEADER],
         begins=headers.get(layout.BEGINS_HEADER) == "1",
-        index=int(headers[layout.INDEX_HEADER]),
+        index=index,
         born=float(headers[layout.BORN_HEADER]),
         message=message,
         seq=seq,
