@@ -26,6 +26,7 @@ from txactors.consumer.dlq import dead_letter, ensure_dlq_stream
 from txactors.coordinator import CoordinatorConfig
 from txactors.coordinator.options import DiscardedTransaction
 from txactors.coordinator.partition.recovery import read_subject
+from txactors.coordinator.partition.store import half_identity
 from txactors.coordinator.service import run_coordinator
 from txactors.ops import dlq as dlq_admin
 from txactors.ops import txn as admin
@@ -146,7 +147,7 @@ async def test_hundreds_of_transactions_discarded_at_once_all_land_on_their_grou
         assert len(halves) == 2 * LOAD
         batches: dict[str, set[str]] = {}
         for _, h in halves:
-            batches.setdefault(h.get("Nats-Batch-Id", ""), set()).add(h[layout.TXID_HEADER])
+            batches.setdefault(h.get("Nats-Batch-Id", ""), set()).add(half_identity(h)[0])
         assert "" not in batches, "every half was written in a batch"
         assert max(len(txids) for txids in batches.values()) > 1, "batches shared by transactions"
 
@@ -163,6 +164,9 @@ async def test_hundreds_of_transactions_discarded_at_once_all_land_on_their_grou
     assert ids == sorted(f"t{i}:{n}:discard" for i in range(LOAD) for n in (0, 1))
     assert [h for _, h in copies if _server_headers(h) != [layout.MSG_ID_HEADER]] == []
     assert {h[layout.DISCARD_REASON_HEADER] for _, h in copies} == {"check_max"}
+    assert sorted((h[layout.TXID_HEADER], h[layout.INDEX_HEADER]) for _, h in copies) == sorted(
+        (f"t{i}", str(n)) for i in range(LOAD) for n in (0, 1)
+    ), "a copy names its txid and index, which the half keeps only in its own id"
     assert len(hooked) == LOAD
 
 

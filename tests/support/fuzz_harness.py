@@ -169,9 +169,9 @@ class Spies:
 
             async def seen(msg: Msg, subject: str = subject) -> None:
                 reply = decode_reply(msg.data)
-                if subject.startswith("$JS.") or (
-                    reply is not None and not header(msg, layout.TXID_HEADER)
-                ):
+                # A record the coordinator wrote: a committed message (Txn-Id) or a half.
+                ours = header(msg, layout.TXID_HEADER) or header(msg, layout.TOKEN_HEADER)
+                if subject.startswith("$JS.") or (reply is not None and not ours):
                     self.leaks.append(f"a reply was published to {subject}: {msg.data[:80]!r}")
 
             self._subs.append(await nc.subscribe(subject, cb=seen))

@@ -36,7 +36,8 @@ def _committed_headers() -> dict[str, Any]:
         layout.GROUP_HEADER: _header("The producer group.", **name_schema("group")),
         layout.INDEX_HEADER: _number_header("The message's position in its transaction, from 0."),
         layout.COMMITTED_AT_HEADER: _header(
-            "Seconds since the epoch (a float) when the coordinator published it."
+            "Seconds since the epoch (a float, to the millisecond) when the coordinator "
+            "published it."
         ),
         layout.TAG_HEADER: _header(
             "The tag; absent when the message has none.", **name_schema("tag")
@@ -61,15 +62,22 @@ def header_schemas() -> dict[str, Any]:
     half = {
         layout.TXID_HEADER: committed[layout.TXID_HEADER],
         layout.TOKEN_HEADER: _header(
-            "`sha256:<hex>` of the commit token, never the token.",
-            pattern="^sha256:[0-9a-f]{64}$",
+            "The first 16 bytes of the commit token's SHA-256, base64url without padding; never "
+            "the token. A half stored before 0.x's header diet has `sha256:<hex>` instead.",
+            pattern="^([A-Za-z0-9_-]{22}|sha256:[0-9a-f]{64})$",
         ),
         layout.GROUP_HEADER: committed[layout.GROUP_HEADER],
         layout.PRODUCER_HEADER: _header("The producer instance id.", **name_schema("producer")),
-        layout.BEGINS_HEADER: _header("`1` on the first prepare's halves.", enum=["0", "1"]),
+        layout.BEGINS_HEADER: _header(
+            "`1` on the first prepare's halves, absent on a later prepare's (`0` on a half "
+            "stored before 0.x's header diet).",
+            enum=["0", "1"],
+        ),
         layout.INDEX_HEADER: committed[layout.INDEX_HEADER],
         layout.TOPIC_HEADER: _header("The message's topic.", **name_schema("topic")),
-        layout.BORN_HEADER: _header("Seconds since the epoch when the half was stored."),
+        layout.BORN_HEADER: _header(
+            "Seconds since the epoch when the half was stored (to the millisecond)."
+        ),
         layout.TAG_HEADER: committed[layout.TAG_HEADER],
         layout.KEYS_HEADER: committed[layout.KEYS_HEADER],
         layout.IMMUNITY_HEADER: _header("The message's check_immunity, when it asked for one."),
@@ -146,7 +154,8 @@ def header_schemas() -> dict[str, Any]:
         "DiscardedHeaders": {
             "type": "object",
             "description": "A discarded half: its headers as stored in TXN_HALF but the "
-            "server's `Nats-*` (an atomic batch's included), and why.",
+            "server's `Nats-*` (an atomic batch's included), its txid and index (which the half "
+            "names only in its `Nats-Msg-Id`, `<txid>:<index>:half`), and why.",
             "properties": {
                 layout.MSG_ID_HEADER: _header("`<txid>:<index>:discard`"),
                 **half,
