@@ -4,10 +4,11 @@ One embedded server (fsync `always`), and in this process a coordinator, a produ
 (`send_in_transaction`, acked end) and a consumer of the topic: `count` transactions of one
 128-byte message each, `concurrency` at a time. Reported per transaction: the bytes the server
 received and sent (every hop: prepare, half write, replies, end, op records, publish, delivery,
-acks), and the size of each record kind as stored (header block + body): the half in TXN_HALF,
-an op record in TXN_OP (alone, and its share of a group-committed message), the committed
-message in its topic stream. Next to it, the same count of raw acked single publishes of the
-same body (with a `Nats-Msg-Id`) read by a nats-py pull consumer, on the same server.
+acks), each hop's share as a `>` subscriber (`Wiretap`) sees it, and the size of each record
+kind as stored (header block + body): the half in TXN_HALF, an op record in TXN_OP (alone, and
+its share of a group-committed message), the committed message in its topic stream. Next to
+it, the same count of raw acked single publishes of the same body (with a `Nats-Msg-Id`) read
+by a nats-py pull consumer, on the same server.
 
 Run `python -m bench wire` (or `just bench wire`); `measure` is the reusable part.
 """
@@ -18,12 +19,15 @@ import base64
 import json
 import socket
 import urllib.request
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import nats
 from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js.api import RawStreamMsg
 from rich.console import Console
 from rich.table import Table
@@ -39,6 +43,7 @@ from txactors.nats.topics import ensure_topic_stream
 from txactors.observe.logs import configure_logging
 from txactors.producer import Decision, TransactionProducer, TxMessage
 from txactors.wire import layout
+from txactors.wire.framing import header_block_bytes
 
 BODY = b"x" * 128
 TOPIC = "wirebench"
@@ -78,6 +83,8 @@ class WireReport:
     """TXN_OP bytes (header blocks + bodies) per op record, as group-committed in this run."""
     ops_per_txn: float
     committed: Record
+    hops: dict[str, float]
+    """Per transaction, by `hop`: bytes of headers and body seen on the bus."""
 
 
 def _varz(port: int) -> dict[str, Any]:
@@ -102,20 +109,70 @@ async def _last(nc: Client, stream: str) -> RawStreamMsg:
     return await js.get_msg(stream, info.state.last_seq)
 
 
-async def _op_messages(nc: Client) -> list[RawStreamMsg]:
-    """Every TXN_OP message, once no write has come for `SETTLE` seconds."""
+async def _settled_ops(nc: Client) -> int:
+    """TXN_OP's last sequence once no write has come for `SETTLE` seconds."""
     js = nc.jetstream()
     last = -1
     while True:
-        state = (await js.stream_info(layout.OP_STREAM)).state
-        if state.last_seq == last:
-            break
-        last = state.last_seq
+        seq: int = (await js.stream_info(layout.OP_STREAM)).state.last_seq
+        if seq == last:
+            return seq
+        last = seq
         await anyio.sleep(SETTLE)
-    return [await js.get_msg(layout.OP_STREAM, s) for s in range(state.first_seq, last + 1)]
 
 
-async def _transactions(nc: Client, port: int, count: int, concurrency: int) -> WireReport:
+def hop(subject: str, reply: str | None) -> str:
+    """Which hop of a transaction a message seen on the bus is."""
+    tokens = subject.split(".")
+    acked = (reply or "").startswith("$JS.ACK.")  # a JetStream delivery
+    if subject.startswith("txn.coord."):
+        return f"request: {tokens[3]}"
+    if subject.startswith("txn.half."):
+        return "half: read back (late-halves follower)" if acked else "half: write"
+    if subject.startswith("txn.op."):
+        return "op records: write"
+    if subject.startswith("topic."):
+        return "committed: delivery to the consumer" if acked else "committed: publish"
+    if subject.startswith("_INBOX."):
+        return "replies and JetStream acks (_INBOX)"
+    if subject.startswith("$JS.ACK."):
+        return "consumer acks"
+    if subject.startswith("$JS.API."):
+        return "JetStream API (pull requests, ...)"
+    return "other (leases, advisories)"
+
+
+class Wiretap:
+    """Every message on the bus (a `>` subscriber): bytes of header block and body per `hop`,
+    as the server counts them in `/varz`; the server sent the wiretap `sum(bytes.values())`."""
+
+    def __init__(self, nc: Client) -> None:
+        self._nc = nc
+        self._sub: Subscription | None = None
+        self.bytes: Counter[str] = Counter()
+        self.messages: Counter[str] = Counter()
+
+    async def start(self) -> None:
+        self._sub = await self._nc.subscribe(">", cb=self._seen)
+        await self._nc.flush()
+
+    async def stop(self) -> tuple[Counter[str], int]:
+        """(bytes by hop, messages) seen until now; sees nothing more."""
+        await self._nc.flush()  # what the server sent before now has arrived
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+        return self.bytes.copy(), sum(self.messages.values())
+
+    async def _seen(self, msg: Msg) -> None:
+        name = hop(msg.subject, msg.reply)
+        headers = header_block_bytes(msg.headers) if msg.headers else 0
+        self.messages[name] += 1
+        self.bytes[name] += headers + len(msg.data)
+
+
+async def _transactions(
+    nc: Client, tap: Wiretap, port: int, count: int, concurrency: int
+) -> WireReport:
     delivered = 0
     all_in = anyio.Event()
 
@@ -137,13 +194,21 @@ async def _transactions(nc: Client, port: int, count: int, concurrency: int) -> 
         Consumer(nc, TOPIC, "wire", handle, concurrency=concurrency),
     ):
         await one(0)  # declares the topic stream and the consumer
-        warm_up = len(await _op_messages(nc))
+        first_op = await _settled_ops(nc) + 1
+        await tap.start()
         before = await _traffic(port)
         await run_workers(count, concurrency, one)
         await all_in.wait()
-        op_messages = (await _op_messages(nc))[warm_up:]
+        last_op = await _settled_ops(nc)
         after = await _traffic(port)
+        hops, tapped = await tap.stop()
+        op_messages = [
+            await nc.jetstream().get_msg(layout.OP_STREAM, seq)
+            for seq in range(first_op, last_op + 1)
+        ]
     bytes_in, bytes_out, msgs_in, msgs_out = (a - b for a, b in zip(after, before, strict=True))
+    bytes_out -= sum(hops.values())  # what the server sent the wiretap: no transaction's
+    msgs_out -= tapped
     records = [decode_ops(m.data or b"") for m in op_messages]
     commit = next(r for batch in records for r in batch if r.kind is OpKind.COMMIT)
     op_records = sum(len(batch) for batch in records)
@@ -159,6 +224,7 @@ async def _transactions(nc: Client, port: int, count: int, concurrency: int) -> 
         op_share=sum(_record(m).total for m in op_messages) / op_records,
         ops_per_txn=op_records / count,
         committed=_record(await _last(nc, layout.topic_stream(TOPIC))),
+        hops={name: hops[name] / count for name in sorted(hops)},
     )
 
 
@@ -189,8 +255,12 @@ async def measure(count: int, concurrency: int) -> tuple[WireReport, tuple[float
     port = _free_port()
     async with EmbeddedNatsServer(extra_args=("-m", str(port))) as server:
         nc = await nats.connect(server.url)
+        tap = Wiretap(await nats.connect(server.url))
         try:
-            report = await _transactions(nc, port, count, concurrency)
+            report = await _transactions(nc, tap, port, count, concurrency)
+        finally:
+            await tap._nc.close()
+        try:
             return report, await _raw(nc, port, count, concurrency)
         finally:
             await nc.close()
@@ -205,7 +275,7 @@ def _free_port() -> int:
 
 async def main(*, quick: bool = False) -> None:
     configure_logging("WARNING")
-    count = 640 if quick else 6400
+    count = 640 if quick else 3200
     table = Table(title=f"bytes per transaction ({count:,} of one {len(BODY)}-byte message)")
     for column in ("", *(f"{c} in flight" for c in CONCURRENCY)):
         table.add_column(column, justify="right")
@@ -226,8 +296,9 @@ async def main(*, quick: bool = False) -> None:
             ("op record alone (commit)", f"{report.op_alone}"),
             ("TXN_OP bytes per op record", f"{report.op_share:,.1f}"),
             ("op records per txn", f"{report.ops_per_txn:.2f}"),
+            *((f"on the bus: {name}", f"{size:,.0f}") for name, size in report.hops.items()),
         ):
             rows.setdefault(name, []).append(value)
     for name, values in rows.items():
-        table.add_row(name, *values)
+        table.add_row(name, *values, *[""] * (len(CONCURRENCY) - len(values)))
     Console(width=150).print(table)
