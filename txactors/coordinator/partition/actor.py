@@ -1,22 +1,24 @@
 """The partition actor: inputs become table events, the table's actions go to the writers.
 
 It owns one partition's `TransactionTable`. Requests (prepare, end, admin) arrive in its
-mailbox, pass the validation `Boundary` and become events; the actions of each step are
-handed on at once and never awaited: op records to `OpLog`, publishes to `Publisher`,
-answers to `Answers`, check-backs and the next deadline to the partition's `Checker` actor.
+mailbox, pass the validation `Boundary` and become events (a batch of prepares or ends is
+split into one request per item first, batches.py, and its prepares' halves are submitted as
+one job); the actions of each step are handed on at once and never awaited: op records to
+`OpLog`, publishes to `Publisher`, answers to `Answers`, check-backs and the next deadline
+to the partition's `Checker` actor.
 
 A step (`_step`: `table.handle_batch`, then handing on its actions) never waits, so it is
 atomic on the event loop, and the writers, tasks of this instance, feed their completions
 (`HalvesStored`, `OpPersisted`, `Published`: the table's own events) straight into a step
-instead of through the mailbox. Mailbox hops per committed transaction: **two**, the
-prepare request and the end request; every write's completion is a direct step. The
-checker is another actor: its messages (`Due`, `Checked`) come through the mailbox, off the
-commit path, tagged with the epoch of the instance that started it, so a restarted
-instance (fresh table, fresh checker) ignores what its predecessor's checker said. The
-writers die with their instance, but not at once: between a failure and the restart they may
-still complete, so each completion carries the epoch of the instance that submitted it and
-is dropped once that instance has ended (and a failure of one of its tasks is dropped by the
-actor cell), so a restarted instance never trips over its predecessor's writes.
+instead of through the mailbox. Mailbox hops per committed transaction: **two**, the prepare
+request and the end request (two per batch of them); every write's completion is a direct
+step. The checker is another actor: its messages (`Due`, `Checked`) come through the
+mailbox, off the commit path, tagged with the epoch of the instance that started it, so a
+restarted instance (fresh table, fresh checker) ignores what its predecessor's checker said.
+The writers die with their instance, but not at once: between a failure and the restart they
+may still complete, so each completion carries the epoch of the instance that submitted it
+and is dropped once that instance has ended (and a failure of one of its tasks is dropped by
+the actor cell), so a restarted instance never trips over its predecessor's writes.
 
 Faults stay local: the halves, each topic and the discards have writers of their own (a
 topic's outage holds up only its own commits, see `publisher.py`), JetStream's transient
@@ -299,7 +301,12 @@ class PartitionCoordinator(Actor):
         self._answers.send(request, refusal)
         return False
 
-    def _items(self, batch: Request, commands: Sequence[Any], wrap: Any) -> list[Request]:
+    def _items(
+        self,
+        batch: Request,
+        commands: Sequence[Any],
+        wrap: type[PreparedBatch] | type[EndedBatch],
+    ) -> list[Request]:
         """The requests of a batch's items that pass the boundary, each as a lone one
         would (the others are answered with their refusal)."""
         if self.metrics is not None:
