@@ -53,7 +53,13 @@ from txactors.observe.logs import get_logger
 from txactors.observe.metrics import CoordinatorMetrics
 from txactors.wire import layout
 from txactors.wire.inbox import normalize_prefix
-from txactors.wire.protocol import AdminCommand, EndTransaction, Prepare
+from txactors.wire.protocol import (
+    AdminCommand,
+    EndBatch,
+    EndTransaction,
+    Prepare,
+    PrepareBatch,
+)
 
 MAILBOX_SIZE = 8192
 RENEW_FRACTION = 1 / 3
@@ -279,8 +285,8 @@ class _PartitionKeeper:
         subscriptions = [
             await serve(self._nc, ref, subject, accepts, replies=self._replies)
             for subject, accepts in (
-                (layout.prepare_filter(partition), Prepare),
-                (layout.end_filter(partition), EndTransaction),
+                (layout.prepare_filter(partition), Prepare | PrepareBatch),
+                (layout.end_filter(partition), EndTransaction | EndBatch),
                 (layout.admin_subject(partition), AdminCommand),
             )
         ]
