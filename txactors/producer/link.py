@@ -1,0 +1,579 @@
+"""The producer's link to one coordinator partition: many transactions per request.
+
+Per partition and verb (prepare, acknowledged end) at most `WINDOW` *rounds* of requests are
+in flight. A call that finds none goes out at once, alone, as the single verb (`Prepare`,
+`EndTransaction`): a lone caller waits for nothing, and nothing waits on a timer. Calls made
+while a round is in flight queue; when it completes, everything queued goes as the next
+round: one `PrepareBatch` / `EndBatch`, split only where a request would carry more than
+`max_items` or not fit the server's `max_payload`. A busy link so carries as many
+transactions per message as arrived during one round trip. One-way ends issued in one
+event-loop turn go as one publish (`OnewayLink`).
+
+Each item's answer goes to its caller; a failure of the whole request (no answer in time,
+nobody serving the subject, a batch-level `Error`, a publish that failed) to every caller in
+it, raised as a single request's would be. Each caller's timeout counts from its own call.
+A caller that gives up (cancelled, timed out) while its item is queued takes the item out:
+it is never sent; after it was sent, its answer is dropped, and once every caller of a
+request gave up, that request no longer holds the window.
+
+A coordinator that does not serve batches (`unknown_command`) or protocol version 3
+(`unsupported_version`) executed nothing: the link sends the refused items again as single
+verbs, in the version it speaks, and keeps to that (`Dialect`, shared by the partition's
+links).
+
+`Coalescer`, `chunks`, `answers` and `Dialect` are the bookkeeping, without I/O;
+`PartitionLink`, `OnewayLink` and `Inbox` carry it out on NATS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import itertools
+from collections import deque
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar
+
+import nats.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.api import Header
+
+from txactors.errors import ActorDeadError, AskTimeout, CommandError
+from txactors.nats.link import NO_RESPONDERS
+from txactors.observe.logs import get_logger
+from txactors.wire.protocol import (
+    OLDEST_VERSION,
+    PROTOCOL_VERSION,
+    Codec,
+    EndBatch,
+    Ended,
+    EndedBatch,
+    EndItem,
+    EndTransaction,
+    Error,
+    ErrorCode,
+    Prepare,
+    PrepareBatch,
+    Prepared,
+    PreparedBatch,
+    PrepareItem,
+    encode,
+    encoding_of,
+)
+
+log = get_logger(__name__)
+
+WINDOW: Final = 1
+"""Rounds in flight per partition and verb. One: the coordinator group-commits what one
+round brings, and what arrives meanwhile makes the next round bigger instead of another
+request (and another write) of its own."""
+DEFAULT_MAX_ITEMS: Final = 256
+"""Items per batch request, at most."""
+REQUEST_HEADROOM: Final = 1024
+"""Bytes of `max_payload` a request leaves unused: NATS refuses a larger one outright."""
+ANSWER_BYTES: Final = 1024
+"""Room in the reply per item (an `Error`'s text is cut at about 500 characters; a half's
+sequence takes fewer bytes than the half took in the request), so a reply fits too: a
+server with a small `max_payload` gets fewer items per request."""
+
+W = TypeVar("W")
+I = TypeVar("I", PrepareItem, EndItem)  # noqa: E741
+R = TypeVar("R", Prepared, Ended)
+Item = TypeVar("Item", contravariant=True)
+
+
+# -- the bookkeeping ----------------------------------------------------------------------------
+
+
+class Coalescer(Generic[W]):
+    """Which calls of one partition and verb go out now, and which wait for the next round."""
+
+    __slots__ = ("_queue", "_rounds", "window")
+
+    def __init__(self, window: int = WINDOW) -> None:
+        self.window = window
+        self._queue: deque[W] = deque()
+        self._rounds = 0
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    @property
+    def in_flight(self) -> int:
+        """Rounds sent and not finished."""
+        return self._rounds
+
+    def submit(self, item: W) -> bool:
+        """True: send `item` now, as a round of its own; False: it waits in the queue."""
+        if self._rounds < self.window:
+            self._rounds += 1
+            return True
+        self._queue.append(item)
+        return False
+
+    def withdraw(self, item: W) -> bool:
+        """Take a queued item out (its caller gave up); False when it is not queued."""
+        try:
+            self._queue.remove(item)
+        except ValueError:
+            return False
+        return True
+
+    def finished(self) -> list[W]:
+        """A round ended: everything queued is the next round (in flight from now on), or
+        nothing is."""
+        self._rounds -= 1
+        if not self._queue:
+            return []
+        queued = list(self._queue)
+        self._queue.clear()
+        self._rounds += 1
+        return queued
+
+
+def chunks(
+    items: Sequence[W], max_items: int, encode: Callable[[Sequence[W]], bytes], limit: int
+) -> list[tuple[Sequence[W], bytes]]:
+    """`items` as requests of at most `max_items` whose encoding (`encode`) is at most `limit`
+    bytes, with their payloads; a request too large is halved until it fits. One item too
+    large stays alone: NATS or the coordinator refuses it as it would refuse it sent alone."""
+    requests: list[tuple[Sequence[W], bytes]] = []
+    for start in range(0, len(items), max_items):
+        _fit(items[start : start + max_items], encode, limit, requests)
+    return requests
+
+
+def _fit(
+    items: Sequence[W],
+    encode: Callable[[Sequence[W]], bytes],
+    limit: int,
+    requests: list[tuple[Sequence[W], bytes]],
+) -> None:
+    payload = encode(items)
+    if len(payload) <= limit or len(items) == 1:
+        requests.append((items, payload))
+        return
+    half = len(items) // 2
+    _fit(items[:half], encode, limit, requests)
+    _fit(items[half:], encode, limit, requests)
+
+
+def answers(reply: object, count: int, batch: type[Any] | None) -> list[object]:
+    """What each of a request's `count` items gets: its reply, or the exception to raise.
+
+    `reply` is the decoded reply (or the exception every item gets); `batch` the batch reply
+    type when the request was a batch, None when it was a single verb."""
+    if isinstance(reply, BaseException):
+        return [copy.copy(reply) for _ in range(count)]
+    if isinstance(reply, Error):
+        return [_refusal(reply) for _ in range(count)]
+    results = reply.results if isinstance(reply, PreparedBatch | EndedBatch) else None
+    if batch is not None and isinstance(reply, batch) and len(results or ()) == count:
+        return [_refusal(r) if isinstance(r, Error) else r for r in results or ()]
+    if batch is None and count == 1 and results is None:
+        return [reply]
+    shape = type(reply).__name__ if results is None else f"{len(results)} results"
+    problem = f"the coordinator answered {count} items with {shape}"
+    return [CommandError(ErrorCode.INTERNAL, problem) for _ in range(count)]
+
+
+def _refusal(error: Error) -> CommandError:
+    return CommandError(error.code, error.message, error.retry_after)
+
+
+class Dialect:
+    """What one partition's coordinator speaks, learnt from its refusals: batches and protocol
+    version 3 until it refuses them (an older coordinator); shared by the partition's links."""
+
+    __slots__ = ("batches", "version")
+
+    def __init__(self) -> None:
+        self.batches = True
+        self.version = PROTOCOL_VERSION
+
+    def learn(self, code: str, *, batch: bool, version: int) -> bool:
+        """A command (a batch or not, in `version`) was refused with `code`. True when that
+        was the dialect (nothing was executed): send it again as this one says now."""
+        if code == ErrorCode.UNSUPPORTED_VERSION and version > OLDEST_VERSION:
+            self.batches, self.version = False, OLDEST_VERSION
+            return True
+        if code == ErrorCode.UNKNOWN_COMMAND and batch:
+            self.batches = False
+            return True
+        return False
+
+
+# -- the verbs ----------------------------------------------------------------------------------
+
+
+class Verb(Protocol[Item]):
+    """How items of one kind travel: alone as the single verb, together as its batch."""
+
+    replies: ClassVar[Codec[Any]]
+    batch_reply: ClassVar[type[Any]]
+
+    def encode(self, items: Sequence[Item], version: int) -> bytes: ...
+
+
+class PrepareVerb:
+    """Prepares of one producer instance: `Prepare` alone, `PrepareBatch` together."""
+
+    replies: ClassVar[Codec[Any]] = Codec(Prepared | PreparedBatch | Error)
+    batch_reply: ClassVar[type[Any]] = PreparedBatch
+
+    __slots__ = ("group", "producer")
+
+    def __init__(self, group: str, producer: str) -> None:
+        self.group = group
+        self.producer = producer
+
+    def encode(self, items: Sequence[PrepareItem], version: int) -> bytes:
+        if len(items) == 1:
+            [item] = items
+            return encode(
+                Prepare(
+                    txid=item.txid,
+                    group=self.group,
+                    producer=self.producer,
+                    messages=item.messages,
+                    token=item.token,
+                    version=version,
+                )
+            )
+        return encode(
+            PrepareBatch(
+                group=self.group, producer=self.producer, items=list(items), version=version
+            )
+        )
+
+
+class EndVerb:
+    """Ends: `EndTransaction` alone, `EndBatch` together."""
+
+    replies: ClassVar[Codec[Any]] = Codec(Ended | EndedBatch | Error)
+    batch_reply: ClassVar[type[Any]] = EndedBatch
+
+    __slots__ = ()
+
+    def encode(self, items: Sequence[EndItem], version: int) -> bytes:
+        if len(items) == 1:
+            [item] = items
+            return encode(
+                EndTransaction(
+                    txid=item.txid, token=item.token, decision=item.decision, version=version
+                )
+            )
+        return encode(EndBatch(items=list(items), version=version))
+
+
+# -- on NATS ------------------------------------------------------------------------------------
+
+
+class _Waiter(Generic[I]):
+    """One caller's item, and where its answer goes."""
+
+    __slots__ = ("future", "item", "request")
+
+    def __init__(self, item: I, future: asyncio.Future[Any]) -> None:
+        self.item: I = item
+        self.future = future
+        self.request: _Request | None = None
+        """The request that carries it, once sent."""
+
+
+class _Round:
+    """The requests sent for one round; it ends when all are answered or given up."""
+
+    __slots__ = ("pending", "sealed")
+
+    def __init__(self) -> None:
+        self.pending = 0
+        self.sealed = False
+        """Every request of the round is issued: a round ends only after that."""
+
+
+class _Request:
+    __slots__ = ("batch", "done", "link", "live", "round", "token", "version", "waiters")
+
+    def __init__(
+        self,
+        link: PartitionLink[Any, Any],
+        waiters: Sequence[_Waiter[Any]],
+        round_: _Round | None,
+        version: int,
+    ) -> None:
+        self.link = link
+        self.waiters = waiters
+        self.round = round_
+        self.batch = len(waiters) > 1
+        self.version = version
+        self.live = len(waiters)
+        """Callers still waiting for it: none left, it holds the window no longer."""
+        self.done = False
+        self.token = ""
+
+
+class Inbox:
+    """The replies to one producer's requests, on one subscription of its own: each reply
+    settles its request, with no task or timer per request."""
+
+    def __init__(self, nc: Client) -> None:
+        self._nc = nc
+        self._prefix = ""
+        self._subscription: Subscription | None = None
+        self._opening = asyncio.Lock()
+        self._requests: dict[str, _Request] = {}
+        self._tokens = itertools.count()
+
+    async def open(self) -> None:
+        """Subscribe, the first time."""
+        if self._subscription is not None:
+            return
+        async with self._opening:
+            if self._subscription is None:
+                prefix = self._nc.new_inbox()
+                self._subscription = await self._nc.subscribe(f"{prefix}.*", cb=self._answered)
+                self._prefix = prefix
+
+    def register(self, request: _Request) -> str:
+        """The reply subject for `request`, which its reply will settle."""
+        request.token = str(next(self._tokens))
+        self._requests[request.token] = request
+        return f"{self._prefix}.{request.token}"
+
+    def forget(self, request: _Request) -> None:
+        self._requests.pop(request.token, None)
+
+    async def close(self) -> None:
+        """Unsubscribe (a request still out is then answered nowhere: its callers time out)."""
+        subscription, self._subscription = self._subscription, None
+        if subscription is not None:
+            with contextlib.suppress(nats.errors.Error):  # a closed connection has none left
+                await subscription.unsubscribe()
+
+    async def _answered(self, msg: Msg) -> None:
+        request = self._requests.pop(msg.subject[len(self._prefix) + 1 :], None)
+        if request is not None:
+            await request.link.answered(request, msg)
+
+
+class PartitionLink(Generic[I, R]):
+    """Requests of one verb to one partition, coalesced while a round is in flight."""
+
+    def __init__(
+        self,
+        nc: Client,
+        subject: str,
+        verb: Verb[I],
+        inbox: Inbox,
+        dialect: Dialect,
+        *,
+        max_items: int = DEFAULT_MAX_ITEMS,
+    ) -> None:
+        self.subject = subject
+        self._nc = nc
+        self._verb: Verb[I] = verb
+        self._inbox = inbox
+        self._dialect = dialect
+        self._max_items = max_items
+        self._coalescer: Coalescer[_Waiter[I]] = Coalescer()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def ask(self, item: I, timeout: float) -> R:
+        """`item`'s answer; raises `CommandError` for its `Error`, `AskTimeout` when none came
+        within `timeout` of this call, `ActorDeadError` when nobody serves the subject, or the
+        client's error when the request could not be sent."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        waiter: _Waiter[I] = _Waiter(item, loop.create_future())
+        try:
+            if not self._dialect.batches:
+                await self._issue([waiter], None)
+            elif self._coalescer.submit(waiter):
+                await self._send_round([waiter])
+            reply: R = await asyncio.wait_for(waiter.future, deadline - loop.time())
+        except TimeoutError:
+            self._abandon(waiter)
+            raise AskTimeout(f"{self.subject} did not answer within {timeout}s") from None
+        except BaseException:
+            self._abandon(waiter)
+            raise
+        return reply
+
+    async def answered(self, request: _Request, msg: Msg) -> None:
+        """`msg` answers `request`: settle its callers, and send what queued meanwhile."""
+        reply = self._decode(msg)
+        if isinstance(reply, Error) and self._dialect.learn(
+            reply.code, batch=request.batch, version=request.version
+        ):
+            log.warning(
+                "coordinator_speaks_older",
+                subject=self.subject,
+                code=reply.code,
+                batches=self._dialect.batches,
+                version=self._dialect.version,
+            )
+            following = self._finish(request)
+            for waiter in request.waiters:  # nothing was executed: the same, as singles
+                if not waiter.future.done():
+                    await self._issue([waiter], None)
+        else:
+            batch = self._verb.batch_reply if request.batch else None
+            following = self._settle(request, answers(reply, len(request.waiters), batch))
+        if following:
+            await self._send_round(following)
+
+    def _decode(self, msg: Msg) -> object:
+        if (msg.headers or {}).get(Header.STATUS) == NO_RESPONDERS:
+            return ActorDeadError(f"no actor is serving {self.subject!r}")
+        encoding = encoding_of(msg.headers)
+        if isinstance(encoding, Error):
+            return Error(encoding.code, f"unreadable reply: {encoding.message}")
+        return self._verb.replies.decode(msg.data, encoding)
+
+    async def _send_round(self, waiters: Sequence[_Waiter[I]]) -> None:
+        """Send `waiters` (callers who gave up meanwhile left out) as one round."""
+        round_ = _Round()
+        try:
+            live = [waiter for waiter in waiters if not waiter.future.done()]
+            if self._dialect.batches:
+                limit = self._nc.max_payload - REQUEST_HEADROOM
+                most = max(1, min(self._max_items, limit // ANSWER_BYTES))
+                for part, payload in chunks(live, most, self._encode, limit):
+                    await self._issue(part, round_, payload)
+            else:
+                for waiter in live:
+                    await self._issue([waiter], round_)
+        finally:  # also when cut off: an empty round must not hold the window
+            round_.sealed = True
+            if round_.pending == 0:
+                self._spawn_round(self._coalescer.finished())
+
+    def _encode(self, waiters: Sequence[_Waiter[I]]) -> bytes:
+        return self._verb.encode([w.item for w in waiters], self._dialect.version)
+
+    async def _issue(
+        self, waiters: Sequence[_Waiter[I]], round_: _Round | None, payload: bytes | None = None
+    ) -> None:
+        """Send one request carrying `waiters`, as part of `round_` (None: outside rounds)."""
+        await self._inbox.open()
+        request = _Request(self, waiters, round_, self._dialect.version)
+        if payload is None:
+            payload = self._encode(waiters)
+        for waiter in waiters:
+            waiter.request = request
+        if round_ is not None:
+            round_.pending += 1
+        reply = self._inbox.register(request)
+        try:
+            await self._nc.publish(self.subject, payload, reply=reply)
+        except Exception as error:  # not sent: each caller gets the client's error
+            self._inbox.forget(request)
+            # Its round is not sealed yet (or it has none): this cannot end a round.
+            self._settle(request, answers(error, len(waiters), None))
+
+    def _settle(self, request: _Request, outcomes: Sequence[object]) -> list[_Waiter[I]]:
+        """Hand each caller its outcome; returns the next round, when this ended one."""
+        _hand_out(request.waiters, outcomes)
+        return self._finish(request)
+
+    def _finish(self, request: _Request) -> list[_Waiter[I]]:
+        request.done = True
+        round_ = request.round
+        if round_ is None:
+            return []
+        round_.pending -= 1
+        if round_.pending or not round_.sealed:
+            return []
+        return self._coalescer.finished()
+
+    def _abandon(self, waiter: _Waiter[I]) -> None:
+        """Its caller gave up: a queued item is never sent; a request nobody waits for any
+        more stops holding the window."""
+        waiter.future.cancel()
+        request = waiter.request
+        if request is None:
+            self._coalescer.withdraw(waiter)
+            return
+        if request.done:
+            return
+        request.live -= 1
+        if request.live == 0:
+            self._inbox.forget(request)
+            self._spawn_round(self._finish(request))
+
+    def _spawn_round(self, waiters: list[_Waiter[I]]) -> None:
+        """Send the next round from where nothing may wait (a callback, a caller cut off)."""
+        if waiters:
+            _spawn(self._tasks, self._send_round(waiters))
+
+
+class OnewayLink:
+    """One-way ends to one partition: the ends issued in one event-loop turn go as one
+    publish (one end alone: a plain `EndTransaction`)."""
+
+    def __init__(
+        self,
+        nc: Client,
+        subject: str,
+        dialect: Dialect,
+        *,
+        max_items: int = DEFAULT_MAX_ITEMS,
+    ) -> None:
+        self.subject = subject
+        self._nc = nc
+        self._dialect = dialect
+        self._max_items = max_items
+        self._verb = EndVerb()
+        self._queue: list[_Waiter[EndItem]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def tell(self, item: EndItem) -> None:
+        """Publish `item` with the others of this turn; returns once handed to the client,
+        raising the client's error when the publish failed. Cancelled before, it is not sent."""
+        waiter = _Waiter(item, asyncio.get_running_loop().create_future())
+        self._queue.append(waiter)
+        if len(self._queue) == 1:  # the first of this turn: the flush runs in the next
+            _spawn(self._tasks, self._flush())
+        await waiter.future
+
+    async def _flush(self) -> None:
+        waiters = [waiter for waiter in self._queue if not waiter.future.done()]
+        self._queue = []
+        parts: list[tuple[Sequence[_Waiter[EndItem]], bytes]]
+        if not self._dialect.batches:
+            parts = [([waiter], self._encode([waiter])) for waiter in waiters]
+        else:
+            limit = self._nc.max_payload - REQUEST_HEADROOM
+            parts = chunks(waiters, self._max_items, self._encode, limit)
+        for part, payload in parts:
+            try:
+                await self._nc.publish(self.subject, payload)
+            except Exception as error:
+                _hand_out(part, answers(error, len(part), None))
+            else:
+                _hand_out(part, [None for _ in part])
+
+    def _encode(self, waiters: Sequence[_Waiter[EndItem]]) -> bytes:
+        return self._verb.encode([w.item for w in waiters], self._dialect.version)
+
+
+def _hand_out(waiters: Sequence[_Waiter[Any]], outcomes: Sequence[object]) -> None:
+    """Each waiter its outcome (a result or an exception), but for those who gave up."""
+    for waiter, outcome in zip(waiters, outcomes, strict=True):
+        if waiter.future.done():
+            continue
+        if isinstance(outcome, BaseException):
+            waiter.future.set_exception(outcome)
+        else:
+            waiter.future.set_result(outcome)
+
+
+def _spawn(tasks: set[asyncio.Task[None]], work: Coroutine[Any, Any, None]) -> None:
+    """Run `work` as a task of its own, held until done (the loop keeps only weak ones)."""
+    task = asyncio.get_running_loop().create_task(work)
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
