@@ -438,6 +438,30 @@ async def test_a_request_whose_callers_all_gave_up_frees_the_window(nc: Client) 
 # -- one-way ends -------------------------------------------------------------------------------
 
 
+async def test_one_way_ends_go_alone_until_the_coordinator_answered_a_batch(nc: Client) -> None:
+    """An older coordinator would drop a one-way batch unseen: nothing answers a publish."""
+    group, gate = new_group(), anyio.Event()
+    async with (
+        serving_partitions(nc, gate=gate) as coord,
+        watching(nc, group) as wire,
+        client_for(nc, group) as client,
+    ):
+        calls = [client.prepare(uuid.uuid4().hex, halves(), None) for _ in range(2)]
+        prepared = await pile_up(client, wire, gate, calls, "prepare")
+        assert wire.kinds() == [("Prepare", 1), ("Prepare", 1)]  # a round of one is no batch
+        await gathered(*(client.end_oneway(r.txid, r.token, Decision.COMMIT) for r in prepared))
+        await eventually(lambda: len(wire.sent) == 4, what="two one-way ends")
+        assert wire.kinds()[2:] == [("EndTransaction", 1), ("EndTransaction", 1)]
+
+        coord.gate = gate = anyio.Event()
+        wire.sent.clear()
+        calls = [client.prepare(uuid.uuid4().hex, halves(), None) for _ in range(3)]
+        prepared = await pile_up(client, wire, gate, calls, "prepare")
+        await gathered(*(client.end_oneway(r.txid, r.token, Decision.COMMIT) for r in prepared))
+        await eventually(lambda: len(coord.ends) == 5, what="every end executed")
+    assert wire.kinds() == [("Prepare", 1), ("PrepareBatch", 2), ("EndBatch", 3)]
+
+
 async def test_one_way_ends_of_one_loop_turn_go_as_one_publish(nc: Client) -> None:
     group = new_group()
     async with (

@@ -185,13 +185,17 @@ def _refusal(error: Error) -> CommandError:
 
 
 class Dialect:
-    """What one partition's coordinator speaks, learnt from its refusals: batches and protocol
-    version 3 until it refuses them (an older coordinator); shared by the partition's links."""
+    """What one partition's coordinator speaks, learnt from its answers: batches and protocol
+    version 3 until it refuses them (an older coordinator); shared by the partition's links.
 
-    __slots__ = ("batches", "version")
+    A one-way end has no answer to learn from, and an older coordinator would drop a batch of
+    them unseen: one-way ends go as a batch only once a batch was answered (`served`)."""
+
+    __slots__ = ("batches", "served", "version")
 
     def __init__(self) -> None:
         self.batches = True
+        self.served = False
         self.version = PROTOCOL_VERSION
 
     def learn(self, code: str, *, batch: bool, version: int) -> bool:
@@ -422,6 +426,8 @@ class PartitionLink(Generic[I, R]):
                     await self._issue([waiter], None)
         else:
             batch = self._verb.batch_reply if request.batch else None
+            if batch is not None and isinstance(reply, batch):
+                self._dialect.served = True
             following = self._settle(request, answers(reply, len(request.waiters), batch))
         if following:
             await self._send_round(following)
@@ -513,7 +519,8 @@ class PartitionLink(Generic[I, R]):
 
 class OnewayLink:
     """One-way ends to one partition: the ends issued in one event-loop turn go as one
-    publish (one end alone: a plain `EndTransaction`)."""
+    publish (one end alone: a plain `EndTransaction`), once the partition's coordinator is
+    known to serve batches (`Dialect.served`); singles until then."""
 
     def __init__(
         self,
@@ -544,7 +551,7 @@ class OnewayLink:
         waiters = [waiter for waiter in self._queue if not waiter.future.done()]
         self._queue = []
         parts: list[tuple[Sequence[_Waiter[EndItem]], bytes]]
-        if not self._dialect.batches:
+        if not (self._dialect.batches and self._dialect.served):
             parts = [([waiter], self._encode([waiter])) for waiter in waiters]
         else:
             limit = self._nc.max_payload - REQUEST_HEADROOM
