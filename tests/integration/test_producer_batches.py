@@ -384,6 +384,35 @@ async def test_a_version_2_coordinator_gets_version_2_single_verbs(nc: Client) -
     assert [p.version for _, p in coord.prepares] == [OLDEST_VERSION]
 
 
+async def test_a_batch_refused_whole_goes_again_alone_each_item_answered_its_own(
+    nc: Client,
+) -> None:
+    """A coordinator that takes fewer items per batch (its `max_batch_items`) executed
+    nothing of a larger one: alone, each item gets its own answer, and batches go on."""
+    group, gate = new_group(), anyio.Event()
+    bodies = [b"ok", b"ok", b"bad", b"ok", b"ok"]
+    async with (
+        serving_partitions(nc, gate=gate, max_batch_items=2, refuse_prepare=refuse_bad) as coord,
+        watching(nc, group) as wire,
+        client_for(nc, group) as client,
+    ):
+        calls = [client.prepare(uuid.uuid4().hex, halves(b), None) for b in bodies]
+        outcomes = await pile_up(client, wire, gate, calls, "prepare")
+        assert wire.kinds() == [("Prepare", 1), ("PrepareBatch", 4)] + [("Prepare", 1)] * 4
+        assert [isinstance(o, Prepared) for o in outcomes] == [b == b"ok" for b in bodies]
+        assert isinstance(outcomes[2], PrepareFailed)
+        assert outcomes[2].code == ErrorCode.BAD_REQUEST
+        assert len(coord.prepares) == 5  # the refused batch executed nothing
+
+        coord.gate = gate = anyio.Event()
+        wire.sent.clear()
+        calls = [client.prepare(uuid.uuid4().hex, halves(), None) for _ in range(3)]
+        assert all(
+            isinstance(o, Prepared) for o in await pile_up(client, wire, gate, calls, "prepare")
+        )
+    assert wire.kinds() == [("Prepare", 1), ("PrepareBatch", 2)]  # within its limit
+
+
 # -- callers who give up ------------------------------------------------------------------------
 
 

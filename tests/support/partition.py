@@ -60,6 +60,8 @@ class Recorder:
     """False: batches are refused `unknown_command`, as by a coordinator without them."""
     speaks: int = PROTOCOL_VERSION
     """The newest version answered; a newer one is refused `unsupported_version`."""
+    max_batch_items: int = 256
+    """A batch with more items is refused whole (`bad_request`), as by the coordinator."""
     gate: anyio.Event | None = None
     """When set, every command waits for it before it is answered (requests pile up)."""
     requests: list[tuple[str, int]] = field(default_factory=list)
@@ -92,6 +94,8 @@ class FakePartition(Actor):
             return Error(ErrorCode.UNSUPPORTED_VERSION, f"version {message.version} is too new")
         if batch and not r.batches:
             return Error(ErrorCode.UNKNOWN_COMMAND, f"unknown command {type(message).__name__!r}")
+        if batch and len(message.items) > r.max_batch_items:
+            return Error(ErrorCode.BAD_REQUEST, f"$.items: 1 to {r.max_batch_items} items")
         match message:
             case Prepare():
                 return self._prepare(message)

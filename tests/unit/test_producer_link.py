@@ -80,8 +80,12 @@ def sized(items: Sequence[int]) -> bytes:
     return b"x" * (10 + sum(items))
 
 
+def small_answer(item: int) -> int:
+    return 1
+
+
 def test_a_round_is_cut_at_the_item_cap_in_order() -> None:
-    parts = chunks(list(range(20)), 8, sized, limit=10_000)
+    parts = chunks(list(range(20)), 8, sized, 10_000, small_answer)
     assert [list(items) for items, _ in parts] == [
         list(range(8)),
         list(range(8, 16)),
@@ -92,15 +96,39 @@ def test_a_round_is_cut_at_the_item_cap_in_order() -> None:
 
 def test_a_round_too_large_is_halved_until_every_request_fits() -> None:
     items = [300] * 7
-    parts = chunks(items, 256, sized, limit=1_000)
+    parts = chunks(items, 256, sized, 1_000, small_answer)
     assert sum(len(part) for part, _ in parts) == 7
     assert all(len(payload) <= 1_000 for _, payload in parts)
     assert len(parts) == 3  # 7 → 3 + 4 → 3 + 2 + 2
 
 
 def test_one_item_too_large_goes_alone_for_the_server_to_refuse() -> None:
-    parts = chunks([5, 2_000, 5], 256, sized, limit=1_000)
+    parts = chunks([5, 2_000, 5], 256, sized, 1_000, small_answer)
     assert [list(part) for part, _ in parts] == [[5], [2_000], [5]]
+
+
+def test_a_request_carries_no_more_items_than_their_answers_fit() -> None:
+    parts = chunks([1] * 10, 256, sized, 1_000, lambda item: 300)
+    assert [len(part) for part, _ in parts] == [3, 3, 3, 1]
+
+
+def test_the_answer_bound_is_no_looser_than_the_coordinators() -> None:
+    """The coordinator counts an item's answer at its longest (an `Error` of 300 escaped
+    characters, or a `Prepared` with a 128-character txid and 20-digit sequences) and refuses
+    a batch whose answers could outgrow a reply: each item is counted at least that long."""
+    longest_txid = "x" * 128
+    error = Error("unsupported_version", "\x00" * 300, retry_after=1.7976931348623157e308)
+    assert len(msgspec.json.encode(error)) < PrepareVerb("g", "p").answer_size(
+        PrepareItem(txid=longest_txid, messages=[])
+    )
+    assert len(msgspec.json.encode(error)) < EndVerb().answer_size(
+        EndItem(txid=longest_txid, token="0" * 32, decision=Decision.COMMIT)
+    )
+    messages = [OutgoingMessage(topic="t", body=b"")] * 1000
+    prepared = Prepared(txid=longest_txid, token="0" * 32, seqs=[2**64 - 1] * 1000)
+    assert len(msgspec.json.encode(prepared)) < PrepareVerb("g", "p").answer_size(
+        PrepareItem(txid=longest_txid, messages=messages)
+    )
 
 
 # -- answers ------------------------------------------------------------------------------------
@@ -158,30 +186,37 @@ def test_a_reply_that_does_not_fit_the_request_fails_every_item(
 
 def test_a_batch_refused_as_unknown_turns_batches_off_and_keeps_the_version() -> None:
     dialect = Dialect()
-    assert dialect.learn(ErrorCode.UNKNOWN_COMMAND, batch=True, version=PROTOCOL_VERSION)
+    assert dialect.refused(ErrorCode.UNKNOWN_COMMAND, batch=True, version=PROTOCOL_VERSION)
     assert (dialect.batches, dialect.version) == (False, PROTOCOL_VERSION)
+
+
+def test_a_batch_refused_whole_as_a_bad_request_goes_again_alone_and_batches_stay_on() -> None:
+    """More items (or longer answers) than that coordinator takes: nothing was executed."""
+    dialect = Dialect()
+    assert dialect.refused(ErrorCode.BAD_REQUEST, batch=True, version=PROTOCOL_VERSION)
+    assert (dialect.batches, dialect.version) == (True, PROTOCOL_VERSION)
 
 
 def test_a_version_refused_steps_down_to_the_oldest_once() -> None:
     dialect = Dialect()
-    assert dialect.learn(ErrorCode.UNSUPPORTED_VERSION, batch=False, version=PROTOCOL_VERSION)
+    assert dialect.refused(ErrorCode.UNSUPPORTED_VERSION, batch=False, version=PROTOCOL_VERSION)
     assert (dialect.batches, dialect.version) == (False, OLDEST_VERSION)
     # Refused again in the oldest version: a real refusal, for the caller.
-    assert not dialect.learn(ErrorCode.UNSUPPORTED_VERSION, batch=False, version=OLDEST_VERSION)
+    assert not dialect.refused(ErrorCode.UNSUPPORTED_VERSION, batch=False, version=OLDEST_VERSION)
 
 
 @pytest.mark.parametrize(
     ("code", "batch"),
     [
         (ErrorCode.UNKNOWN_COMMAND, False),  # a single verb is no news about batches
-        (ErrorCode.BAD_REQUEST, True),
+        (ErrorCode.BAD_REQUEST, False),  # a lone command's refusal is its caller's
         (ErrorCode.FORBIDDEN, True),
         (ErrorCode.INTERNAL, True),
     ],
 )
-def test_other_refusals_teach_nothing(code: str, batch: bool) -> None:
+def test_other_refusals_are_the_callers(code: str, batch: bool) -> None:
     dialect = Dialect()
-    assert not dialect.learn(code, batch=batch, version=PROTOCOL_VERSION)
+    assert not dialect.refused(code, batch=batch, version=PROTOCOL_VERSION)
     assert (dialect.batches, dialect.version) == (True, PROTOCOL_VERSION)
 
 

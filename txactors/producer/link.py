@@ -74,13 +74,18 @@ DEFAULT_MAX_ITEMS: Final = 256
 """Items per batch request, at most."""
 REQUEST_HEADROOM: Final = 1024
 """Bytes of `max_payload` a request leaves unused: NATS refuses a larger one outright."""
-ANSWER_BYTES: Final = 1024
-"""Room in the reply per item (an `Error`'s text is cut at about 500 characters; a half's
-sequence takes fewer bytes than the half took in the request), so a reply fits too: a
-server with a small `max_payload` gets fewer items per request."""
+ITEM_ANSWER_BYTES: Final = 2048
+"""An item's answer in a batch reply at its longest, as the coordinator counts it before it
+accepts a batch (`answerable_items` in coordinator/boundary.py: an `Error` whose message of
+up to 300 characters is all escapes in JSON), rounded up: a batch whose answers could outgrow
+`max_payload` is refused whole, so a request carries no more than fit."""
+PREPARED_ANSWER_BYTES: Final = 256
+SEQ_ANSWER_BYTES: Final = 24
+"""A `Prepared` at its longest: a 128-character txid, the token, and per message a 20-digit
+sequence and its separator (rounded up, as above)."""
 
 W = TypeVar("W")
-I = TypeVar("I", PrepareItem, EndItem)  # noqa: E741
+I = TypeVar("I", bound=PrepareItem | EndItem)  # noqa: E741
 R = TypeVar("R", Prepared, Ended)
 Item = TypeVar("Item", contravariant=True)
 
@@ -135,14 +140,26 @@ class Coalescer(Generic[W]):
 
 
 def chunks(
-    items: Sequence[W], max_items: int, encode: Callable[[Sequence[W]], bytes], limit: int
+    items: Sequence[W],
+    max_items: int,
+    encode: Callable[[Sequence[W]], bytes],
+    limit: int,
+    answer_size: Callable[[W], int],
 ) -> list[tuple[Sequence[W], bytes]]:
-    """`items` as requests of at most `max_items` whose encoding (`encode`) is at most `limit`
-    bytes, with their payloads; a request too large is halved until it fits. One item too
-    large stays alone: NATS or the coordinator refuses it as it would refuse it sent alone."""
+    """`items`, in order, as requests with their payloads: at most `max_items` each, whose
+    answers (`answer_size` each, at their longest) and encoding (`encode`) fit in `limit`
+    bytes; a request too large is halved until it fits. One item stays alone whatever its
+    size: NATS or the coordinator refuses it as it would refuse it sent alone."""
     requests: list[tuple[Sequence[W], bytes]] = []
-    for start in range(0, len(items), max_items):
-        _fit(items[start : start + max_items], encode, limit, requests)
+    start, answers = 0, 0
+    for end, item in enumerate(items):
+        size = answer_size(item)
+        if end > start and (end - start == max_items or answers + size > limit):
+            _fit(items[start:end], encode, limit, requests)
+            start, answers = end, 0
+        answers += size
+    if start < len(items):
+        _fit(items[start:], encode, limit, requests)
     return requests
 
 
@@ -198,16 +215,19 @@ class Dialect:
         self.served = False
         self.version = PROTOCOL_VERSION
 
-    def learn(self, code: str, *, batch: bool, version: int) -> bool:
-        """A command (a batch or not, in `version`) was refused with `code`. True when that
-        was the dialect (nothing was executed): send it again as this one says now."""
+    def refused(self, code: str, *, batch: bool, version: int) -> bool:
+        """A command (a batch or not, in `version`) was refused whole with `code`. True when
+        nothing of it was executed and its items are to go again alone, as this dialect says
+        from now on: an older coordinator's refusal of the version or of batches, or a batch
+        refused `bad_request` (more items, or longer answers, than that coordinator takes in
+        one; alone, each item gets its own answer)."""
         if code == ErrorCode.UNSUPPORTED_VERSION and version > OLDEST_VERSION:
             self.batches, self.version = False, OLDEST_VERSION
             return True
         if code == ErrorCode.UNKNOWN_COMMAND and batch:
             self.batches = False
             return True
-        return False
+        return code == ErrorCode.BAD_REQUEST and batch
 
 
 # -- the verbs ----------------------------------------------------------------------------------
@@ -221,6 +241,10 @@ class Verb(Protocol[Item]):
 
     def encode(self, items: Sequence[Item], version: int) -> bytes: ...
 
+    def answer_size(self, item: Item) -> int:
+        """The bytes of the item's answer in a batch reply, at most."""
+        ...
+
 
 class PrepareVerb:
     """Prepares of one producer instance: `Prepare` alone, `PrepareBatch` together."""
@@ -233,6 +257,10 @@ class PrepareVerb:
     def __init__(self, group: str, producer: str) -> None:
         self.group = group
         self.producer = producer
+
+    def answer_size(self, item: PrepareItem) -> int:
+        prepared = PREPARED_ANSWER_BYTES + SEQ_ANSWER_BYTES * len(item.messages)
+        return max(ITEM_ANSWER_BYTES, prepared)
 
     def encode(self, items: Sequence[PrepareItem], version: int) -> bytes:
         if len(items) == 1:
@@ -261,6 +289,9 @@ class EndVerb:
     batch_reply: ClassVar[type[Any]] = EndedBatch
 
     __slots__ = ()
+
+    def answer_size(self, item: EndItem) -> int:
+        return ITEM_ANSWER_BYTES
 
     def encode(self, items: Sequence[EndItem], version: int) -> bytes:
         if len(items) == 1:
@@ -364,7 +395,34 @@ class Inbox:
             await request.link.answered(request, msg)
 
 
-class PartitionLink(Generic[I, R]):
+class _Link(Generic[I]):
+    """What both kinds of link do: cut what goes to one subject into requests."""
+
+    def __init__(
+        self, nc: Client, subject: str, verb: Verb[I], dialect: Dialect, max_items: int
+    ) -> None:
+        self.subject = subject
+        self._nc = nc
+        self._verb: Verb[I] = verb
+        self._dialect = dialect
+        self._max_items = max_items
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _requests(
+        self, waiters: Sequence[_Waiter[I]], batches: bool
+    ) -> list[tuple[Sequence[_Waiter[I]], bytes]]:
+        """`waiters` as requests with their payloads: batches (`chunks`), or one each."""
+        if not batches:
+            return [([waiter], self._encode([waiter])) for waiter in waiters]
+        limit = self._nc.max_payload - REQUEST_HEADROOM
+        size = self._verb.answer_size
+        return chunks(waiters, self._max_items, self._encode, limit, lambda w: size(w.item))
+
+    def _encode(self, waiters: Sequence[_Waiter[I]]) -> bytes:
+        return self._verb.encode([w.item for w in waiters], self._dialect.version)
+
+
+class PartitionLink(_Link[I], Generic[I, R]):
     """Requests of one verb to one partition, coalesced while a round is in flight."""
 
     def __init__(
@@ -377,14 +435,9 @@ class PartitionLink(Generic[I, R]):
         *,
         max_items: int = DEFAULT_MAX_ITEMS,
     ) -> None:
-        self.subject = subject
-        self._nc = nc
-        self._verb: Verb[I] = verb
+        super().__init__(nc, subject, verb, dialect, max_items)
         self._inbox = inbox
-        self._dialect = dialect
-        self._max_items = max_items
         self._coalescer: Coalescer[_Waiter[I]] = Coalescer()
-        self._tasks: set[asyncio.Task[None]] = set()
 
     async def ask(self, item: I, timeout: float) -> R:
         """`item`'s answer; raises `CommandError` for its `Error`, `AskTimeout` when none came
@@ -395,7 +448,7 @@ class PartitionLink(Generic[I, R]):
         waiter: _Waiter[I] = _Waiter(item, loop.create_future())
         try:
             if not self._dialect.batches:
-                await self._issue([waiter], None)
+                await self._issue([waiter], None, self._encode([waiter]))
             elif self._coalescer.submit(waiter):
                 await self._send_round([waiter])
             reply: R = await asyncio.wait_for(waiter.future, deadline - loop.time())
@@ -410,20 +463,22 @@ class PartitionLink(Generic[I, R]):
     async def answered(self, request: _Request, msg: Msg) -> None:
         """`msg` answers `request`: settle its callers, and send what queued meanwhile."""
         reply = self._decode(msg)
-        if isinstance(reply, Error) and self._dialect.learn(
+        if isinstance(reply, Error) and self._dialect.refused(
             reply.code, batch=request.batch, version=request.version
         ):
             log.warning(
-                "coordinator_speaks_older",
+                "batch_sent_again_alone" if self._dialect.batches else "coordinator_speaks_older",
                 subject=self.subject,
                 code=reply.code,
+                reason=reply.message,
+                items=len(request.waiters),
                 batches=self._dialect.batches,
                 version=self._dialect.version,
             )
             following = self._finish(request)
-            for waiter in request.waiters:  # nothing was executed: the same, as singles
+            for waiter in request.waiters:  # nothing was executed: the same, alone
                 if not waiter.future.done():
-                    await self._issue([waiter], None)
+                    await self._issue([waiter], None, self._encode([waiter]))
         else:
             batch = self._verb.batch_reply if request.batch else None
             if batch is not None and isinstance(reply, batch):
@@ -445,30 +500,19 @@ class PartitionLink(Generic[I, R]):
         round_ = _Round()
         try:
             live = [waiter for waiter in waiters if not waiter.future.done()]
-            if self._dialect.batches:
-                limit = self._nc.max_payload - REQUEST_HEADROOM
-                most = max(1, min(self._max_items, limit // ANSWER_BYTES))
-                for part, payload in chunks(live, most, self._encode, limit):
-                    await self._issue(part, round_, payload)
-            else:
-                for waiter in live:
-                    await self._issue([waiter], round_)
+            for part, payload in self._requests(live, self._dialect.batches):
+                await self._issue(part, round_, payload)
         finally:  # also when cut off: an empty round must not hold the window
             round_.sealed = True
             if round_.pending == 0:
                 self._spawn_round(self._coalescer.finished())
 
-    def _encode(self, waiters: Sequence[_Waiter[I]]) -> bytes:
-        return self._verb.encode([w.item for w in waiters], self._dialect.version)
-
     async def _issue(
-        self, waiters: Sequence[_Waiter[I]], round_: _Round | None, payload: bytes | None = None
+        self, waiters: Sequence[_Waiter[I]], round_: _Round | None, payload: bytes
     ) -> None:
         """Send one request carrying `waiters`, as part of `round_` (None: outside rounds)."""
         await self._inbox.open()
         request = _Request(self, waiters, round_, self._dialect.version)
-        if payload is None:
-            payload = self._encode(waiters)
         for waiter in waiters:
             waiter.request = request
         if round_ is not None:
@@ -517,26 +561,16 @@ class PartitionLink(Generic[I, R]):
             _spawn(self._tasks, self._send_round(waiters))
 
 
-class OnewayLink:
+class OnewayLink(_Link[EndItem]):
     """One-way ends to one partition: the ends issued in one event-loop turn go as one
     publish (one end alone: a plain `EndTransaction`), once the partition's coordinator is
     known to serve batches (`Dialect.served`); singles until then."""
 
     def __init__(
-        self,
-        nc: Client,
-        subject: str,
-        dialect: Dialect,
-        *,
-        max_items: int = DEFAULT_MAX_ITEMS,
+        self, nc: Client, subject: str, dialect: Dialect, *, max_items: int = DEFAULT_MAX_ITEMS
     ) -> None:
-        self.subject = subject
-        self._nc = nc
-        self._dialect = dialect
-        self._max_items = max_items
-        self._verb = EndVerb()
+        super().__init__(nc, subject, EndVerb(), dialect, max_items)
         self._queue: list[_Waiter[EndItem]] = []
-        self._tasks: set[asyncio.Task[None]] = set()
 
     async def tell(self, item: EndItem) -> None:
         """Publish `item` with the others of this turn; returns once handed to the client,
@@ -550,22 +584,15 @@ class OnewayLink:
     async def _flush(self) -> None:
         waiters = [waiter for waiter in self._queue if not waiter.future.done()]
         self._queue = []
-        parts: list[tuple[Sequence[_Waiter[EndItem]], bytes]]
-        if not (self._dialect.batches and self._dialect.served):
-            parts = [([waiter], self._encode([waiter])) for waiter in waiters]
-        else:
-            limit = self._nc.max_payload - REQUEST_HEADROOM
-            parts = chunks(waiters, self._max_items, self._encode, limit)
-        for part, payload in parts:
+        # A one-way batch is refused whole, unanswered, just as an acknowledged one would be.
+        batches = self._dialect.batches and self._dialect.served
+        for part, payload in self._requests(waiters, batches):
             try:
                 await self._nc.publish(self.subject, payload)
             except Exception as error:
                 _hand_out(part, answers(error, len(part), None))
             else:
                 _hand_out(part, [None for _ in part])
-
-    def _encode(self, waiters: Sequence[_Waiter[EndItem]]) -> bytes:
-        return self._verb.encode([w.item for w in waiters], self._dialect.version)
 
 
 def _hand_out(waiters: Sequence[_Waiter[Any]], outcomes: Sequence[object]) -> None:
