@@ -16,10 +16,12 @@ A caller that gives up (cancelled, timed out) while its item is queued takes the
 it is never sent; after it was sent, its answer is dropped, and once every caller of a
 request gave up, that request no longer holds the window.
 
-A coordinator that does not serve batches (`unknown_command`) or protocol version 3
-(`unsupported_version`) executed nothing: the link sends the refused items again as single
-verbs, in the version it speaks, and keeps to that (`Dialect`, shared by the partition's
-links).
+A command refused whole for what it is executed nothing, so its items go again alone: a
+coordinator that does not serve batches (`unknown_command`) or protocol version 3
+(`unsupported_version`) gets single verbs, in the version it speaks, from then on (`Dialect`,
+shared by the partition's links); a batch refused `bad_request` (more items, or longer
+answers, than that coordinator takes in one) is sent alone that once. A batch never carries
+more than the coordinator's bound on its answer admits (`ITEM_ANSWER_BYTES`).
 
 `Coalescer`, `chunks`, `answers` and `Dialect` are the bookkeeping, without I/O;
 `PartitionLink`, `OnewayLink` and `Inbox` carry it out on NATS.
