@@ -12,8 +12,9 @@ fails only its own instance (the supervisor restarts it) while the writer goes o
 the others. A partition that stops leaves what it submitted to be written (halves, committed
 publishes and discard copies are all safe to store late: each has its dedupe id, and its
 completion is dropped by the ended instance, see `partition/actor.py`). A stream's trouble
-is shared by design: every partition writing to it sees it. TXN_OP keeps a fenced writer
-per partition (`partition/oplog.py`).
+is shared by design: every partition writing to it sees it. TXN_OP's writer (`ops`,
+`partition/oplog.py`) is shared the same way, each partition's messages in its batches
+fenced on their own.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
 from txactors.coordinator.options import CoordinatorOptions
+from txactors.coordinator.partition.oplog import OpWriter
 from txactors.errors import ConfigError
 from txactors.nats.link import linked
 from txactors.nats.retry import LINK_TROUBLE, LinkLost, describe
@@ -42,7 +44,8 @@ Report = Callable[[list[PubAck | None]], Awaitable[None]]
 
 
 class SharedWriters:
-    """The process's writers: `halves`, `discards`, and one per topic (made on first use)."""
+    """The process's writers: `halves`, `discards`, `ops`, and one per topic (made on first
+    use)."""
 
     def __init__(
         self, nc: Client, js: JetStreamContext, options: CoordinatorOptions, tasks: TaskGroup
@@ -54,6 +57,8 @@ class SharedWriters:
         self._topics: dict[str, PipelinedWriter] = {}
         self.halves = self._new()
         self.discards = self._new()
+        self.ops = OpWriter(nc, js)
+        tasks.start_soon(self.ops.run)
 
     def topic(self, topic: str) -> PipelinedWriter:
         """The writer of `topic`'s stream: a topic whose stream is unavailable holds up only

@@ -9,16 +9,16 @@ A step (`_step`: `table.handle_batch`, then handing on its actions) never waits,
 atomic on the event loop, and the writers feed their completions (`HalvesStored`,
 `OpPersisted`, `Published`: the table's own events) straight into a step instead of through
 the mailbox. Mailbox hops per committed transaction: **two**, the prepare request and the
-end request; every write's completion is a direct step. The halves, discard and topic
-writers are the process's, shared by its partitions (`coordinator/writers.py`): a completion
-that raises fails this instance, never the shared writer. TXN_OP's (`OpLog`, fenced) is this
-instance's own task. The checker is another actor: its messages (`Due`, `Checked`) come
-through the mailbox, off the commit path, tagged with the epoch of the instance that started
-it, so a restarted instance (fresh table, fresh checker) ignores what its predecessor's
-checker said. Writes outlive their instance (the shared writers go on; the op log dies with
-it, but not at once), so each completion carries the epoch of the instance that submitted
-it and is dropped once that instance has ended (and a failure of one of its tasks is dropped
-by the actor cell), so a restarted instance never trips over its predecessor's writes.
+end request; every write's completion is a direct step. The writers are the process's,
+shared by its partitions (`coordinator/writers.py`): a completion that raises fails this
+instance, never the shared writer. The checker is another actor: its messages (`Due`,
+`Checked`) come through the mailbox, off the commit path, tagged with the epoch of the
+instance that started it, so a restarted instance (fresh table, fresh checker) ignores what
+its predecessor's checker said. Writes outlive their instance (the shared writers go on,
+though what its op log still queued is dropped when it ends), so each completion carries the
+epoch of the instance that submitted it and is dropped once that instance has ended (and a
+failure of one of its tasks is dropped by the actor cell), so a restarted instance never
+trips over its predecessor's writes.
 
 Faults stay local: each topic and the discards have writers apart from the halves' (a
 topic's outage holds up only its own commits, see `publisher.py`), JetStream's transient
@@ -145,6 +145,7 @@ class PartitionCoordinator(Actor):
         self.on_discard = on_discard
         self.metrics = metrics
         self.table = TransactionTable(config)
+        self._writers = writers
         self.boundary = Boundary(
             partition=partition,
             partitions=options.partitions,
@@ -190,9 +191,10 @@ class PartitionCoordinator(Actor):
         )
         if self.metrics is not None:
             self.metrics.track(self.partition, self.table)
+        await self._writers.ops.idle(self.partition)  # a predecessor's write has settled
         fence = await last_op_seq(self.js, self.partition)
         appended = functools.partial(self._ops_appended, self._epoch)
-        self._oplog = OpLog(self.nc, self.js, self.partition, fence, appended)
+        self._oplog = self._writers.ops.open(self.partition, fence, appended, self._failed)
         log.info(
             "coordinator_recovered",
             partition=self.partition,
@@ -204,7 +206,6 @@ class PartitionCoordinator(Actor):
         self._publisher.forget_finished(self.table)
         late = functools.partial(self._late_half, self._epoch)
         self._late = LateHalves(self.js, self.partition, recovered.half_end, late)
-        self.start_task(self._oplog.run)
         self.start_task(self._save_checkpoints)
         self._checker = await self.system.spawn(
             self._new_checker,
@@ -230,6 +231,8 @@ class PartitionCoordinator(Actor):
 
     async def on_stop(self) -> None:
         self._ended = True
+        if self._oplog is not None:
+            self._oplog.close()  # a lease lost: nothing more may reach TXN_OP from here
         checker, self._checker = self._checker, None  # writers finishing meanwhile tell nobody
         if checker is not None:
             await checker.stop()
