@@ -127,6 +127,7 @@ class OpLog:
             self._failed(error)
 
     def fenced(self, error: nats.js.errors.APIError) -> None:
+        """Another coordinator wrote this subject: nothing more from here, the instance stops."""
         self.close()
         fenced = FencedOut(
             f"{self.subject} was written by someone else after seq {self.last_seq}: "
