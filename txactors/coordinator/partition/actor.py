@@ -424,8 +424,9 @@ class PartitionCoordinator(Actor):
         await self._answers.flush()
 
     def _failed(self, error: Exception) -> None:
-        """A completion from a shared writer raised: this instance fails (the supervisor
-        decides), as if one of its tasks had; the writer goes on serving the others."""
+        """A completion from a shared writer raised, or TXN_OP fenced this partition out:
+        this instance fails as if one of its tasks had (the supervisor decides; a fenced one
+        stops), and the writer goes on serving the others."""
         if not self._ended:
             self.start_task(_reraise, error)
 
