@@ -48,6 +48,7 @@ from txactors.coordinator.partition.tenants import (
     declare_consumer_streams,
     tenant_groups,
 )
+from txactors.coordinator.writers import shared_writers
 from txactors.nats.client import raising_connection_lost, watch_connection
 from txactors.observe.logs import get_logger
 from txactors.observe.metrics import CoordinatorMetrics
@@ -357,7 +358,11 @@ async def run_coordinator(
         on_refused=metrics.refused_replies.inc if metrics is not None else None,
     )
     with raising_connection_lost():
-        async with ActorSystem("coordinator") as system, anyio.create_task_group() as tasks:
+        async with (
+            shared_writers(nc, js, options) as writers,  # outlive the partitions that use them
+            ActorSystem("coordinator") as system,
+            anyio.create_task_group() as tasks,
+        ):
 
             def make_partition(partition: int) -> PartitionCoordinator:
                 return PartitionCoordinator(
@@ -368,6 +373,7 @@ async def run_coordinator(
                     partition=partition,
                     config=config,
                     options=options,
+                    writers=writers,
                     clock=clock,
                     on_discard=on_discard,
                     metrics=metrics,

@@ -8,19 +8,21 @@ one job); the actions of each step are handed on at once and never awaited: op r
 to the partition's `Checker` actor.
 
 A step (`_step`: `table.handle_batch`, then handing on its actions) never waits, so it is
-atomic on the event loop, and the writers, tasks of this instance, feed their completions
-(`HalvesStored`, `OpPersisted`, `Published`: the table's own events) straight into a step
-instead of through the mailbox. Mailbox hops per committed transaction: **two**, the prepare
-request and the end request (two per batch of them); every write's completion is a direct
-step. The checker is another actor: its messages (`Due`, `Checked`) come through the
-mailbox, off the commit path, tagged with the epoch of the instance that started it, so a
-restarted instance (fresh table, fresh checker) ignores what its predecessor's checker said.
-The writers die with their instance, but not at once: between a failure and the restart they
-may still complete, so each completion carries the epoch of the instance that submitted it
-and is dropped once that instance has ended (and a failure of one of its tasks is dropped by
-the actor cell), so a restarted instance never trips over its predecessor's writes.
+atomic on the event loop, and the writers feed their completions (`HalvesStored`,
+`OpPersisted`, `Published`: the table's own events) straight into a step instead of through
+the mailbox. Mailbox hops per committed transaction: **two**, the prepare request and the
+end request (two per batch of them); every write's completion is a direct step. The writers are the process's,
+shared by its partitions (`coordinator/writers.py`): a completion that raises fails this
+instance, never the shared writer. The checker is another actor: its messages (`Due`,
+`Checked`) come through the mailbox, off the commit path, tagged with the epoch of the
+instance that started it, so a restarted instance (fresh table, fresh checker) ignores what
+its predecessor's checker said. Writes outlive their instance (the shared writers go on,
+though what its op log still queued is dropped when it ends), so each completion carries the
+epoch of the instance that submitted it and is dropped once that instance has ended (and a
+failure of one of its tasks is dropped by the actor cell), so a restarted instance never
+trips over its predecessor's writes.
 
-Faults stay local: the halves, each topic and the discards have writers of their own (a
+Faults stay local: each topic and the discards have writers apart from the halves' (a
 topic's outage holds up only its own commits, see `publisher.py`), JetStream's transient
 errors in recovery and checkpoints are retried with backoff, and while the halves cannot be
 written a prepare is answered at once with a retry-after hint instead of queueing behind them.
@@ -87,10 +89,11 @@ from txactors.coordinator.partition.store import (
     read_half,
     save_checkpoint,
 )
+from txactors.coordinator.writers import Lane, SharedWriters
 from txactors.errors import ActorError, MailboxFull
 from txactors.faults import FaultPoint, crash_if_armed
 from txactors.nats.retry import RETRY_MAX, describe, retry_transient
-from txactors.nats.writer import Append, PipelinedWriter
+from txactors.nats.writer import Append
 from txactors.observe import tracing
 from txactors.observe.logs import get_logger
 from txactors.observe.metrics import CoordinatorMetrics
@@ -134,6 +137,7 @@ class PartitionCoordinator(Actor):
         partition: int,
         config: CoordinatorConfig,
         options: CoordinatorOptions,
+        writers: SharedWriters,
         clock: Clock = time.time,
         on_discard: OnDiscard | None = None,
         metrics: CoordinatorMetrics | None = None,
@@ -148,6 +152,7 @@ class PartitionCoordinator(Actor):
         self.on_discard = on_discard
         self.metrics = metrics
         self.table = TransactionTable(config)
+        self._writers = writers
         self.boundary = Boundary(
             partition=partition,
             partitions=options.partitions,
@@ -162,12 +167,12 @@ class PartitionCoordinator(Actor):
             partition, on_error=metrics.oneway(partition) if metrics else None
         )
         self._prepares = PreparesInFlight(partition)
-        self._halves = PipelinedWriter(nc, js, self._quarantine, linger=options.write_linger)
-        self._discards = PipelinedWriter(nc, js, self._quarantine, linger=options.write_linger)
+        self._halves = Lane(writers.halves, self._quarantine, self._failed)
+        self._discards = Lane(writers.discards, self._quarantine, self._failed)
         self._publisher = Publisher(
             nc,
             js,
-            self.start_task,
+            lambda topic: Lane(writers.topic(topic), self._quarantine, self._failed),
             partition,
             options,
             clock,
@@ -194,9 +199,10 @@ class PartitionCoordinator(Actor):
         )
         if self.metrics is not None:
             self.metrics.track(self.partition, self.table)
+        await self._writers.ops.idle(self.partition)  # a predecessor's write has settled
         fence = await last_op_seq(self.js, self.partition)
         appended = functools.partial(self._ops_appended, self._epoch)
-        self._oplog = OpLog(self.nc, self.js, self.partition, fence, appended)
+        self._oplog = self._writers.ops.open(self.partition, fence, appended, self._failed)
         log.info(
             "coordinator_recovered",
             partition=self.partition,
@@ -208,8 +214,6 @@ class PartitionCoordinator(Actor):
         self._publisher.forget_finished(self.table)
         late = functools.partial(self._late_half, self._epoch)
         self._late = LateHalves(self.js, self.partition, recovered.half_end, late)
-        for run in (self._halves.run, self._discards.run, self._oplog.run):
-            self.start_task(run)
         self.start_task(self._save_checkpoints)
         self._checker = await self.system.spawn(
             self._new_checker,
@@ -235,6 +239,8 @@ class PartitionCoordinator(Actor):
 
     async def on_stop(self) -> None:
         self._ended = True
+        if self._oplog is not None:
+            self._oplog.close()  # a lease lost: nothing more may reach TXN_OP from here
         checker, self._checker = self._checker, None  # writers finishing meanwhile tell nobody
         if checker is not None:
             await checker.stop()
@@ -461,6 +467,13 @@ class PartitionCoordinator(Actor):
         self._step(halves_stored([stored]))
         await self._answers.flush()
 
+    def _failed(self, error: Exception) -> None:
+        """A completion from a shared writer raised, or TXN_OP fenced this partition out:
+        this instance fails as if one of its tasks had (the supervisor decides; a fenced one
+        stops), and the writer goes on serving the others."""
+        if not self._ended:
+            self.start_task(_reraise, error)
+
     async def _quarantine(self, append: Append, reason: str) -> None:
         self.table.counters.quarantined += 1
         await quarantine(
@@ -629,3 +642,7 @@ def _ended(txid: str, state: str) -> Ended:
 def _given(answer: Any, state: str) -> Any:
     """The answer known before the table acknowledges (a prepare's, once its halves count)."""
     return answer
+
+
+async def _reraise(error: Exception) -> None:
+    raise error
