@@ -9,18 +9,18 @@ to the partition's `Checker` actor.
 
 A step (`_step`: `table.handle_batch`, then handing on its actions) never waits, so it is
 atomic on the event loop, and the writers feed their completions (`HalvesStored`,
-`OpPersisted`, `Published`: the table's own events) straight into a step instead of through
-the mailbox. Mailbox hops per committed transaction: **two**, the prepare request and the
-end request (two per batch of them); every write's completion is a direct step. The writers are the process's,
-shared by its partitions (`coordinator/writers.py`): a completion that raises fails this
-instance, never the shared writer. The checker is another actor: its messages (`Due`,
-`Checked`) come through the mailbox, off the commit path, tagged with the epoch of the
-instance that started it, so a restarted instance (fresh table, fresh checker) ignores what
-its predecessor's checker said. Writes outlive their instance (the shared writers go on,
-though what its op log still queued is dropped when it ends), so each completion carries the
-epoch of the instance that submitted it and is dropped once that instance has ended (and a
-failure of one of its tasks is dropped by the actor cell), so a restarted instance never
-trips over its predecessor's writes.
+`OpPersisted`, `Published`: the table's own events) straight into a step instead of through the
+mailbox. Mailbox hops per committed transaction: **two**, the prepare request and the end
+request (two per batch of them); every write's completion is a direct step. The writers are the
+process's, shared by its partitions (`coordinator/writers.py`): a completion that raises fails
+this instance, never the shared writer. The checker is another actor: its messages (`Due`,
+`Checked`) come through the mailbox, off the commit path, tagged with the epoch of the instance
+that started it, so a restarted instance (fresh table, fresh checker) ignores what its
+predecessor's checker said. Writes outlive their instance (the shared writers go on, though
+what its op log still queued is dropped when it ends), so each completion carries the epoch of
+the instance that submitted it and is dropped once that instance has ended (and a failure of
+one of its tasks is dropped by the actor cell), so a restarted instance never trips over its
+predecessor's writes.
 
 Faults stay local: each topic and the discards have writers apart from the halves' (a
 topic's outage holds up only its own commits, see `publisher.py`), JetStream's transient
