@@ -199,7 +199,8 @@ class PartitionCoordinator(Actor):
         )
         self._publisher.forget_finished(self.table)
         late = functools.partial(self._late_half, self._epoch)
-        self._late = LateHalves(self.js, self.partition, recovered.half_end, late)
+        tick = self.options.tick_interval
+        self._late = LateHalves(self.js, self.partition, recovered.half_end, late, tick=tick)
         for run in (self._halves.run, self._discards.run, self._oplog.run):
             self.start_task(run)
         self.start_task(self._save_checkpoints)
