@@ -213,7 +213,8 @@ class PartitionCoordinator(Actor):
         )
         self._publisher.forget_finished(self.table)
         late = functools.partial(self._late_half, self._epoch)
-        self._late = LateHalves(self.js, self.partition, recovered.half_end, late)
+        tick = self.options.tick_interval
+        self._late = LateHalves(self.js, self.partition, recovered.half_end, late, tick=tick)
         self.start_task(self._save_checkpoints)
         self._checker = await self.system.spawn(
             self._new_checker,
