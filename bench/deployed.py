@@ -70,6 +70,8 @@ class Snapshot:
     sys: dict[str, float]
     in_msgs: int
     out_msgs: int
+    in_bytes: int
+    out_bytes: int
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,9 @@ class Usage:
     """System CPU seconds per role (the kernel: socket writes, fsync)."""
     in_msgs: int
     out_msgs: int
+    in_bytes: int
+    out_bytes: int
+    """Bytes the server received and sent (payloads and headers, as `/varz` counts them)."""
 
 
 @dataclass
@@ -109,7 +114,15 @@ class Deployment:
         times = {role: [cpu_seconds(pid) for pid in pids] for role, pids in roles.items()}
         cpu = {role: sum(u + s for u, s in pairs) for role, pairs in times.items()}
         sys = {role: sum(s for _, s in pairs) for role, pairs in times.items()}
-        return Snapshot(time.monotonic(), cpu, sys, varz["in_msgs"], varz["out_msgs"])
+        return Snapshot(
+            time.monotonic(),
+            cpu,
+            sys,
+            varz["in_msgs"],
+            varz["out_msgs"],
+            varz["in_bytes"],
+            varz["out_bytes"],
+        )
 
     @staticmethod
     def usage(before: Snapshot, after: Snapshot) -> Usage:
@@ -119,6 +132,8 @@ class Deployment:
             {role: after.sys[role] - before.sys.get(role, 0.0) for role in after.sys},
             after.in_msgs - before.in_msgs,
             after.out_msgs - before.out_msgs,
+            after.in_bytes - before.in_bytes,
+            after.out_bytes - before.out_bytes,
         )
 
     def _log(self, name: str) -> IO[bytes]:

@@ -1,9 +1,10 @@
-"""Scale-out: the same transactions over 1, 2 and 4 coordinator processes on 8 partitions.
+"""Scale-out: the same transactions over 1, 2 and 4 coordinator processes on 8 partitions,
+and over 1 partition in one process (what 8 partitions in one process should match).
 
-Per number of coordinator processes (`PROCESSES`), on a fresh embedded server (fsync
+Per row of `ROWS` (coordinator processes, partitions), on a fresh embedded server (fsync
 `always`, `bench.deployed`): the raw baseline of that server first (`bench.transactions`'
 raw runs: one at a time, pipelined, atomic batches; the faster of the last two is the
-baseline), then the coordinators started through the CLI with `--partitions 8` and left to
+baseline), then the coordinators started through the CLI with `--partitions <n>` and left to
 split the partitions between them (balance.py; measured once the split is even), their idle
 CPU for `IDLE_SECONDS`, and 64 producers in this process with the acked end, until the
 consumer process has every message.
@@ -26,7 +27,9 @@ from txactors.observe.logs import configure_logging
 from txactors.producer import Decision, TransactionProducer
 
 PARTITIONS = 8
-PROCESSES = (1, 2, 4)
+ROWS = ((1, 1), (1, PARTITIONS), (2, PARTITIONS), (4, PARTITIONS))
+"""(coordinator processes, partitions) per row: the first two compare one partition with
+eight in one process (one writer per stream per process: as fast, within 10%)."""
 WORKERS = 64
 TRANSACTIONS = 20000
 """Transactions per run (`--quick`: a tenth)."""
@@ -43,8 +46,9 @@ def per_process(run: Run) -> str:
     return ", ".join(f"{role} {run.cpu_ms(role):.3f}" for role in roles if role in run.usage.cpu)
 
 
-async def measure(table: Table, processes: int, scale: float) -> None:
-    """One row: `processes` coordinators on a fresh server, against its raw baseline."""
+async def measure(table: Table, processes: int, partitions: int, scale: float) -> None:
+    """One row: `processes` coordinators serving `partitions` on a fresh server, against
+    its raw baseline."""
     async with deployment("always") as dep:
         nc = await nats.connect(dep.url)
         try:
@@ -52,22 +56,22 @@ async def measure(table: Table, processes: int, scale: float) -> None:
             _, pipelined, batched = raws.values()
             base = max(pipelined, batched, key=lambda r: r.rate)
             async with (
-                dep.coordinators(processes, PARTITIONS),
+                dep.coordinators(processes, partitions),
                 TransactionProducer(
-                    nc, "bench", lambda v: Decision.COMMIT, partitions=PARTITIONS, end_mode="ack"
+                    nc, "bench", lambda v: Decision.COMMIT, partitions=partitions, end_mode="ack"
                 ) as producer,
             ):
                 before = dep.snapshot()
                 await anyio.sleep(IDLE_SECONDS)
                 idle = dep.usage(before, dep.snapshot())
                 count = max(int(TRANSACTIONS * scale), WORKERS)
-                run = await e2e(dep, producer, count, WORKERS, f"scale{processes}")
+                run = await e2e(dep, producer, count, WORKERS, f"scale{processes}x{partitions}")
         finally:
             await nc.close()
     assert run.consumed is not None
     table.add_row(
         str(processes),
-        f"{PARTITIONS // processes}",
+        f"{partitions // processes}",
         f"{run.rate:,.0f}",
         f"{base.rate:,.0f} (pipelined {pipelined.rate:,.0f})",
         f"{run.rate / base.rate:.1%} ({run.rate / pipelined.rate:.0%})",
@@ -86,7 +90,7 @@ async def measure(table: Table, processes: int, scale: float) -> None:
 async def main(*, quick: bool = False) -> None:
     configure_logging("ERROR")
     table = Table(
-        title=f"scale-out: {PARTITIONS} partitions, c{WORKERS}, acked end, fsync always "
+        title=f"scale-out: c{WORKERS}, acked end, fsync always "
         "(each row its own server and raw baseline)"
     )
     for column in (
@@ -104,6 +108,6 @@ async def main(*, quick: bool = False) -> None:
         table.add_column(
             column, justify="left" if column.startswith("CPU ms per txn per") else "right"
         )
-    for processes in PROCESSES:
-        await measure(table, processes, 0.1 if quick else 1.0)
+    for processes, partitions in ROWS:
+        await measure(table, processes, partitions, 0.1 if quick else 1.0)
     Console(width=260).print(table)

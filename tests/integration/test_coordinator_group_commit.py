@@ -34,6 +34,9 @@ class Reports:
         self.acks: list[list[PubAck | None]] = []
         self.quarantined: list[tuple[Append, str]] = []
 
+    def submit(self, writer: PipelinedWriter, appends: list[Append]) -> None:
+        writer.submit(appends, self.report, self.quarantine)
+
     async def report(self, acks: list[PubAck | None]) -> None:
         self.acks.append(acks)
 
@@ -48,9 +51,7 @@ class Reports:
 async def running(
     nc: Client, reports: Reports, max_in_flight: int = 2, linger: float = 0.0
 ) -> AsyncIterator[PipelinedWriter]:
-    writer = PipelinedWriter(
-        nc, nc.jetstream(), reports.quarantine, max_in_flight=max_in_flight, linger=linger
-    )
+    writer = PipelinedWriter(nc, nc.jetstream(), max_in_flight=max_in_flight, linger=linger)
     async with anyio.create_task_group() as tg:
         tg.start_soon(writer.run)
         yield writer
@@ -87,12 +88,12 @@ async def test_appends_queued_while_writes_are_in_flight_go_out_as_one_atomic_ba
             return await publish(*args)
 
         writer._inbox.publish = counted  # type: ignore[method-assign]
-        writer.submit(appends("TOPIC_gc", "topic.gc._", ["m0"]), reports.report)
+        reports.submit(writer, appends("TOPIC_gc", "topic.gc._", ["m0"]))
         with anyio.fail_after(5):
             while not writer._open:  # the first write is out, awaiting its ack
                 await anyio.lowlevel.checkpoint()
         for i in range(1, 40):  # the other 39 wait for it, then go out together
-            writer.submit(appends("TOPIC_gc", "topic.gc._", [f"m{i}"]), reports.report)
+            reports.submit(writer, appends("TOPIC_gc", "topic.gc._", [f"m{i}"]))
         await reports.wait(40)
     assert writes == 2
     seqs = [acks[0].seq for acks in reports.acks if acks[0] is not None]
@@ -122,12 +123,12 @@ async def test_appends_linger_behind_a_write_in_flight_and_share_the_next_one(
             return delayed
 
         writer._inbox.publish = counted  # type: ignore[method-assign]
-        writer.submit(appends("TOPIC_gc", "topic.gc._", ["m0"]), reports.report)
+        reports.submit(writer, appends("TOPIC_gc", "topic.gc._", ["m0"]))
         with anyio.fail_after(5):
             while not writer._open:  # nothing was in flight: it went out at once
                 await anyio.lowlevel.checkpoint()
         for i in range(1, 6):  # a slot is free, but they linger for each other
-            writer.submit(appends("TOPIC_gc", "topic.gc._", [f"m{i}"]), reports.report)
+            reports.submit(writer, appends("TOPIC_gc", "topic.gc._", [f"m{i}"]))
             for _ in range(5):
                 await anyio.lowlevel.checkpoint()
         await eventually(lambda: writes >= 2, timeout=5, what="the second write")
@@ -151,12 +152,12 @@ async def test_a_batch_resent_after_its_ack_was_lost_stores_nothing_twice(
         await ensure_topic_stream(observer.jetstream(), "gc")
         reports = Reports()
         async with running(writer_nc, reports) as writer:
-            writer.submit(appends("TOPIC_gc", "topic.gc._", ["a"]), reports.report)
+            reports.submit(writer, appends("TOPIC_gc", "topic.gc._", ["a"]))
             await reports.wait(1)
             proxy.swallow = True  # the server stores the next batch; its ack never comes back
             names = [f"x{i}" for i in range(5)]
             with structlog.testing.capture_logs() as logs:
-                writer.submit(appends("TOPIC_gc", "topic.gc._", names), reports.report)
+                reports.submit(writer, appends("TOPIC_gc", "topic.gc._", names))
                 await eventually(
                     lambda: stored(observer, "TOPIC_gc"),
                     until=lambda messages: len(messages) >= 6,
@@ -184,10 +185,10 @@ async def test_one_refused_message_does_not_sink_the_rest_of_its_batch(
     )
     reports = Reports()
     async with running(private_nc, reports, max_in_flight=1) as writer:
-        writer.submit(appends("SMALL", "small.x", ["first"]), reports.report)
-        writer.submit(appends("SMALL", "small.x", ["a"]), reports.report)
-        writer.submit(appends("SMALL", "small.x", ["big"], b"x" * 1000), reports.report)
-        writer.submit(appends("SMALL", "small.x", ["b"]), reports.report)
+        reports.submit(writer, appends("SMALL", "small.x", ["first"]))
+        reports.submit(writer, appends("SMALL", "small.x", ["a"]))
+        reports.submit(writer, appends("SMALL", "small.x", ["big"], b"x" * 1000))
+        reports.submit(writer, appends("SMALL", "small.x", ["b"]))
         await reports.wait(4)
     assert [acks[0] is None for acks in reports.acks] == [False, False, True, False]
     assert [a.headers[layout.MSG_ID_HEADER] for a, _ in reports.quarantined] == ["big"]
@@ -202,10 +203,10 @@ async def test_a_stream_without_atomic_batches_is_written_one_by_one_after_one_r
     with structlog.testing.capture_logs() as logs:
         async with running(private_nc, reports, max_in_flight=1) as writer:
             for round_ in range(2):
-                writer.submit(appends("PLAIN", "plain.x", [f"{round_}-0"]), reports.report)
+                reports.submit(writer, appends("PLAIN", "plain.x", [f"{round_}-0"]))
                 for i in range(1, 4):
                     names = [f"{round_}-{i}"]
-                    writer.submit(appends("PLAIN", "plain.x", names), reports.report)
+                    reports.submit(writer, appends("PLAIN", "plain.x", names))
                 await reports.wait(4 * (round_ + 1))
     refusals = [e for e in logs if e["event"] == "batch_refused"]
     assert len(refusals) == 1 and "10174" in refusals[0]["error"]

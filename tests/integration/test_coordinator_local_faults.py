@@ -24,7 +24,7 @@ from nats.aio.msg import Msg
 from tests.support.partition import serving_partitions
 from tests.support.txn import CoordinatorClient, message, topic_ids
 from tests.support.wait import eventually
-from txactors.actors import Request
+from txactors.actors import RemoteActorRef, Request
 from txactors.actors.cell import TaskFailed
 from txactors.coordinator.core.events import Published
 from txactors.coordinator.partition.actor import PartitionCoordinator
@@ -32,7 +32,17 @@ from txactors.coordinator.service import run_coordinator
 from txactors.errors import AskTimeout, CommandError, PrepareFailed
 from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
 from txactors.wire import layout
-from txactors.wire.protocol import Ended, Error, ErrorCode, Prepare, encode
+from txactors.wire.protocol import (
+    PROTOCOL_VERSION,
+    Ended,
+    Error,
+    ErrorCode,
+    Prepare,
+    PrepareBatch,
+    PreparedBatch,
+    PrepareItem,
+    encode,
+)
 
 UNAVAILABLE = msgspec.json.encode(
     {
@@ -121,6 +131,42 @@ async def test_a_deleted_topic_stream_is_declared_again_and_gets_its_commits(
     assert await topic_ids(private_nc, "b") == ["x:1", "y:1"]
     events = [e["event"] for e in logs]
     assert "topic_stream_redeclared" in events and "record_quarantined" not in events
+
+
+async def test_a_batch_during_a_write_outage_tells_each_item_when_to_come_back(
+    private_nc: Client,
+) -> None:
+    """Each admitted item is answered at once with the hint, as a lone prepare is; a bad item
+    keeps its own refusal."""
+    batches = RemoteActorRef(private_nc, layout.prepare_subject(0, "g"), PreparedBatch)
+    items = [PrepareItem(txid=txid, messages=[message()]) for txid in ("o1", "a b", "o2")]
+    batch = PrepareBatch(version=PROTOCOL_VERSION, group="g", producer="p1", items=items)
+    async with run_coordinator(private_nc):
+        client = CoordinatorClient(private_nc)
+
+        async def stuck() -> None:
+            with contextlib.suppress(AskTimeout, CommandError):
+                await client.prepare("stuck", message())
+
+        with structlog.testing.capture_logs() as logs:
+            async with (
+                unavailable(private_nc, layout.HALF_STREAM, layout.half_subject(0)),
+                anyio.create_task_group() as tasks,
+            ):
+                tasks.start_soon(stuck)
+
+                async def troubled() -> bool:
+                    return any(e["event"] == "appends_reissued" for e in logs)
+
+                await eventually(troubled, what="the halves' writer in trouble")
+                answer = await batches.ask(batch, timeout=10)
+                tasks.cancel_scope.cancel()
+    first, bad, last = answer.results
+    assert isinstance(bad, Error) and bad.code == ErrorCode.BAD_REQUEST
+    for refused in (first, last):
+        assert isinstance(refused, Error) and refused.code == ErrorCode.INTERNAL
+        assert "TXN_HALF" in refused.message
+        assert refused.retry_after is not None and 0 < refused.retry_after < math.inf
 
 
 async def test_a_prepare_during_a_write_outage_is_told_when_to_come_back(

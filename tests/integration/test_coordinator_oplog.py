@@ -1,14 +1,15 @@
-"""`OpLog` group commit: records nobody waits for share the next decision's write."""
+"""`OpWriter` group commit: records nobody waits for share the next decision's write."""
 
 from __future__ import annotations
 
 import anyio
 import anyio.lowlevel
 from nats.aio.client import Client
+from nats.js.api import Header
 
 from tests.support.wait import eventually
 from txactors.coordinator.core.records import OpKind, OpRecord
-from txactors.coordinator.partition.oplog import OpLog
+from txactors.coordinator.partition.oplog import FencedOut, OpLog, OpWriter
 from txactors.coordinator.partition.store import decode_ops, ensure_streams
 from txactors.wire import layout
 
@@ -21,9 +22,10 @@ async def test_a_done_record_waits_to_share_the_next_decisions_write(private_nc:
     async def report(op_ids: list[int], seq: int) -> None:
         reported.append((op_ids, seq))
 
-    oplog = OpLog(private_nc, js, 0, 0, report)
+    writer = OpWriter(private_nc, js)
+    oplog = writer.open(0, 0, report, failed=lambda error: None)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(oplog.run)
+        tg.start_soon(writer.run)
         oplog.append(1, (OpRecord(txid="a", kind=OpKind.DONE),))
         for _ in range(10):  # the writer's turns: a done alone is not written yet
             await anyio.lowlevel.checkpoint()
@@ -38,3 +40,65 @@ async def test_a_done_record_waits_to_share_the_next_decisions_write(private_nc:
         ("a", OpKind.DONE),
         ("b", OpKind.COMMIT),
     ]
+
+
+class Logs:
+    """What an `OpWriter` reports and fails, by partition."""
+
+    def __init__(self) -> None:
+        self.reported: dict[int, list[tuple[list[int], int]]] = {}
+        self.failed: dict[int, list[Exception]] = {}
+
+    def open(self, writer: OpWriter, partition: int, last_seq: int = 0) -> OpLog:
+        async def report(op_ids: list[int], seq: int) -> None:
+            self.reported.setdefault(partition, []).append((op_ids, seq))
+
+        failed = self.failed.setdefault(partition, []).append
+        return writer.open(partition, last_seq, report, failed)
+
+
+def commit(txid: str) -> tuple[OpRecord, ...]:
+    return (OpRecord(txid=txid, kind=OpKind.COMMIT, half_seqs=(1,)),)
+
+
+async def test_two_partitions_decisions_share_one_write_each_fenced(private_nc: Client) -> None:
+    js = private_nc.jetstream()
+    await ensure_streams(js, half_retention=60.0)
+    writer, logs = OpWriter(private_nc, js), Logs()
+    p0, p1 = logs.open(writer, 0), logs.open(writer, 1)
+    p0.append(1, commit("a"))  # queued before the writer's first turn: one write for both
+    p1.append(1, commit("b"))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer.run)
+        await eventually(lambda: len(logs.reported) == 2, what="both partitions reported")
+        tg.cancel_scope.cancel()
+    assert logs.reported == {0: [([1], 1)], 1: [([1], 2)]}
+    for seq in (1, 2):
+        stored = await js.get_msg(layout.OP_STREAM, seq)
+        assert stored.headers is not None
+        assert stored.headers.get(Header.BATCH_ID), "one atomic batch"
+        assert stored.headers[layout.EXPECTED_LAST_SUBJECT_SEQ_HEADER] == "0"
+
+
+async def test_a_partition_fenced_out_fails_alone_and_the_others_records_are_stored(
+    private_nc: Client,
+) -> None:
+    js = private_nc.jetstream()
+    await ensure_streams(js, half_retention=60.0)
+    writer, logs = OpWriter(private_nc, js), Logs()
+    p0, p1 = logs.open(writer, 0), logs.open(writer, 1)
+    await js.publish(layout.op_subject(1), b"a successor's record")  # p1's fence is now stale
+    p0.append(1, commit("a"))
+    p1.append(1, commit("b"))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer.run)
+        await eventually(lambda: logs.reported and logs.failed[1], what="p0 stored, p1 fenced")
+        p1.append(2, commit("c"))  # a fenced partition writes nothing more
+        p0.append(2, commit("d"))
+        await eventually(lambda: len(logs.reported[0]) == 2, what="p0's second write")
+        tg.cancel_scope.cancel()
+    assert logs.reported == {0: [([1], 2), ([2], 3)]}
+    assert [type(error) for error in logs.failed[1]] == [FencedOut]
+    assert logs.failed[0] == []
+    last = await js.get_last_msg(layout.OP_STREAM, layout.op_subject(1))
+    assert last.seq == 1, "nothing of the fenced partition's was stored"

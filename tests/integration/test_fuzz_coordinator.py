@@ -29,6 +29,7 @@ import anyio.to_thread
 import msgspec
 import pytest
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import MakeNatsServer
 from tests.support.coordinator_process import CoordinatorProcess
@@ -56,6 +57,7 @@ from tests.support.fuzz_inputs import (
     RawFrame,
     Request,
     Verdict,
+    batch_requests,
     batches,
     encode_json,
     end_on,
@@ -133,12 +135,20 @@ async def assert_survives(harness: Harness, batch: list[FuzzInput], *, restart: 
 # -- Hypothesis: every kind of input, mixed ------------------------------------------------------
 
 
-async def fuzz(harness: Harness, config: settings) -> None:
-    """Run Hypothesis in a worker thread; each example's I/O runs on the test's event loop."""
+async def fuzz(
+    harness: Harness,
+    config: settings,
+    inputs: st.SearchStrategy[list[FuzzInput]] | None = None,
+) -> None:
+    """Run Hypothesis in a worker thread; each example's I/O runs on the test's event loop.
+    `inputs`: what to draw (by default every kind of input, mixed)."""
     counter = itertools.count(1)
 
+    if inputs is None:
+        inputs = batches(PARTITIONS, harness.nc.max_payload, PROBE_TOPIC)
+
     @config
-    @given(batch=batches(PARTITIONS, harness.nc.max_payload, PROBE_TOPIC))
+    @given(batch=inputs)
     def one_batch(batch: list[FuzzInput]) -> None:
         n = next(counter)
         restart = "" if n % RESTART_EVERY else ("kill" if n // RESTART_EVERY % 2 else "term")
@@ -155,6 +165,16 @@ LARGE_REPR = "ignore:Generating overly large repr"
 async def test_fuzzed_batches_leave_every_partition_serving(open_bus: OpenBus) -> None:
     async with open_bus() as bus:
         await fuzz(bus, CI)
+
+
+@pytest.mark.filterwarnings(LARGE_REPR)
+async def test_fuzzed_batch_commands_answer_every_item(open_bus: OpenBus) -> None:
+    """`PrepareBatch` and `EndBatch` with odd items, versions, groups and sizes, one-way too:
+    each gets one answer with a result per item, each what its lone command is owed, or is
+    refused whole as docs/protocol.md#batches says; every invariant holds after each."""
+    async with open_bus() as bus:
+        requests = batch_requests(PARTITIONS, bus.nc.max_payload)
+        await fuzz(bus, settings(CI, max_examples=20), st.lists(requests, min_size=1, max_size=6))
 
 
 @pytest.mark.slow

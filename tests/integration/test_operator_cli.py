@@ -253,6 +253,24 @@ def test_help_shows_flags_without_a_value_type() -> None:
     assert "<str>" in shown.output, "an option that takes a value still says which"
 
 
+async def test_the_sink_script_shows_flags_without_a_value_type() -> None:
+    """`python -m spark_sinks`, the script spark-submit runs, shows help as `txactors sink`."""
+    for command in ([], ["run"]):
+        process = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "spark_sinks", *command, "--help"),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**_env(), "COLUMNS": "100"},
+            cwd=ROOT,
+        )
+        out, err = await asyncio.wait_for(process.communicate(), 60)
+        shown = out.decode()
+        assert process.returncode == 0, err.decode()
+        assert "<bool>" not in shown, shown
+        assert "--help" in shown
+    assert "--once" in shown and "<float>" in shown, "other options still say their type"
+
+
 async def test_lease_list(private_nc: Client) -> None:
     """Every partition of the published count is listed, the free one too, without a flag."""
     options = CoordinatorOptions(partitions=3, max_partitions=2)

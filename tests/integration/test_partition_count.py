@@ -28,6 +28,7 @@ from nats.js.kv import KeyValue
 
 from tests.conftest import MakeNatsServer
 from tests.support.coordinator_process import CoordinatorProcess
+from tests.support.wait import eventually
 from txactors.coordinator.cluster.agreement import agree_partition_count, meta_bucket
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import run_coordinator
@@ -63,9 +64,7 @@ async def four_partitions(
     try:
         for coordinator in coordinators:
             await coordinator.start()
-        with anyio.fail_after(30):
-            while not await _all_served(nc):
-                await anyio.sleep(0.1)
+        await eventually(lambda: _all_served(nc), timeout=30, what="every partition served")
         yield server.url, nc
     finally:
         await nc.close()
@@ -209,9 +208,9 @@ async def test_the_count_changes_only_with_every_coordinator_stopped(
         assert err.startswith("error: coordinators still run") and err.count("\n") == 1, err
     nc = await connect(url)
     try:
-        with anyio.fail_after(10):  # both left cleanly; a killed one's lease expires in 2 s
-            while await live_coordinators(nc):
-                await anyio.sleep(0.1)
+        await eventually(  # both left cleanly; a killed one's lease expires in 2 s
+            lambda: live_coordinators(nc), until=lambda live: not live, what="no coordinator live"
+        )
         code, out, err = await _cli(url, "partitions", "set", "2", "--yes")
         assert (code, out) == (0, "partition count 2 (was 4): start the coordinators with it\n")
         coordinator = CoordinatorProcess(url, _dir(tmp_path, "after"), partitions=2)
@@ -243,9 +242,7 @@ async def test_a_producer_started_before_any_coordinator_reads_the_count_when_it
         assert early.value.retry_after is not None, "nothing was sent: come back"
         options = CoordinatorOptions(partitions=3)
         async with run_coordinator(private_nc, options=options) as running:
-            with anyio.fail_after(10):
-                while running.partitions != [0, 1, 2]:
-                    await anyio.sleep(0.05)
+            await eventually(lambda: running.partitions, until=lambda served: served == [0, 1, 2])
             results = [
                 await producer.send_in_transaction(
                     TxMessage("orders", b"x"), lambda m, a: Decision.COMMIT

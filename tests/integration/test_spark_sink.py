@@ -52,6 +52,7 @@ from spark_sinks.source import split_range
 from tests.conftest import MakeNatsServer
 from tests.support.spark_models import Address, Currency, Everything, Priority, Transfer
 from tests.support.txn import topic_messages
+from tests.support.wait import eventually
 from txactors.coordinator.service import run_coordinator
 from txactors.nats.config import NatsConfig
 from txactors.nats.topics import ensure_topic_stream
@@ -232,8 +233,12 @@ async def test_the_table_holds_every_committed_message_once_and_no_rolled_back_o
                     committed.append(transfer)
                 except RuntimeError:
                     pass
-        while len(await topic_messages(nc, topic)) < len(committed):
-            await asyncio.sleep(0.05)
+        await eventually(
+            lambda: topic_messages(nc, topic),
+            until=lambda messages: len(messages) >= len(committed),
+            timeout=30,
+            what="every committed transfer on the topic",
+        )
 
     try:
         await send(40, 0)
@@ -369,13 +374,14 @@ async def test_a_run_killed_mid_batch_is_finished_by_the_next_without_loss_or_du
         )
     offsets = checkpoint_dir(default_checkpoints(own), topic) / "offsets"
     commits = checkpoint_dir(default_checkpoints(own), topic) / "commits"
-    deadline = time.monotonic() + 240
+
+    def mid_batch() -> bool:
+        assert victim.returncode is None, log.read_text()
+        return (commits / "0").exists() and (offsets / "1").exists()
+
     try:
         # Kill once batch 0 is committed and batch 1 planned but not committed: mid-batch.
-        while not ((commits / "0").exists() and (offsets / "1").exists()):
-            assert victim.returncode is None, log.read_text()
-            assert time.monotonic() < deadline, "the first run never got to its second batch"
-            await asyncio.sleep(0.05)
+        await eventually(mid_batch, timeout=240, what="the first run at its second batch")
         assert not (commits / "1").exists()
     finally:
         if victim.returncode is None:
@@ -440,10 +446,24 @@ async def test_continuous_mode_sinks_new_commits_as_they_come_until_stopped(
         return [p for p in events if isinstance(p, BatchProgress)]
 
     async def rows_reach(count: int) -> None:
-        deadline = time.monotonic() + 120
-        while sum(p.rows for p in batches()) < count:
-            assert time.monotonic() < deadline, events
-            await asyncio.sleep(0.2)
+        await eventually(
+            lambda: sum(p.rows for p in batches()),
+            until=lambda rows: rows >= count,
+            timeout=120,
+            what=f"{count} rows written",
+            explain=lambda: repr(events),
+        )
+
+    async def caught_up(seq: int) -> None:
+        """Until the sink, still running, says it read `live` to `seq` and waits for more."""
+
+        def waiting() -> bool:
+            assert not job.done(), events
+            return CaughtUp({"live": seq}, waiting=True) in events
+
+        await eventually(
+            waiting, timeout=120, what=f"caught up at {seq}", explain=lambda: repr(events)
+        )
 
     job = asyncio.ensure_future(
         asyncio.to_thread(
@@ -452,18 +472,12 @@ async def test_continuous_mode_sinks_new_commits_as_they_come_until_stopped(
         )
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
-        while CaughtUp({"live": 0}, waiting=True) not in events:  # idle before any message
-            assert time.monotonic() < deadline and not job.done(), events
-            await asyncio.sleep(0.2)
+        await caught_up(0)  # idle before any message
         await publish_raw(nc, "live", [b"a", b"b"], prefix="first")
         await rows_reach(2)
         await publish_raw(nc, "live", [b"c"], prefix="second")
         await rows_reach(3)
-        deadline = time.monotonic() + 120
-        while CaughtUp({"live": 3}, waiting=True) not in events:
-            assert time.monotonic() < deadline and not job.done(), events
-            await asyncio.sleep(0.2)
+        await caught_up(3)
     finally:
         stop.set()
         await job

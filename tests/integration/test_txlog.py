@@ -72,10 +72,11 @@ async def test_a_check_while_the_local_transaction_runs_before_it_records(db: Ba
     a, b = await db.instance(group), await db.instance(group)
     txid = uuid.uuid4().hex
     answer: list[Decision] = []
+    answered = anyio.Event()
     async with anyio.create_task_group() as tg, a.local() as local:
         await db.write(local.connection, txid)
-        tg.start_soon(lambda: _append(answer, check(b, txid)))
-        await _settled(answer, 0.5)
+        tg.start_soon(lambda: _append(answer, check(b, txid), answered))
+        await _settled(answered, 0.5)
         try:
             await a.record(local.connection, txid)
         except RolledBackByCheck:
@@ -95,11 +96,12 @@ async def test_a_check_after_the_record_waits_for_the_local_outcome(
     a, b = await db.instance(group), await db.instance(group)
     txid = uuid.uuid4().hex
     answer: list[Decision] = []
+    answered = anyio.Event()
     async with anyio.create_task_group() as tg, a.local() as local:
         await a.record(local.connection, txid)
         await db.write(local.connection, txid)
-        tg.start_soon(lambda: _append(answer, check(b, txid)))
-        await _settled(answer, 0.5)
+        tg.start_soon(lambda: _append(answer, check(b, txid), answered))
+        await _settled(answered, 0.5)
         assert answer == [], "the check answered before the local transaction ended"
         if outcome is Decision.COMMIT:
             await local.commit()
@@ -258,15 +260,15 @@ def test_the_check_schedule_never_outlasts_the_retention_age(
 # -- helpers ------------------------------------------------------------------------------
 
 
-async def _append(answers: list[Decision], answer: Any) -> None:
+async def _append(answers: list[Decision], answer: Any, answered: anyio.Event) -> None:
     answers.append(await answer)
+    answered.set()
 
 
-async def _settled(answers: list[Decision], wait: float) -> None:
+async def _settled(answered: anyio.Event, wait: float) -> None:
     """Until the check answered, or `wait` seconds (it is waiting for a lock)."""
     with anyio.move_on_after(wait):
-        while not answers:
-            await anyio.sleep(0.01)
+        await answered.wait()
 
 
 async def _now_after_a_tick() -> float:

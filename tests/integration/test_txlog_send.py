@@ -24,6 +24,7 @@ from nats.aio.client import Client
 from tests.peers.txlog_producer import TOPIC as KILL_TOPIC
 from tests.support.txlogs import Backend, SqliteBackend, backend
 from tests.support.txn import FAST, topic_ids
+from tests.support.wait import eventually
 from txactors.coordinator import CoordinatorConfig
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import ConfigError, RolledBackByCheck
@@ -54,11 +55,19 @@ async def coordinated(nc: Client) -> AsyncIterator[None]:
         yield
 
 
+async def none_open(nc: Client) -> None:
+    """Until the coordinator holds no open transaction: every one is settled."""
+    await eventually(
+        lambda: list_transactions(nc),
+        until=lambda open_ones: not open_ones,
+        timeout=SETTLE,
+        what="no open transaction",
+    )
+
+
 async def settled(nc: Client) -> set[str]:
     """The txids delivered on TOPIC once the coordinator holds no open transaction."""
-    with anyio.fail_after(SETTLE):
-        while await list_transactions(nc):
-            await anyio.sleep(0.1)
+    await none_open(nc)
     return {msg_id.split(":")[0] for msg_id in await topic_ids(nc, TOPIC)}
 
 
@@ -255,9 +264,7 @@ async def test_a_producer_killed_at_each_step_delivers_iff_it_committed(
             )
             lines = await _died(peer, mode)
             txids = {line.split()[1] for line in lines if line.startswith("TXID")}
-            with anyio.fail_after(SETTLE):
-                while await list_transactions(nc):
-                    await anyio.sleep(0.1)
+            await none_open(nc)
             delivered = {m.split(":")[0] for m in await topic_ids(nc, KILL_TOPIC)}
         committed = {txid for txid in txids if await db.committed(txid)}
         assert delivered == committed

@@ -45,9 +45,11 @@ from txactors.wire import layout
 from txactors.wire.protocol import (
     CheckTransaction,
     Ended,
+    EndedBatch,
     Error,
     ErrorCode,
     Prepared,
+    PreparedBatch,
     TransactionInfo,
     TransactionList,
 )
@@ -59,7 +61,7 @@ PROBE_DEADLINE = 10.0
 RECOVERY_DEADLINE = 20.0
 """A restarted coordinator must serve every partition again within this (lease TTL is 2 s)."""
 
-Reply = Error | Prepared | Ended | TransactionList | TransactionInfo
+Reply = Error | Prepared | Ended | TransactionList | TransactionInfo | PreparedBatch | EndedBatch
 _reply_msgpack = msgspec.msgpack.Decoder(Reply)
 _reply_json = msgspec.json.Decoder(Reply)
 _check = msgspec.msgpack.Decoder(CheckTransaction)
@@ -236,8 +238,9 @@ class FakeProducer:
 
 class BusRecorder:
     """Every message on the bus that mentions one of `markers` (in its body or a header),
-    except requests to the coordinator and answers to inboxes: what a request that was not
-    to be executed must never cause (a write to a stream is a publish too)."""
+    except requests to the coordinator, answers to inboxes and JetStream consumers'
+    deliveries (reads: they carry the stream's subject): what a request that was not to be
+    executed must never cause (a write to a stream is a publish too)."""
 
     def __init__(self, markers: list[str]) -> None:
         self.markers = [m.encode() for m in markers]
@@ -248,6 +251,8 @@ class BusRecorder:
         async def seen(msg: Msg) -> None:
             if msg.subject.startswith(("_INBOX.", "txn.coord.")):
                 return
+            if (msg.reply or "").startswith("$JS.ACK."):
+                return  # a consumer's delivery (the coordinator reading TXN_HALF), not a write
             text = msg.data + repr(msg.headers).encode()
             if any(marker in text for marker in self.markers):
                 self.seen.append(f"{msg.subject}: {msg.data[:80]!r} {msg.headers!r}"[:300])
@@ -342,9 +347,16 @@ class Harness:
         except nats.errors.NoRespondersError:
             return f"{item.label}: nobody serves {item.subject}"
         reply = decode_reply(msg.data)
-        problem = judge(item.expect, reply)
+        if item.items is not None or item.whole:
+            problem = judge_batch(item, reply)
+        else:
+            problem = judge(item.expect, reply)
         if isinstance(reply, Prepared) and item.command:
             self.ledger.store(reply.txid, _messages(item.command))
+        if isinstance(reply, PreparedBatch) and item.command:
+            for result, sent in zip(reply.results, item.command["items"], strict=False):
+                if isinstance(result, Prepared):
+                    self.ledger.store(result.txid, _messages(sent))
         return f"{item.label}: {problem}" if problem else None
 
     async def _raw(self, frame: RawFrame) -> str | None:
@@ -496,6 +508,24 @@ def judge(expect: Expect, reply: Reply | None) -> str | None:
     if wanted is not None and not (isinstance(reply, Error) and reply.code in wanted):
         return f"expected {expect.value}, got {_shown(reply)}"
     return None
+
+
+def judge_batch(item: Request, reply: Reply | None) -> str | None:
+    """What is wrong with the answer to a batch: an `Error` it may be refused with whole, or
+    one result per item, each what that item's lone command is owed."""
+    if isinstance(reply, Error) and reply.code in item.whole:
+        return None
+    if item.items is None or not isinstance(reply, PreparedBatch | EndedBatch):
+        owed = "/".join(sorted(item.whole)) or "a batch answer"
+        return f"expected {owed}, got {_shown(reply) if reply else reply!r}"
+    if len(reply.results) != len(item.items):
+        return f"{len(reply.results)} results for {len(item.items)} items"
+    problems = [
+        f"item {i}: {problem}"
+        for i, (expect, result) in enumerate(zip(item.items, reply.results, strict=True))
+        if (problem := judge(expect, result)) is not None
+    ]
+    return "; ".join(problems) or None
 
 
 def _shown(reply: Reply) -> str:

@@ -79,6 +79,10 @@ class Request:
     """The command as built, when it was one: the ledger learns what a Prepared stands for."""
     never_prepared: str | None = None
     """A txid that must not exist after the batch: this request was not to be executed."""
+    items: tuple[Expect, ...] | None = None
+    """A batch command: what each item is owed in the batch's answer, when it gets one."""
+    whole: frozenset[str] = frozenset()
+    """A batch command: the codes of an `Error` that may answer it instead (refused whole)."""
 
 
 @dataclass(frozen=True)
@@ -359,8 +363,13 @@ tokens = Spec(
 not the transaction's is `forbidden` or `not_found`, never `bad_request`."""
 
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 """docs/protocol.md#protocol-version, restated like the limits above."""
+SERVED_VERSIONS = (2, 3)
+"""A version 2 client's commands are still carried out."""
+BATCH_VERSION = 3
+"""A batch saying less is refused whole with bad_request."""
+MAX_BATCH_ITEMS = 256
 
 
 class Version(enum.Enum):
@@ -377,7 +386,8 @@ class Version(enum.Enum):
 
 
 versions: st.SearchStrategy[tuple[Version, Any]] = st.one_of(
-    *[st.just((Version.CURRENT, PROTOCOL_VERSION))] * 4,  # mostly: the other rules get a turn
+    *[st.just((Version.CURRENT, PROTOCOL_VERSION))] * 3,  # mostly: the other rules get a turn
+    st.sampled_from(SERVED_VERSIONS).map(lambda v: (Version.CURRENT, v)),
     st.just((Version.ABSENT, None)),
     st.just((Version.REMOVED, 1)),
     st.sampled_from([PROTOCOL_VERSION + 1, 2**31, 2**64 - 1]).map(lambda v: (Version.NEWER, v)),
@@ -741,6 +751,105 @@ def oneway_ends(partitions: int) -> st.SearchStrategy[Request]:
     return build()
 
 
+def prepare_items(max_payload: int, *, valid: bool = False) -> Field:
+    """A `PrepareItem`: a Prepare's txid, messages and token, well typed (a wrong type fails
+    the whole batch's decoding, which `command_requests` covers already)."""
+    item = combine(
+        txid=names("txid", TXID_POOL, valid=True),
+        messages=st.one_of(
+            listed(outgoing(max_payload, valid=True), min_size=1, max_size=2),
+            listed(outgoing(max_payload), min_size=1, max_size=2).filter(
+                lambda mv: _well_typed(mv[0])
+            ),
+            bad(st.just([])),
+        )
+        if not valid
+        else listed(outgoing(max_payload, valid=True), min_size=1, max_size=2),
+        token=tokens(valid=True),
+    )
+    txid_grammar = bad(st.sampled_from(["a b", "", "x" * 200, "a.b"]))
+    broken = st.tuples(item, txid_grammar).map(lambda t: ({**t[0][0], "txid": t[1][0]}, t[1][1]))
+    return item if valid else st.one_of(item, item, broken)
+
+
+def end_items() -> Field:
+    item = combine(
+        txid=names("txid", TXID_POOL, valid=True),
+        token=tokens(valid=True).filter(lambda tv: tv[0] is not None),
+        decision=decisions(valid=True),
+    )
+    bad_token = bad(st.sampled_from(["NOT-A-TOKEN", HEX.upper() * 2, ""]))
+    broken = st.tuples(item, bad_token).map(lambda t: ({**t[0][0], "token": t[1][0]}, t[1][1]))
+    return st.one_of(item, item, broken)
+
+
+def batch_requests(partitions: int, max_payload: int) -> st.SearchStrategy[Request]:
+    """`PrepareBatch` and `EndBatch` commands (docs/protocol.md#batches): items each owed
+    what their lone command is, or the whole batch refused (version, group, size)."""
+
+    @st.composite
+    def build(draw: st.DrawFn) -> Request:
+        verb = draw(st.sampled_from(["prepare", "end"]))
+        count = draw(st.sampled_from([1, 2, 3, 4, 4, 0, MAX_BATCH_ITEMS + 1]))
+        size = min(count, 4)
+        drawn = [
+            draw(prepare_items(max_payload) if verb == "prepare" else end_items())
+            for _ in range(size)
+        ]
+        if count > size:  # past the limit: the same item again
+            drawn += [drawn[-1]] * (count - size)
+        items = [fields for fields, _ in drawn]
+        txids = [i["txid"] for i in items if isinstance(i.get("txid"), str)]
+        partition = layout.partition_of(txids[0], partitions) if txids else 0
+        if draw(st.integers(0, 4)) == 0:
+            partition = draw(st.integers(0, partitions - 1))
+        expects = []
+        for fields, verdict in drawn:
+            expect = _expect_for(verb, fields, verdict)
+            if layout.partition_of(fields["txid"], partitions) != partition:
+                expect = Expect.BAD_REQUEST
+            expects.append(expect)
+        command: dict[str, Any] = {"type": "PrepareBatch" if verb == "prepare" else "EndBatch"}
+        whole: set[str] = set()  # what refuses the batch whole, for certain
+        if verb == "prepare":
+            group, group_verdict = draw(st.one_of(ok(st.just(GROUP)), names("group")))
+            command |= {"group": group, "producer": "fzprod"}
+            if group_verdict is Verdict.BAD:
+                whole.add("bad_request")
+            elif group != GROUP:
+                whole.add("forbidden")
+        command["items"] = items
+        version, number = draw(versions)
+        if version is not Version.ABSENT:
+            command["version"] = number
+        if not 1 <= count <= MAX_BATCH_ITEMS or number != BATCH_VERSION:
+            whole.add("bad_request")
+        payload, headers = msgspec.msgpack.encode(command), None
+        if draw(st.booleans()):
+            payload, headers = encode_json(command), dict(JSON)
+        if version in (Version.NEWER, Version.REMOVED, Version.ABSENT):  # checked first
+            decodable = _decodable(payload, headers is not None)
+            whole = {"unsupported_version" if decodable else "bad_request"}
+        # A value JSON cannot carry (a non-finite immunity) fails the whole batch's decoding.
+        lenient = {"bad_request"} if any(v is Verdict.BAD for _, v in drawn) else set()
+        oneway = verb == "end" and draw(st.integers(0, 3)) == 0
+        return Request(
+            label=f"{command['type']} of {count} ({', '.join(e.name for e in expects)}; "
+            f"{'whole: ' + '/'.join(sorted(whole)) if whole else 'items'}, "
+            f"{'json' if headers else 'mp'}{', one-way' if oneway else ''}, version {number!r})",
+            subject=(prepare_on if verb == "prepare" else end_on)(partition),
+            payload=payload,
+            expect=Expect.NO_ANSWER if oneway else Expect.ANSWER,
+            headers=headers,
+            reply="" if oneway else None,
+            command=command,
+            items=None if whole else tuple(expects),
+            whole=frozenset(whole | lenient),
+        )
+
+    return build()
+
+
 def raw_requests(partitions: int) -> st.SearchStrategy[Request]:
     """Bytes that are not a command: garbage, bad UTF-8, deep nesting, odd Content-Types."""
     subjects = st.sampled_from(
@@ -816,7 +925,11 @@ def reply_injections(partitions: int, max_payload: int, topic: str) -> st.Search
     """Any request, answered (it must not be) to a subject that is not an inbox; and a valid
     first prepare of a fresh txid so aimed, which must leave no transaction behind."""
     replies = st.sampled_from(hostile_replies(partitions, topic))
-    inner = st.one_of(command_requests(partitions, max_payload), raw_requests(partitions))
+    inner = st.one_of(
+        command_requests(partitions, max_payload),
+        raw_requests(partitions),
+        batch_requests(partitions, max_payload),
+    )
     anything = st.builds(
         lambda r, reply: Request(
             f"reply={reply} on {r.label}",
@@ -968,6 +1081,7 @@ def fuzz_inputs(
     return st.one_of(
         commands,
         commands,
+        batch_requests(partitions, max_payload),
         raw_requests(partitions),
         reply_injections(partitions, max_payload, topic),
         oneway_ends(partitions),

@@ -4,7 +4,10 @@ It keeps everything it is told (`Recorder.heard`: a checker's `Due`, say) and an
 prepares and ends as the protocol says a partition does (a token per transaction, one
 sequence number per message, a decision kept once made), with knobs to make it refuse.
 Served on the bus by `serving_partitions`, it stands in for the coordinator of a
-producer's tests; spawned alone, it is the owner a checker reports to.
+producer's tests; spawned alone, it is the owner a checker reports to. It answers the batch
+verbs item by item as a coordinator does (each item exactly as it would be answered alone),
+or, told to, as an older coordinator: batches refused `unknown_command` (`batches=False`), or
+version 3 refused `unsupported_version` (`speaks=2`).
 """
 
 from __future__ import annotations
@@ -17,20 +20,27 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 from nats.aio.client import Client
 
 from txactors.actors import Actor, ActorSystem, serve
 from txactors.coordinator.cluster.agreement import agree_partition_count, meta_bucket
 from txactors.wire.layout import end_filter, prepare_filter
 from txactors.wire.protocol import (
+    PROTOCOL_VERSION,
+    Command,
     CoordinatorCommand,
     Decision,
+    EndBatch,
     Ended,
+    EndedBatch,
     EndTransaction,
     Error,
     ErrorCode,
     Prepare,
+    PrepareBatch,
     Prepared,
+    PreparedBatch,
 )
 
 STATE_AFTER = {
@@ -46,6 +56,16 @@ class Recorder:
 
     refuse_prepare: Callable[[Prepare], Error | None] = lambda _: None
     refuse_end: Error | None = None
+    batches: bool = True
+    """False: batches are refused `unknown_command`, as by a coordinator without them."""
+    speaks: int = PROTOCOL_VERSION
+    """The newest version answered; a newer one is refused `unsupported_version`."""
+    max_batch_items: int = 256
+    """A batch with more items is refused whole (`bad_request`), as by the coordinator."""
+    gate: anyio.Event | None = None
+    """When set, every command waits for it before it is answered (requests pile up)."""
+    requests: list[tuple[str, int]] = field(default_factory=list)
+    """Every command received: its type and how many transactions it carried."""
     prepares: list[tuple[int, Prepare]] = field(default_factory=list)
     ends: list[EndTransaction] = field(default_factory=list)
     heard: list[Any] = field(default_factory=list)
@@ -61,12 +81,57 @@ class FakePartition(Actor):
         self.recorder = recorder
         self.partition = partition
 
-    async def receive(self, message: Any) -> Prepared | Ended | Error | None:
-        if isinstance(message, Prepare):
-            return self._prepare(message)
-        if isinstance(message, EndTransaction):
-            return self._end(message)
-        self.recorder.heard.append(message)
+    async def receive(self, message: Any) -> Any:
+        r = self.recorder
+        if not isinstance(message, Command):
+            r.heard.append(message)
+            return None
+        batch = isinstance(message, PrepareBatch | EndBatch)
+        r.requests.append((type(message).__name__, len(message.items) if batch else 1))
+        if r.gate is not None:
+            await r.gate.wait()
+        if message.version > r.speaks:
+            return Error(ErrorCode.UNSUPPORTED_VERSION, f"version {message.version} is too new")
+        if batch and not r.batches:
+            return Error(ErrorCode.UNKNOWN_COMMAND, f"unknown command {type(message).__name__!r}")
+        if batch and len(message.items) > r.max_batch_items:
+            return Error(ErrorCode.BAD_REQUEST, f"$.items: 1 to {r.max_batch_items} items")
+        match message:
+            case Prepare():
+                return self._prepare(message)
+            case EndTransaction():
+                return self._end(message)
+            case PrepareBatch():
+                return PreparedBatch(
+                    results=[
+                        self._prepare(
+                            Prepare(
+                                txid=item.txid,
+                                group=message.group,
+                                producer=message.producer,
+                                messages=item.messages,
+                                token=item.token,
+                                version=message.version,
+                            )
+                        )
+                        for item in message.items
+                    ]
+                )
+            case EndBatch():
+                return EndedBatch(
+                    results=[
+                        self._end(
+                            EndTransaction(
+                                txid=item.txid,
+                                token=item.token,
+                                decision=item.decision,
+                                version=message.version,
+                            )
+                        )
+                        for item in message.items
+                    ]
+                )
+        r.heard.append(message)
         return None
 
     def _prepare(self, message: Prepare) -> Prepared | Error:

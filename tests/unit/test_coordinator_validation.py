@@ -3,6 +3,7 @@ accepts fits every limit further down (headers, payload, subjects)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import re
@@ -16,13 +17,19 @@ from hypothesis import strategies as st
 from txactors.coordinator.boundary import (
     HEADER_RESERVE,
     MAX_HALF_HEADER_BYTES,
+    MAX_ITEM_ERROR_CHARS,
     MAX_KEY_LENGTH,
     MAX_PROPERTY_NAME_LENGTH,
     Boundary,
+    answerable_items,
     check_answer_problem,
+    ends_of,
     half_header_bytes,
+    item_error,
+    prepares_of,
 )
 from txactors.coordinator.core import tokens
+from txactors.coordinator.core.states import Gone, TxnState
 from txactors.wire import layout
 from txactors.wire.framing import JETSTREAM_MAX_HEADER_BYTES
 from txactors.wire.protocol import (
@@ -34,12 +41,20 @@ from txactors.wire.protocol import (
     CoordinatorCommand,
     Decision,
     Encoding,
+    EndBatch,
+    Ended,
+    EndedBatch,
+    EndItem,
     EndTransaction,
     Error,
     ErrorCode,
     ListTransactions,
     OutgoingMessage,
     Prepare,
+    PrepareBatch,
+    Prepared,
+    PreparedBatch,
+    PrepareItem,
     ResumeTransaction,
     RollbackTransaction,
     ShowTransaction,
@@ -647,3 +662,123 @@ def test_a_version_1_command_is_refused_with_unsupported_version(encoding: Encod
             assert f"send version {PROTOCOL_VERSION}" in answer.message
     current = codec.decode(encode({**end, "version": PROTOCOL_VERSION}, encoding), encoding)
     assert isinstance(current, EndTransaction)
+
+
+# -- batches ----------------------------------------------------------------------------------
+
+
+def prepare_batch(*items: PrepareItem, **fields: Any) -> PrepareBatch:
+    defaults: dict[str, Any] = {"group": "g", "producer": "p1", "version": PROTOCOL_VERSION}
+    return PrepareBatch(**(defaults | fields), items=list(items))
+
+
+def end_batch(*txids: str, version: int = PROTOCOL_VERSION) -> EndBatch:
+    items = [EndItem(txid=t, token=TOKEN, decision=Decision.COMMIT) for t in txids]
+    return EndBatch(version=version, items=items)
+
+
+def test_a_batch_is_checked_whole_before_its_items() -> None:
+    ok = PrepareItem(txid="t1", messages=[message()])
+    boundary = dataclasses.replace(BOUNDARY, max_batch_items=3)
+    cases: list[tuple[Any, str, str]] = [
+        (prepare_batch(ok, version=OLDEST_VERSION), "bad_request", "$.version: 3 or later"),
+        (end_batch("t1", version=OLDEST_VERSION), "bad_request", "$.version: 3 or later"),
+        (prepare_batch(ok, group="a b"), "bad_request", "$.group:"),
+        (prepare_batch(ok, producer=""), "bad_request", "$.producer:"),
+        (prepare_batch(), "bad_request", "$.items: 1 to 3 items"),
+        (prepare_batch(ok, ok, ok, ok), "bad_request", "$.items: 1 to 3 items"),
+        (end_batch("t1", "t2", "t3", "t4"), "bad_request", "$.items: 1 to 3 items"),
+        (prepare_batch(ok, version=PROTOCOL_VERSION + 1), "unsupported_version", ""),
+    ]
+    for command, code, start in cases:
+        error = boundary.refusal(command, max_payload=MAX_PAYLOAD)
+        assert error is not None and error.code == code, (command, error)
+        assert error.message.startswith(start), error.message
+    other = boundary.refusal(
+        prepare_batch(ok, group="h"), max_payload=MAX_PAYLOAD, subject="txn.coord.0.prepare.g"
+    )
+    assert other is not None and other.code == "forbidden"
+    bad_items = prepare_batch(PrepareItem(txid="a b", messages=[]), ok, ok)
+    assert boundary.refusal(bad_items, max_payload=MAX_PAYLOAD) is None, "items: one by one"
+    assert boundary.refusal(end_batch("a b", "t1"), max_payload=MAX_PAYLOAD) is None
+
+
+def test_each_item_is_the_lone_command_it_stands_for() -> None:
+    batch = prepare_batch(
+        PrepareItem(txid="t1", messages=[message()]),
+        PrepareItem(txid="a b", messages=[message()], token=TOKEN),
+        PrepareItem(txid="t2", messages=[]),
+    )
+    lone = prepares_of(batch)
+    assert lone[1] == prepare(message(), txid="a b", token=TOKEN)
+    assert [refusal(p) for p in lone] == [
+        None,
+        refusal(prepare(message(), txid="a b")),
+        "$.messages: 1 to 3 messages per prepare",
+    ]
+    ends = ends_of(end_batch("t1", "a b"))
+    assert ends[0] == EndTransaction(
+        txid="t1", token=TOKEN, decision=Decision.COMMIT, version=PROTOCOL_VERSION
+    )
+    assert refusal(ends[1]) is not None
+
+
+def test_an_item_error_is_cut_to_its_bound() -> None:
+    short = Error(ErrorCode.FORBIDDEN, "wrong token")
+    assert item_error(short) is short
+    cut = item_error(Error(ErrorCode.BAD_REQUEST, "x" * 10_000, 0.5))
+    assert len(cut.message) == MAX_ITEM_ERROR_CHARS and cut.message.endswith("...")
+    assert (cut.code, cut.retry_after) == (ErrorCode.BAD_REQUEST, 0.5)
+
+
+seqs = st.integers(1, 2**64 - 1)
+texts = st.text(max_size=2 * MAX_ITEM_ERROR_CHARS) | st.just("\x00" * 2 * MAX_ITEM_ERROR_CHARS)
+errors = st.builds(
+    lambda code, text, after: item_error(Error(code, text, after)),
+    st.sampled_from(list(ErrorCode)),
+    texts,
+    st.none() | st.floats(),
+)
+txids = st.text("abcXYZ019_-", min_size=1, max_size=layout.NAME_MAX_LENGTH["txid"])
+
+
+@st.composite
+def answered_prepare_batches(draw: st.DrawFn) -> tuple[PrepareBatch, PreparedBatch]:
+    """A batch and any answer it may get: per item, an error or one sequence per message."""
+    counts = draw(st.lists(st.integers(1, 40), min_size=1, max_size=8))
+    items = [PrepareItem(txid="t", messages=[message()] * n) for n in counts]
+    results: list[Prepared | Error] = [
+        draw(
+            errors
+            | st.builds(
+                Prepared,
+                txid=txids,
+                token=st.just(TOKEN),
+                seqs=st.lists(seqs, min_size=n, max_size=n),
+            )
+        )
+        for n in counts
+    ]
+    return prepare_batch(*items), PreparedBatch(results=results)
+
+
+@st.composite
+def answered_end_batches(draw: st.DrawFn) -> tuple[EndBatch, EndedBatch]:
+    states = st.sampled_from([*TxnState, *Gone]).map(str)
+    results: list[Ended | Error] = draw(
+        st.lists(errors | st.builds(Ended, txid=txids, state=states), min_size=1, max_size=8)
+    )
+    return end_batch(*["t"] * len(results)), EndedBatch(results=results)
+
+
+@settings(max_examples=200, deadline=None)
+@given(answered_prepare_batches() | answered_end_batches(), st.sampled_from(list(Encoding)))
+def test_a_batch_is_answerable_only_if_any_answer_it_may_get_fits(
+    answered: tuple[Any, Any], encoding: Encoding
+) -> None:
+    """`answerable_items` counts each item at its longest answer: given exactly the room its
+    actual answer takes, never less, every item is answerable; given a byte less than the
+    bound, not all are."""
+    batch, answer = answered
+    size = len(encode(answer, encoding))
+    assert answerable_items(batch, 40, size - 1) < len(batch.items)

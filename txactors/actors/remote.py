@@ -37,7 +37,7 @@ from txactors.wire.protocol import (
 
 log = get_logger(__name__)
 
-_REPLY_HEADROOM = 512
+REPLY_HEADROOM = 512
 """Bytes of `max_payload` kept for the reply's headers and subject."""
 
 
@@ -60,7 +60,7 @@ class NatsReply:
                 Error(ErrorCode.INTERNAL, f"the reply could not be encoded: {error}"),
                 self._encoding,
             )
-        room = self._nc.max_payload - _REPLY_HEADROOM
+        room = self._nc.max_payload - REPLY_HEADROOM
         if len(payload) > room:
             # NATS would refuse it and the requester would only see a timeout.
             log.warning("reply_too_large", reply_type=type(value).__name__, size=len(payload))

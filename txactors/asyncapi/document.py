@@ -102,6 +102,8 @@ def _channel(address: str | None, description: str, *names: str) -> dict[str, An
 _REPLIES: Final = (
     "Prepared",
     "Ended",
+    "PreparedBatch",
+    "EndedBatch",
     "TransactionList",
     "TransactionInfo",
     "CheckResult",
@@ -120,15 +122,17 @@ def channels() -> dict[str, Any]:
     return {
         "prepare": _channel(
             layout.prepare_subject(_PARTITION, "{group}"),
-            "Store half messages (core NATS request/reply); `{group}` is the prepare's group, "
-            "or the prepare is refused `forbidden`.",
+            "Store half messages (core NATS request/reply), of one transaction or a batch of "
+            "them; `{group}` is the prepare's group, or the prepare is refused `forbidden`.",
             "Prepare",
+            "PrepareBatch",
         ),
         "end": _channel(
             layout.end_subject(_PARTITION, "{group}"),
-            "Commit, roll back or leave a transaction to its check-back; `{group}` is the "
-            "transaction's group.",
+            "Commit, roll back or leave a transaction (or a batch of them) to its check-back; "
+            "`{group}` is the transaction's group.",
             "EndTransaction",
+            "EndBatch",
         ),
         "admin": _channel(
             layout.admin_subject(_PARTITION),
@@ -225,6 +229,22 @@ def operations() -> dict[str, Any]:
             "description": "Carried out like an acknowledged end, never answered (errors are "
             "counted by the coordinator); the check-back settles an end that was lost.",
             "messages": [_ref("end", "EndTransaction")],
+        },
+        "prepareBatch": _request(
+            "prepare",
+            "A producer stores the messages of several transactions in one request.",
+            "PrepareBatch",
+            "PreparedBatch",
+        ),
+        "endBatch": _request(
+            "end", "A producer ends several transactions in one request.", "EndBatch", "EndedBatch"
+        ),
+        "endBatchOneway": {
+            "action": "send",
+            "channel": {"$ref": "#/channels/end"},
+            "summary": "A producer ends several transactions without a reply subject.",
+            "description": "Each item is carried out like a one-way end, never answered.",
+            "messages": [_ref("end", "EndBatch")],
         },
         "listTransactions": _request(
             "admin", "List open and discarded transactions.", "ListTransactions", "TransactionList"

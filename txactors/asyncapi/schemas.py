@@ -31,6 +31,10 @@ STRUCTS: Final = (
     protocol.Prepared,
     protocol.EndTransaction,
     protocol.Ended,
+    protocol.PrepareBatch,
+    protocol.PreparedBatch,
+    protocol.EndBatch,
+    protocol.EndedBatch,
     protocol.CheckTransaction,
     protocol.CheckResult,
     protocol.ListTransactions,
@@ -60,16 +64,24 @@ def _limits() -> dict[tuple[str, str], dict[str, Any]]:
     text = {"description": validation.TEXT_GRAMMAR}
     states = {"enum": [s.value for s in TxnState]}
     options, config = CoordinatorOptions(), CoordinatorConfig()
+    messages = {
+        "minItems": 1,
+        "description": "At most the coordinator's max_messages_per_prepare "
+        f"({options.max_messages_per_prepare} by default).",
+    }
+    batch_items = {
+        "minItems": 1,
+        "description": "At most the coordinator's max_batch_items "
+        f"({options.max_batch_items} by default), and no more than the server's max_payload "
+        "can answer (docs/protocol.md#batches). Each item is checked and carried out as the "
+        "lone command it stands for, and refused alone.",
+    }
     return {
         ("Prepare", "txid"): name_schema("txid"),
         ("Prepare", "group"): name_schema("group"),
         ("Prepare", "producer"): name_schema("producer"),
         ("Prepare", "token"): token,
-        ("Prepare", "messages"): {
-            "minItems": 1,
-            "description": "At most the coordinator's max_messages_per_prepare "
-            f"({options.max_messages_per_prepare} by default).",
-        },
+        ("Prepare", "messages"): messages,
         ("OutgoingMessage", "topic"): name_schema("topic"),
         ("OutgoingMessage", "tag"): {**name_schema("tag"), "not": {"const": layout.NO_TAG}},
         ("OutgoingMessage", "keys"): {
@@ -93,6 +105,15 @@ def _limits() -> dict[tuple[str, str], dict[str, Any]]:
         ("Prepared", "seqs"): {"items": {"minimum": 1}},
         ("EndTransaction", "txid"): name_schema("txid"),
         ("EndTransaction", "token"): token,
+        ("PrepareBatch", "group"): name_schema("group"),
+        ("PrepareBatch", "producer"): name_schema("producer"),
+        ("PrepareBatch", "items"): batch_items,
+        ("PrepareItem", "txid"): name_schema("txid"),
+        ("PrepareItem", "token"): token,
+        ("PrepareItem", "messages"): messages,
+        ("EndBatch", "items"): batch_items,
+        ("EndItem", "txid"): name_schema("txid"),
+        ("EndItem", "token"): token,
         ("Ended", "state"): states,
         ("CheckTransaction", "check_id"): {"minimum": 0},
         ("CheckTransaction", "check_times"): {"minimum": 0},
@@ -121,6 +142,16 @@ def _limits() -> dict[tuple[str, str], dict[str, Any]]:
             }
             for command in STRUCTS
             if issubclass(command, protocol.Command)
+        },
+        **{
+            (batch.__name__, "version"): {
+                "minimum": protocol.BATCH_VERSION,
+                "maximum": protocol.PROTOCOL_VERSION,
+                "description": f"At least {protocol.BATCH_VERSION}, the version that brought "
+                "the batch verbs (below it: `bad_request`; absent, 1 or newer than the "
+                "coordinator: `unsupported_version`).",
+            }
+            for batch in (protocol.PrepareBatch, protocol.EndBatch)
         },
         ("TransactionInfo", "state"): states,
         ("TransactionInfo", "discard_reason"): {"enum": [r.value for r in DiscardReason]},

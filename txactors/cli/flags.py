@@ -21,5 +21,6 @@ def _display_type(option: TyperOption, ctx: Any) -> str | None:
 
 
 def show_flags_without_a_type() -> None:
-    """Applied once, when `txactors.cli` is imported (by `txactors` and the demos' commands)."""
+    """Applied by each entry point: on importing `txactors.cli` (`txactors`, the demos'
+    commands) and by `python -m spark_sinks`."""
     setattr(TyperOption, "display_type_rich", _display_type)  # noqa: B010 (a method, patched)

@@ -1,8 +1,9 @@
 """The coordinator's one input boundary: what it accepts from the bus, checked before it acts.
 
-Every verb a coordinator serves (`Prepare`, `EndTransaction`, the admin commands) and every
-answer a producer sends back to a check-back (`CheckResult`) passes through here, after msgspec
-has checked the types (protocol.Codec) and before anything is written. What is not allowed is
+Every verb a coordinator serves (`Prepare`, `EndTransaction`, their batches `PrepareBatch`
+and `EndBatch`, the admin commands) and every answer a producer sends back to a check-back
+(`CheckResult`) passes through here, after msgspec has checked the types (protocol.Codec) and
+before anything is written. What is not allowed is
 refused with `bad_request`, the field's path (`$.messages[2].properties['a b']`) and what is
 allowed; nothing is trimmed, clamped or rewritten. What a well-formed request may not do is
 refused with `forbidden`: a prepare or end on another producer group's subject
@@ -10,8 +11,11 @@ refused with `forbidden`: a prepare or end on another producer group's subject
 under a tenant policy (`group_topics`), into a topic its group was not given. The limits are
 chosen so that whatever passes can be stored, published, checked back and discarded without the
 broker refusing it later (a record the broker refuses would stop a partition for good); the
-table in docs/protocol.md lists them. Pure, no I/O: tests/unit/test_coordinator_validation.py drives
-it with Hypothesis.
+table in docs/protocol.md lists them. A batch is checked as a whole first (its version, names,
+subject, item count, and that its one answer fits in `max_payload` whatever each item's
+answer turns out to be); then each item, as the `Prepare` or `EndTransaction` it stands for
+(`prepares_of`, `ends_of`), goes through the same checks as a lone one and is refused alone.
+Pure, no I/O: tests/unit/test_coordinator_validation.py drives it with Hypothesis.
 """
 
 from __future__ import annotations
@@ -23,17 +27,23 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from txactors.actors.remote import REPLY_HEADROOM
 from txactors.coordinator.core import tokens
-from txactors.coordinator.core.states import TxnState
+from txactors.coordinator.core.states import Gone, TxnState
 from txactors.coordinator.partition.store import half_headers, stored_half
 from txactors.errors import TxActorsError
 from txactors.wire import layout
 from txactors.wire.framing import JETSTREAM_MAX_HEADER_BYTES, header_block_bytes
 from txactors.wire.protocol import (
+    BATCH_VERSION,
     OLDEST_VERSION,
     PROTOCOL_VERSION,
     CheckResult,
     Command,
+    Encoding,
+    EndBatch,
+    Ended,
+    EndedBatch,
     EndTransaction,
     Error,
     ErrorCode,
@@ -41,7 +51,11 @@ from txactors.wire.protocol import (
     OperatorDecision,
     OutgoingMessage,
     Prepare,
+    PrepareBatch,
+    Prepared,
+    PreparedBatch,
     ShowTransaction,
+    encode,
     unsupported_version,
 )
 
@@ -69,6 +83,36 @@ _WORST_BORN: Final = -sys.float_info.max
 _WORST_INDEX: Final = 2**63 - 1
 _WORST_DIGEST: Final = tokens.digest("0" * 32)
 
+MAX_ITEM_ERROR_CHARS: Final = 300
+"""An item's `Error.message` in a batch answer is cut to this many characters (`item_error`),
+so that the size of the answer is known before any item is carried out."""
+
+
+def _longest(value: object) -> int:
+    """Encoded bytes of `value` in the longer of the two encodings."""
+    return max(len(encode(value, encoding)) for encoding in Encoding)
+
+
+_WORST_TXID: Final = "x" * layout.NAME_MAX_LENGTH["txid"]
+_ARRAY_HEADER: Final = 4
+"""Bytes an array header may grow by (msgpack's `array 32` against the empty array's 1)."""
+_WORST_ERROR: Final = _longest(
+    Error(
+        max(ErrorCode, key=len),
+        "\x00" * MAX_ITEM_ERROR_CHARS,  # a control character: 6 bytes in JSON (\u0000)
+        _WORST_BORN,
+    )
+)
+_WORST_ENDED: Final = _longest(Ended(txid=_WORST_TXID, state=max([*TxnState, *Gone], key=len)))
+_PREPARED_BASE: Final = (
+    _longest(Prepared(txid=_WORST_TXID, token="0" * 32, seqs=[])) + _ARRAY_HEADER
+)
+_SEQ_BYTES: Final = _longest(2**64 - 1) + 1
+"""One stream sequence of `Prepared.seqs` at its longest, and its separator."""
+_BATCH_BASE: Final = (
+    max(_longest(PreparedBatch(results=[])), _longest(EndedBatch(results=[]))) + _ARRAY_HEADER
+)
+
 
 class _Refused(TxActorsError):
     """Private control flow: caught in `Boundary.refusal`, which answers with an `Error`."""
@@ -87,6 +131,7 @@ class Boundary:
     partitions: int
     max_messages: int
     max_immunity: float
+    max_batch_items: int = 256
     group_topics: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """The tenant policy (CoordinatorOptions.group_topics); empty: any group, any topic."""
 
@@ -122,6 +167,8 @@ class Boundary:
                     self._check_txid(command.txid)
                     _check_token("$.token", command.token)
                     _check_end_group(command.txid, group_of(command.txid), subject)
+                case PrepareBatch() | EndBatch():
+                    self._check_batch(command, max_payload, subject)
                 case ListTransactions():
                     _check_listing(command)
                 case ShowTransaction():
@@ -137,18 +184,37 @@ class Boundary:
             return Error(refused.code, str(refused))
         return None
 
+    def _check_batch(
+        self, batch: PrepareBatch | EndBatch, max_payload: int, subject: str | None
+    ) -> None:
+        """What holds for a batch as a whole (its items are checked one by one later)."""
+        if batch.version < BATCH_VERSION:
+            raise _Refused(
+                "$.version",
+                f"{BATCH_VERSION} or later: {type(batch).__name__} came with protocol version "
+                f"{BATCH_VERSION}, not {batch.version}",
+            )
+        if isinstance(batch, PrepareBatch):
+            _check_name("$.group", "group", batch.group)
+            _check_name("$.producer", "producer", batch.producer)
+            _check_sent_as(batch.group, subject)
+        count = len(batch.items)
+        if not 1 <= count <= self.max_batch_items:
+            raise _Refused("$.items", f"1 to {self.max_batch_items} items per batch, not {count}")
+        room = max_payload - REPLY_HEADROOM
+        answerable = answerable_items(batch, self.max_messages, room)
+        if answerable < count:
+            raise _Refused(
+                "$.items",
+                f"the answer to {count} items could take more than the {room} bytes a reply "
+                f"may carry here (the server's max_payload {max_payload} less "
+                f"{REPLY_HEADROOM}); send at most the first {answerable} in one batch",
+            )
+
     def _check_tenant(self, prepare: Prepare, subject: str | None) -> None:
         """The group the subject names (what NATS let the sender publish) is the prepare's,
         and the policy gives that group every topic the prepare names."""
-        sent_as = _sent_as(subject)
-        if sent_as is not None and sent_as != prepare.group:
-            raise _Refused(
-                "$.group",
-                f"the prepare is for group {_quoted(prepare.group)} but came on the subject "
-                f"of group {_quoted(sent_as)}: a group prepares only on "
-                "txn.coord.<partition>.prepare.<its group>",
-                ErrorCode.FORBIDDEN,
-            )
+        _check_sent_as(prepare.group, subject)
         if not self.group_topics:
             return
         allowed = self.group_topics.get(prepare.group)
@@ -246,6 +312,73 @@ def _sent_as(subject: str | None) -> str | None:
     """The group NATS let the sender publish as (None: from this process, or on a deprecated
     group-less subject, which only a tenant policy polices)."""
     return layout.subject_group(subject) if subject is not None else None
+
+
+def _check_sent_as(group: str, subject: str | None) -> None:
+    """A prepare (or a batch of them) comes on the subject of its own group."""
+    sent_as = _sent_as(subject)
+    if sent_as is not None and sent_as != group:
+        raise _Refused(
+            "$.group",
+            f"the prepare is for group {_quoted(group)} but came on the subject "
+            f"of group {_quoted(sent_as)}: a group prepares only on "
+            "txn.coord.<partition>.prepare.<its group>",
+            ErrorCode.FORBIDDEN,
+        )
+
+
+def answerable_items(batch: PrepareBatch | EndBatch, max_messages: int, room: int) -> int:
+    """How many of the batch's first items can be answered in one reply of `room` bytes, in
+    either encoding, each answer counted at its longest: an `Error` (its message cut by
+    `item_error`), or a `Prepared` with one sequence per message (an item with more than
+    `max_messages` is answered with an error)."""
+    if isinstance(batch, EndBatch):
+        sizes = [max(_WORST_ERROR, _WORST_ENDED) + 1] * len(batch.items)
+    else:
+        sizes = [
+            max(_WORST_ERROR, _PREPARED_BASE + _SEQ_BYTES * min(len(i.messages), max_messages)) + 1
+            for i in batch.items
+        ]
+    size = _BATCH_BASE
+    for answered, item_size in enumerate(sizes):
+        size += item_size
+        if size > room:
+            return answered
+    return len(batch.items)
+
+
+def item_error(error: Error) -> Error:
+    """`error` as an item of a batch answer carries it: its message at most
+    MAX_ITEM_ERROR_CHARS long (what `answerable_items` counted on)."""
+    if len(error.message) <= MAX_ITEM_ERROR_CHARS:
+        return error
+    cut = f"{error.message[: MAX_ITEM_ERROR_CHARS - 3]}..."
+    return Error(error.code, cut, error.retry_after)
+
+
+def prepares_of(batch: PrepareBatch) -> list[Prepare]:
+    """The `Prepare` each item stands for: checked and carried out as a lone one would be."""
+    return [
+        Prepare(
+            version=batch.version,
+            txid=item.txid,
+            group=batch.group,
+            producer=batch.producer,
+            messages=item.messages,
+            token=item.token,
+        )
+        for item in batch.items
+    ]
+
+
+def ends_of(batch: EndBatch) -> list[EndTransaction]:
+    """The `EndTransaction` each item stands for."""
+    return [
+        EndTransaction(
+            version=batch.version, txid=item.txid, token=item.token, decision=item.decision
+        )
+        for item in batch.items
+    ]
 
 
 def _check_end_group(txid: str, group: str | None, subject: str | None) -> None:

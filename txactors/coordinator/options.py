@@ -31,6 +31,10 @@ class CoordinatorOptions(msgspec.Struct, frozen=True, kw_only=True):
     """How long a topic stream drops a re-published `Nats-Msg-Id`: must cover recovery."""
     max_messages_per_prepare: int = 1000
     """Most messages one prepare may carry; a larger one is refused."""
+    max_batch_items: int = 256
+    """Most transactions one `PrepareBatch` or `EndBatch` may carry; a larger batch is
+    refused whole (fewer still when the server's max_payload could not carry the answer
+    to every item at its longest)."""
     lease_ttl: float = 10.0
     """A dead coordinator's partitions are taken over within this many seconds."""
     max_partitions: int = 1 << 16
@@ -74,6 +78,8 @@ class CoordinatorOptions(msgspec.Struct, frozen=True, kw_only=True):
             )
             if problem is not None:
                 raise ConfigError(f"group_topics: {problem}")
+        if self.max_batch_items < 1:
+            raise ConfigError("max_batch_items must be >= 1")
         if self.max_prefix_topics < 1:
             raise ConfigError("max_prefix_topics must be >= 1")
         for group, topics in self.consumer_groups.items():

@@ -48,12 +48,19 @@ from txactors.coordinator.partition.tenants import (
     declare_consumer_streams,
     tenant_groups,
 )
+from txactors.coordinator.writers import shared_writers
 from txactors.nats.client import raising_connection_lost, watch_connection
 from txactors.observe.logs import get_logger
 from txactors.observe.metrics import CoordinatorMetrics
 from txactors.wire import layout
 from txactors.wire.inbox import normalize_prefix
-from txactors.wire.protocol import AdminCommand, EndTransaction, Prepare
+from txactors.wire.protocol import (
+    AdminCommand,
+    EndBatch,
+    EndTransaction,
+    Prepare,
+    PrepareBatch,
+)
 
 MAILBOX_SIZE = 8192
 RENEW_FRACTION = 1 / 3
@@ -279,8 +286,8 @@ class _PartitionKeeper:
         subscriptions = [
             await serve(self._nc, ref, subject, accepts, replies=self._replies)
             for subject, accepts in (
-                (layout.prepare_filter(partition), Prepare),
-                (layout.end_filter(partition), EndTransaction),
+                (layout.prepare_filter(partition), Prepare | PrepareBatch),
+                (layout.end_filter(partition), EndTransaction | EndBatch),
                 (layout.admin_subject(partition), AdminCommand),
             )
         ]
@@ -351,7 +358,11 @@ async def run_coordinator(
         on_refused=metrics.refused_replies.inc if metrics is not None else None,
     )
     with raising_connection_lost():
-        async with ActorSystem("coordinator") as system, anyio.create_task_group() as tasks:
+        async with (
+            shared_writers(nc, js, options) as writers,  # outlive the partitions that use them
+            ActorSystem("coordinator") as system,
+            anyio.create_task_group() as tasks,
+        ):
 
             def make_partition(partition: int) -> PartitionCoordinator:
                 return PartitionCoordinator(
@@ -362,6 +373,7 @@ async def run_coordinator(
                     partition=partition,
                     config=config,
                     options=options,
+                    writers=writers,
                     clock=clock,
                     on_discard=on_discard,
                     metrics=metrics,

@@ -20,9 +20,11 @@ a whole batch if any of its `Nats-Msg-Id`s is already stored (a re-sent batch wh
 attempt did land), or if one message is refused: then each append of it is written alone,
 where a duplicate is answered with its first sequence and a bad one is refused by itself.
 A permanent error (too large, stream gone or refusing the write) is not retried: the append
-is handed to `quarantine` and reported as `None`, so the partition goes on. A writer given
-`redeclare` (a topic's) instead declares a stream that is gone again and retries: what it
-writes is committed, and must not be put aside because an operator dropped the stream.
+is handed to its job's `quarantine` and reported as `None`, so the partition goes on (the
+partitions of a coordinator process share a writer per stream, `coordinator/writers.py`:
+each job brings its own report and quarantine). A writer given `redeclare` (a topic's)
+instead declares a stream that is gone again and retries: what it writes is committed, and
+must not be put aside because an operator dropped the stream.
 Nothing is reported before its append is settled. While a fault lasts, `trouble` says why,
 so the partition can tell producers when to come back rather than queue more behind it.
 """
@@ -97,6 +99,8 @@ Redeclare = Callable[[Append], Awaitable[None]]
 @dataclass(slots=True)
 class _Slot:
     append: Append
+    quarantine: Quarantine
+    """Where this append goes if JetStream refuses it for good (its submitter's)."""
     batch: _Batch | None = None
     """The write that carries this append, once issued."""
     settled: bool = False
@@ -130,7 +134,6 @@ class PipelinedWriter:
         self,
         nc: Client,
         js: JetStreamContext,
-        quarantine: Quarantine,
         *,
         max_in_flight: int = MAX_WRITES_IN_FLIGHT,
         linger: float = 0.0,
@@ -138,7 +141,6 @@ class PipelinedWriter:
     ) -> None:
         self._nc = nc
         self._js = js
-        self._quarantine = quarantine
         self._redeclare = redeclare
         self._max_in_flight = max_in_flight
         self._linger = linger
@@ -166,16 +168,20 @@ class PipelinedWriter:
         """The wait before the next retry while in `trouble`: a hint for producers."""
 
     def submit(
-        self, appends: list[Append], report: Callable[[list[PubAck | None]], Awaitable[None]]
+        self,
+        appends: list[Append],
+        report: Callable[[list[PubAck | None]], Awaitable[None]],
+        quarantine: Quarantine,
     ) -> None:
-        """Queue the appends; `report(acks)` runs once all are settled (None: quarantined).
+        """Queue the appends; `report(acks)` runs once all are settled (None: handed to
+        `quarantine`). `report` must not raise: the writer serves every submitter.
 
         Never waits, so an actor may submit in the middle of a step. They go out at once
         (the issuer's next turn) if no write awaits its ack; if fewer than `max_in_flight`
         do, once the oldest queued append has lingered `linger` seconds; else with the next
         write. While the connection is down nothing is issued.
         """
-        job = _Job([_Slot(a) for a in appends], report)
+        job = _Job([_Slot(a, quarantine) for a in appends], report)
         if not self._queued:
             self._oldest = time.monotonic()
         self._jobs.append(job)
@@ -350,7 +356,7 @@ class PipelinedWriter:
             return
         slot = batch.slots[0]
         if await self._permanent(slot.append, error):
-            await self._quarantine(slot.append, describe(error))
+            await slot.quarantine(slot.append, describe(error))
             slot.settled = True
             return
         raise Troubled(describe(error))
@@ -374,7 +380,7 @@ class PipelinedWriter:
         except (*LINK_TROUBLE, LinkLost) as error:
             if not await self._permanent(a, error):
                 raise Troubled(describe(error)) from error
-            await self._quarantine(a, describe(error))
+            await slot.quarantine(a, describe(error))
         slot.settled = True
 
     async def _permanent(self, append: Append, error: BaseException) -> bool:

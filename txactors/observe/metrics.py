@@ -2,8 +2,9 @@
 
 The coordinator's counts come straight from each partition's `TransactionTable.counters` at
 scrape time (a custom collector), so the hot path pays nothing for them. Two things only the
-actor sees are recorded as they happen: how long a commit took, and duplicate check-backs (a
-check sent while another for the same transaction is in flight), which must stay 0.
+actor sees are recorded as they happen: how long a commit took, duplicate check-backs (a
+check sent while another for the same transaction is in flight), which must stay 0, and how
+many transactions each batch request carried.
 A consumer records its lag, retries, dead letters and handler latency as they happen.
 
 Every series is exported from the moment its partition or consumer is tracked, zeros
@@ -42,6 +43,10 @@ from txactors.wire.protocol import ErrorCode
 
 HANDLER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 """Seconds; a handler usually writes to a database, so the tail reaches further than commits'."""
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+"""Items per batch: powers of two up to past the default `max_batch_items` (256)."""
+BATCH_VERBS = ("prepare", "end")
 
 _COUNTED: dict[str, tuple[str, str]] = {
     # metric name: (Counters field, help)
@@ -115,6 +120,13 @@ class CoordinatorMetrics(Collector):
             ["partition", "code"],
             registry=registry,
         )
+        self.batch_items = Histogram(
+            "txactors_batch_items",
+            "Transactions per batch request (PrepareBatch, EndBatch) that passed the boundary.",
+            ["partition", "verb"],
+            registry=registry,
+            buckets=BATCH_BUCKETS,
+        )
         registry.register(self)
         register_build_info(registry)
 
@@ -129,6 +141,8 @@ class CoordinatorMetrics(Collector):
         self.duplicate_checks.labels(str(partition))
         for code in ErrorCode:
             self.oneway_errors.labels(str(partition), code.value)
+        for verb in BATCH_VERBS:
+            self.batch_items.labels(str(partition), verb)
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         for name, (field, text) in _COUNTED.items():

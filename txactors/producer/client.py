@@ -19,7 +19,9 @@ the hint (plus jitter, so producers refused together do not come back together).
 are spent, `PrepareFailed.retry_after` carries the last hint to the caller.
 
 Which partition a txid goes to depends on the coordinators' partition count, read where they
-publish it the first time a transaction needs it (txactors/nats/partition_count.py).
+publish it the first time a transaction needs it (txactors/nats/partition_count.py). The
+requests to one partition issued while another is in flight travel together, and what each
+caller gets is what a request of its own would have given it (txactors/producer/link.py).
 """
 
 from __future__ import annotations
@@ -31,23 +33,30 @@ import anyio
 import nats.errors
 from nats.aio.client import Client
 
-from txactors.actors import RemoteActorRef
 from txactors.errors import ActorDeadError, AskTimeout, CommandError, EndRefused, PrepareFailed
 from txactors.nats.partition_count import PartitionCount, PartitionCountUnknown
 from txactors.observe.logs import get_logger
 from txactors.producer.failed_sends import FailedSends
 from txactors.producer.inflight import InFlight
+from txactors.producer.link import (
+    DEFAULT_MAX_ITEMS,
+    Dialect,
+    EndVerb,
+    Inbox,
+    OnewayLink,
+    PartitionLink,
+    PrepareVerb,
+)
 from txactors.producer.outcomes import UnconfirmedOutcomes
 from txactors.wire.layout import end_subject, partition_of, prepare_subject
 from txactors.wire.protocol import (
-    PROTOCOL_VERSION,
     Decision,
     Ended,
-    EndTransaction,
+    EndItem,
     ErrorCode,
     OutgoingMessage,
-    Prepare,
     Prepared,
+    PrepareItem,
 )
 
 log = get_logger(__name__)
@@ -66,8 +75,28 @@ what a failover takes to start serving it again."""
 Sleep = Callable[[float], Awaitable[None]]
 
 
+class _Links:
+    """The links to one partition, which share what its coordinator speaks."""
+
+    __slots__ = ("end", "oneway", "prepare")
+
+    def __init__(
+        self, nc: Client, partition: int, group: str, verb: PrepareVerb, inbox: Inbox, most: int
+    ) -> None:
+        dialect = Dialect()
+        prepares, ends = prepare_subject(partition, group), end_subject(partition, group)
+        self.prepare: PartitionLink[PrepareItem, Prepared] = PartitionLink(
+            nc, prepares, verb, inbox, dialect, max_items=most
+        )
+        self.end: PartitionLink[EndItem, Ended] = PartitionLink(
+            nc, ends, EndVerb(), inbox, dialect, max_items=most
+        )
+        self.oneway = OnewayLink(nc, ends, dialect, max_items=most)
+
+
 class CoordinatorClient:
-    """Prepare and end requests for one producer instance, routed by partition."""
+    """Prepare and end requests for one producer instance, routed by partition; the requests
+    to one partition travel together when several are issued at once (`producer/link.py`)."""
 
     def __init__(
         self,
@@ -82,6 +111,7 @@ class CoordinatorClient:
         failed_sends: FailedSends,
         prepare_retries: int = 0,
         sleep: Sleep = anyio.sleep,
+        max_items: int = DEFAULT_MAX_ITEMS,
     ) -> None:
         self.group = group
         self.instance = instance
@@ -93,20 +123,23 @@ class CoordinatorClient:
         self._timeout = request_timeout
         self._prepare_retries = prepare_retries
         self._sleep = sleep
-        self._prepare: list[RemoteActorRef] = []
-        self._end: list[RemoteActorRef] = []
+        self._max_items = max_items
+        self._verb = PrepareVerb(group, instance)
+        self._inbox = Inbox(nc)
+        self._links: list[_Links] = []
+
+    async def close(self) -> None:
+        """Stop taking replies: the producer is done."""
+        await self._inbox.close()
 
     async def _route(self, txid: str) -> int:
         """The partition of `txid`; the count is read the first time (PartitionCountUnknown
         while no coordinator has published one, PartitionCountMismatch against an override)."""
         count = await self._partitions.get()
-        if len(self._prepare) != count:
-            group = self.group
-            self._prepare = [
-                RemoteActorRef(self._nc, prepare_subject(p, group), Prepared) for p in range(count)
-            ]
-            self._end = [
-                RemoteActorRef(self._nc, end_subject(p, group), Ended) for p in range(count)
+        if len(self._links) != count:
+            self._links = [
+                _Links(self._nc, p, self.group, self._verb, self._inbox, self._max_items)
+                for p in range(count)
             ]
         return partition_of(txid, count)
 
@@ -123,18 +156,11 @@ class CoordinatorClient:
                 txid=txid,
                 retry_after=NO_COORDINATOR_RETRY_AFTER,
             ) from error
-        command = Prepare(
-            txid=txid,
-            group=self.group,
-            producer=self.instance,
-            messages=messages,
-            token=token,
-            version=PROTOCOL_VERSION,
-        )
+        item = PrepareItem(txid=txid, messages=messages, token=token)
         retries = self._prepare_retries
         while True:
             try:
-                reply: Prepared = await self._prepare[partition].ask(command, self._timeout)
+                reply: Prepared = await self._links[partition].prepare.ask(item, self._timeout)
             except CommandError as error:
                 if error.retry_after is not None and retries > 0:
                     retries -= 1
@@ -167,11 +193,9 @@ class CoordinatorClient:
         """Send the end; None when it was not confirmed (the decision is then remembered
         for the check-back). Raises `EndRefused` when the coordinator said no."""
         partition = await self._route(txid)  # known: the prepare was routed
-        command = EndTransaction(
-            txid=txid, token=token, decision=decision, version=PROTOCOL_VERSION
-        )
+        item = EndItem(txid=txid, token=token, decision=decision)
         try:
-            reply: Ended = await self._end[partition].ask(command, self._timeout)
+            reply: Ended = await self._links[partition].end.ask(item, self._timeout)
         except CommandError as error:
             if error.code not in _RETRYABLE_CODES:
                 log.error("end_refused", decision=decision, code=error.code, reason=error.message)
@@ -200,12 +224,11 @@ class CoordinatorClient:
         """Publish the end without waiting for (or getting) an answer. The decision is
         remembered first, so the check-back of an end that never arrives is answered."""
         partition = await self._route(txid)
-        command = EndTransaction(
-            txid=txid, token=token, decision=decision, version=PROTOCOL_VERSION
-        )
         self.outcomes.remember(txid, decision)
         try:
-            await self._end[partition].tell(command)
+            await self._links[partition].oneway.tell(
+                EndItem(txid=txid, token=token, decision=decision)
+            )
         except _UNREACHABLE as error:
             log.warning(
                 "end_unconfirmed",

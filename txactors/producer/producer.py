@@ -140,7 +140,10 @@ class TransactionProducer:
         tb: TracebackType | None,
     ) -> None:
         self._running = False
-        await self._responder.__aexit__(exc_type, exc, tb)
+        try:
+            await self._responder.__aexit__(exc_type, exc, tb)
+        finally:
+            await self._client.close()
         log.info("producer_stopped", group=self.group, instance=self.instance)
 
     def begin(self, *, end_mode: EndMode | str | None = None) -> Transaction:

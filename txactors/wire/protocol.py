@@ -22,9 +22,11 @@ T = TypeVar("T")
 
 CONTENT_TYPE_HEADER: Final = "Content-Type"
 
-PROTOCOL_VERSION: Final = 2
+PROTOCOL_VERSION: Final = 3
 """The protocol version this code speaks (docs/protocol.md#protocol-version): 2 added the
-one-way end and the `version` field itself."""
+one-way end and the `version` field itself, 3 the batch verbs (`PrepareBatch`, `EndBatch`)."""
+BATCH_VERSION: Final = 3
+"""The first version with the batch verbs: a batch command must say at least this."""
 OLDEST_VERSION: Final = 2
 """The oldest version this code serves. Version 1 (a command without `version`) was removed
 in 0.x: it is refused with `unsupported_version`, so a client that predates the field learns
@@ -273,6 +275,59 @@ class Ended(Message, kw_only=True):
     state: str
 
 
+# -- batches: many transactions per NATS message (protocol version 3) ---------------------
+
+
+class PrepareItem(msgspec.Struct, kw_only=True):
+    """One transaction's prepare inside a `PrepareBatch`: a `Prepare` without what the batch
+    says once for all its items (`version`, `group`, `producer`)."""
+
+    txid: str
+    messages: list[OutgoingMessage]
+    token: str | None = None
+
+
+class PrepareBatch(Command, kw_only=True):
+    """Several prepares of one producer instance in one request, on the same subject as a
+    `Prepare`. Each item is checked and carried out exactly as a `Prepare` with the batch's
+    `group` and `producer` would be, on its own: a bad item is refused alone and the others
+    go on. Answered with one `PreparedBatch`."""
+
+    group: str
+    producer: str
+    items: list[PrepareItem]
+
+
+class PreparedBatch(Message, kw_only=True):
+    """The answer to a `PrepareBatch`: `results[i]` is what `items[i]` would have been
+    answered alone (`Prepared` or `Error`)."""
+
+    results: list[Prepared | Error]
+
+
+class EndItem(msgspec.Struct, kw_only=True):
+    """One transaction's end inside an `EndBatch`: an `EndTransaction` without `version`."""
+
+    txid: str
+    token: str
+    decision: Decision
+
+
+class EndBatch(Command, kw_only=True):
+    """Several ends in one request (or, without a reply subject, one publish: one-way ends),
+    on the same subject as an `EndTransaction`. Each item is checked and carried out on its
+    own. Answered with one `EndedBatch`."""
+
+    items: list[EndItem]
+
+
+class EndedBatch(Message, kw_only=True):
+    """The answer to an `EndBatch`: `results[i]` is what `items[i]` would have been answered
+    alone (`Ended` or `Error`)."""
+
+    results: list[Ended | Error]
+
+
 # -- transactions: coordinator → producer group (txn.check.<group>[.<producer>]) -------------
 
 
@@ -391,7 +446,7 @@ class TransactionList(Message, kw_only=True):
     """Transactions that matched but were left out by the request's `limit`."""
 
 
-CoordinatorCommand = Prepare | EndTransaction
+CoordinatorCommand = Prepare | EndTransaction | PrepareBatch | EndBatch
 AdminCommand = (
     ListTransactions | ShowTransaction | ResumeTransaction | CommitTransaction | RollbackTransaction
 )

@@ -1,24 +1,28 @@
 """The partition actor: inputs become table events, the table's actions go to the writers.
 
 It owns one partition's `TransactionTable`. Requests (prepare, end, admin) arrive in its
-mailbox, pass the validation `Boundary` and become events; the actions of each step are
-handed on at once and never awaited: op records to `OpLog`, publishes to `Publisher`,
-answers to `Answers`, check-backs and the next deadline to the partition's `Checker` actor.
+mailbox, pass the validation `Boundary` and become events (a batch of prepares or ends is
+split into one request per item first, batches.py, and its prepares' halves are submitted as
+one job); the actions of each step are handed on at once and never awaited: op records to
+`OpLog`, publishes to `Publisher`, answers to `Answers`, check-backs and the next deadline
+to the partition's `Checker` actor.
 
 A step (`_step`: `table.handle_batch`, then handing on its actions) never waits, so it is
-atomic on the event loop, and the writers, tasks of this instance, feed their completions
-(`HalvesStored`, `OpPersisted`, `Published`: the table's own events) straight into a step
-instead of through the mailbox. Mailbox hops per committed transaction: **two**, the
-prepare request and the end request; every write's completion is a direct step. The
-checker is another actor: its messages (`Due`, `Checked`) come through the mailbox, off the
-commit path, tagged with the epoch of the instance that started it, so a restarted
-instance (fresh table, fresh checker) ignores what its predecessor's checker said. The
-writers die with their instance, but not at once: between a failure and the restart they may
-still complete, so each completion carries the epoch of the instance that submitted it and
-is dropped once that instance has ended (and a failure of one of its tasks is dropped by the
-actor cell), so a restarted instance never trips over its predecessor's writes.
+atomic on the event loop, and the writers feed their completions (`HalvesStored`,
+`OpPersisted`, `Published`: the table's own events) straight into a step instead of through the
+mailbox. Mailbox hops per committed transaction: **two**, the prepare request and the end
+request (two per batch of them); every write's completion is a direct step. The writers are the
+process's, shared by its partitions (`coordinator/writers.py`): a completion that raises fails
+this instance, never the shared writer. The checker is another actor: its messages (`Due`,
+`Checked`) come through the mailbox, off the commit path, tagged with the epoch of the instance
+that started it, so a restarted instance (fresh table, fresh checker) ignores what its
+predecessor's checker said. Writes outlive their instance (the shared writers go on, though
+what its op log still queued is dropped when it ends), so each completion carries the epoch of
+the instance that submitted it and is dropped once that instance has ended (and a failure of
+one of its tasks is dropped by the actor cell), so a restarted instance never trips over its
+predecessor's writes.
 
-Faults stay local: the halves, each topic and the discards have writers of their own (a
+Faults stay local: each topic and the discards have writers apart from the halves' (a
 topic's outage holds up only its own commits, see `publisher.py`), JetStream's transient
 errors in recovery and checkpoints are retried with backoff, and while the halves cannot be
 written a prepare is answered at once with a retry-after hint instead of queueing behind them.
@@ -43,7 +47,7 @@ from nats.js.api import PubAck
 from nats.js.kv import KeyValue
 
 from txactors.actors import Actor, ActorSystem, LocalActorRef, Request, Supervisor
-from txactors.coordinator.boundary import Boundary
+from txactors.coordinator.boundary import Boundary, ends_of, prepares_of
 from txactors.coordinator.core import tokens
 from txactors.coordinator.core.config import CoordinatorConfig
 from txactors.coordinator.core.effects import (
@@ -68,6 +72,7 @@ from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.options import Clock, CoordinatorOptions, OnDiscard
 from txactors.coordinator.partition.answers import Answers
 from txactors.coordinator.partition.audit import audited
+from txactors.coordinator.partition.batches import item_requests
 from txactors.coordinator.partition.checker import Checked, Checker, CheckWork, Due
 from txactors.coordinator.partition.discard import discard, quarantine
 from txactors.coordinator.partition.late import LateHalves
@@ -84,23 +89,28 @@ from txactors.coordinator.partition.store import (
     read_half,
     save_checkpoint,
 )
+from txactors.coordinator.writers import Lane, SharedWriters
 from txactors.errors import ActorError, MailboxFull
 from txactors.faults import FaultPoint, crash_if_armed
 from txactors.nats.retry import RETRY_MAX, describe, retry_transient
-from txactors.nats.writer import Append, PipelinedWriter
+from txactors.nats.writer import Append
 from txactors.observe import tracing
 from txactors.observe.logs import get_logger
 from txactors.observe.metrics import CoordinatorMetrics
 from txactors.wire.protocol import (
     Decision,
+    EndBatch,
     Ended,
+    EndedBatch,
     EndTransaction,
     Error,
     ErrorCode,
     ListTransactions,
     OperatorDecision,
     Prepare,
+    PrepareBatch,
     Prepared,
+    PreparedBatch,
     ShowTransaction,
     TransactionList,
 )
@@ -127,6 +137,7 @@ class PartitionCoordinator(Actor):
         partition: int,
         config: CoordinatorConfig,
         options: CoordinatorOptions,
+        writers: SharedWriters,
         clock: Clock = time.time,
         on_discard: OnDiscard | None = None,
         metrics: CoordinatorMetrics | None = None,
@@ -141,11 +152,13 @@ class PartitionCoordinator(Actor):
         self.on_discard = on_discard
         self.metrics = metrics
         self.table = TransactionTable(config)
+        self._writers = writers
         self.boundary = Boundary(
             partition=partition,
             partitions=options.partitions,
             max_messages=options.max_messages_per_prepare,
             max_immunity=config.max_immunity,
+            max_batch_items=options.max_batch_items,
             group_topics={g: tuple(ps) for g, ps in options.group_topics.items()},
         )
         self._epoch = next(_epochs)
@@ -154,12 +167,12 @@ class PartitionCoordinator(Actor):
             partition, on_error=metrics.oneway(partition) if metrics else None
         )
         self._prepares = PreparesInFlight(partition)
-        self._halves = PipelinedWriter(nc, js, self._quarantine, linger=options.write_linger)
-        self._discards = PipelinedWriter(nc, js, self._quarantine, linger=options.write_linger)
+        self._halves = Lane(writers.halves, self._quarantine, self._failed)
+        self._discards = Lane(writers.discards, self._quarantine, self._failed)
         self._publisher = Publisher(
             nc,
             js,
-            self.start_task,
+            lambda topic: Lane(writers.topic(topic), self._quarantine, self._failed),
             partition,
             options,
             clock,
@@ -186,9 +199,10 @@ class PartitionCoordinator(Actor):
         )
         if self.metrics is not None:
             self.metrics.track(self.partition, self.table)
+        await self._writers.ops.idle(self.partition)  # a predecessor's write has settled
         fence = await last_op_seq(self.js, self.partition)
         appended = functools.partial(self._ops_appended, self._epoch)
-        self._oplog = OpLog(self.nc, self.js, self.partition, fence, appended)
+        self._oplog = self._writers.ops.open(self.partition, fence, appended, self._failed)
         log.info(
             "coordinator_recovered",
             partition=self.partition,
@@ -199,9 +213,8 @@ class PartitionCoordinator(Actor):
         )
         self._publisher.forget_finished(self.table)
         late = functools.partial(self._late_half, self._epoch)
-        self._late = LateHalves(self.js, self.partition, recovered.half_end, late)
-        for run in (self._halves.run, self._discards.run, self._oplog.run):
-            self.start_task(run)
+        tick = self.options.tick_interval
+        self._late = LateHalves(self.js, self.partition, recovered.half_end, late, tick=tick)
         self.start_task(self._save_checkpoints)
         self._checker = await self.system.spawn(
             self._new_checker,
@@ -227,6 +240,8 @@ class PartitionCoordinator(Actor):
 
     async def on_stop(self) -> None:
         self._ended = True
+        if self._oplog is not None:
+            self._oplog.close()  # a lease lost: nothing more may reach TXN_OP from here
         checker, self._checker = self._checker, None  # writers finishing meanwhile tell nobody
         if checker is not None:
             await checker.stop()
@@ -250,24 +265,8 @@ class PartitionCoordinator(Actor):
         match message:
             case Request():
                 message = self._one_way.wrap(message)  # no reply subject: errors counted, not sent
-                refusal = self.boundary.refusal(
-                    message.message,
-                    max_payload=self.nc.max_payload,
-                    subject=message.subject,
-                    group_of=self.table.group_of,
-                )
-                if refusal is not None:
-                    if message.reply is not None:  # a one-way request's are logged rate-limited
-                        log.info(
-                            "request_refused", partition=self.partition, reason=refusal.message
-                        )
-                    await message.answer(refusal)
-                elif isinstance(message.message, Prepare):
-                    await self._prepare(message, message.message)
-                elif isinstance(message.message, EndTransaction):
-                    self._end(message, message.message)
-                else:
-                    await self._admin(audited(message, self.partition))
+                if self._admitted(message):
+                    await self._carry_out(message)
             case Due(epoch=epoch) | Checked(epoch=epoch) if epoch != self._epoch:
                 log.info("stale_checker_message_ignored", message=type(message).__name__)
             case Due():
@@ -281,10 +280,62 @@ class PartitionCoordinator(Actor):
                 raise ActorError(f"coordinator got an unexpected {type(message).__name__}")
         await self._answers.flush()
 
-    def _end(self, request: Request, end: EndTransaction) -> None:
-        request_id = self._answers.wait(request, lambda state: Ended(txid=end.txid, state=state))
-        token = tokens.digest(end.token)
-        self._step(End(txid=end.txid, token=token, decision=end.decision, request_id=request_id))
+    async def _carry_out(self, request: Request) -> None:
+        command = request.message
+        if isinstance(command, PrepareBatch):
+            await self._prepare(self._items(request, prepares_of(command), PreparedBatch))
+        elif isinstance(command, EndBatch):
+            self._end(self._items(request, ends_of(command), EndedBatch))
+        elif isinstance(command, Prepare):
+            await self._prepare([request])
+        elif isinstance(command, EndTransaction):
+            self._end([request])
+        else:
+            await self._admin(audited(request, self.partition))
+
+    def _admitted(self, request: Request) -> bool:
+        """Whether the request passes the boundary; if not, its refusal is queued."""
+        refusal = self.boundary.refusal(
+            request.message,
+            max_payload=self.nc.max_payload,
+            subject=request.subject,
+            group_of=self.table.group_of,
+        )
+        if refusal is None:
+            return True
+        if request.reply is not None:  # a one-way request's are logged rate-limited
+            log.info("request_refused", partition=self.partition, reason=refusal.message)
+        self._answers.send(request, refusal)
+        return False
+
+    def _items(
+        self,
+        batch: Request,
+        commands: Sequence[Any],
+        wrap: type[PreparedBatch] | type[EndedBatch],
+    ) -> list[Request]:
+        """The requests of a batch's items that pass the boundary, each as a lone one
+        would (the others are answered with their refusal)."""
+        if self.metrics is not None:
+            verb = "prepare" if isinstance(batch.message, PrepareBatch) else "end"
+            self.metrics.batch_items.labels(str(self.partition), verb).observe(len(commands))
+        requests = item_requests(
+            batch, commands, lambda results: wrap(results=results), self._one_way
+        )
+        return [request for request in requests if self._admitted(request)]
+
+    def _end(self, requests: list[Request]) -> None:
+        """The ends of `requests`, in one step and in their order."""
+        events: list[Event] = []
+        for request in requests:
+            end: EndTransaction = request.message
+            request_id = self._answers.wait(request, functools.partial(_ended, end.txid))
+            token = tokens.digest(end.token)
+            events.append(
+                End(txid=end.txid, token=token, decision=end.decision, request_id=request_id)
+            )
+        if events:
+            self._step(*events)
 
     # -- steps ------------------------------------------------------------------------------
 
@@ -417,6 +468,13 @@ class PartitionCoordinator(Actor):
         self._step(halves_stored([stored]))
         await self._answers.flush()
 
+    def _failed(self, error: Exception) -> None:
+        """A completion from a shared writer raised, or TXN_OP fenced this partition out:
+        this instance fails as if one of its tasks had (the supervisor decides; a fenced one
+        stops), and the writer goes on serving the others."""
+        if not self._ended:
+            self.start_task(_reraise, error)
+
     async def _quarantine(self, append: Append, reason: str) -> None:
         self.table.counters.quarantined += 1
         await quarantine(
@@ -430,64 +488,86 @@ class PartitionCoordinator(Actor):
 
     # -- prepare ----------------------------------------------------------------------------
 
-    async def _prepare(self, request: Request, prepare: Prepare) -> None:
-        token = prepare.token or tokens.new_token()
-        digest = tokens.digest(token)
-        if (refusal := self._prepares.refusal(self.table, prepare, digest)) is not None:
-            await request.answer(Error(*refusal))
-            return
-        if self._halves.trouble is not None:
-            # Queued, it would wait out the outage and the producer's timeout; told to come
-            # back, the producer neither wonders whether its halves were stored nor hammers.
-            problem = f"TXN_HALF cannot be written now ({self._halves.trouble}); try again"
-            retry_after = min(max(self._halves.retry_after, MIN_RETRY_AFTER), RETRY_MAX)
-            await request.answer(Error(ErrorCode.INTERNAL, problem, retry_after))
-            return
-        topics = {m.topic for m in prepare.messages}
+    async def _prepare(self, requests: list[Request]) -> None:
+        """Admit each prepare (in order: a later one of the same transaction is admitted
+        against the earlier ones), declare their topics, and hand the halves of all that
+        are admitted to the writer in one job, in one step: one write carries them."""
+        prepares = [_Preparing(request) for request in requests]
+        topics = {m.topic for p in prepares for m in p.prepare.messages}
         if not self._publisher.declared(topics):
-            rules = {t: self.boundary.prefix_rules(prepare.group, t) for t in topics}
+            prepares = [p for p in prepares if self._admissible(p)]
+            if not prepares or self._halves_trouble(prepares):
+                return
+            topics = {m.topic for p in prepares for m in p.prepare.messages}
+            rules = {
+                t: self.boundary.prefix_rules(p.prepare.group, t)
+                for p in prepares
+                for t in {m.topic for m in p.prepare.messages}
+            }
             undeclared = await self._publisher.declare(topics, rules)
             if undeclared is not None:
                 error = Error(undeclared.code, undeclared.reason, undeclared.retry_after)
-                await request.answer(error)
+                for p in prepares:
+                    self._answers.send(p.request, error)
                 return
             # Checked again with no wait before the submit: a step may have run meanwhile.
-            if (refusal := self._prepares.refusal(self.table, prepare, digest)) is not None:
-                await request.answer(Error(*refusal))
-                return
-        appends = self._prepares.start(self.table, prepare, digest, self.clock())
-        stored = functools.partial(
-            self._halves_appended, self._epoch, request, prepare, token, digest, appends
-        )
-        self._halves.submit(appends, stored)
+        admitted = [p for p in prepares if self._admissible(p, start=True)]
+        if admitted and not self._halves_trouble(admitted):
+            stored = functools.partial(self._halves_appended, self._epoch, admitted)
+            self._halves.submit([a for p in admitted for a in p.appends], stored)
+
+    def _admissible(self, preparing: _Preparing, *, start: bool = False) -> bool:
+        """Whether the table (and the prepares in flight) admit it; if not, its refusal is
+        queued. With `start`, an admitted one's halves are numbered and in flight from now."""
+        prepare, digest = preparing.prepare, preparing.digest
+        refusal = self._prepares.refusal(self.table, prepare, digest)
+        if refusal is not None:
+            self._answers.send(preparing.request, Error(*refusal))
+            return False
+        if start and self._halves.trouble is None:
+            preparing.appends = self._prepares.start(self.table, prepare, digest, self.clock())
+        return True
+
+    def _halves_trouble(self, prepares: list[_Preparing]) -> bool:
+        """While TXN_HALF cannot be written, answer the prepares at once with a retry-after:
+        queued, they would wait out the outage and the producer's timeout; told to come
+        back, the producer neither wonders whether its halves were stored nor hammers."""
+        if self._halves.trouble is None:
+            return False
+        problem = f"TXN_HALF cannot be written now ({self._halves.trouble}); try again"
+        retry_after = min(max(self._halves.retry_after, MIN_RETRY_AFTER), RETRY_MAX)
+        for p in prepares:
+            self._answers.send(p.request, Error(ErrorCode.INTERNAL, problem, retry_after))
+        return True
 
     async def _halves_appended(
-        self,
-        epoch: int,
-        request: Request,
-        prepare: Prepare,
-        token: str,
-        digest: str,
-        appends: list[Append],
-        acks: list[PubAck | None],
+        self, epoch: int, prepares: list[_Preparing], acks: list[PubAck | None]
     ) -> None:
         if self._stale(epoch, "halves"):
-            return  # the producer's prepare times out; the check-back settles its halves
-        stored, refused = self._prepares.finish(prepare, digest, appends, acks)
-        if self._late is not None:
-            self._late.own(s.half.seq for s in stored)
-        if refused:
-            self._halves_refused(request, prepare, digest, stored, refused)
-            await self._answers.flush()
-            return
-        for half in stored:
-            self._publisher.keep(half)
-        seqs = [s.half.seq for s in stored]
-        txid = prepare.txid
-        request_id = self._answers.wait(
-            request, lambda state: Prepared(txid=txid, token=token, seqs=seqs)
-        )
-        self._step(halves_stored(stored, request_id))
+            return  # the producers' prepares time out; the check-back settles their halves
+        events: list[Event] = []
+        offset = 0
+        for p in prepares:
+            own_acks = acks[offset : offset + len(p.appends)]
+            offset += len(p.appends)
+            stored, refused = self._prepares.finish(p.prepare, p.digest, p.appends, own_acks)
+            if self._late is not None:
+                self._late.own(s.half.seq for s in stored)
+            if refused:
+                if events:  # the table sees halves in TXN_HALF order
+                    self._step(*events)
+                    events.clear()
+                self._halves_refused(p.request, p.prepare, p.digest, stored, refused)
+                continue
+            for half in stored:
+                self._publisher.keep(half)
+            prepared = Prepared(
+                txid=p.prepare.txid, token=p.token, seqs=[s.half.seq for s in stored]
+            )
+            request_id = self._answers.wait(p.request, functools.partial(_given, prepared))
+            events.append(halves_stored(stored, request_id))
+        if events:
+            self._step(*events)
         await self._answers.flush()
 
     def _halves_refused(
@@ -541,3 +621,29 @@ class PartitionCoordinator(Actor):
 
 _REQUESTS = (HalvesStored, End, OperatorDecided)
 """The events that carry a request to answer."""
+
+
+class _Preparing:
+    """A prepare on its way to TXN_HALF: its request, token, and appends once admitted."""
+
+    __slots__ = ("appends", "digest", "prepare", "request", "token")
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        self.prepare: Prepare = request.message
+        self.token = self.prepare.token or tokens.new_token()
+        self.digest = tokens.digest(self.token)
+        self.appends: list[Append] = []
+
+
+def _ended(txid: str, state: str) -> Ended:
+    return Ended(txid=txid, state=state)
+
+
+def _given(answer: Any, state: str) -> Any:
+    """The answer known before the table acknowledges (a prepare's, once its halves count)."""
+    return answer
+
+
+async def _reraise(error: Exception) -> None:
+    raise error

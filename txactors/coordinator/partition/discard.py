@@ -27,9 +27,10 @@ from nats.js.api import PubAck
 from txactors.coordinator.core.effects import Discard
 from txactors.coordinator.options import DiscardedTransaction, OnDiscard
 from txactors.coordinator.partition.store import half_identity, read_raw_half
+from txactors.coordinator.writers import Lane
 from txactors.nats.link import ACK_TIMEOUT
 from txactors.nats.retry import RETRY_INITIAL, RETRY_MAX, Fault, classify, describe, retry_transient
-from txactors.nats.writer import Append, PipelinedWriter
+from txactors.nats.writer import Append
 from txactors.observe.logs import get_logger
 from txactors.wire import layout
 from txactors.wire.copies import copied_headers, stored_headers
@@ -42,7 +43,7 @@ MAX_REASON_CHARS = 1024
 
 
 async def discard(
-    js: JetStreamContext, writer: PipelinedWriter, action: Discard, on_discard: OnDiscard | None
+    js: JetStreamContext, writer: Lane, action: Discard, on_discard: OnDiscard | None
 ) -> None:
     raws = []
     for half in action.halves:

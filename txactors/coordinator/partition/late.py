@@ -5,7 +5,7 @@ node rebuilt from its raft log serving a read before it caught up, a predecessor
 that landed after the takeover. A half nobody here knows of is never checked back: its
 transaction would stay unsettled (its commit never published) until the next restart. So
 the partition keeps reading its TXN_HALF subject past the point recovery reached (headers
-only, a look every `FOLLOW_EVERY` seconds), skips the halves it wrote itself, and hands any
+only, a look every `FOLLOW_TICKS` ticks), skips the halves it wrote itself, and hands any
 other to `found`; the partition then takes it as a recovered half, which the checker asks
 about like any other.
 
@@ -28,9 +28,11 @@ from txactors.nats.retry import LINK_TROUBLE, RETRY_MAX, describe
 from txactors.observe.logs import get_logger
 from txactors.wire import layout
 
-FOLLOW_EVERY: Final = 1.0
-"""Seconds between two looks at the end of the subject: a found half waits for its check-back
-(the transaction timeout) anyway, and one request a second per partition costs nothing."""
+FOLLOW_TICKS: Final = 10
+"""Ticks (`tick_interval`, 0.1 s by default) between two looks at the end of the subject: a
+found half waits for its check-back (the transaction timeout) anyway, and a look a second per
+partition costs little. Counted in ticks, the partition's clock, so that what stretches the
+tick (a test, `bench cpu`) stretches the looks with it."""
 
 Found = Callable[[int, dict[str, str]], Awaitable[None]]
 """Called with the sequence and headers of a half this partition did not write."""
@@ -41,8 +43,11 @@ log = get_logger(__name__)
 class LateHalves:
     """Follows partition `partition`'s halves after sequence `after` (recovery's end)."""
 
-    def __init__(self, js: JetStreamContext, partition: int, after: int, found: Found) -> None:
+    def __init__(
+        self, js: JetStreamContext, partition: int, after: int, found: Found, *, tick: float
+    ) -> None:
         self._js = js
+        self._every = FOLLOW_TICKS * tick
         self._subject = layout.half_subject(partition)
         self._partition = partition
         self._next = after + 1
@@ -75,7 +80,7 @@ class LateHalves:
                     layout.HALF_STREAM,
                     self._subject,
                     self._next,
-                    follow=FOLLOW_EVERY,
+                    follow=self._every,
                     headers_only=True,
                 ):
                     seq = msg.metadata.sequence.stream

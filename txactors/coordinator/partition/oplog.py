@@ -1,12 +1,23 @@
-"""`OpLog`: group-committed, fenced appends to one partition's TXN_OP subject.
+"""`OpWriter`: group-committed, fenced appends to TXN_OP, one writer for a process's partitions.
 
-One append is in flight at a time, carrying every op record queued meanwhile, fenced with
-`Nats-Expected-Last-Subject-Sequence` so that a second coordinator writing the same
-partition is detected instead of interleaving decisions. A lost ack is recognised by
-reading the subject's last message back (our own write landed) before trying again.
+Each partition appends to its own TXN_OP subject through its `OpLog`. The process's
+`OpWriter` has one write in flight at a time, carrying every op record every partition
+queued meanwhile, as an atomic batch (stored all or nothing, at consecutive sequences: one
+flush to disk however many partitions it carries). The first message of each partition in
+it carries `Nats-Expected-Last-Subject-Sequence`, so that a second coordinator writing the
+same partition is detected instead of interleaving decisions (nats-server checks each
+message's own expectation; nothing can come between a partition's messages in one batch, so
+the later ones need none). A batch JetStream refuses (one partition fenced out, or any other
+answer) is refused whole: unless it was our own earlier attempt that landed (its ack lost,
+recognised by reading each partition's last message back), its messages are written again
+one at a time, each with its partition's fence, so a partition fenced out fails alone
+(`FencedOut`: its instance stops) and the others go on.
 
 Records nobody waits for (`done`, `checked`: `DEFERRABLE`) wait up to `DEFER` for a decision
-to share its write, so that at moderate rates a commit costs one TXN_OP write, not two.
+to share their write, so that at moderate rates a commit costs one TXN_OP write, not two.
+A partition's log is opened once no write of its previous instance is in flight, and closed
+(what it still queued dropped) when its instance ends: an instance that lost its lease
+writes nothing more, so it cannot fence its successor out.
 """
 
 from __future__ import annotations
@@ -14,14 +25,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import anyio
 import nats.js.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import PubAck
+from nats.js.api import Header, PubAck
+from nats.nuid import NUID
 
 from txactors.coordinator.core.records import OpKind, OpRecord
 from txactors.coordinator.partition.store import encode_ops
@@ -35,6 +46,7 @@ from txactors.nats.link import (
     wait_connected,
 )
 from txactors.nats.retry import LINK_TROUBLE, RETRY_INITIAL, Fault, backoff, classify, describe
+from txactors.nats.writer import BATCH_BYTES, BATCH_MESSAGES
 from txactors.observe.logs import get_logger
 from txactors.wire import layout
 
@@ -55,54 +67,136 @@ OP_BATCH_BYTES = 256 * 1024
 """Most bytes of op records in one TXN_OP message: a group commit never nears `max_payload`."""
 
 
+Report = Callable[[list[int], int], Awaitable[None]]
+"""Told the op ids whose records are stored, and the seq of the last message holding them."""
+
+
 class FencedOut(TxActorsError):
     """Another coordinator appended to this partition's TXN_OP: stop writing at once."""
 
 
-@dataclass(slots=True)
-class _PendingOps:
-    op_ids: list[int] = field(default_factory=list)
-    records: list[OpRecord] = field(default_factory=list)
-
-
 class OpLog:
-    """Group-committed, fenced appends to one partition's TXN_OP subject.
+    """One partition's TXN_OP subject: what it queued, and the fence of its next write."""
 
-    An op record is never quarantined: the table waits for it. So a write JetStream refuses
-    for good (the stream gone or sealed) is logged as an error and tried again with backoff
-    until an operator repairs the stream; the partition's other work is not blocked meanwhile
-    (`PipelinedWriter`s and the actor loop run beside it).
-    """
+    __slots__ = (
+        "_failed",
+        "_report",
+        "_writer",
+        "last_seq",
+        "op_ids",
+        "open",
+        "partition",
+        "records",
+        "subject",
+    )
 
     def __init__(
         self,
-        nc: Client,
-        js: JetStreamContext,
+        writer: OpWriter,
         partition: int,
         last_seq: int,
-        report: Callable[[list[int], int], Awaitable[None]],
+        report: Report,
+        failed: Callable[[Exception], None],
     ) -> None:
+        self._writer = writer
+        self.partition = partition
+        self.subject = layout.op_subject(partition)
+        self.last_seq = last_seq
+        """The subject's last sequence as far as we know: what the next write expects."""
+        self._report = report
+        self._failed = failed
+        self.op_ids: list[int] = []
+        self.records: list[OpRecord] = []
+        self.open = True
+
+    def append(self, op_id: int, records: tuple[OpRecord, ...]) -> None:
+        """Queue records for the next write; they share it with everything queued meanwhile."""
+        self.op_ids.append(op_id)
+        self.records.extend(records)
+        self._writer.queued(records)
+
+    def close(self) -> None:
+        """Write nothing more for this instance (what is in flight may still land)."""
+        self._writer.close(self)
+
+    async def reported(self, op_ids: list[int], seq: int) -> None:
+        """`report`; what it raises fails this partition's instance, not the shared writer."""
+        try:
+            await self._report(op_ids, seq)
+        except Exception as error:
+            self._failed(error)
+
+    def fenced(self, error: nats.js.errors.APIError) -> None:
+        """Another coordinator wrote this subject: nothing more from here, the instance stops."""
+        self.close()
+        fenced = FencedOut(
+            f"{self.subject} was written by someone else after seq {self.last_seq}: "
+            "another coordinator owns this partition; this one stops"
+        )
+        fenced.__cause__ = error
+        self._failed(fenced)
+
+
+@dataclass(slots=True)
+class _Message:
+    log: OpLog
+    payload: bytes
+    seq: int = 0
+    """Where it was stored (0: not stored, its partition fenced out or closed)."""
+
+
+class OpWriter:
+    """Group-committed, fenced appends to TXN_OP for every partition of a process.
+
+    An op record is never quarantined: the table waits for it. So a write JetStream refuses
+    for good (the stream gone or sealed) is logged as an error and tried again with backoff
+    until an operator repairs the stream; the partitions' other work is not blocked meanwhile
+    (`PipelinedWriter`s and the actor loops run beside it).
+    """
+
+    def __init__(self, nc: Client, js: JetStreamContext) -> None:
         self._nc = nc
         self._js = js
-        self._subject = layout.op_subject(partition)
-        self._last_seq = last_seq
-        self._report = report
         self._inbox = AckInbox(nc)
-        self._pending = _PendingOps()
+        self._logs: dict[int, OpLog] = {}
         self._wakeup = anyio.Event()
         """Set when records are queued."""
+        self._pending = False
+        """Some log may have queued records."""
         self._urgent = False
         """Some queued record is a decision: the next write goes at once."""
         self._oldest = 0.0
         """When the oldest queued record was queued."""
+        self._writing: frozenset[int] = frozenset()
+        """The partitions whose records the write in flight carries."""
+        self._settled = anyio.Event()
+        """Set when a write settled."""
 
-    def append(self, op_id: int, records: tuple[OpRecord, ...]) -> None:
-        """Queue records for the next write; they share it with everything queued meanwhile."""
-        if not self._pending.op_ids:
+    async def idle(self, partition: int) -> None:
+        """Until no write carrying `partition`'s records (a previous instance's) is in
+        flight: its last sequence read from now on is the one the next write must expect."""
+        while partition in self._writing:
+            await self._settled.wait()
+
+    def open(
+        self, partition: int, last_seq: int, report: Report, failed: Callable[[Exception], None]
+    ) -> OpLog:
+        """The log of `partition`, whose subject's last sequence is `last_seq`; `report(op_ids,
+        seq)` once their records are stored, `failed(error)` when the partition must stop."""
+        log = self._logs[partition] = OpLog(self, partition, last_seq, report, failed)
+        return log
+
+    def close(self, log: OpLog) -> None:
+        if self._logs.get(log.partition) is log:
+            del self._logs[log.partition]
+        log.open = False
+        log.op_ids, log.records = [], []
+
+    def queued(self, records: tuple[OpRecord, ...]) -> None:
+        if not self._pending:
             self._oldest = time.monotonic()
+            self._pending = True
         self._urgent = self._urgent or any(r.kind not in DEFERRABLE for r in records)
-        self._pending.op_ids.append(op_id)
-        self._pending.records.extend(records)
         self._wakeup.set()
 
     async def run(self) -> None:
@@ -113,7 +207,7 @@ class OpLog:
 
     async def _write_forever(self) -> None:
         while True:
-            if not self._pending.op_ids:
+            if not self._pending:
                 self._wakeup = anyio.Event()
                 await self._wakeup.wait()
                 continue
@@ -123,55 +217,91 @@ class OpLog:
                 with anyio.move_on_after(wait):
                     await self._wakeup.wait()  # a decision to join, or only more of the same
                 continue
-            batch, self._pending, self._urgent = self._pending, _PendingOps(), False
-            seq = 0
-            for payload in _payloads(batch.records):
-                seq = await self._write(payload)
-            await self._report(batch.op_ids, seq)
+            taken = [(log, log.op_ids, log.records) for log in self._logs.values() if log.op_ids]
+            for log, _, _ in taken:
+                log.op_ids, log.records = [], []
+            self._pending = self._urgent = False
+            self._writing = frozenset(log.partition for log, _, _ in taken)
+            try:
+                await self._write_all(taken)
+            finally:
+                self._writing = frozenset()
+                self._settled.set()
+                self._settled = anyio.Event()
 
-    async def _write(self, payload: bytes) -> int:
+    async def _write_all(self, taken: list[tuple[OpLog, list[int], list[OpRecord]]]) -> None:
+        """Write what each log queued (one batch, unless it is too large), then report."""
+        messages = [_Message(log, p) for log, _, records in taken for p in _payloads(records)]
+        for chunk in _chunks(messages):
+            await self._write(chunk)
+        for log, op_ids, _ in taken:
+            seqs = [m.seq for m in messages if m.log is log]
+            if all(seqs):
+                await log.reported(op_ids, seqs[-1])
+
+    async def _write(self, chunk: list[_Message]) -> None:
+        """Store the chunk, or what of it belongs to partitions still open and not fenced."""
         delay = RETRY_INITIAL
-        headers = {layout.EXPECTED_LAST_SUBJECT_SEQ_HEADER: str(self._last_seq)}
         while True:
+            chunk = [m for m in chunk if m.log.open]
+            if not chunk:
+                return
             try:
                 await wait_connected(self._nc)
-                generation = link_generation(self._nc)
-                future = await self._inbox.publish(self._subject, payload, headers)
-                ack = await self._await(future, generation)
+                first = await self._send(chunk)
             except nats.js.errors.APIError as error:
                 # Our own earlier attempt may have landed (its ack lost): then the fence
-                # refuses the retry, and the record is already where it belongs.
-                try:
-                    landed = await self._landed(payload)
-                except LINK_TROUBLE as unread:  # ours or a successor's? Ask again after a retry
-                    log.warning("op_append_retry", subject=self._subject, error=describe(unread))
-                else:
-                    if landed is not None:
-                        self._last_seq = landed
-                        return landed
-                    if error.err_code == WRONG_LAST_SEQUENCE:
-                        raise FencedOut(
-                            f"{self._subject} was written by someone else after seq "
-                            f"{self._last_seq}: another coordinator owns this partition; "
-                            "this one stops"
-                        ) from error
-                    level = log.error if classify(error) is Fault.PERMANENT else log.warning
-                    level("op_append_refused", subject=self._subject, error=describe(error))
+                # refuses the retry, and the records are already where they belong.
+                if await self._landed(chunk):
+                    return
+                if len(chunk) > 1:  # refused whole: each alone, so a refusal is its own
+                    for message in chunk:
+                        await self._write([message])
+                    return
+                if error.err_code == WRONG_LAST_SEQUENCE:
+                    chunk[0].log.fenced(error)
+                    return
+                level = log.error if classify(error) is Fault.PERMANENT else log.warning
+                level("op_append_refused", subject=chunk[0].log.subject, error=describe(error))
             except (*LINK_TROUBLE, Troubled) as error:
-                log.warning("op_append_retry", subject=self._subject, error=describe(error))
+                log.warning("op_append_retry", subject=chunk[0].log.subject, error=describe(error))
                 # No stream took the write (no responders: TXN_OP electing a leader), so
                 # nothing landed; otherwise its ack may be what was lost.
-                if not isinstance(error, nats.js.errors.NoStreamResponseError):
-                    with suppress(*LINK_TROUBLE):
-                        landed = await self._landed(payload)
-                        if landed is not None:
-                            self._last_seq = landed
-                            return landed
+                nothing = isinstance(error, nats.js.errors.NoStreamResponseError)
+                if not nothing and await self._landed(chunk):
+                    return
             else:
-                self._last_seq = ack.seq
-                return ack.seq
+                for offset, message in enumerate(chunk):
+                    message.seq = message.log.last_seq = first + offset
+                return
             await anyio.sleep(delay)
             delay = backoff(delay)
+
+    async def _send(self, chunk: list[_Message]) -> int:
+        """One write (an atomic batch if it has several messages); the first one's seq."""
+        generation = link_generation(self._nc)
+        fenced: set[int] = set()
+        batch_id = _nuid.next().decode() if len(chunk) > 1 else None
+        future: asyncio.Future[PubAck] | None = None
+        for number, message in enumerate(chunk, 1):
+            headers = {}
+            if message.log.partition not in fenced:
+                fenced.add(message.log.partition)
+                headers[layout.EXPECTED_LAST_SUBJECT_SEQ_HEADER] = str(message.log.last_seq)
+            if batch_id is not None:
+                headers[Header.BATCH_ID] = batch_id
+                headers[Header.BATCH_SEQUENCE] = str(number)
+            if number < len(chunk):
+                await self._nc.publish(message.log.subject, message.payload, headers=headers)
+                continue
+            if batch_id is not None:
+                headers[Header.BATCH_COMMIT] = "1"
+            future = await self._inbox.publish(message.log.subject, message.payload, headers)
+        assert future is not None
+        ack = await self._await(future, generation)
+        if batch_id is not None and ack.batch_size != len(chunk):
+            raise Troubled(f"batch ack for {ack.batch_size} of {len(chunk)} messages")
+        return ack.seq - len(chunk) + 1
 
     async def _await(self, future: asyncio.Future[PubAck], generation: int) -> PubAck:
         outcome = await await_ack(self._nc, future, generation, time.monotonic())
@@ -180,16 +310,28 @@ class OpLog:
             raise Troubled("connection lost" if outcome is Ack.LINK_LOST else "no ack")
         return future.result()
 
-    async def _landed(self, payload: bytes) -> int | None:
-        """The seq of our own write if it is the subject's last message (a lost ack), else
-        None. Raises `LINK_TROUBLE` when the subject cannot be read within
-        `READ_BACK_TIMEOUT`."""
-        await wait_connected(self._nc)
-        with anyio.fail_after(READ_BACK_TIMEOUT):
-            last = await self._js.get_last_msg(layout.OP_STREAM, self._subject)
-        if last.seq is not None and last.seq > self._last_seq and last.data == payload:
-            return last.seq
-        return None
+    async def _landed(self, chunk: list[_Message]) -> bool:
+        """Whether the chunk is stored (a lost ack): each partition's last message in it is
+        its subject's last message, past the fence. Sets the seqs if so. Unreadable within
+        `READ_BACK_TIMEOUT`: logged, and False (asked again after the next attempt)."""
+        lasts = {m.log.partition: m for m in chunk}
+        seqs: dict[int, int] = {}
+        try:
+            await wait_connected(self._nc)
+            for partition, message in lasts.items():
+                with anyio.fail_after(READ_BACK_TIMEOUT):
+                    last = await self._js.get_last_msg(layout.OP_STREAM, message.log.subject)
+                if last.seq is None or last.seq <= message.log.last_seq:
+                    return False
+                if last.data != message.payload:
+                    return False
+                seqs[partition] = last.seq
+        except LINK_TROUBLE as unread:  # ours or a successor's? Ask again after a retry
+            log.warning("op_append_retry", subject=chunk[0].log.subject, error=describe(unread))
+            return False
+        for message in chunk:  # only each partition's last seq is ever reported or expected
+            message.seq = message.log.last_seq = seqs[message.log.partition]
+        return True
 
 
 def _payloads(records: list[OpRecord]) -> list[bytes]:
@@ -199,3 +341,23 @@ def _payloads(records: list[OpRecord]) -> list[bytes]:
         return [whole]
     half = len(records) // 2
     return _payloads(records[:half]) + _payloads(records[half:])
+
+
+def _chunks(messages: list[_Message]) -> list[list[_Message]]:
+    """The messages in order, as writes of at most BATCH_MESSAGES and BATCH_BYTES each."""
+    chunks: list[list[_Message]] = []
+    size = 0
+    for message in messages:
+        if (
+            not chunks
+            or len(chunks[-1]) >= BATCH_MESSAGES
+            or size + len(message.payload) > BATCH_BYTES
+        ):
+            chunks.append([])
+            size = 0
+        chunks[-1].append(message)
+        size += len(message.payload)
+    return chunks
+
+
+_nuid = NUID()

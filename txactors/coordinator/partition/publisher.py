@@ -11,7 +11,8 @@ sequence. The `Publish` actions of one step go out as one job per topic stream, 
 job's completion comes back as one list of `Published` events, which the partition feeds to
 its table as one step.
 
-Each topic stream has a `PipelinedWriter` of its own: a topic whose stream is unavailable
+Each topic stream has a `PipelinedWriter` of its own, shared by the process's partitions
+(`coordinator/writers.py`, reached through a `Lane`): a topic whose stream is unavailable
 (its leader being elected, its server down, the stream deleted) holds up only the commits
 that have a message in it, while every other topic's commits go through. This is safe
 because the decision is durable in TXN_OP before any publish: a transaction's topics may be
@@ -37,6 +38,7 @@ from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.options import Clock, CoordinatorOptions
 from txactors.coordinator.partition.store import StoredHalf, read_raw_half, seconds_text
 from txactors.coordinator.partition.tenants import topic_stream_count
+from txactors.coordinator.writers import Lane, declare_topic
 from txactors.errors import ConfigError
 from txactors.nats.link import linked
 from txactors.nats.retry import (
@@ -47,8 +49,7 @@ from txactors.nats.retry import (
     retry_transient,
     transient,
 )
-from txactors.nats.topics import ensure_topic_stream
-from txactors.nats.writer import Append, PipelinedWriter, Quarantine
+from txactors.nats.writer import Append, Quarantine
 from txactors.observe import tracing
 from txactors.observe.logs import get_logger
 from txactors.wire import layout
@@ -57,8 +58,6 @@ from txactors.wire.protocol import ErrorCode, OutgoingMessage
 log = get_logger(__name__)
 
 OnPublished = Callable[[list[Published]], Awaitable[None]]
-StartTask = Callable[[Callable[[], Awaitable[None]]], None]
-"""Runs a writer's loop as a task of the partition actor's instance (it dies with it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +83,7 @@ class Publisher:
         self,
         nc: Client,
         js: JetStreamContext,
-        start: StartTask,
+        lane: Callable[[str], Lane],
         partition: int,
         options: CoordinatorOptions,
         clock: Clock,
@@ -96,9 +95,9 @@ class Publisher:
         self._options = options
         self._topics: set[str] = set()
         """Topics whose stream is known to exist."""
-        self._start = start
-        self._writers: dict[str, PipelinedWriter] = {}
-        """One per topic (so per topic stream), made when a publish first names it."""
+        self._lane = lane
+        self._writers: dict[str, Lane] = {}
+        """Into the writer of each topic (so of each topic stream) a publish named."""
         self._partition = partition
         self._clock = clock
         self._quarantine = quarantine
@@ -123,7 +122,7 @@ class Publisher:
                 capped = await linked(self._nc, self._capped, topic, rules.get(topic, ()))
                 if capped is not None:
                     return capped
-                await linked(self._nc, self._declare, topic)
+                await linked(self._nc, declare_topic, self._js, self._options, topic)
             except (ConfigError, LinkLost, *LINK_TROUBLE) as error:
                 log.warning("topic_stream_not_declared", topic=topic, error=describe(error))
                 reason = f"the stream of topic {topic} cannot be declared now: {describe(error)}"
@@ -153,36 +152,10 @@ class Publisher:
         )
         return NotDeclared(reason, None, ErrorCode.FORBIDDEN)
 
-    async def _declare(self, topic: str) -> None:
-        await ensure_topic_stream(
-            self._js,
-            topic,
-            duplicate_window=self._options.topic_duplicate_window,
-            replicas=self._options.replicas,
-            deadline=0.0,  # once: callers answer or retry a transient failure themselves
-        )
-
-    async def _redeclare(self, topic: str, _: Append) -> None:
-        """A topic stream is gone while committed messages wait for it: declare it again."""
-        try:
-            await linked(self._nc, self._declare, topic)
-        except (ConfigError, LinkLost, *LINK_TROUBLE) as error:
-            log.warning("topic_stream_not_redeclared", topic=topic, error=describe(error))
-        else:
-            log.warning("topic_stream_redeclared", topic=topic, partition=self._partition)
-
-    def _writer(self, topic: str) -> PipelinedWriter:
+    def _writer(self, topic: str) -> Lane:
         writer = self._writers.get(topic)
         if writer is None:
-            writer = PipelinedWriter(
-                self._nc,
-                self._js,
-                self._quarantine,
-                linger=self._options.write_linger,
-                redeclare=functools.partial(self._redeclare, topic),
-            )
-            self._writers[topic] = writer
-            self._start(writer.run)
+            writer = self._writers[topic] = self._lane(topic)
         return writer
 
     def keep(self, stored: StoredHalf) -> None:

@@ -99,7 +99,10 @@ async def read_subject(
                 try:
                     msgs = await sub.fetch(min(FETCH_BATCH, remaining), timeout=2.0)
                 except nats.errors.TimeoutError:
-                    remaining = (await sub.consumer_info()).num_pending or 0
+                    if follow is None:
+                        remaining = (await sub.consumer_info()).num_pending or 0
+                    else:
+                        remaining = 0  # the next look fetches anyway: no need to ask
                     continue
             except LINK_TROUBLE as error:
                 if not transient(error):

@@ -75,6 +75,7 @@ async def ensure_streams(
             subjects=[layout.op_subject_filter()],
             max_age=retention,
             duplicate_window=DEDUPE_WINDOW,
+            allow_atomic=True,  # every partition's op records of a moment in one write
             storage=StorageType.FILE,
             num_replicas=replicas,
         ),

@@ -28,8 +28,14 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from txactors.observe.logs import get_logger
-from txactors.producer.txlog.decide import COMMITTED, ROLLED_BACK, LogUnavailable
-from txactors.producer.txlog.log import PRUNE_BATCH, TxLog, duplicate_txid
+from txactors.producer.txlog.decide import COMMITTED, ROLLED_BACK
+from txactors.producer.txlog.log import (
+    PRUNE_BATCH,
+    ConnectionLocal,
+    TxLog,
+    duplicate_txid,
+    unavailable_raised,
+)
 from txactors.producer.txlog.schema import (
     DECISION_LENGTH,
     GROUP_LENGTH,
@@ -53,18 +59,6 @@ table: Final = sa.Table(
 """The same table as `schema.CREATE_TABLE`, for `metadata.create_all` or Alembic."""
 
 
-class SqlAlchemyLocal:
-    """A local transaction on a pooled connection (`SqlAlchemyTxLog.local`)."""
-
-    def __init__(self, connection: AsyncConnection) -> None:
-        self.connection = connection
-        self.committed = False
-
-    async def commit(self) -> None:
-        await self.connection.commit()
-        self.committed = True
-
-
 class SqlAlchemyTxLog(TxLog[AsyncConnection]):
     """The log of `group` in the database of `engine`."""
 
@@ -83,9 +77,9 @@ class SqlAlchemyTxLog(TxLog[AsyncConnection]):
             raise duplicate_txid(self.group, txid) from error
 
     @asynccontextmanager
-    async def local(self) -> AsyncIterator[SqlAlchemyLocal]:
+    async def local(self) -> AsyncIterator[ConnectionLocal[AsyncConnection]]:
         async with self._engine.connect() as conn:
-            local = SqlAlchemyLocal(conn)
+            local = ConnectionLocal(conn)
             try:
                 await conn.begin()
                 yield local
@@ -98,25 +92,18 @@ class SqlAlchemyTxLog(TxLog[AsyncConnection]):
         query = sa.select(table.c.decision).where(
             table.c.producer_group == self.group, table.c.txid == txid
         )
-        try:
+        with unavailable_raised(_unavailable):
             async with self._engine.begin() as conn:
                 found = (await conn.execute(query)).scalar_one_or_none()
-        except Exception as error:
-            if _unavailable(error):
-                raise LogUnavailable(repr(error)) from error
-            raise
         return None if found is None else str(found)
 
     async def claim(self, txid: str) -> bool:
-        try:
-            async with self._engine.begin() as conn:
-                await conn.execute(table.insert().values(self._row(txid, ROLLED_BACK)))
-        except IntegrityError:
-            return False  # recorded first: the row says what happened
-        except Exception as error:
-            if _unavailable(error):
-                raise LogUnavailable(repr(error)) from error
-            raise
+        with unavailable_raised(_unavailable):
+            try:
+                async with self._engine.begin() as conn:
+                    await conn.execute(table.insert().values(self._row(txid, ROLLED_BACK)))
+            except IntegrityError:
+                return False  # recorded first: the row says what happened
         return True
 
     async def forget_before(self, cutoff: float) -> int:

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, contextmanager
 from typing import Generic, NoReturn, Protocol, TypeVar
 
 import anyio
@@ -38,7 +38,7 @@ from txactors.producer.checks import CheckView
 from txactors.producer.message import TxMessage
 from txactors.producer.producer import TransactionProducer
 from txactors.producer.transaction import TransactionResult
-from txactors.producer.txlog.decide import settle
+from txactors.producer.txlog.decide import LogUnavailable, settle
 from txactors.producer.txlog.retention import CLOCK_MARGIN, retention_age
 from txactors.wire.layout import validate_name
 from txactors.wire.protocol import Decision
@@ -174,6 +174,40 @@ class TxLog(ABC, Generic[C]):
             crash_if_armed(FaultPoint.AFTER_LOCAL_COMMIT)
         assert txn.result is not None  # the block's exit ended it
         return txn.result
+
+
+class Commits(Protocol):
+    """A driver's connection whose `commit()` ends its transaction."""
+
+    async def commit(self) -> None: ...
+
+
+K = TypeVar("K", bound=Commits)
+
+
+class ConnectionLocal(Generic[K]):
+    """A local transaction on `connection` (`TxLog.local` of a backend whose driver commits
+    on the connection)."""
+
+    def __init__(self, connection: K) -> None:
+        self.connection = connection
+        self.committed = False
+
+    async def commit(self) -> None:
+        await self.connection.commit()
+        self.committed = True
+
+
+@contextmanager
+def unavailable_raised(unavailable: Callable[[Exception], bool]) -> Iterator[None]:
+    """An error that `unavailable` says is the database's (connection lost, lock timeout)
+    raised as `LogUnavailable`: the check answers UNKNOWN and is asked again later."""
+    try:
+        yield
+    except Exception as error:
+        if unavailable(error):
+            raise LogUnavailable(repr(error)) from error
+        raise
 
 
 def duplicate_txid(group: str, txid: str) -> RolledBackByCheck:

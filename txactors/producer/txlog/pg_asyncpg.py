@@ -16,8 +16,8 @@ from typing import Any
 import anyio
 
 from txactors.observe.logs import get_logger
-from txactors.producer.txlog.decide import COMMITTED, ROLLED_BACK, LogUnavailable
-from txactors.producer.txlog.log import PRUNE_BATCH, TxLog, duplicate_txid
+from txactors.producer.txlog.decide import COMMITTED, ROLLED_BACK
+from txactors.producer.txlog.log import PRUNE_BATCH, TxLog, duplicate_txid, unavailable_raised
 from txactors.producer.txlog.postgres import DDL_LOCK, DURABLE, UNIQUE_VIOLATION, is_transient
 from txactors.producer.txlog.schema import CREATE_INDEX, CREATE_TABLE, TABLE
 
@@ -77,30 +77,22 @@ class AsyncpgTxLog(TxLog[Any]):
                         await _rollback(transaction)
 
     async def lookup(self, txid: str) -> str | None:
-        try:
+        with unavailable_raised(is_transient):
             async with self._pool.acquire() as conn:
                 found = await conn.fetchval(
                     f"SELECT decision FROM {TABLE} WHERE producer_group = $1 AND txid = $2",
                     self.group,
                     txid,
                 )
-        except Exception as error:
-            if is_transient(error):
-                raise LogUnavailable(repr(error)) from error
-            raise
         return None if found is None else str(found)
 
     async def claim(self, txid: str) -> bool:
-        try:
+        with unavailable_raised(is_transient):
             async with self._pool.acquire() as conn, conn.transaction():
                 await conn.execute(DURABLE)
                 status = await conn.execute(
                     f"{_INSERT} ON CONFLICT DO NOTHING", self.group, txid, ROLLED_BACK, time.time()
                 )
-        except Exception as error:
-            if is_transient(error):
-                raise LogUnavailable(repr(error)) from error
-            raise
         return bool(status == "INSERT 0 1")
 
     async def forget_before(self, cutoff: float) -> int:

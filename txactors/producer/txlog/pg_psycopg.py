@@ -18,8 +18,14 @@ import anyio
 import psycopg
 
 from txactors.observe.logs import get_logger
-from txactors.producer.txlog.decide import COMMITTED, ROLLED_BACK, LogUnavailable
-from txactors.producer.txlog.log import PRUNE_BATCH, TxLog, duplicate_txid
+from txactors.producer.txlog.decide import COMMITTED, ROLLED_BACK
+from txactors.producer.txlog.log import (
+    PRUNE_BATCH,
+    ConnectionLocal,
+    TxLog,
+    duplicate_txid,
+    unavailable_raised,
+)
 from txactors.producer.txlog.postgres import DDL_LOCK, DURABLE, is_transient
 from txactors.producer.txlog.schema import CREATE_INDEX, CREATE_TABLE, TABLE
 
@@ -35,18 +41,6 @@ class PsycopgPool(Protocol):
     """What we use of a `psycopg_pool.AsyncConnectionPool`."""
 
     def connection(self) -> AbstractAsyncContextManager[Connection]: ...
-
-
-class PsycopgLocal:
-    """A local transaction on a pooled connection (`PsycopgTxLog.local`)."""
-
-    def __init__(self, connection: Connection) -> None:
-        self.connection = connection
-        self.committed = False
-
-    async def commit(self) -> None:
-        await self.connection.commit()
-        self.committed = True
 
 
 class PsycopgTxLog(TxLog[Connection]):
@@ -70,9 +64,9 @@ class PsycopgTxLog(TxLog[Connection]):
             raise duplicate_txid(self.group, txid) from error
 
     @asynccontextmanager
-    async def local(self) -> AsyncIterator[PsycopgLocal]:
+    async def local(self) -> AsyncIterator[ConnectionLocal[Connection]]:
         async with self._pool.connection() as conn:
-            local = PsycopgLocal(conn)
+            local = ConnectionLocal(conn)
             try:
                 await conn.execute(DURABLE)  # begins the transaction (autocommit is off)
                 yield local
@@ -82,7 +76,7 @@ class PsycopgTxLog(TxLog[Connection]):
                         await _rollback(conn)
 
     async def lookup(self, txid: str) -> str | None:
-        try:
+        with unavailable_raised(_unavailable):
             async with self._pool.connection() as conn:
                 cursor = await conn.execute(
                     f"SELECT decision FROM {TABLE} WHERE producer_group = %s AND txid = %s",
@@ -90,14 +84,10 @@ class PsycopgTxLog(TxLog[Connection]):
                 )
                 row = await cursor.fetchone()
                 await conn.rollback()  # a read: nothing to commit
-        except Exception as error:
-            if _unavailable(error):
-                raise LogUnavailable(repr(error)) from error
-            raise
         return None if row is None else str(row[0])
 
     async def claim(self, txid: str) -> bool:
-        try:
+        with unavailable_raised(_unavailable):
             async with self._pool.connection() as conn:
                 await conn.execute(DURABLE)
                 cursor = await conn.execute(
@@ -106,10 +96,6 @@ class PsycopgTxLog(TxLog[Connection]):
                 )
                 claimed = cursor.rowcount == 1
                 await conn.commit()
-        except Exception as error:
-            if _unavailable(error):
-                raise LogUnavailable(repr(error)) from error
-            raise
         return claimed
 
     async def forget_before(self, cutoff: float) -> int:

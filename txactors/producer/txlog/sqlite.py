@@ -29,7 +29,7 @@ import anyio
 from txactors.consumer.idempotent import _sqlite_durable
 from txactors.observe.logs import get_logger
 from txactors.producer.txlog.decide import COMMITTED, ROLLED_BACK, LogUnavailable
-from txactors.producer.txlog.log import PRUNE_BATCH, TxLog, duplicate_txid
+from txactors.producer.txlog.log import PRUNE_BATCH, ConnectionLocal, TxLog, duplicate_txid
 from txactors.producer.txlog.schema import CREATE_INDEX, CREATE_TABLE, TABLE
 
 log = get_logger(__name__)
@@ -37,16 +37,8 @@ log = get_logger(__name__)
 DEFAULT_BUSY_TIMEOUT = 5.0
 
 
-class SqliteLocal:
-    """A local transaction on the log's connection (`SqliteTxLog.local`)."""
-
-    def __init__(self, connection: aiosqlite.Connection) -> None:
-        self.connection = connection
-        self.committed = False
-
-    async def commit(self) -> None:
-        await self.connection.commit()
-        self.committed = True
+SqliteLocal = ConnectionLocal[aiosqlite.Connection]
+"""A local transaction on the log's connection (`SqliteTxLog.local`)."""
 
 
 class SqliteTxLog(TxLog[aiosqlite.Connection]):

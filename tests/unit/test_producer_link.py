@@ -1,0 +1,242 @@
+"""The bookkeeping of the producer's batched links (producer/link.py), without NATS: which
+calls go out now, how a round is cut into requests, what each item is answered, and what a
+refusal teaches about an older coordinator."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+import pytest
+
+from txactors.errors import ActorDeadError, CommandError
+from txactors.producer.link import (
+    Coalescer,
+    Dialect,
+    EndVerb,
+    PrepareVerb,
+    answers,
+    chunks,
+)
+from txactors.wire.protocol import (
+    OLDEST_VERSION,
+    PROTOCOL_VERSION,
+    Decision,
+    EndBatch,
+    Ended,
+    EndedBatch,
+    EndItem,
+    EndTransaction,
+    Error,
+    ErrorCode,
+    OutgoingMessage,
+    Prepare,
+    PrepareBatch,
+    Prepared,
+    PreparedBatch,
+    PrepareItem,
+)
+
+# -- Coalescer ----------------------------------------------------------------------------------
+
+
+def test_a_call_goes_at_once_when_nothing_is_in_flight_and_queues_otherwise() -> None:
+    link: Coalescer[str] = Coalescer()
+    assert link.submit("a") is True
+    assert (link.submit("b"), link.submit("c")) == (False, False)
+    assert (link.in_flight, len(link)) == (1, 2)
+    assert link.finished() == ["b", "c"]  # everything queued is the next round
+    assert (link.in_flight, len(link)) == (1, 0)
+    assert link.finished() == []  # nothing queued: the link is idle
+    assert link.in_flight == 0
+    assert link.submit("d") is True
+
+
+def test_a_withdrawn_call_is_not_in_the_next_round() -> None:
+    link: Coalescer[str] = Coalescer()
+    link.submit("a")
+    link.submit("b")
+    link.submit("c")
+    assert link.withdraw("b") is True
+    assert link.withdraw("b") is False  # no longer queued
+    assert link.withdraw("a") is False  # sent: not queued at all
+    assert link.finished() == ["c"]
+
+
+def test_a_wider_window_sends_that_many_rounds_before_queueing() -> None:
+    link: Coalescer[str] = Coalescer(window=2)
+    assert [link.submit(x) for x in "abc"] == [True, True, False]
+    assert link.finished() == ["c"]
+    assert link.in_flight == 2
+    assert link.finished() == []
+    assert link.submit("d") is True
+
+
+# -- chunks -------------------------------------------------------------------------------------
+
+
+def sized(items: Sequence[int]) -> bytes:
+    """An item `n` takes n bytes; a request adds 10."""
+    return b"x" * (10 + sum(items))
+
+
+def small_answer(item: int) -> int:
+    return 1
+
+
+def test_a_round_is_cut_at_the_item_cap_in_order() -> None:
+    parts = chunks(list(range(20)), 8, sized, 10_000, small_answer)
+    assert [list(items) for items, _ in parts] == [
+        list(range(8)),
+        list(range(8, 16)),
+        list(range(16, 20)),
+    ]
+    assert all(payload == sized(items) for items, payload in parts)
+
+
+def test_a_round_too_large_is_halved_until_every_request_fits() -> None:
+    items = [300] * 7
+    parts = chunks(items, 256, sized, 1_000, small_answer)
+    assert sum(len(part) for part, _ in parts) == 7
+    assert all(len(payload) <= 1_000 for _, payload in parts)
+    assert len(parts) == 3  # 7 → 3 + 4 → 3 + 2 + 2
+
+
+def test_one_item_too_large_goes_alone_for_the_server_to_refuse() -> None:
+    parts = chunks([5, 2_000, 5], 256, sized, 1_000, small_answer)
+    assert [list(part) for part, _ in parts] == [[5], [2_000], [5]]
+
+
+def test_a_request_carries_no_more_items_than_their_answers_fit() -> None:
+    parts = chunks([1] * 10, 256, sized, 1_000, lambda item: 300)
+    assert [len(part) for part, _ in parts] == [3, 3, 3, 1]
+
+
+def test_the_answer_bound_is_no_looser_than_the_coordinators() -> None:
+    """The coordinator counts an item's answer at its longest (an `Error` of 300 escaped
+    characters, or a `Prepared` with a 128-character txid and 20-digit sequences) and refuses
+    a batch whose answers could outgrow a reply: each item is counted at least that long."""
+    longest_txid = "x" * 128
+    error = Error("unsupported_version", "\x00" * 300, retry_after=1.7976931348623157e308)
+    assert len(msgspec.json.encode(error)) < PrepareVerb("g", "p").answer_size(
+        PrepareItem(txid=longest_txid, messages=[])
+    )
+    assert len(msgspec.json.encode(error)) < EndVerb().answer_size(
+        EndItem(txid=longest_txid, token="0" * 32, decision=Decision.COMMIT)
+    )
+    messages = [OutgoingMessage(topic="t", body=b"")] * 1000
+    prepared = Prepared(txid=longest_txid, token="0" * 32, seqs=[2**64 - 1] * 1000)
+    assert len(msgspec.json.encode(prepared)) < PrepareVerb("g", "p").answer_size(
+        PrepareItem(txid=longest_txid, messages=messages)
+    )
+
+
+# -- answers ------------------------------------------------------------------------------------
+
+
+def prepared(txid: str) -> Prepared:
+    return Prepared(txid=txid, token="t", seqs=[1])
+
+
+def test_a_batch_reply_answers_each_item_its_own_result() -> None:
+    refused = Error(ErrorCode.FORBIDDEN, "not yours", retry_after=2.0)
+    got = answers(PreparedBatch(results=[prepared("a"), refused, prepared("c")]), 3, PreparedBatch)
+    assert got[0] == prepared("a") and got[2] == prepared("c")
+    assert isinstance(got[1], CommandError)
+    assert (got[1].code, got[1].message, got[1].retry_after) == (
+        ErrorCode.FORBIDDEN,
+        "not yours",
+        2.0,
+    )
+
+
+def test_an_error_for_the_whole_request_reaches_every_item_as_its_own_exception() -> None:
+    got = answers(Error(ErrorCode.INTERNAL, "disk", retry_after=1.0), 3, PreparedBatch)
+    assert all(isinstance(e, CommandError) and e.retry_after == 1.0 for e in got)
+    assert len({id(e) for e in got}) == 3  # raised in three tasks: one each
+    dead = answers(ActorDeadError("nobody"), 2, None)
+    assert [type(e) for e in dead] == [ActorDeadError, ActorDeadError]
+    assert dead[0] is not dead[1]
+
+
+def test_a_single_reply_answers_a_single_request() -> None:
+    assert answers(Ended(txid="a", state="committed"), 1, None) == [
+        Ended(txid="a", state="committed")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("reply", "count", "batch"),
+    [
+        (PreparedBatch(results=[prepared("a")]), 2, PreparedBatch),  # too few results
+        (EndedBatch(results=[]), 1, None),  # a batch answer to a single request
+        (prepared("a"), 2, PreparedBatch),  # a single answer to a batch
+    ],
+)
+def test_a_reply_that_does_not_fit_the_request_fails_every_item(
+    reply: object, count: int, batch: type | None
+) -> None:
+    got = answers(reply, count, batch)
+    assert len(got) == count
+    assert all(isinstance(e, CommandError) and e.code == ErrorCode.INTERNAL for e in got)
+
+
+# -- Dialect ------------------------------------------------------------------------------------
+
+
+def test_a_batch_refused_as_unknown_turns_batches_off_and_keeps_the_version() -> None:
+    dialect = Dialect()
+    assert dialect.refused(ErrorCode.UNKNOWN_COMMAND, batch=True, version=PROTOCOL_VERSION)
+    assert (dialect.batches, dialect.version) == (False, PROTOCOL_VERSION)
+
+
+def test_a_batch_refused_whole_as_a_bad_request_goes_again_alone_and_batches_stay_on() -> None:
+    """More items (or longer answers) than that coordinator takes: nothing was executed."""
+    dialect = Dialect()
+    assert dialect.refused(ErrorCode.BAD_REQUEST, batch=True, version=PROTOCOL_VERSION)
+    assert (dialect.batches, dialect.version) == (True, PROTOCOL_VERSION)
+
+
+def test_a_version_refused_steps_down_to_the_oldest_once() -> None:
+    dialect = Dialect()
+    assert dialect.refused(ErrorCode.UNSUPPORTED_VERSION, batch=False, version=PROTOCOL_VERSION)
+    assert (dialect.batches, dialect.version) == (False, OLDEST_VERSION)
+    # Refused again in the oldest version: a real refusal, for the caller.
+    assert not dialect.refused(ErrorCode.UNSUPPORTED_VERSION, batch=False, version=OLDEST_VERSION)
+
+
+@pytest.mark.parametrize(
+    ("code", "batch"),
+    [
+        (ErrorCode.UNKNOWN_COMMAND, False),  # a single verb is no news about batches
+        (ErrorCode.BAD_REQUEST, False),  # a lone command's refusal is its caller's
+        (ErrorCode.FORBIDDEN, True),
+        (ErrorCode.INTERNAL, True),
+    ],
+)
+def test_other_refusals_are_the_callers(code: str, batch: bool) -> None:
+    dialect = Dialect()
+    assert not dialect.refused(code, batch=batch, version=PROTOCOL_VERSION)
+    assert (dialect.batches, dialect.version) == (True, PROTOCOL_VERSION)
+
+
+# -- the verbs ----------------------------------------------------------------------------------
+
+
+def test_one_item_travels_as_the_single_verb_and_more_as_the_batch() -> None:
+    message = OutgoingMessage(topic="orders", body=b"x")
+    items = [PrepareItem(txid="a", messages=[message]), PrepareItem(txid="b", messages=[])]
+    verb = PrepareVerb("shop", "p1")
+    alone = msgspec.msgpack.decode(verb.encode(items[:1], 3), type=Prepare | PrepareBatch)
+    assert alone == Prepare(
+        txid="a", group="shop", producer="p1", messages=[message], token=None, version=3
+    )
+    both = msgspec.msgpack.decode(verb.encode(items, 2), type=Prepare | PrepareBatch)
+    assert both == PrepareBatch(group="shop", producer="p1", items=items, version=2)
+
+    ends = [EndItem(txid=t, token="k", decision=Decision.COMMIT) for t in "ab"]
+    decode = msgspec.msgpack.Decoder(EndTransaction | EndBatch).decode
+    assert decode(EndVerb().encode(ends[:1], 3)) == EndTransaction(
+        txid="a", token="k", decision=Decision.COMMIT, version=3
+    )
+    assert decode(EndVerb().encode(ends, 3)) == EndBatch(items=ends, version=3)

@@ -1,0 +1,615 @@
+"""The producer's link to one coordinator partition: many transactions per request.
+
+Per partition and verb (prepare, acknowledged end) at most `WINDOW` *rounds* of requests are
+in flight. A call that finds none goes out at once, alone, as the single verb (`Prepare`,
+`EndTransaction`): a lone caller waits for nothing, and nothing waits on a timer. Calls made
+while a round is in flight queue; when it completes, everything queued goes as the next
+round: one `PrepareBatch` / `EndBatch`, split only where a request would carry more than
+`max_items` or not fit the server's `max_payload`. A busy link so carries as many
+transactions per message as arrived during one round trip. One-way ends issued in one
+event-loop turn go as one publish (`OnewayLink`).
+
+Each item's answer goes to its caller; a failure of the whole request (no answer in time,
+nobody serving the subject, a batch-level `Error`, a publish that failed) to every caller in
+it, raised as a single request's would be. Each caller's timeout counts from its own call.
+A caller that gives up (cancelled, timed out) while its item is queued takes the item out:
+it is never sent; after it was sent, its answer is dropped, and once every caller of a
+request gave up, that request no longer holds the window.
+
+A command refused whole for what it is executed nothing, so its items go again alone: a
+coordinator that does not serve batches (`unknown_command`) or protocol version 3
+(`unsupported_version`) gets single verbs, in the version it speaks, from then on (`Dialect`,
+shared by the partition's links); a batch refused `bad_request` (more items, or longer
+answers, than that coordinator takes in one) is sent alone that once. A batch never carries
+more than the coordinator's bound on its answer admits (`ITEM_ANSWER_BYTES`).
+
+`Coalescer`, `chunks`, `answers` and `Dialect` are the bookkeeping, without I/O;
+`PartitionLink`, `OnewayLink` and `Inbox` carry it out on NATS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import itertools
+from collections import deque
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar
+
+import nats.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.api import Header
+
+from txactors.errors import ActorDeadError, AskTimeout, CommandError
+from txactors.nats.link import NO_RESPONDERS
+from txactors.observe.logs import get_logger
+from txactors.wire.protocol import (
+    OLDEST_VERSION,
+    PROTOCOL_VERSION,
+    Codec,
+    EndBatch,
+    Ended,
+    EndedBatch,
+    EndItem,
+    EndTransaction,
+    Error,
+    ErrorCode,
+    Prepare,
+    PrepareBatch,
+    Prepared,
+    PreparedBatch,
+    PrepareItem,
+    encode,
+    encoding_of,
+)
+
+log = get_logger(__name__)
+
+WINDOW: Final = 1
+"""Rounds in flight per partition and verb. One: the coordinator group-commits what one
+round brings, and what arrives meanwhile makes the next round bigger instead of another
+request (and another write) of its own."""
+DEFAULT_MAX_ITEMS: Final = 256
+"""Items per batch request, at most."""
+REQUEST_HEADROOM: Final = 1024
+"""Bytes of `max_payload` a request leaves unused: NATS refuses a larger one outright."""
+ITEM_ANSWER_BYTES: Final = 2048
+"""An item's answer in a batch reply at its longest, as the coordinator counts it before it
+accepts a batch (`answerable_items` in coordinator/boundary.py: an `Error` whose message of
+up to 300 characters is all escapes in JSON), rounded up: a batch whose answers could outgrow
+`max_payload` is refused whole, so a request carries no more than fit."""
+PREPARED_ANSWER_BYTES: Final = 256
+SEQ_ANSWER_BYTES: Final = 24
+"""A `Prepared` at its longest: a 128-character txid, the token, and per message a 20-digit
+sequence and its separator (rounded up, as above)."""
+
+W = TypeVar("W")
+I = TypeVar("I", bound=PrepareItem | EndItem)  # noqa: E741
+R = TypeVar("R", Prepared, Ended)
+Item = TypeVar("Item", contravariant=True)
+
+
+# -- the bookkeeping ----------------------------------------------------------------------------
+
+
+class Coalescer(Generic[W]):
+    """Which calls of one partition and verb go out now, and which wait for the next round."""
+
+    __slots__ = ("_queue", "_rounds", "window")
+
+    def __init__(self, window: int = WINDOW) -> None:
+        self.window = window
+        self._queue: deque[W] = deque()
+        self._rounds = 0
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    @property
+    def in_flight(self) -> int:
+        """Rounds sent and not finished."""
+        return self._rounds
+
+    def submit(self, item: W) -> bool:
+        """True: send `item` now, as a round of its own; False: it waits in the queue."""
+        if self._rounds < self.window:
+            self._rounds += 1
+            return True
+        self._queue.append(item)
+        return False
+
+    def withdraw(self, item: W) -> bool:
+        """Take a queued item out (its caller gave up); False when it is not queued."""
+        try:
+            self._queue.remove(item)
+        except ValueError:
+            return False
+        return True
+
+    def finished(self) -> list[W]:
+        """A round ended: everything queued is the next round (in flight from now on), or
+        nothing is."""
+        self._rounds -= 1
+        if not self._queue:
+            return []
+        queued = list(self._queue)
+        self._queue.clear()
+        self._rounds += 1
+        return queued
+
+
+def chunks(
+    items: Sequence[W],
+    max_items: int,
+    encode: Callable[[Sequence[W]], bytes],
+    limit: int,
+    answer_size: Callable[[W], int],
+) -> list[tuple[Sequence[W], bytes]]:
+    """`items`, in order, as requests with their payloads: at most `max_items` each, whose
+    answers (`answer_size` each, at their longest) and encoding (`encode`) fit in `limit`
+    bytes; a request too large is halved until it fits. One item stays alone whatever its
+    size: NATS or the coordinator refuses it as it would refuse it sent alone."""
+    requests: list[tuple[Sequence[W], bytes]] = []
+    start, answers = 0, 0
+    for end, item in enumerate(items):
+        size = answer_size(item)
+        if end > start and (end - start == max_items or answers + size > limit):
+            _fit(items[start:end], encode, limit, requests)
+            start, answers = end, 0
+        answers += size
+    if start < len(items):
+        _fit(items[start:], encode, limit, requests)
+    return requests
+
+
+def _fit(
+    items: Sequence[W],
+    encode: Callable[[Sequence[W]], bytes],
+    limit: int,
+    requests: list[tuple[Sequence[W], bytes]],
+) -> None:
+    payload = encode(items)
+    if len(payload) <= limit or len(items) == 1:
+        requests.append((items, payload))
+        return
+    half = len(items) // 2
+    _fit(items[:half], encode, limit, requests)
+    _fit(items[half:], encode, limit, requests)
+
+
+def answers(reply: object, count: int, batch: type[Any] | None) -> list[object]:
+    """What each of a request's `count` items gets: its reply, or the exception to raise.
+
+    `reply` is the decoded reply (or the exception every item gets); `batch` the batch reply
+    type when the request was a batch, None when it was a single verb."""
+    if isinstance(reply, BaseException):
+        return [copy.copy(reply) for _ in range(count)]
+    if isinstance(reply, Error):
+        return [_refusal(reply) for _ in range(count)]
+    results = reply.results if isinstance(reply, PreparedBatch | EndedBatch) else None
+    if batch is not None and isinstance(reply, batch) and len(results or ()) == count:
+        return [_refusal(r) if isinstance(r, Error) else r for r in results or ()]
+    if batch is None and count == 1 and results is None:
+        return [reply]
+    shape = type(reply).__name__ if results is None else f"{len(results)} results"
+    problem = f"the coordinator answered {count} items with {shape}"
+    return [CommandError(ErrorCode.INTERNAL, problem) for _ in range(count)]
+
+
+def _refusal(error: Error) -> CommandError:
+    return CommandError(error.code, error.message, error.retry_after)
+
+
+class Dialect:
+    """What one partition's coordinator speaks, learnt from its answers: batches and protocol
+    version 3 until it refuses them (an older coordinator); shared by the partition's links.
+
+    A one-way end has no answer to learn from, and an older coordinator would drop a batch of
+    them unseen: one-way ends go as a batch only once a batch was answered (`served`)."""
+
+    __slots__ = ("batches", "served", "version")
+
+    def __init__(self) -> None:
+        self.batches = True
+        self.served = False
+        self.version = PROTOCOL_VERSION
+
+    def refused(self, code: str, *, batch: bool, version: int) -> bool:
+        """A command (a batch or not, in `version`) was refused whole with `code`. True when
+        nothing of it was executed and its items are to go again alone, as this dialect says
+        from now on: an older coordinator's refusal of the version or of batches, or a batch
+        refused `bad_request` (more items, or longer answers, than that coordinator takes in
+        one; alone, each item gets its own answer)."""
+        if code == ErrorCode.UNSUPPORTED_VERSION and version > OLDEST_VERSION:
+            self.batches, self.version = False, OLDEST_VERSION
+            return True
+        if code == ErrorCode.UNKNOWN_COMMAND and batch:
+            self.batches = False
+            return True
+        return code == ErrorCode.BAD_REQUEST and batch
+
+
+# -- the verbs ----------------------------------------------------------------------------------
+
+
+class Verb(Protocol[Item]):
+    """How items of one kind travel: alone as the single verb, together as its batch."""
+
+    replies: ClassVar[Codec[Any]]
+    batch_reply: ClassVar[type[Any]]
+
+    def encode(self, items: Sequence[Item], version: int) -> bytes: ...
+
+    def answer_size(self, item: Item) -> int:
+        """The bytes of the item's answer in a batch reply, at most."""
+        ...
+
+
+class PrepareVerb:
+    """Prepares of one producer instance: `Prepare` alone, `PrepareBatch` together."""
+
+    replies: ClassVar[Codec[Any]] = Codec(Prepared | PreparedBatch | Error)
+    batch_reply: ClassVar[type[Any]] = PreparedBatch
+
+    __slots__ = ("group", "producer")
+
+    def __init__(self, group: str, producer: str) -> None:
+        self.group = group
+        self.producer = producer
+
+    def answer_size(self, item: PrepareItem) -> int:
+        prepared = PREPARED_ANSWER_BYTES + SEQ_ANSWER_BYTES * len(item.messages)
+        return max(ITEM_ANSWER_BYTES, prepared)
+
+    def encode(self, items: Sequence[PrepareItem], version: int) -> bytes:
+        if len(items) == 1:
+            [item] = items
+            return encode(
+                Prepare(
+                    txid=item.txid,
+                    group=self.group,
+                    producer=self.producer,
+                    messages=item.messages,
+                    token=item.token,
+                    version=version,
+                )
+            )
+        return encode(
+            PrepareBatch(
+                group=self.group, producer=self.producer, items=list(items), version=version
+            )
+        )
+
+
+class EndVerb:
+    """Ends: `EndTransaction` alone, `EndBatch` together."""
+
+    replies: ClassVar[Codec[Any]] = Codec(Ended | EndedBatch | Error)
+    batch_reply: ClassVar[type[Any]] = EndedBatch
+
+    __slots__ = ()
+
+    def answer_size(self, item: EndItem) -> int:
+        return ITEM_ANSWER_BYTES
+
+    def encode(self, items: Sequence[EndItem], version: int) -> bytes:
+        if len(items) == 1:
+            [item] = items
+            return encode(
+                EndTransaction(
+                    txid=item.txid, token=item.token, decision=item.decision, version=version
+                )
+            )
+        return encode(EndBatch(items=list(items), version=version))
+
+
+# -- on NATS ------------------------------------------------------------------------------------
+
+
+class _Waiter(Generic[I]):
+    """One caller's item, and where its answer goes."""
+
+    __slots__ = ("future", "item", "request")
+
+    def __init__(self, item: I, future: asyncio.Future[Any]) -> None:
+        self.item: I = item
+        self.future = future
+        self.request: _Request | None = None
+        """The request that carries it, once sent."""
+
+
+class _Round:
+    """The requests sent for one round; it ends when all are answered or given up."""
+
+    __slots__ = ("pending", "sealed")
+
+    def __init__(self) -> None:
+        self.pending = 0
+        self.sealed = False
+        """Every request of the round is issued: a round ends only after that."""
+
+
+class _Request:
+    __slots__ = ("batch", "done", "link", "live", "round", "token", "version", "waiters")
+
+    def __init__(
+        self,
+        link: PartitionLink[Any, Any],
+        waiters: Sequence[_Waiter[Any]],
+        round_: _Round | None,
+        version: int,
+    ) -> None:
+        self.link = link
+        self.waiters = waiters
+        self.round = round_
+        self.batch = len(waiters) > 1
+        self.version = version
+        self.live = len(waiters)
+        """Callers still waiting for it: none left, it holds the window no longer."""
+        self.done = False
+        self.token = ""
+
+
+class Inbox:
+    """The replies to one producer's requests, on one subscription of its own: each reply
+    settles its request, with no task or timer per request."""
+
+    def __init__(self, nc: Client) -> None:
+        self._nc = nc
+        self._prefix = ""
+        self._subscription: Subscription | None = None
+        self._opening = asyncio.Lock()
+        self._requests: dict[str, _Request] = {}
+        self._tokens = itertools.count()
+
+    async def open(self) -> None:
+        """Subscribe, the first time."""
+        if self._subscription is not None:
+            return
+        async with self._opening:
+            if self._subscription is None:
+                prefix = self._nc.new_inbox()
+                self._subscription = await self._nc.subscribe(f"{prefix}.*", cb=self._answered)
+                self._prefix = prefix
+
+    def register(self, request: _Request) -> str:
+        """The reply subject for `request`, which its reply will settle."""
+        request.token = str(next(self._tokens))
+        self._requests[request.token] = request
+        return f"{self._prefix}.{request.token}"
+
+    def forget(self, request: _Request) -> None:
+        self._requests.pop(request.token, None)
+
+    async def close(self) -> None:
+        """Unsubscribe (a request still out is then answered nowhere: its callers time out)."""
+        subscription, self._subscription = self._subscription, None
+        if subscription is not None:
+            with contextlib.suppress(nats.errors.Error):  # a closed connection has none left
+                await subscription.unsubscribe()
+
+    async def _answered(self, msg: Msg) -> None:
+        request = self._requests.pop(msg.subject[len(self._prefix) + 1 :], None)
+        if request is not None:
+            await request.link.answered(request, msg)
+
+
+class _Link(Generic[I]):
+    """What both kinds of link do: cut what goes to one subject into requests."""
+
+    def __init__(
+        self, nc: Client, subject: str, verb: Verb[I], dialect: Dialect, max_items: int
+    ) -> None:
+        self.subject = subject
+        self._nc = nc
+        self._verb: Verb[I] = verb
+        self._dialect = dialect
+        self._max_items = max_items
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _requests(
+        self, waiters: Sequence[_Waiter[I]], batches: bool
+    ) -> list[tuple[Sequence[_Waiter[I]], bytes]]:
+        """`waiters` as requests with their payloads: batches (`chunks`), or one each."""
+        if not batches:
+            return [([waiter], self._encode([waiter])) for waiter in waiters]
+        limit = self._nc.max_payload - REQUEST_HEADROOM
+        size = self._verb.answer_size
+        return chunks(waiters, self._max_items, self._encode, limit, lambda w: size(w.item))
+
+    def _encode(self, waiters: Sequence[_Waiter[I]]) -> bytes:
+        return self._verb.encode([w.item for w in waiters], self._dialect.version)
+
+
+class PartitionLink(_Link[I], Generic[I, R]):
+    """Requests of one verb to one partition, coalesced while a round is in flight."""
+
+    def __init__(
+        self,
+        nc: Client,
+        subject: str,
+        verb: Verb[I],
+        inbox: Inbox,
+        dialect: Dialect,
+        *,
+        max_items: int = DEFAULT_MAX_ITEMS,
+    ) -> None:
+        super().__init__(nc, subject, verb, dialect, max_items)
+        self._inbox = inbox
+        self._coalescer: Coalescer[_Waiter[I]] = Coalescer()
+
+    async def ask(self, item: I, timeout: float) -> R:
+        """`item`'s answer; raises `CommandError` for its `Error`, `AskTimeout` when none came
+        within `timeout` of this call, `ActorDeadError` when nobody serves the subject, or the
+        client's error when the request could not be sent."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        waiter: _Waiter[I] = _Waiter(item, loop.create_future())
+        try:
+            if not self._dialect.batches:
+                await self._issue([waiter], None, self._encode([waiter]))
+            elif self._coalescer.submit(waiter):
+                await self._send_round([waiter])
+            reply: R = await asyncio.wait_for(waiter.future, deadline - loop.time())
+        except TimeoutError:
+            self._abandon(waiter)
+            raise AskTimeout(f"{self.subject} did not answer within {timeout}s") from None
+        except BaseException:
+            self._abandon(waiter)
+            raise
+        return reply
+
+    async def answered(self, request: _Request, msg: Msg) -> None:
+        """`msg` answers `request`: settle its callers, and send what queued meanwhile."""
+        reply = self._decode(msg)
+        if isinstance(reply, Error) and self._dialect.refused(
+            reply.code, batch=request.batch, version=request.version
+        ):
+            log.warning(
+                "batch_sent_again_alone" if self._dialect.batches else "coordinator_speaks_older",
+                subject=self.subject,
+                code=reply.code,
+                reason=reply.message,
+                items=len(request.waiters),
+                batches=self._dialect.batches,
+                version=self._dialect.version,
+            )
+            following = self._finish(request)
+            for waiter in request.waiters:  # nothing was executed: the same, alone
+                if not waiter.future.done():
+                    await self._issue([waiter], None, self._encode([waiter]))
+        else:
+            batch = self._verb.batch_reply if request.batch else None
+            if batch is not None and isinstance(reply, batch):
+                self._dialect.served = True
+            following = self._settle(request, answers(reply, len(request.waiters), batch))
+        if following:
+            await self._send_round(following)
+
+    def _decode(self, msg: Msg) -> object:
+        if (msg.headers or {}).get(Header.STATUS) == NO_RESPONDERS:
+            return ActorDeadError(f"no actor is serving {self.subject!r}")
+        encoding = encoding_of(msg.headers)
+        if isinstance(encoding, Error):
+            return Error(encoding.code, f"unreadable reply: {encoding.message}")
+        return self._verb.replies.decode(msg.data, encoding)
+
+    async def _send_round(self, waiters: Sequence[_Waiter[I]]) -> None:
+        """Send `waiters` (callers who gave up meanwhile left out) as one round."""
+        round_ = _Round()
+        try:
+            live = [waiter for waiter in waiters if not waiter.future.done()]
+            for part, payload in self._requests(live, self._dialect.batches):
+                await self._issue(part, round_, payload)
+        finally:  # also when cut off: an empty round must not hold the window
+            round_.sealed = True
+            if round_.pending == 0:
+                self._spawn_round(self._coalescer.finished())
+
+    async def _issue(
+        self, waiters: Sequence[_Waiter[I]], round_: _Round | None, payload: bytes
+    ) -> None:
+        """Send one request carrying `waiters`, as part of `round_` (None: outside rounds)."""
+        await self._inbox.open()
+        request = _Request(self, waiters, round_, self._dialect.version)
+        for waiter in waiters:
+            waiter.request = request
+        if round_ is not None:
+            round_.pending += 1
+        reply = self._inbox.register(request)
+        try:
+            await self._nc.publish(self.subject, payload, reply=reply)
+        except Exception as error:  # not sent: each caller gets the client's error
+            self._inbox.forget(request)
+            # Its round is not sealed yet (or it has none): this cannot end a round.
+            self._settle(request, answers(error, len(waiters), None))
+
+    def _settle(self, request: _Request, outcomes: Sequence[object]) -> list[_Waiter[I]]:
+        """Hand each caller its outcome; returns the next round, when this ended one."""
+        _hand_out(request.waiters, outcomes)
+        return self._finish(request)
+
+    def _finish(self, request: _Request) -> list[_Waiter[I]]:
+        request.done = True
+        round_ = request.round
+        if round_ is None:
+            return []
+        round_.pending -= 1
+        if round_.pending or not round_.sealed:
+            return []
+        return self._coalescer.finished()
+
+    def _abandon(self, waiter: _Waiter[I]) -> None:
+        """Its caller gave up: a queued item is never sent; a request nobody waits for any
+        more stops holding the window."""
+        waiter.future.cancel()
+        request = waiter.request
+        if request is None:
+            self._coalescer.withdraw(waiter)
+            return
+        if request.done:
+            return
+        request.live -= 1
+        if request.live == 0:
+            self._inbox.forget(request)
+            self._spawn_round(self._finish(request))
+
+    def _spawn_round(self, waiters: list[_Waiter[I]]) -> None:
+        """Send the next round from where nothing may wait (a callback, a caller cut off)."""
+        if waiters:
+            _spawn(self._tasks, self._send_round(waiters))
+
+
+class OnewayLink(_Link[EndItem]):
+    """One-way ends to one partition: the ends issued in one event-loop turn go as one
+    publish (one end alone: a plain `EndTransaction`), once the partition's coordinator is
+    known to serve batches (`Dialect.served`); singles until then."""
+
+    def __init__(
+        self, nc: Client, subject: str, dialect: Dialect, *, max_items: int = DEFAULT_MAX_ITEMS
+    ) -> None:
+        super().__init__(nc, subject, EndVerb(), dialect, max_items)
+        self._queue: list[_Waiter[EndItem]] = []
+
+    async def tell(self, item: EndItem) -> None:
+        """Publish `item` with the others of this turn; returns once handed to the client,
+        raising the client's error when the publish failed. Cancelled before, it is not sent."""
+        waiter = _Waiter(item, asyncio.get_running_loop().create_future())
+        self._queue.append(waiter)
+        if len(self._queue) == 1:  # the first of this turn: the flush runs in the next
+            _spawn(self._tasks, self._flush())
+        await waiter.future
+
+    async def _flush(self) -> None:
+        waiters = [waiter for waiter in self._queue if not waiter.future.done()]
+        self._queue = []
+        # A one-way batch is refused whole, unanswered, just as an acknowledged one would be.
+        batches = self._dialect.batches and self._dialect.served
+        for part, payload in self._requests(waiters, batches):
+            try:
+                await self._nc.publish(self.subject, payload)
+            except Exception as error:
+                _hand_out(part, answers(error, len(part), None))
+            else:
+                _hand_out(part, [None for _ in part])
+
+
+def _hand_out(waiters: Sequence[_Waiter[Any]], outcomes: Sequence[object]) -> None:
+    """Each waiter its outcome (a result or an exception), but for those who gave up."""
+    for waiter, outcome in zip(waiters, outcomes, strict=True):
+        if waiter.future.done():
+            continue
+        if isinstance(outcome, BaseException):
+            waiter.future.set_exception(outcome)
+        else:
+            waiter.future.set_result(outcome)
+
+
+def _spawn(tasks: set[asyncio.Task[None]], work: Coroutine[Any, Any, None]) -> None:
+    """Run `work` as a task of its own, held until done (the loop keeps only weak ones)."""
+    task = asyncio.get_running_loop().create_task(work)
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
