@@ -26,7 +26,6 @@ from tests.support.txn import CoordinatorClient, message, topic_ids
 from tests.support.wait import eventually
 from txactors.actors import RemoteActorRef
 from txactors.actors.remote import REPLY_HEADROOM
-from txactors.coordinator.boundary import MAX_ITEM_ERROR_CHARS
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.partition.recovery import read_subject
 from txactors.coordinator.partition.store import half_identity
@@ -34,6 +33,7 @@ from txactors.coordinator.service import run_coordinator
 from txactors.errors import CommandError
 from txactors.observe.metrics import CoordinatorMetrics
 from txactors.wire import layout
+from txactors.wire.answers import MAX_ITEM_ERROR_CHARS
 from txactors.wire.protocol import (
     PROTOCOL_VERSION,
     Decision,

@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 from txactors.coordinator.boundary import (
     HEADER_RESERVE,
     MAX_HALF_HEADER_BYTES,
-    MAX_ITEM_ERROR_CHARS,
     MAX_KEY_LENGTH,
     MAX_PROPERTY_NAME_LENGTH,
     Boundary,
@@ -25,12 +24,12 @@ from txactors.coordinator.boundary import (
     check_answer_problem,
     ends_of,
     half_header_bytes,
-    item_error,
     prepares_of,
 )
 from txactors.coordinator.core import tokens
 from txactors.coordinator.core.states import Gone, TxnState
 from txactors.wire import layout
+from txactors.wire.answers import MAX_ITEM_ERROR_CHARS, item_error
 from txactors.wire.framing import JETSTREAM_MAX_HEADER_BYTES
 from txactors.wire.protocol import (
     OLDEST_VERSION,

@@ -23,16 +23,17 @@ from __future__ import annotations
 import math
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from txactors.actors.remote import REPLY_HEADROOM
 from txactors.coordinator.core import tokens
-from txactors.coordinator.core.states import Gone, TxnState
+from txactors.coordinator.core.states import TxnState
 from txactors.coordinator.partition.store import half_headers, stored_half
 from txactors.errors import TxActorsError
 from txactors.wire import layout
+from txactors.wire.answers import BATCH_ANSWER_BASE, item_answer_bytes
 from txactors.wire.framing import JETSTREAM_MAX_HEADER_BYTES, header_block_bytes
 from txactors.wire.protocol import (
     BATCH_VERSION,
@@ -40,10 +41,8 @@ from txactors.wire.protocol import (
     PROTOCOL_VERSION,
     CheckResult,
     Command,
-    Encoding,
     EndBatch,
-    Ended,
-    EndedBatch,
+    EndItem,
     EndTransaction,
     Error,
     ErrorCode,
@@ -52,10 +51,8 @@ from txactors.wire.protocol import (
     OutgoingMessage,
     Prepare,
     PrepareBatch,
-    Prepared,
-    PreparedBatch,
+    PrepareItem,
     ShowTransaction,
-    encode,
     unsupported_version,
 )
 
@@ -82,36 +79,6 @@ _WORST_BORN: Final = -sys.float_info.max
 """The longest `seconds_text`: 24 characters, as long as any float's repr."""
 _WORST_INDEX: Final = 2**63 - 1
 _WORST_DIGEST: Final = tokens.digest("0" * 32)
-
-MAX_ITEM_ERROR_CHARS: Final = 300
-"""An item's `Error.message` in a batch answer is cut to this many characters (`item_error`),
-so that the size of the answer is known before any item is carried out."""
-
-
-def _longest(value: object) -> int:
-    """Encoded bytes of `value` in the longer of the two encodings."""
-    return max(len(encode(value, encoding)) for encoding in Encoding)
-
-
-_WORST_TXID: Final = "x" * layout.NAME_MAX_LENGTH["txid"]
-_ARRAY_HEADER: Final = 4
-"""Bytes an array header may grow by (msgpack's `array 32` against the empty array's 1)."""
-_WORST_ERROR: Final = _longest(
-    Error(
-        max(ErrorCode, key=len),
-        "\x00" * MAX_ITEM_ERROR_CHARS,  # a control character: 6 bytes in JSON (\u0000)
-        _WORST_BORN,
-    )
-)
-_WORST_ENDED: Final = _longest(Ended(txid=_WORST_TXID, state=max([*TxnState, *Gone], key=len)))
-_PREPARED_BASE: Final = (
-    _longest(Prepared(txid=_WORST_TXID, token="0" * 32, seqs=[])) + _ARRAY_HEADER
-)
-_SEQ_BYTES: Final = _longest(2**64 - 1) + 1
-"""One stream sequence of `Prepared.seqs` at its longest, and its separator."""
-_BATCH_BASE: Final = (
-    max(_longest(PreparedBatch(results=[])), _longest(EndedBatch(results=[]))) + _ARRAY_HEADER
-)
 
 
 class _Refused(TxActorsError):
@@ -329,31 +296,15 @@ def _check_sent_as(group: str, subject: str | None) -> None:
 
 def answerable_items(batch: PrepareBatch | EndBatch, max_messages: int, room: int) -> int:
     """How many of the batch's first items can be answered in one reply of `room` bytes, in
-    either encoding, each answer counted at its longest: an `Error` (its message cut by
-    `item_error`), or a `Prepared` with one sequence per message (an item with more than
-    `max_messages` is answered with an error)."""
-    if isinstance(batch, EndBatch):
-        sizes = [max(_WORST_ERROR, _WORST_ENDED) + 1] * len(batch.items)
-    else:
-        sizes = [
-            max(_WORST_ERROR, _PREPARED_BASE + _SEQ_BYTES * min(len(i.messages), max_messages)) + 1
-            for i in batch.items
-        ]
-    size = _BATCH_BASE
-    for answered, item_size in enumerate(sizes):
-        size += item_size
+    either encoding, each answer counted at its longest by wire/answers.py's rule (an item with
+    more than `max_messages` is answered with an error)."""
+    items: Sequence[PrepareItem | EndItem] = batch.items
+    size = BATCH_ANSWER_BASE
+    for answered, item in enumerate(items):
+        size += item_answer_bytes(item, max_messages)
         if size > room:
             return answered
     return len(batch.items)
-
-
-def item_error(error: Error) -> Error:
-    """`error` as an item of a batch answer carries it: its message at most
-    MAX_ITEM_ERROR_CHARS long (what `answerable_items` counted on)."""
-    if len(error.message) <= MAX_ITEM_ERROR_CHARS:
-        return error
-    cut = f"{error.message[: MAX_ITEM_ERROR_CHARS - 3]}..."
-    return Error(error.code, cut, error.retry_after)
 
 
 def prepares_of(batch: PrepareBatch) -> list[Prepare]:

@@ -21,7 +21,9 @@ coordinator that does not serve batches (`unknown_command`) or protocol version 
 (`unsupported_version`) gets single verbs, in the version it speaks, from then on (`Dialect`,
 shared by the partition's links); a batch refused `bad_request` (more items, or longer
 answers, than that coordinator takes in one) is sent alone that once. A batch never carries
-more than the coordinator's bound on its answer admits (`ITEM_ANSWER_BYTES`).
+more than the coordinator's bound on its answer admits: each item's answer is counted by the
+rule the coordinator counts it by (wire/answers.py), and the request's `REQUEST_HEADROOM`
+leaves more than the reply's (`REPLY_HEADROOM`) plus the batch answer's own bytes.
 
 `Coalescer`, `chunks`, `answers` and `Dialect` are the bookkeeping, without I/O;
 `PartitionLink`, `OnewayLink` and `Inbox` carry it out on NATS.
@@ -46,6 +48,7 @@ from nats.js.api import Header
 from txactors.errors import ActorDeadError, AskTimeout, CommandError
 from txactors.nats.link import NO_RESPONDERS
 from txactors.observe.logs import get_logger
+from txactors.wire.answers import item_answer_bytes
 from txactors.wire.protocol import (
     OLDEST_VERSION,
     PROTOCOL_VERSION,
@@ -76,16 +79,6 @@ DEFAULT_MAX_ITEMS: Final = 256
 """Items per batch request, at most."""
 REQUEST_HEADROOM: Final = 1024
 """Bytes of `max_payload` a request leaves unused: NATS refuses a larger one outright."""
-ITEM_ANSWER_BYTES: Final = 2048
-"""An item's answer in a batch reply at its longest, as the coordinator counts it before it
-accepts a batch (`answerable_items` in coordinator/boundary.py: an `Error` whose message of
-up to 300 characters is all escapes in JSON), rounded up: a batch whose answers could outgrow
-`max_payload` is refused whole, so a request carries no more than fit."""
-PREPARED_ANSWER_BYTES: Final = 256
-SEQ_ANSWER_BYTES: Final = 24
-"""A `Prepared` at its longest: a 128-character txid, the token, and per message a 20-digit
-sequence and its separator (rounded up, as above)."""
-
 W = TypeVar("W")
 I = TypeVar("I", bound=PrepareItem | EndItem)  # noqa: E741
 R = TypeVar("R", Prepared, Ended)
@@ -261,8 +254,7 @@ class PrepareVerb:
         self.producer = producer
 
     def answer_size(self, item: PrepareItem) -> int:
-        prepared = PREPARED_ANSWER_BYTES + SEQ_ANSWER_BYTES * len(item.messages)
-        return max(ITEM_ANSWER_BYTES, prepared)
+        return item_answer_bytes(item)
 
     def encode(self, items: Sequence[PrepareItem], version: int) -> bytes:
         if len(items) == 1:
@@ -293,7 +285,7 @@ class EndVerb:
     __slots__ = ()
 
     def answer_size(self, item: EndItem) -> int:
-        return ITEM_ANSWER_BYTES
+        return item_answer_bytes(item)
 
     def encode(self, items: Sequence[EndItem], version: int) -> bytes:
         if len(items) == 1:

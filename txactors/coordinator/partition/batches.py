@@ -4,9 +4,10 @@ The partition splits a batch that passed the boundary into one `Request` per ite
 checked and carried out exactly as a lone prepare or end. The reply sink of item i fills
 slot i of a `BatchAnswer`; once every slot is settled, the batch's own request is answered
 once with all of them (`PreparedBatch`, `EndedBatch`), through the same reply handle as any
-answer. An item's error message is cut as the boundary counted on (`item_error`), so the
-answer fits in `max_payload`. A batch without a reply subject (one-way ends) has no answer:
-each item is a one-way request of its own, its error counted and logged (oneway.py).
+answer. An item's error message is cut as the boundary counted on (`item_error` in
+wire/answers.py), so the answer fits in `max_payload`. A batch without a reply subject
+(one-way ends) has no answer: each item is a one-way request of its own, its error counted
+and logged (oneway.py).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from typing import Any
 
 from txactors.actors import Request
 from txactors.actors.remote import error_reply
-from txactors.coordinator.boundary import item_error
 from txactors.coordinator.partition.oneway import OneWayErrors
+from txactors.wire.answers import item_error
 from txactors.wire.protocol import Error
 
 Results = Callable[[list[Any]], Any]

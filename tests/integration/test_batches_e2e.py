@@ -1,0 +1,104 @@
+"""The two halves of the batch verbs together: a real `TransactionProducer` against a real
+coordinator, each counting an item's answer by the one rule in wire/answers.py.
+
+What goes on the wire is watched by a plain subscription of its own: NATS hands a request to
+every subscriber of its subject, so a spy counts each prepare the producer sends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from tests.support.txn import topic_ids
+from tests.support.wait import eventually
+from txactors.coordinator.service import run_coordinator
+from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
+from txactors.producer.transaction import TransactionResult
+from txactors.wire.protocol import Encoding, encoding_of
+
+TRANSACTIONS = 64
+
+
+def sent(msg: Msg) -> tuple[str, int]:
+    """The `type` a spied request names and how many transactions it carries, read as any
+    client would read the payload."""
+    encoding = encoding_of(msg.headers)
+    assert isinstance(encoding, Encoding), encoding
+    decode = msgspec.json.decode if encoding is Encoding.JSON else msgspec.msgpack.decode
+    payload: dict[str, Any] = decode(msg.data)
+    return str(payload["type"]), len(payload.get("items", [None]))
+
+
+@asynccontextmanager
+async def spying(nc: Client) -> AsyncIterator[dict[str, list[tuple[str, int]]]]:
+    """Every prepare and end request sent to any partition (`sent`), by verb."""
+    heard: dict[str, list[tuple[str, int]]] = {"prepare": [], "end": []}
+    subscriptions = []
+    for verb, requests in heard.items():
+
+        async def hear(msg: Msg, requests: list[tuple[str, int]] = requests) -> None:
+            requests.append(sent(msg))
+
+        subscriptions.append(await nc.subscribe(f"txn.coord.*.{verb}.>", cb=hear))
+    await nc.flush()
+    try:
+        yield heard
+    finally:
+        for subscription in subscriptions:
+            await subscription.unsubscribe()
+
+
+async def test_concurrent_transactions_go_in_batches_and_each_commits_once(
+    private_nc: Client,
+) -> None:
+    async def never_asked(view: CheckView) -> Decision:
+        raise AssertionError(f"no check-back was due: {view.txid}")
+
+    async with (
+        run_coordinator(private_nc),
+        TransactionProducer(private_nc, "shop", never_asked) as producer,
+        spying(private_nc) as heard,
+    ):
+        results: dict[int, TransactionResult] = {}
+
+        async def one(n: int) -> None:
+            results[n] = await producer.send_in_transaction(
+                TxMessage("orders", f"order-{n}".encode()), lambda message, arg: Decision.COMMIT
+            )
+
+        async with anyio.create_task_group() as tg:
+            for n in range(TRANSACTIONS):
+                tg.start_soon(one, n)
+
+        assert [r.state for r in results.values()] == ["committed"] * TRANSACTIONS
+        txids = [r.txid for r in results.values()]
+        assert sorted(await topic_ids(private_nc, "orders")) == sorted(f"{t}:0" for t in txids)
+
+        def carried(verb: str) -> int:
+            return sum(items for _, items in heard[verb])
+
+        def all_heard() -> bool:
+            return carried("prepare") == carried("end") == TRANSACTIONS
+
+        await eventually(all_heard)
+        assert len(heard["prepare"]) < TRANSACTIONS, "batches happened"
+
+        before = len(heard["prepare"])
+        lone = await producer.send_in_transaction(
+            TxMessage("orders", b"alone"), lambda message, arg: Decision.COMMIT
+        )
+        assert lone.state == "committed"
+
+        def lone_heard() -> bool:
+            return len(heard["prepare"]) > before
+
+        await eventually(lone_heard)
+        assert heard["prepare"][before:] == [("Prepare", 1)], "a lone one waits for nothing"
+        assert (await topic_ids(private_nc, "orders")).count(f"{lone.txid}:0") == 1
