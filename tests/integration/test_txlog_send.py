@@ -24,6 +24,7 @@ from nats.aio.client import Client
 from tests.peers.txlog_producer import TOPIC as KILL_TOPIC
 from tests.support.txlogs import Backend, SqliteBackend, backend
 from tests.support.txn import FAST, topic_ids
+from tests.support.wait import eventually
 from txactors.coordinator import CoordinatorConfig
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import ConfigError, RolledBackByCheck
@@ -107,6 +108,7 @@ async def test_a_cancelled_work_is_rolled_back_by_the_same_process_check(
     async def work(conn: Any, txid: str) -> None:
         txids.append(txid)
         await sqlite.write(conn, txid)
+        await eventually(lambda: list_transactions(private_nc))  # the half is stored
         started.set()
         await anyio.sleep_forever()
 
@@ -175,8 +177,9 @@ async def test_a_commit_that_raises_is_settled_from_the_log(
 async def test_a_txid_claimed_before_the_record_fails_before_the_work(
     private_nc: Client, sqlite: SqliteBackend
 ) -> None:
-    """Another instance's check-back claims the txid right after the prepare: the record
-    fails on the key, the work never runs, and the messages are rolled back."""
+    """Another instance's check-back claims the txid once the half is stored, before the
+    local transaction opens: the record fails on the key, the work never runs, and the
+    messages are rolled back."""
     txlog = await sqlite.instance("shop")
     other = await sqlite.instance("shop")
     ran: list[str] = []
@@ -188,21 +191,23 @@ async def test_a_txid_claimed_before_the_record_fails_before_the_work(
         coordinated(private_nc),
         TransactionProducer(private_nc, "shop", txlog.check) as producer,
     ):
-        begin = producer.begin
+        begin, local = producer.begin, txlog.local
+        started: list[Transaction] = []
 
-        def begin_then_lose_the_race(**options: Any) -> Transaction:
-            txn = begin(**options)
-            send = txn.send
+        def begin_and_keep(**options: Any) -> Transaction:
+            started.append(begin(**options))
+            return started[-1]
 
-            async def send_then_claim(message: Any) -> tuple[int, ...]:
-                seqs = await send(message)
-                assert await other.claim(txn.txid)  # the check-back got there first
-                return seqs
+        @asynccontextmanager
+        async def lose_the_race_then_open() -> AsyncIterator[SqliteLocal]:
+            [txn] = started
+            await eventually(lambda: txn.seqs)  # the half is stored: a check can come
+            assert await other.claim(txn.txid)  # the check-back got there first
+            async with local() as opened:
+                yield opened
 
-            txn.send = send_then_claim  # type: ignore[method-assign]
-            return txn
-
-        producer.begin = begin_then_lose_the_race  # type: ignore[method-assign]
+        producer.begin = begin_and_keep  # type: ignore[method-assign]
+        txlog.local = lose_the_race_then_open  # type: ignore[method-assign]
         with pytest.raises(RolledBackByCheck):
             await txlog.send_in_transaction(producer, TxMessage(TOPIC, b"1"), work)
         assert await settled(private_nc) == set()
@@ -221,11 +226,11 @@ async def test_the_log_and_the_producer_must_share_the_group(
 # -- a producer SIGKILLed at each step, the check served by another instance -------------
 
 
-KILL_POINTS = [
-    FaultPoint.AFTER_PREPARE,
+KILL_POINTS = [  # in their order; the prepare is out from the start until AFTER_PREPARE
     FaultPoint.AFTER_TXLOG_RECORD,
     "in_work",
     FaultPoint.AFTER_LOCAL_WORK,
+    FaultPoint.AFTER_PREPARE,
     FaultPoint.AFTER_LOCAL_COMMIT,
 ]
 
