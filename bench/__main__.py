@@ -5,7 +5,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from bench import actors, consumer, cpu, fsync, ingest, scale, spark, transactions, transfer
+from bench import (
+    actors,
+    consumer,
+    cpu,
+    fsync,
+    ingest,
+    outbox,
+    scale,
+    spark,
+    transactions,
+    transfer,
+)
 
 BENCHMARKS = {
     "actors": actors.main,
@@ -17,6 +28,7 @@ BENCHMARKS = {
     "transfer": transfer.main,
     "spark": spark.main,
     "cpu": cpu.main,
+    "outbox": outbox.main,
 }
 
 

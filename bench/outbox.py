@@ -1,0 +1,215 @@
+"""The outbox job: insert an order row into PostgreSQL and get its message to a JetStream
+consumer, done the ways a Python user would (issue 21's "same job as an outbox" target).
+
+On a fresh embedded nats-server with `sync_interval: always` and the test PostgreSQL
+(127.0.0.1:5432, trust, database `test`, `synchronous_commit = on`), each call is one order:
+
+- `naive` (the floor, not atomic): commit the row, then one acked `js.publish`; a crash in
+  between loses the message;
+- `txactors`: `AsyncpgTxLog.send_in_transaction` (the row and the log row in one local
+  transaction, the prepare out meanwhile, then the acked end), the coordinator in its own
+  process started by the CLI;
+- `nats-outbox`, `faststream-outbox` (the optional `bench-outbox` extra, when installed): the
+  row and an outbox row in one transaction, each package's relay in a process of its own.
+
+One consumer process (`bench.outbox_consumer`, a plain pull consumer) receives every run's
+messages. Concurrency 1 and 64, rounds interleaved (each round runs every way once). A run's
+rate is calls / (last message consumed - start); its latency is the call's (what the caller
+waits). The table gives each way's median over the rounds, its ratio to `naive` in the same
+rounds, and one raw acked publish's p50 for the concurrency-1 target (commit p50 <= 4x).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import statistics
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg  # type: ignore[import-untyped]
+import nats
+from nats.aio.client import Client
+from rich.console import Console
+from rich.table import Table
+
+from bench import raw
+from bench.deployed import PARTITIONS, ROOT, START_TIMEOUT, Deployment, deployment, python
+from bench.transactions import percentile, stamped
+from txactors.nats.topics import ensure_topic_stream
+from txactors.observe.logs import configure_logging
+from txactors.producer import TransactionProducer, TxMessage
+from txactors.producer.txlog.pg_asyncpg import AsyncpgTxLog
+from txactors.wire import layout
+
+PG_DSN = os.environ.get("TXBENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+ORDERS = "bench_outbox_orders"
+GROUP = "benchoutbox"
+CONCURRENCY = (1, 64)
+CONSUMED_TIMEOUT = 300.0
+TARGET_NAIVE_64 = 0.8
+TARGET_C1_LATENCY = 4.0
+
+Call = Callable[[bytes], Awaitable[None]]
+"""One order: insert its row and get `body` (stamped) on its way to the consumer."""
+
+
+@dataclass(frozen=True)
+class Run:
+    way: str
+    workers: int
+    rate: float
+    latencies: list[float]
+
+
+@contextlib.asynccontextmanager
+async def consumer(dep: Deployment, subject: str, count: int) -> AsyncIterator[Any]:
+    """The consumer process on `subject`'s stream, expecting `count` messages; ready when
+    entered; its result is awaited with `result()`."""
+    process = await asyncio.create_subprocess_exec(
+        *python("bench.outbox_consumer"),
+        *(dep.url, subject, str(count)),
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        limit=1 << 26,
+    )
+    assert process.stdout is not None and process.stdin is not None
+    try:
+        async with asyncio.timeout(START_TIMEOUT):
+            line = await process.stdout.readline()
+        if line.strip() != b"ready":
+            raise RuntimeError(f"the consumer did not start: {line!r}")
+        yield process
+    finally:
+        process.stdin.close()
+        try:
+            async with asyncio.timeout(10):
+                await process.wait()
+        except TimeoutError:
+            process.terminate()
+            await process.wait()
+
+
+async def last_consumed(process: Any) -> float:
+    async with asyncio.timeout(CONSUMED_TIMEOUT):
+        line = await process.stdout.readline()
+    last: float = json.loads(line)["last"]
+    return last
+
+
+async def measure(
+    dep: Deployment, nc: Client, way: str, call: Call, topic: str, count: int, workers: int
+) -> Run:
+    """`count` calls over `workers` tasks, until the consumer had every message."""
+    await ensure_topic_stream(nc.jetstream(), topic)
+    latencies: list[float] = []
+    tickets = itertools.count()
+
+    async def worker() -> None:
+        for i in tickets:
+            if i >= count:
+                return
+            started = time.monotonic()
+            await call(stamped())
+            latencies.append(time.monotonic() - started)
+
+    async with consumer(dep, layout.topic_filter(topic), count) as process:
+        started = time.monotonic()
+        await asyncio.gather(*(worker() for _ in range(workers)))
+        last = await last_consumed(process)
+    await nc.jetstream().delete_stream(layout.topic_stream(topic))
+    return Run(way, workers, count / (last - started), latencies)
+
+
+@contextlib.asynccontextmanager
+async def ways(
+    dep: Deployment, nc: Client, pool: Any
+) -> AsyncIterator[dict[str, Callable[[str], Call]]]:
+    """Each way to do the job: name → (topic → call)."""
+    js = nc.jetstream()
+    txlog = AsyncpgTxLog(pool, GROUP)
+    await txlog.create_table()
+
+    def naive(topic: str) -> Call:
+        subject = layout.topic_subject(topic)
+
+        async def call(body: bytes) -> None:
+            await pool.execute(f"INSERT INTO {ORDERS} (body) VALUES ($1)", body)
+            await js.publish(subject, body)
+
+        return call
+
+    async with (
+        dep.coordinators(1),
+        TransactionProducer(nc, GROUP, txlog.check, partitions=PARTITIONS) as producer,
+    ):
+
+        def txactors(topic: str) -> Call:
+            async def call(body: bytes) -> None:
+                async def work(conn: Any, txid: str) -> None:
+                    await conn.execute(f"INSERT INTO {ORDERS} (body) VALUES ($1)", body)
+
+                await txlog.send_in_transaction(producer, TxMessage(topic, body), work)
+
+            return call
+
+        yield {"naive": naive, "txactors": txactors}
+
+
+def report(runs: list[Run], raw_p50: float, rounds: int) -> Table:
+    table = Table(title=f"The outbox job (PostgreSQL row + its JetStream message), {rounds} rounds")
+    for column in ("way", "concurrency", "orders/s (median)", "vs naive", "call p50 / p99 ms"):
+        table.add_column(column, justify="right" if column != "way" else "left")
+    for workers in CONCURRENCY:
+        naive_rates = [r.rate for r in runs if r.way == "naive" and r.workers == workers]
+        for way in dict.fromkeys(r.way for r in runs):
+            mine = [r for r in runs if r.way == way and r.workers == workers]
+            rates = [r.rate for r in mine]
+            ratio = statistics.median(a / b for a, b in zip(rates, naive_rates, strict=True))
+            latencies = [s for r in mine for s in r.latencies]
+            p50 = percentile(latencies, 0.5)
+            cells = [f"{ratio:.2f}"]
+            if way == "txactors" and workers == 64:
+                cells[0] += f" {'✓' if ratio >= TARGET_NAIVE_64 else '✗'} >= {TARGET_NAIVE_64}"
+            latency = f"{p50 * 1e3:.2f} / {percentile(latencies, 0.99) * 1e3:.2f}"
+            if way == "txactors" and workers == 1:
+                times = p50 / raw_p50
+                ok = "✓" if times <= TARGET_C1_LATENCY else "✗"
+                latency += f" ({times:.1f}x one acked publish {ok} <= {TARGET_C1_LATENCY:g}x)"
+            table.add_row(way, str(workers), f"{statistics.median(rates):,.0f}", *cells, latency)
+    table.caption = f"one raw acked publish: p50 {raw_p50 * 1e3:.2f} ms"
+    return table
+
+
+async def main(*, quick: bool = False) -> None:
+    configure_logging("ERROR")
+    rounds = 1 if quick else 3
+    counts = {1: 100 if quick else 400, 64: 640 if quick else 4000}
+    runs: list[Run] = []
+    async with deployment("always") as dep:
+        nc = await nats.connect(dep.url)
+        pool = await asyncpg.create_pool(PG_DSN, min_size=4, max_size=max(CONCURRENCY) + 8)
+        try:
+            await pool.execute(f"DROP TABLE IF EXISTS {ORDERS}")
+            await pool.execute(f"CREATE TABLE {ORDERS} (id BIGSERIAL PRIMARY KEY, body BYTEA)")
+            _, raw_latencies = await raw.pipelined(nc, stamped(), counts[1], 1, "outboxraw")
+            async with ways(dep, nc, pool) as calls:
+                for round_ in range(rounds):
+                    for workers in CONCURRENCY:
+                        for way, make in calls.items():
+                            topic = f"ob-{way}-{workers}-{round_}"
+                            run = await measure(
+                                dep, nc, way, make(topic), topic, counts[workers], workers
+                            )
+                            runs.append(run)
+        finally:
+            await pool.close()
+            await nc.close()
+    Console(width=200).print(report(runs, percentile(raw_latencies, 0.5), rounds))
