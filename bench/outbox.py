@@ -27,6 +27,7 @@ import itertools
 import json
 import os
 import statistics
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -37,18 +38,20 @@ import nats
 from nats.aio.client import Client
 from rich.console import Console
 from rich.table import Table
+from sqlalchemy.ext.asyncio import create_async_engine
 
-from bench import raw
+from bench import outbox_relays, raw
 from bench.deployed import PARTITIONS, ROOT, START_TIMEOUT, Deployment, deployment, python
+from bench.outbox_relays import ORDERS
 from bench.transactions import percentile, stamped
 from txactors.nats.topics import ensure_topic_stream
 from txactors.observe.logs import configure_logging
-from txactors.producer import TransactionProducer, TxMessage
+from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
 from txactors.producer.txlog.pg_asyncpg import AsyncpgTxLog
 from txactors.wire import layout
 
 PG_DSN = os.environ.get("TXBENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
-ORDERS = "bench_outbox_orders"
+ALCHEMY_DSN = PG_DSN.replace("postgresql://", "postgresql+asyncpg://", 1)
 GROUP = "benchoutbox"
 CONCURRENCY = (1, 64)
 CONSUMED_TIMEOUT = 300.0
@@ -56,7 +59,12 @@ TARGET_NAIVE_64 = 0.8
 TARGET_C1_LATENCY = 4.0
 
 Call = Callable[[bytes], Awaitable[None]]
-"""One order: insert its row and get `body` (stamped) on its way to the consumer."""
+"""One order: insert its row and get `body` on its way to the consumer."""
+Way = Callable[[str, int], contextlib.AbstractAsyncContextManager[Call]]
+"""A way to do the job: for a topic and a number of PostgreSQL connections, its call (and
+whatever serves it: a relay) while entered."""
+CONNECTIONS = 48
+"""PostgreSQL connections of the callers at most (the test server allows 100, shared)."""
 
 
 @dataclass(frozen=True)
@@ -68,51 +76,53 @@ class Run:
 
 
 @contextlib.asynccontextmanager
-async def consumer(dep: Deployment, subject: str, count: int) -> AsyncIterator[Any]:
-    """The consumer process on `subject`'s stream, expecting `count` messages; ready when
-    entered; its result is awaited with `result()`."""
-    process = await asyncio.create_subprocess_exec(
-        *python("bench.outbox_consumer"),
-        *(dep.url, subject, str(count)),
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+async def process(dep: Deployment, module: str, *args: str) -> AsyncIterator[Any]:
+    """`python -m module args` beside the benchmark, entered once it printed `ready`; it
+    leaves when its stdin closes."""
+    child = await asyncio.create_subprocess_exec(
+        *python(module),
+        *args,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path[1:]])},
         cwd=ROOT,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
+        stderr=(dep.logs / f"{module}.log").open("ab"),
         limit=1 << 26,
     )
-    assert process.stdout is not None and process.stdin is not None
+    assert child.stdout is not None and child.stdin is not None
     try:
-        async with asyncio.timeout(START_TIMEOUT):
-            line = await process.stdout.readline()
-        if line.strip() != b"ready":
-            raise RuntimeError(f"the consumer did not start: {line!r}")
-        yield process
+        async with asyncio.timeout(START_TIMEOUT):  # after what the packages log there
+            while (line := await child.stdout.readline()).strip() != b"ready":
+                if not line:
+                    raise RuntimeError(f"{module} did not start (see {dep.logs})")
+        yield child
     finally:
-        process.stdin.close()
+        child.stdin.close()
         try:
             async with asyncio.timeout(10):
-                await process.wait()
+                await child.wait()
         except TimeoutError:
-            process.terminate()
-            await process.wait()
+            child.terminate()
+            await child.wait()
 
 
-async def last_consumed(process: Any) -> float:
+async def last_consumed(child: Any) -> float:
     async with asyncio.timeout(CONSUMED_TIMEOUT):
-        line = await process.stdout.readline()
+        line = await child.stdout.readline()
     last: float = json.loads(line)["last"]
     return last
 
 
 async def measure(
-    dep: Deployment, nc: Client, way: str, call: Call, topic: str, count: int, workers: int
+    dep: Deployment, nc: Client, way: str, make: Way, count: int, workers: int, round_: int
 ) -> Run:
     """`count` calls over `workers` tasks, until the consumer had every message."""
+    topic = f"ob-{way}-{workers}-{round_}"
     await ensure_topic_stream(nc.jetstream(), topic)
     latencies: list[float] = []
     tickets = itertools.count()
 
-    async def worker() -> None:
+    async def worker(call: Call) -> None:
         for i in tickets:
             if i >= count:
                 return
@@ -120,47 +130,86 @@ async def measure(
             await call(stamped())
             latencies.append(time.monotonic() - started)
 
-    async with consumer(dep, layout.topic_filter(topic), count) as process:
+    async with (
+        make(topic, min(workers, CONNECTIONS)) as call,
+        process(
+            dep, "bench.outbox_consumer", dep.url, layout.topic_filter(topic), str(count)
+        ) as consumer,
+    ):
         started = time.monotonic()
-        await asyncio.gather(*(worker() for _ in range(workers)))
-        last = await last_consumed(process)
+        await asyncio.gather(*(worker(call) for _ in range(workers)))
+        last = await last_consumed(consumer)
     await nc.jetstream().delete_stream(layout.topic_stream(topic))
     return Run(way, workers, count / (last - started), latencies)
 
 
 @contextlib.asynccontextmanager
-async def ways(
-    dep: Deployment, nc: Client, pool: Any
-) -> AsyncIterator[dict[str, Callable[[str], Call]]]:
-    """Each way to do the job: name → (topic → call)."""
+async def asyncpg_pool(size: int) -> AsyncIterator[Any]:
+    pool = await asyncpg.create_pool(PG_DSN, min_size=size, max_size=size)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+@contextlib.asynccontextmanager
+async def ways(dep: Deployment, nc: Client) -> AsyncIterator[dict[str, Way]]:
+    """Each way to do the job: name → (topic, connections → its call, ready while entered,
+    on a pool of its own with that many PostgreSQL connections)."""
     js = nc.jetstream()
-    txlog = AsyncpgTxLog(pool, GROUP)
-    await txlog.create_table()
+    logs: dict[str, AsyncpgTxLog] = {}
 
-    def naive(topic: str) -> Call:
+    @contextlib.asynccontextmanager
+    async def naive(topic: str, connections: int) -> AsyncIterator[Call]:
         subject = layout.topic_subject(topic)
+        async with asyncpg_pool(connections) as pool:
 
-        async def call(body: bytes) -> None:
-            await pool.execute(f"INSERT INTO {ORDERS} (body) VALUES ($1)", body)
-            await js.publish(subject, body)
+            async def call(body: bytes) -> None:
+                await pool.execute(f"INSERT INTO {ORDERS} (body) VALUES ($1)", body)
+                await js.publish(subject, body)
 
-        return call
+            yield call
+
+    def package(name: str) -> Way:
+        @contextlib.asynccontextmanager
+        async def relayed(topic: str, connections: int) -> AsyncIterator[Call]:
+            engine = create_async_engine(ALCHEMY_DSN, pool_size=connections, max_overflow=0)
+            try:
+                await outbox_relays.create_tables(engine, name)
+                async with (
+                    process(dep, "bench.outbox_relays", name, dep.url, ALCHEMY_DSN, topic),
+                    outbox_relays.producer_side(engine, name, topic) as call,
+                ):
+                    yield call
+            finally:
+                await engine.dispose()
+
+        return relayed
+
+    async def check(view: CheckView) -> Decision:
+        return await logs[GROUP].check(view)
 
     async with (
         dep.coordinators(1),
-        TransactionProducer(nc, GROUP, txlog.check, partitions=PARTITIONS) as producer,
+        TransactionProducer(nc, GROUP, check, partitions=PARTITIONS) as producer,
     ):
 
-        def txactors(topic: str) -> Call:
-            async def call(body: bytes) -> None:
-                async def work(conn: Any, txid: str) -> None:
-                    await conn.execute(f"INSERT INTO {ORDERS} (body) VALUES ($1)", body)
+        @contextlib.asynccontextmanager
+        async def txactors(topic: str, connections: int) -> AsyncIterator[Call]:
+            async with asyncpg_pool(connections) as pool:
+                txlog = logs[GROUP] = AsyncpgTxLog(pool, GROUP)
+                await txlog.create_table()
 
-                await txlog.send_in_transaction(producer, TxMessage(topic, body), work)
+                async def call(body: bytes) -> None:
+                    async def work(conn: Any, txid: str) -> None:
+                        await conn.execute(f"INSERT INTO {ORDERS} (body) VALUES ($1)", body)
 
-            return call
+                    await txlog.send_in_transaction(producer, TxMessage(topic, body), work)
 
-        yield {"naive": naive, "txactors": txactors}
+                yield call
+
+        packages = {name: package(name) for name in outbox_relays.available()}
+        yield {"naive": naive, "txactors": txactors, **packages}
 
 
 def report(runs: list[Run], raw_p50: float, rounds: int) -> Table:
@@ -191,25 +240,27 @@ def report(runs: list[Run], raw_p50: float, rounds: int) -> Table:
 async def main(*, quick: bool = False) -> None:
     configure_logging("ERROR")
     rounds = 1 if quick else 3
-    counts = {1: 100 if quick else 400, 64: 640 if quick else 4000}
+    counts = {1: 100 if quick else 200, 64: 640 if quick else 1280}
     runs: list[Run] = []
     async with deployment("always") as dep:
         nc = await nats.connect(dep.url)
-        pool = await asyncpg.create_pool(PG_DSN, min_size=4, max_size=max(CONCURRENCY) + 8)
         try:
-            await pool.execute(f"DROP TABLE IF EXISTS {ORDERS}")
-            await pool.execute(f"CREATE TABLE {ORDERS} (id BIGSERIAL PRIMARY KEY, body BYTEA)")
+            async with asyncpg_pool(1) as pool:
+                await pool.execute(f"DROP TABLE IF EXISTS {ORDERS}")
+                await pool.execute(f"CREATE TABLE {ORDERS} (id BIGSERIAL PRIMARY KEY, body BYTEA)")
             _, raw_latencies = await raw.pipelined(nc, stamped(), counts[1], 1, "outboxraw")
-            async with ways(dep, nc, pool) as calls:
+            async with ways(dep, nc) as each:
                 for round_ in range(rounds):
                     for workers in CONCURRENCY:
-                        for way, make in calls.items():
-                            topic = f"ob-{way}-{workers}-{round_}"
+                        for way, make in each.items():
                             run = await measure(
-                                dep, nc, way, make(topic), topic, counts[workers], workers
+                                dep, nc, way, make, counts[workers], workers, round_
                             )
                             runs.append(run)
         finally:
-            await pool.close()
             await nc.close()
-    Console(width=200).print(report(runs, percentile(raw_latencies, 0.5), rounds))
+    missing = sorted({"nats-outbox", "faststream-outbox"} - {r.way for r in runs})
+    table = report(runs, percentile(raw_latencies, 0.5), rounds)
+    if missing:
+        table.caption = f"{table.caption}; not installed: {', '.join(missing)} (extra bench-outbox)"
+    Console(width=200).print(table)
