@@ -34,6 +34,7 @@ from txactors.faults import CRASH_EXIT_CODE, FAULT_ENV, FaultPoint
 from txactors.ops.txn import list_transactions
 from txactors.producer import Transaction, TransactionProducer, TxMessage
 from txactors.producer.txlog.sqlite import SqliteLocal, SqliteTxLog
+from txactors.wire import layout
 from txactors.wire.layout import check_instance_subject
 from txactors.wire.protocol import (
     CheckResult,
@@ -482,3 +483,26 @@ def transactions_of(producer: TransactionProducer) -> list[Transaction]:
 
     producer.begin = begin_and_keep  # type: ignore[method-assign]
     return begun
+
+
+async def test_a_oneway_end_does_not_hold_the_caller(
+    private_nc: Client, sqlite: SqliteBackend
+) -> None:
+    """With the one-way end mode the call returns once the end is published: nobody
+    answers ends here, and the result is unconfirmed (the check-back settles a lost end)."""
+    txlog = await sqlite.instance("shop")
+    async with (
+        serving_partitions(private_nc, serve_end=False) as coord,
+        TransactionProducer(
+            private_nc, "shop", txlog.check, end_mode="oneway", request_timeout=30
+        ) as producer,
+    ):
+        ends = await private_nc.subscribe(layout.end_filter(0))
+        with anyio.fail_after(5):  # far less than the request timeout an acked end would wait
+            result = await txlog.send_in_transaction(producer, TxMessage(TOPIC, b"1"), sqlite.write)
+        end = await ends.next_msg(timeout=5)
+        assert not end.reply  # published, not asked
+        await ends.unsubscribe()
+    assert (result.local_state, result.state) == (Decision.COMMIT, None)
+    assert [prepare.txid for _, prepare in coord.prepares] == [result.txid]
+    assert await sqlite.committed(result.txid)
