@@ -8,12 +8,15 @@ On a fresh embedded nats-server with `sync_interval: always` and the test Postgr
   between loses the message;
 - `txactors`: `AsyncpgTxLog.send_in_transaction` (the row and the log row in one local
   transaction, the prepare out meanwhile, then the acked end), the coordinator in its own
-  process started by the CLI;
+  process started by the CLI; and `txactors, prepare first`, the same with the prepare
+  awaited before the local transaction starts (as before issue 21's item 6);
 - `nats-outbox`, `faststream-outbox` (the optional `bench-outbox` extra, when installed): the
   row and an outbox row in one transaction, each package's relay in a process of its own.
 
 One consumer process (`bench.outbox_consumer`, a plain pull consumer) receives every run's
-messages. Concurrency 1 and 64, rounds interleaved (each round runs every way once). A run's
+messages. The callers share a pool of their own per run, of at most `CONNECTIONS`
+PostgreSQL connections (the server's 100 are shared with the relays and whatever else runs).
+Concurrency 1 and 64, rounds interleaved (each round runs every way once). A run's
 rate is calls / (last message consumed - start); its latency is the call's (what the caller
 waits). The table gives each way's median over the rounds, its ratio to `naive` in the same
 rounds, and one raw acked publish's p50 for the concurrency-1 target (commit p50 <= 4x).
@@ -26,6 +29,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -63,6 +67,9 @@ Call = Callable[[bytes], Awaitable[None]]
 Way = Callable[[str, int], contextlib.AbstractAsyncContextManager[Call]]
 """A way to do the job: for a topic and a number of PostgreSQL connections, its call (and
 whatever serves it: a relay) while entered."""
+SERIAL = "txactors, prepare first"
+"""The same calls with the prepare awaited before the local transaction starts: what the
+overlap saves."""
 CONNECTIONS = 48
 """PostgreSQL connections of the callers at most (the test server allows 100, shared)."""
 
@@ -117,7 +124,7 @@ async def measure(
     dep: Deployment, nc: Client, way: str, make: Way, count: int, workers: int, round_: int
 ) -> Run:
     """`count` calls over `workers` tasks, until the consumer had every message."""
-    topic = f"ob-{way}-{workers}-{round_}"
+    topic = f"ob-{re.sub('[^A-Za-z0-9]+', '-', way)}-{workers}-{round_}"
     await ensure_topic_stream(nc.jetstream(), topic)
     latencies: list[float] = []
     tickets = itertools.count()
@@ -208,8 +215,27 @@ async def ways(dep: Deployment, nc: Client) -> AsyncIterator[dict[str, Way]]:
 
                 yield call
 
+        @contextlib.asynccontextmanager
+        async def serial(topic: str, connections: int) -> AsyncIterator[Call]:
+            """The steps of `send_in_transaction` one after the other, as before item 6:
+            the prepare's round trip, then the local transaction."""
+            async with asyncpg_pool(connections) as pool:
+                txlog = logs[GROUP] = AsyncpgTxLog(pool, GROUP)
+
+                async def call(body: bytes) -> None:
+                    async with producer.begin() as txn:
+                        await txn.send(TxMessage(topic, body))
+                        async with txlog.local() as local:
+                            await txlog.record(local.connection, txn.txid)
+                            await local.connection.execute(
+                                f"INSERT INTO {ORDERS} (body) VALUES ($1)", body
+                            )
+                            await local.commit()
+
+                yield call
+
         packages = {name: package(name) for name in outbox_relays.available()}
-        yield {"naive": naive, "txactors": txactors, **packages}
+        yield {"naive": naive, "txactors": txactors, SERIAL: serial, **packages}
 
 
 def report(runs: list[Run], raw_p50: float, rounds: int) -> Table:
