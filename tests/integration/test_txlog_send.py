@@ -308,7 +308,8 @@ async def _died(peer: anyio.abc.Process, mode: str) -> list[str]:
 # The halves reach the coordinator at once; their reply is held until the test releases it,
 # so each step of the local transaction can be caught with the prepare still in flight.
 
-OVERLAP_BACKENDS = ["sqlite", "asyncpg", "psycopg"]
+OVERLAP_BACKENDS = ["asyncpg", "psycopg"]
+"""SQLite awaits the prepare first (`serial_local`): see the test after these."""
 
 
 @pytest_asyncio.fixture(params=OVERLAP_BACKENDS)
@@ -325,11 +326,13 @@ class HeldPrepares:
     or after the coordinator answered (its reply held); `stored` is set once it was sent."""
 
     def __init__(self, producer: TransactionProducer, *, before: bool = False) -> None:
+        self.entered = anyio.Event()
         self.stored = anyio.Event()
         self.release = anyio.Event()
         prepare = producer._client.prepare
 
         async def held(*args: Any) -> Prepared:
+            self.entered.set()
             if before:
                 await self.release.wait()
             try:
@@ -506,3 +509,41 @@ async def test_a_oneway_end_does_not_hold_the_caller(
     assert (result.local_state, result.state) == (Decision.COMMIT, None)
     assert [prepare.txid for _, prepare in coord.prepares] == [result.txid]
     assert await sqlite.committed(result.txid)
+
+
+async def test_on_sqlite_the_prepare_is_awaited_before_the_local_transaction(
+    private_nc: Client, sqlite: SqliteBackend
+) -> None:
+    """Its local transactions take turns on one writer: a refused prepare runs no work, and
+    a held one holds no writer (another local transaction commits meanwhile)."""
+    txlog = await sqlite.instance("shop")
+    ran: list[str] = []
+
+    async def work(conn: Any, txid: str) -> None:
+        ran.append(txid)
+
+    refusal = Error(ErrorCode.BAD_REQUEST, "refused for the test")
+    failures: list[BaseException] = []
+
+    async def call() -> None:
+        try:
+            await txlog.send_in_transaction(producer, TxMessage(TOPIC, b"1"), work)
+        except PrepareFailed as error:
+            failures.append(error)
+
+    async with (
+        serving_partitions(private_nc, refuse_prepare=lambda _: refusal),
+        TransactionProducer(private_nc, "shop", txlog.check) as producer,
+        anyio.create_task_group() as tg,
+    ):
+        held = HeldPrepares(producer, before=True)
+        tg.start_soon(call)
+        with anyio.fail_after(SETTLE):
+            await held.entered.wait()  # the prepare is held before it goes out
+            async with txlog.local() as local:  # and the writer is free meanwhile
+                await sqlite.write(local.connection, "meanwhile")
+                await local.commit()
+        held.release.set()
+    assert ran == []
+    assert [type(error) for error in failures] == [PrepareFailed]
+    assert await sqlite.committed("meanwhile")

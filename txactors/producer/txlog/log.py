@@ -17,9 +17,12 @@ business change committed:
 6. end the transaction with COMMIT.
 
 A lone call thus waits for the prepare's round trip only where it is longer than the local
-work. Until the end, a check-back that reaches this process is answered UNKNOWN (the
-transaction is in flight); one served by another instance of the group decides from the
-log, where the row is already recorded or not at all (`decide`): the order above holds for it.
+work. A backend whose local transactions take turns on one writer (SQLite: `serial_local`)
+awaits the prepare before step 2 instead: holding the writer through a slow prepare would
+stall every other call. Until the end, a check-back that reaches this process is answered
+UNKNOWN (the transaction is in flight); one served by another instance of the group decides
+from the log, where the row is already recorded or not at all (`decide`): the order above
+holds for it.
 An exception before the commit rolls the local transaction back and the messages with it.
 A commit that raises has an unknown outcome: the log is asked at once (`settle`, the
 check-back's own decision), so the end says what really happened. A cancellation, or a
@@ -32,7 +35,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Generic, NoReturn, Protocol, TypeVar
+from typing import ClassVar, Generic, NoReturn, Protocol, TypeVar
 
 import anyio
 
@@ -76,6 +79,11 @@ form does."""
 
 class TxLog(ABC, Generic[C]):
     """The transaction log of producer group `group` in one database."""
+
+    serial_local: ClassVar[bool] = False
+    """Local transactions take turns (one connection, one writer): `send_in_transaction`
+    then awaits the prepare before its local transaction starts, so a slow prepare holds up
+    only its own call, not every other waiting for the writer."""
 
     def __init__(self, group: str) -> None:
         self.group = validate_name("group", group)
@@ -160,6 +168,8 @@ class TxLog(ABC, Generic[C]):
             )
         async with producer.begin() as txn:  # an exception rolls back, a cancel ends nothing
             sending = txn.start_send(message)  # out while the local transaction runs
+            if self.serial_local:
+                await sending
             commit_error: Exception | None = None
             async with self.local() as local:  # left uncommitted, it rolls back
                 await self.record(local.connection, txn.txid)
