@@ -5,7 +5,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from bench import actors, consumer, cpu, fsync, ingest, scale, spark, transactions, transfer, wire
+from bench import (
+    actors,
+    consumer,
+    cpu,
+    fsync,
+    ingest,
+    outbox,
+    scale,
+    spark,
+    transactions,
+    transfer,
+    wire,
+)
 
 BENCHMARKS = {
     "actors": actors.main,
@@ -18,6 +30,7 @@ BENCHMARKS = {
     "spark": spark.main,
     "cpu": cpu.main,
     "wire": wire.main,
+    "outbox": outbox.main,
 }
 
 

@@ -18,7 +18,8 @@ class FaultPoint(enum.StrEnum):
     AFTER_COMMIT_RECORD = "after_commit_record"
     """Coordinator: the commit decision is durable in TXN_OP, nothing is published yet."""
     AFTER_PREPARE = "after_prepare"
-    """Producer: halves stored, before the local transaction runs."""
+    """Producer: halves stored, the local transaction not committed (`TxLog.send_in_transaction`:
+    its work done)."""
     AFTER_TXLOG_RECORD = "after_txlog_record"
     """Producer (`TxLog.send_in_transaction`): txid recorded in the open local transaction."""
     AFTER_LOCAL_WORK = "after_local_work"

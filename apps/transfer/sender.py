@@ -1,10 +1,11 @@
 """Bank A's transfer service: debit the account and announce the transfer, all or nothing.
 
-A transfer is one transactional message and one local transaction: prepare the half message,
-then in alipay's database debit the source and record the transfer with the transaction id,
-then commit (the message reaches yuebao) or, when the debit is refused, roll back (nothing is
-ever delivered). The local transaction also records the transaction id in the `alipay`
-group's transaction log (`txactors.producer.txlog`, a table in alipay's database). If this
+A transfer is one transactional message and one local transaction: send the half message;
+in alipay's database (on PostgreSQL while the half is on its way) debit the source and record
+the transfer with the transaction id; once the half is stored, commit (the message reaches
+yuebao) or, when the debit is refused (or the half was not stored), roll back (nothing is ever
+delivered). The local transaction also records the transaction id in the `alipay` group's
+transaction log (`txactors.producer.txlog`, a table in alipay's database). If this
 process dies or the end is lost in between, the coordinator asks any live member of the
 group, and the log answers (`txlog.check`): the txid recorded, COMMIT; not, the check claims
 it rolled back under the same key, so a debit still running can no longer commit.

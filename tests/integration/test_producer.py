@@ -369,6 +369,45 @@ async def test_a_second_end_with_another_decision_is_refused_before_sending(
     assert len(coord.ends) == 1
 
 
+async def test_started_sends_go_out_in_order_and_the_commit_waits_for_them(nc: Client) -> None:
+    """`start_send` returns at once; the sends keep their order (the first fixes the token),
+    a check meanwhile is UNKNOWN, and the block's commit waits for a send never awaited."""
+    checker = RecordingChecker(Decision.COMMIT)
+    async with (
+        serving_partitions(nc) as coord,
+        producer(nc, checker=checker) as p,
+        p.begin() as txn,
+    ):
+        first = txn.start_send(message(body=b"1"))
+        txn.start_send(message(body=b"2"))  # never awaited
+        assert await ask_instance(nc, p, check_for(p.group, txn.txid)) == CheckResult(
+            txid=txn.txid, check_id=7, resolution=Decision.UNKNOWN
+        )
+        assert await first == (1,)
+    assert [(m.token, m.messages[0].body) for _, m in coord.prepares] == [
+        (None, b"1"),
+        (coord.tokens[txn.txid], b"2"),
+    ]
+    assert txn.result is not None and txn.result.seqs == (1, 2)
+    assert [e.decision for e in coord.ends] == [Decision.COMMIT]
+    assert checker.views == []
+
+
+async def test_a_started_send_that_fails_can_only_roll_back(nc: Client) -> None:
+    refuse = lambda _: Error(ErrorCode.BAD_REQUEST, "topic too long")  # noqa: E731
+    async with serving_partitions(nc, refuse_prepare=refuse) as coord, producer(nc) as p:
+        txn = p.begin()
+        with pytest.raises(PrepareFailed, match="topic too long"):
+            await txn.start_send(message())
+        with pytest.raises(TransactionStateError, match="failed"):
+            txn.start_send(message())  # refused at once, before anything goes out
+        with pytest.raises(TransactionStateError, match="only part"):
+            await txn.commit()
+        assert (await txn.rollback()).local_state is Decision.ROLLBACK
+    assert len(coord.prepares) == 1
+    assert coord.ends == []  # no token: nothing to end
+
+
 async def test_a_transaction_that_sent_nothing_makes_no_request(nc: Client) -> None:
     async with serving_partitions(nc) as coord, producer(nc) as p, p.begin() as txn:
         pass

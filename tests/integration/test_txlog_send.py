@@ -22,16 +22,28 @@ import pytest_asyncio
 from nats.aio.client import Client
 
 from tests.peers.txlog_producer import TOPIC as KILL_TOPIC
+from tests.support.partition import serving_partitions
 from tests.support.txlogs import Backend, SqliteBackend, backend
 from tests.support.txn import FAST, topic_ids
 from tests.support.wait import eventually
+from txactors.actors import RemoteActorRef
 from txactors.coordinator import CoordinatorConfig
 from txactors.coordinator.service import run_coordinator
-from txactors.errors import ConfigError, RolledBackByCheck
+from txactors.errors import ConfigError, PrepareFailed, RolledBackByCheck
 from txactors.faults import CRASH_EXIT_CODE, FAULT_ENV, FaultPoint
 from txactors.ops.txn import list_transactions
 from txactors.producer import Transaction, TransactionProducer, TxMessage
 from txactors.producer.txlog.sqlite import SqliteLocal, SqliteTxLog
+from txactors.wire import layout
+from txactors.wire.layout import check_instance_subject
+from txactors.wire.protocol import (
+    CheckResult,
+    CheckTransaction,
+    Decision,
+    Error,
+    ErrorCode,
+    Prepared,
+)
 
 pytestmark = [pytest.mark.postgres, pytest.mark.mariadb]  # the kill test runs on each
 
@@ -116,6 +128,7 @@ async def test_a_cancelled_work_is_rolled_back_by_the_same_process_check(
     async def work(conn: Any, txid: str) -> None:
         txids.append(txid)
         await sqlite.write(conn, txid)
+        await eventually(lambda: list_transactions(private_nc))  # the half is stored
         started.set()
         await anyio.sleep_forever()
 
@@ -184,8 +197,9 @@ async def test_a_commit_that_raises_is_settled_from_the_log(
 async def test_a_txid_claimed_before_the_record_fails_before_the_work(
     private_nc: Client, sqlite: SqliteBackend
 ) -> None:
-    """Another instance's check-back claims the txid right after the prepare: the record
-    fails on the key, the work never runs, and the messages are rolled back."""
+    """Another instance's check-back claims the txid once the half is stored, before the
+    local transaction opens: the record fails on the key, the work never runs, and the
+    messages are rolled back."""
     txlog = await sqlite.instance("shop")
     other = await sqlite.instance("shop")
     ran: list[str] = []
@@ -197,21 +211,17 @@ async def test_a_txid_claimed_before_the_record_fails_before_the_work(
         coordinated(private_nc),
         TransactionProducer(private_nc, "shop", txlog.check) as producer,
     ):
-        begin = producer.begin
+        started, local = transactions_of(producer), txlog.local
 
-        def begin_then_lose_the_race(**options: Any) -> Transaction:
-            txn = begin(**options)
-            send = txn.send
+        @asynccontextmanager
+        async def lose_the_race_then_open() -> AsyncIterator[SqliteLocal]:
+            [txn] = started
+            await eventually(lambda: txn.seqs)  # the half is stored: a check can come
+            assert await other.claim(txn.txid)  # the check-back got there first
+            async with local() as opened:
+                yield opened
 
-            async def send_then_claim(message: Any) -> tuple[int, ...]:
-                seqs = await send(message)
-                assert await other.claim(txn.txid)  # the check-back got there first
-                return seqs
-
-            txn.send = send_then_claim  # type: ignore[method-assign]
-            return txn
-
-        producer.begin = begin_then_lose_the_race  # type: ignore[method-assign]
+        txlog.local = lose_the_race_then_open  # type: ignore[method-assign]
         with pytest.raises(RolledBackByCheck):
             await txlog.send_in_transaction(producer, TxMessage(TOPIC, b"1"), work)
         assert await settled(private_nc) == set()
@@ -230,11 +240,11 @@ async def test_the_log_and_the_producer_must_share_the_group(
 # -- a producer SIGKILLed at each step, the check served by another instance -------------
 
 
-KILL_POINTS = [
-    FaultPoint.AFTER_PREPARE,
+KILL_POINTS = [  # in their order; the prepare is out from the start until AFTER_PREPARE
     FaultPoint.AFTER_TXLOG_RECORD,
     "in_work",
     FaultPoint.AFTER_LOCAL_WORK,
+    FaultPoint.AFTER_PREPARE,
     FaultPoint.AFTER_LOCAL_COMMIT,
 ]
 
@@ -297,3 +307,249 @@ async def _died(peer: anyio.abc.Process, mode: str) -> list[str]:
     expected = -signal.SIGKILL if mode == "kill" else CRASH_EXIT_CODE
     assert code == expected, lines
     return lines
+
+
+# -- the prepare is out while the local transaction runs -----------------------------------
+#
+# The halves reach the coordinator at once; their reply is held until the test releases it,
+# so each step of the local transaction can be caught with the prepare still in flight.
+
+OVERLAP_BACKENDS = ["asyncpg", "psycopg"]
+"""SQLite awaits the prepare first (`serial_local`): see the test after these."""
+
+
+@pytest_asyncio.fixture(params=OVERLAP_BACKENDS)
+async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    opened = backend(request.param, tmp_path)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+class HeldPrepares:
+    """Wraps a producer's prepares: each waits for `release` before it is sent (`before`)
+    or after the coordinator answered (its reply held); `stored` is set once it was sent."""
+
+    def __init__(self, producer: TransactionProducer, *, before: bool = False) -> None:
+        self.entered = anyio.Event()
+        self.stored = anyio.Event()
+        self.release = anyio.Event()
+        prepare = producer._client.prepare
+
+        async def held(*args: Any) -> Prepared:
+            self.entered.set()
+            if before:
+                await self.release.wait()
+            try:
+                return await prepare(*args)
+            finally:
+                self.stored.set()
+                await self.release.wait()
+
+        producer._client.prepare = held  # type: ignore[method-assign]
+
+
+async def check_here(nc: Client, producer: TransactionProducer, txid: str) -> Decision:
+    """A check-back for `txid`, asked of `producer`'s instance as the coordinator asks."""
+    check = CheckTransaction(
+        txid=txid, group=producer.group, check_id=1, check_times=0, messages=[]
+    )
+    subject = check_instance_subject(producer.group, producer.instance)
+    reply = await RemoteActorRef(nc, subject, CheckResult).ask(check, timeout=5)
+    resolution: Decision = reply.resolution
+    return resolution
+
+
+def new_group() -> str:
+    return f"shop-{uuid.uuid4().hex[:8]}"
+
+
+async def test_a_failed_prepare_rolls_back_the_work_done_meanwhile(
+    private_nc: Client, db: Backend
+) -> None:
+    """The work runs while the prepare is out; the coordinator then refuses the prepare:
+    nothing is committed locally, and the check-back is ROLLBACK without the log."""
+    group = new_group()
+    txlog = await db.instance(group)
+    written = anyio.Event()
+    txids: list[str] = []
+
+    async def work(conn: Any, txid: str) -> None:
+        txids.append(txid)
+        await db.write(conn, txid)
+        written.set()
+
+    refusal = Error(ErrorCode.BAD_REQUEST, "refused for the test")
+    async with (
+        serving_partitions(private_nc, refuse_prepare=lambda _: refusal),
+        TransactionProducer(private_nc, group, txlog.check) as producer,
+        anyio.create_task_group() as tg,
+    ):
+        held = HeldPrepares(producer, before=True)
+        tg.start_soon(_release_on, written, held.release)
+        with pytest.raises(PrepareFailed, match="refused for the test"):
+            await txlog.send_in_transaction(producer, TxMessage(TOPIC, b"1"), work)
+        assert await check_here(private_nc, producer, txids[0]) is Decision.ROLLBACK
+    assert not await db.committed(txids[0])
+    assert await txlog.lookup(txids[0]) is None  # the producer answered, not the log
+
+
+async def _release_on(event: anyio.Event, release: anyio.Event) -> None:
+    await event.wait()
+    release.set()
+
+
+async def test_a_check_while_the_work_runs_is_unknown(private_nc: Client, db: Backend) -> None:
+    """Halves stored and the local transaction still running, with the prepare's reply on
+    its way and after it came: the check-back is UNKNOWN, and the log is not asked."""
+    group = new_group()
+    txlog = await db.instance(group)
+    answers: list[Decision] = []
+
+    async with (
+        coordinated(private_nc),
+        TransactionProducer(private_nc, group, txlog.check) as producer,
+    ):
+        held, begun = HeldPrepares(producer), transactions_of(producer)
+
+        async def work(conn: Any, txid: str) -> None:
+            await db.write(conn, txid)
+            with anyio.fail_after(SETTLE):
+                await held.stored.wait()
+            answers.append(await check_here(private_nc, producer, txid))  # reply held
+            held.release.set()
+            await eventually(lambda: begun[0].seqs)  # the reply came
+            answers.append(await check_here(private_nc, producer, txid))
+
+        result = await txlog.send_in_transaction(producer, TxMessage(TOPIC, b"1"), work)
+        assert answers == [Decision.UNKNOWN, Decision.UNKNOWN]
+        assert result.state == "committed"
+        assert await settled(private_nc) == {result.txid}
+    assert await db.committed(result.txid)
+    assert await txlog.lookup(result.txid) == "committed"  # never claimed
+
+
+CANCEL_STEPS = ["in the work, reply held", "in the work, prepared", "awaiting the prepare"]
+
+
+@pytest.mark.parametrize("step", CANCEL_STEPS)
+async def test_a_send_cancelled_at_each_step_is_settled_without_delivery(
+    private_nc: Client, db: Backend, step: str
+) -> None:
+    """Cancelled before the local commit, with the prepare out or answered: nothing is
+    committed, and the check-back rolls the stored halves back (the log claims the txid,
+    or, when the cancel cut the prepare off, the producer answers for the failed send)."""
+    group = new_group()
+    txlog = await db.instance(group)
+    txids: list[str] = []
+    at_step = anyio.Event()
+
+    async with (
+        coordinated(private_nc),
+        TransactionProducer(private_nc, group, txlog.check) as producer,
+    ):
+        held, begun = HeldPrepares(producer), transactions_of(producer)
+
+        async def work(conn: Any, txid: str) -> None:
+            txids.append(txid)
+            await db.write(conn, txid)
+            with anyio.fail_after(SETTLE):
+                await held.stored.wait()
+            await eventually(lambda: list_transactions(private_nc))  # the halves are stored
+            if step == "in the work, prepared":
+                held.release.set()
+                await eventually(lambda: begun[0].seqs)  # the reply came
+            at_step.set()
+            if step != "awaiting the prepare":
+                await anyio.sleep_forever()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(txlog.send_in_transaction, producer, TxMessage(TOPIC, b"1"), work)
+            with anyio.fail_after(SETTLE):
+                await at_step.wait()  # awaiting the prepare: the send task waits on it now
+            tg.cancel_scope.cancel()
+        held.release.set()  # a prepare still out completes
+        assert await settled(private_nc) == set()
+        failed = producer._client.failed_sends.reason(txids[0])
+    assert not await db.committed(txids[0])
+    if step == "awaiting the prepare":  # the cancel reached the prepare: a failed send
+        assert failed is not None and "interrupted" in failed
+        assert await txlog.lookup(txids[0]) is None
+    else:
+        assert failed is None
+        assert await txlog.lookup(txids[0]) == "rolled_back"
+
+
+def transactions_of(producer: TransactionProducer) -> list[Transaction]:
+    """The transactions `producer` begins from now on, to watch their sends."""
+    begun: list[Transaction] = []
+    begin = producer.begin
+
+    def begin_and_keep(**options: Any) -> Transaction:
+        begun.append(begin(**options))
+        return begun[-1]
+
+    producer.begin = begin_and_keep  # type: ignore[method-assign]
+    return begun
+
+
+async def test_a_oneway_end_does_not_hold_the_caller(
+    private_nc: Client, sqlite: SqliteBackend
+) -> None:
+    """With the one-way end mode the call returns once the end is published: nobody
+    answers ends here, and the result is unconfirmed (the check-back settles a lost end)."""
+    txlog = await sqlite.instance("shop")
+    async with (
+        serving_partitions(private_nc, serve_end=False) as coord,
+        TransactionProducer(
+            private_nc, "shop", txlog.check, end_mode="oneway", request_timeout=30
+        ) as producer,
+    ):
+        ends = await private_nc.subscribe(layout.end_filter(0))
+        with anyio.fail_after(5):  # far less than the request timeout an acked end would wait
+            result = await txlog.send_in_transaction(producer, TxMessage(TOPIC, b"1"), sqlite.write)
+        end = await ends.next_msg(timeout=5)
+        assert not end.reply  # published, not asked
+        await ends.unsubscribe()
+    assert (result.local_state, result.state) == (Decision.COMMIT, None)
+    assert [prepare.txid for _, prepare in coord.prepares] == [result.txid]
+    assert await sqlite.committed(result.txid)
+
+
+async def test_on_sqlite_the_prepare_is_awaited_before_the_local_transaction(
+    private_nc: Client, sqlite: SqliteBackend
+) -> None:
+    """Its local transactions take turns on one writer: a refused prepare runs no work, and
+    a held one holds no writer (another local transaction commits meanwhile)."""
+    txlog = await sqlite.instance("shop")
+    ran: list[str] = []
+
+    async def work(conn: Any, txid: str) -> None:
+        ran.append(txid)
+
+    refusal = Error(ErrorCode.BAD_REQUEST, "refused for the test")
+    failures: list[BaseException] = []
+
+    async def call() -> None:
+        try:
+            await txlog.send_in_transaction(producer, TxMessage(TOPIC, b"1"), work)
+        except PrepareFailed as error:
+            failures.append(error)
+
+    async with (
+        serving_partitions(private_nc, refuse_prepare=lambda _: refusal),
+        TransactionProducer(private_nc, "shop", txlog.check) as producer,
+        anyio.create_task_group() as tg,
+    ):
+        held = HeldPrepares(producer, before=True)
+        tg.start_soon(call)
+        with anyio.fail_after(SETTLE):
+            await held.entered.wait()  # the prepare is held before it goes out
+            async with txlog.local() as local:  # and the writer is free meanwhile
+                await sqlite.write(local.connection, "meanwhile")
+                await local.commit()
+        held.release.set()
+    assert ran == []
+    assert [type(error) for error in failures] == [PrepareFailed]
+    assert await sqlite.committed("meanwhile")

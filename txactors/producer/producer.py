@@ -173,6 +173,11 @@ class TransactionProducer:
         and gives an unconfirmed result. Cancelled or timed out before its end, the
         transaction is left UNKNOWN without a request, and the checker answers its
         check-back from then on.
+
+        The local transaction commits on its own, so it runs only once the prepare is
+        confirmed; to overlap the two, commit yourself: `TxLog.send_in_transaction`, or a
+        `begin()` block with `start_send`. With the one-way end mode, the end is
+        published and not waited for.
         """
         # The block owns the transaction's fate: a failed prepare rolls back (nothing to
         # send; remembered for the check-back), and a cancellation or timeout anywhere in

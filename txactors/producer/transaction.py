@@ -10,6 +10,9 @@ The rules a caller can rely on, all checked locally before anything is sent:
   never ended (dropped, abandoned, its end lost) this producer answers its check-back
   ROLLBACK whatever the checker says, for as long as it remembers the failure
   (`failed_sends`);
+- a send can be started without waiting (`start_send`): its prepare is out while the caller
+  does its local work, and awaited just before the local commit, which must not happen
+  unless every send was confirmed;
 - a transaction that sent nothing ends without a request;
 - an end is acknowledged (`EndMode.ACK`, the default: the result says the state reached) or
   one-way (`EndMode.ONEWAY`: published without waiting, the result is unconfirmed and the
@@ -26,6 +29,7 @@ the messages do: the block's exit is the commit of the messages.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import enum
 import uuid
@@ -143,18 +147,7 @@ class Transaction:
             for half in outgoing:
                 tracing.inject(self._span, half.properties)
         async with self._lock:
-            if self._decision is not None:
-                raise TransactionStateError(
-                    f"transaction {self.txid} already ended ({self._decision}); "
-                    "start a new one to send more",
-                    txid=self.txid,
-                )
-            if self._failed_send is not None:
-                raise TransactionStateError(
-                    f"an earlier send of transaction {self.txid} failed ({self._failed_send}); "
-                    "roll it back",
-                    txid=self.txid,
-                )
+            self._check_sendable()
             # From here until the end, a check-back for it is answered UNKNOWN.
             self._client.in_flight.add(self.txid, self)
             try:
@@ -178,6 +171,36 @@ class Transaction:
                 topics=_topics(messages),
             )
             return tuple(prepared.seqs)
+
+    def start_send(self, message: TxMessage | Sequence[TxMessage]) -> asyncio.Task[tuple[int, ...]]:
+        """`send` without waiting: the prepare goes out now, and the caller does its local
+        work meanwhile. Await the task (it gives the sequences, or raises as `send` does)
+        before the local commit: commit locally only once it succeeded, else roll back.
+
+        Sends started together go out one after another, in order. Cancelling the task, or
+        the task awaiting it, is a failed send (the transaction can only roll back). Left
+        unawaited, the send still completes and an end waits for it; a block given up on
+        meanwhile leaves the transaction to the checker, or to a rollback if the send fails.
+        """
+        self._check_sendable()
+        task = asyncio.get_running_loop().create_task(self.send(message))
+        _SENDING.add(task)
+        task.add_done_callback(_sent)
+        return task
+
+    def _check_sendable(self) -> None:
+        if self._decision is not None:
+            raise TransactionStateError(
+                f"transaction {self.txid} already ended ({self._decision}); "
+                "start a new one to send more",
+                txid=self.txid,
+            )
+        if self._failed_send is not None:
+            raise TransactionStateError(
+                f"an earlier send of transaction {self.txid} failed ({self._failed_send}); "
+                "roll it back",
+                txid=self.txid,
+            )
 
     def _fail_send(self, reason: str) -> None:
         """From now on it may only roll back, here and in the check-back: recorded before
@@ -355,6 +378,18 @@ class Transaction:
                 yield
         finally:
             self._context_bound = False
+
+
+_SENDING: set[asyncio.Task[tuple[int, ...]]] = set()
+"""Started sends, held until done: the event loop keeps only weak references to tasks."""
+
+
+def _sent(task: asyncio.Task[tuple[int, ...]]) -> None:
+    """A started send is done: let it go, and mark its failure as seen (the transaction
+    recorded it; whoever awaits the task gets it too)."""
+    _SENDING.discard(task)
+    if not task.cancelled():
+        task.exception()
 
 
 def _topics(messages: list[TxMessage]) -> list[str]:

@@ -6,14 +6,23 @@ one-call form (`send_in_transaction`), which is the only order of steps in which
 or a cancellation at any point still ends with the message delivered if and only if the
 business change committed:
 
-1. prepare the halves (a failure: nothing else runs, the halves are rolled back);
-2. open the local database transaction and record the txid first: a check-back that
-   claimed it already makes this fail before the work runs, and a check-back that comes
-   later waits on the row (or fails on it) instead of claiming it;
+1. send the prepare of the halves, without waiting for its reply;
+2. meanwhile, open the local database transaction and record the txid first: a check-back
+   that claimed it already makes this fail before the work runs, and a check-back that
+   comes later waits on the row (or fails on it) instead of claiming it;
 3. run the user's work on the same connection;
-4. commit the local transaction (shielded: its outcome is then known);
-5. end the transaction with COMMIT.
+4. wait for the prepare: the halves are stored before the local commit, or (a failure)
+   the local transaction rolls back and nothing is committed;
+5. commit the local transaction (shielded: its outcome is then known);
+6. end the transaction with COMMIT.
 
+A lone call thus waits for the prepare's round trip only where it is longer than the local
+work. A backend whose local transactions take turns on one writer (SQLite: `serial_local`)
+awaits the prepare before step 2 instead: holding the writer through a slow prepare would
+stall every other call. Until the end, a check-back that reaches this process is answered
+UNKNOWN (the transaction is in flight); one served by another instance of the group decides
+from the log, where the row is already recorded or not at all (`decide`): the order above
+holds for it.
 An exception before the commit rolls the local transaction back and the messages with it.
 A commit that raises has an unknown outcome: the log is asked at once (`settle`, the
 check-back's own decision), so the end says what really happened. A cancellation, or a
@@ -26,7 +35,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
-from typing import Generic, NoReturn, Protocol, TypeVar
+from typing import ClassVar, Generic, NoReturn, Protocol, TypeVar
 
 import anyio
 
@@ -70,6 +79,11 @@ form does."""
 
 class TxLog(ABC, Generic[C]):
     """The transaction log of producer group `group` in one database."""
+
+    serial_local: ClassVar[bool] = False
+    """Local transactions take turns (one connection, one writer): `send_in_transaction`
+    then awaits the prepare before its local transaction starts, so a slow prepare holds up
+    only its own call, not every other waiting for the writer."""
 
     def __init__(self, group: str) -> None:
         self.group = validate_name("group", group)
@@ -142,24 +156,28 @@ class TxLog(ABC, Generic[C]):
         """Send `message` if and only if `work` commits: prepare, then one local transaction
         (record the txid, run `work(connection, txid)`, commit), then end with COMMIT.
 
-        `work` raising rolls both back and the error propagates; `RolledBackByCheck` if a
-        check-back had already decided the transaction. `PrepareFailed` (nothing ran) if
-        the halves were not stored. A commit that raises is settled from the log at once:
-        the error propagates unless the commit did happen.
+        The prepare is out while the local transaction runs, and awaited just before its
+        commit. `work` raising rolls both back and the error propagates; `RolledBackByCheck`
+        if a check-back had already decided the transaction. `PrepareFailed` if the halves
+        were not stored: the work ran, and was rolled back. A commit that raises is settled
+        from the log at once: the error propagates unless the commit did happen.
         """
         if producer.group != self.group:
             raise ConfigError(
                 f"the log is for group {self.group!r}, the producer for {producer.group!r}"
             )
         async with producer.begin() as txn:  # an exception rolls back, a cancel ends nothing
-            await txn.send(message)
-            crash_if_armed(FaultPoint.AFTER_PREPARE)
+            sending = txn.start_send(message)  # out while the local transaction runs
+            if self.serial_local:
+                await sending
             commit_error: Exception | None = None
             async with self.local() as local:  # left uncommitted, it rolls back
                 await self.record(local.connection, txn.txid)
                 crash_if_armed(FaultPoint.AFTER_TXLOG_RECORD)
                 await work(local.connection, txn.txid)
                 crash_if_armed(FaultPoint.AFTER_LOCAL_WORK)
+                await sending  # cancelled here, the send is failed: the check says ROLLBACK
+                crash_if_armed(FaultPoint.AFTER_PREPARE)
                 try:
                     with anyio.CancelScope(shield=True):
                         await local.commit()

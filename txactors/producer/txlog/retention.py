@@ -4,13 +4,14 @@ A row answers check-backs for its transaction; once no check can come, it is dea
 The coordinator asks about a transaction only while it is open, and it discards every
 transaction still open at `half_retention` after its first prepare (the checked-first
 test in its `due` move), however its check schedule went. A check sent just before that
-is answered within `check_answer_timeout` or not at all. A row is written after the first
-prepare, so a row older than
+is answered within `check_answer_timeout` or not at all. A row is written while the first
+prepare is out (`TxLog.send_in_transaction`) or after it, so a row older than
 
     half_retention + check_answer_timeout + clock_margin
 
 belongs to a transaction nobody can ask about any more. `clock_margin` covers the clocks of
-the coordinator and the producers disagreeing.
+the coordinator and the producers disagreeing, and the prepare's time on the way (its
+request timeouts and retries: seconds).
 
 The `check_max` schedule (first check after the transaction timeout, at most `max_immunity`;
 then `check_max` checks spaced by the backed-off `check_interval`) usually ends much

@@ -44,6 +44,8 @@ SqliteLocal = ConnectionLocal[aiosqlite.Connection]
 class SqliteTxLog(TxLog[aiosqlite.Connection]):
     """The log of `group` in the SQLite file at `path`: `async with SqliteTxLog(...) as txlog`."""
 
+    serial_local = True
+
     def __init__(
         self, path: str | PathLike[str], group: str, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT
     ) -> None:
