@@ -18,6 +18,7 @@ from txactors.coordinator.partition.store import (
     encode_ops,
     half_headers,
     read_half,
+    seconds_text,
     stored_half,
 )
 from txactors.wire import layout
@@ -126,3 +127,12 @@ def test_the_boundary_counts_a_half_header_block_at_its_longest(
         half=msgspec.structs.replace(written.half, index=2**63 - 1, born=-1.7976931348623157e308),
     )
     assert header_block_bytes(half_headers(worst)) == half_header_bytes(prepare, MESSAGE)
+
+
+@given(st.floats(min_value=0, max_value=4e9, allow_nan=False))
+def test_a_time_in_a_header_is_never_later_than_it_was(seconds: float) -> None:
+    """A half's birth read back later than it was would put its first check-back past the
+    transaction timeout (a test advancing a manual clock by exactly the timeout saw none)."""
+    written = float(seconds_text(seconds))
+    assert written <= seconds
+    assert seconds - written < 0.0011

@@ -178,8 +178,13 @@ def half_headers(stored: StoredHalf) -> dict[str, str]:
 
 
 def seconds_text(seconds: float) -> str:
-    """A time in seconds as a header value: to the millisecond, which is all any reader uses."""
-    return repr(round(seconds, 3))
+    """A time in seconds as a header value: to the millisecond, which is all any reader uses.
+    Rounded down, never up: a half's birth read back a little later would put its first
+    check-back after the transaction timeout instead of at it."""
+    rounded = round(seconds, 3)
+    if rounded > seconds:
+        rounded = round(rounded - 0.001, 3)
+    return repr(rounded)
 
 
 def half_identity(headers: Mapping[str, str]) -> tuple[str, int]:
