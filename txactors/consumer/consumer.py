@@ -58,6 +58,7 @@ from txactors.consumer.retry import DEFAULT_MAX_RECONSUME, DEFAULT_RETRY_DELAYS,
 from txactors.errors import ConfigError
 from txactors.nats.client import raising_connection_lost, watch_connection
 from txactors.nats.topics import DECLARE_DEADLINE, declaring, ensure_topic_stream, wait_for_stream
+from txactors.observe import tracing
 from txactors.observe.logs import get_logger
 from txactors.observe.metrics import ConsumerMetrics
 from txactors.wire.layout import (
@@ -261,7 +262,7 @@ class Consumer:
             await sub.unsubscribe()
         while self._ready:  # taken, never started: someone else may have it now
             await self._handling.nak(self._ready.popleft())
-        await self._handling.send_acks()
+        await self._handling.flush()
         # Acks are fire-and-forget publishes: make sure they left before we say "stopped".
         with suppress(nats.errors.Error, OSError, TimeoutError):
             await self._nc.flush(_FLUSH_TIMEOUT)
@@ -355,27 +356,31 @@ class Consumer:
             self._idle.pop().set()
 
     async def _work(self) -> None:
-        """Take ready messages one by one; when none are left, send the batch's acks, park."""
+        """Take ready messages one by one; when none are left, end the batch (its acks, the
+        lag) and park. The tracer is looked up once a batch: a provider set meanwhile is used
+        from the next."""
         handling = self._handling
+        tracer = tracing.tracer()
         while True:
             if not self._ready:
-                if handling.acks_queued:
-                    await handling.send_acks()
+                if handling.flush_due:
+                    await handling.flush()
                     continue  # more may have come while the acks went out
                 parked = anyio.Event()
                 self._idle.append(parked)
                 await parked.wait()
                 self._waking -= 1
+                tracer = tracing.tracer()
                 continue
             msg = self._ready.popleft()
             self._wake_worker()
             key = id(msg)
             self._in_handler[key] = msg
             try:
-                await handling.handle(msg)
+                await handling.handle(msg, tracer)
             finally:
                 del self._in_handler[key]
                 self._active -= 1
                 self._wake.set()
             if handling.acks_queued >= ACK_BATCH:
-                await handling.send_acks()
+                await handling.flush()
