@@ -255,7 +255,7 @@ class Consumer:
             lambda: js.add_consumer(self._stream, config),
             deadline=DECLARE_DEADLINE,
         )
-        self.metrics.lag.labels(self.topic, self.group).set(info.num_pending or 0)
+        self.metrics.lag_of(self.topic, self.group).set(info.num_pending or 0)
 
     async def _close(self, sub: Subscription) -> None:
         with suppress(nats.errors.Error, OSError, TimeoutError):
@@ -356,14 +356,13 @@ class Consumer:
             self._idle.pop().set()
 
     async def _work(self) -> None:
-        """Take ready messages one by one; when none are left, end the batch (its acks, the
-        lag) and park. The tracer is looked up once a batch: a provider set meanwhile is used
-        from the next."""
+        """Take ready messages one by one; when none are left, send the batch's acks, park.
+        The tracer is looked up once a batch: a provider set meanwhile is used from the next."""
         handling = self._handling
         tracer = tracing.tracer()
         while True:
             if not self._ready:
-                if handling.flush_due:
+                if handling.acks_queued:
                     await handling.flush()
                     continue  # more may have come while the acks went out
                 parked = anyio.Event()

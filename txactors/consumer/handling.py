@@ -62,8 +62,7 @@ class Handling:
         self._handler = handler
         self._policy = policy
         self._metrics = metrics
-        self._lag = metrics.lag.labels(topic, group)
-        self._pending: int | None = None  # the lag the last delivery reported, not yet set
+        self._lag = metrics.lag_of(topic, group)
         self._latency = metrics.handler_latency.labels(topic, group)
         self._acks: list[Msg] = []
 
@@ -71,15 +70,11 @@ class Handling:
     def acks_queued(self) -> int:
         return len(self._acks)
 
-    @property
-    def flush_due(self) -> bool:
-        """Acks queued, or a lag not yet set: what `flush` ends a batch with."""
-        return bool(self._acks) or self._pending is not None
-
     async def handle(self, msg: Msg, tracer: Tracer | None) -> None:
         """Run the handler on `msg` (in a span of `tracer`, if tracing is on); queue its ack on
         success, nak or dead-letter on failure."""
-        message, self._pending = delivered(msg)
+        message, pending = delivered(msg)
+        self._lag.set(pending)
         if message.headers.get(REPLAY_GROUP_HEADER, self._group) != self._group:
             # A dead letter replayed for another group (`txactors dlq replay`): we had it.
             self._acks.append(msg)
@@ -103,12 +98,7 @@ class Handling:
         self._acks.append(msg)
 
     async def flush(self) -> None:
-        """End of a batch: set the lag its last delivery reported (once a batch, not once a
-        message), then publish every queued ack; nats-py's flusher sends them in one socket
-        write."""
-        if self._pending is not None:
-            self._lag.set(self._pending)
-            self._pending = None
+        """Publish every queued ack; nats-py's flusher sends them in one socket write."""
         acks, self._acks = self._acks, []
         for msg in acks:
             try:
