@@ -37,12 +37,14 @@ coordinator's start when `consumer_groups` names the group).
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections import deque
 from collections.abc import Sequence
 from contextlib import AsyncExitStack, suppress
 from types import TracebackType
-from typing import Final, Self
+from typing import TYPE_CHECKING, Final, Self
 
 import anyio
 import anyio.abc
@@ -69,6 +71,9 @@ from txactors.wire.layout import (
     validate_name,
 )
 
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer  # the `otel` extra
+
 __all__ = ["Consumer", "Handler"]
 
 RETRY_BACKLOG: Final = 1000
@@ -84,6 +89,8 @@ _STATUS: Final = "Status"
 _HEARTBEAT: Final = "100"
 _PULL_DONE: Final = frozenset({"404", "408"})  # no messages / the request expired
 _FLUSH_TIMEOUT: Final = 5
+TRACER_TTL: Final = 1.0
+"""Seconds a looked-up tracer (or its absence) is used before the next lookup."""
 
 log = get_logger(__name__)
 
@@ -149,7 +156,9 @@ class Consumer:
         self._refused = False  # the server refused a pull: re-declare before the next
         self._ready: deque[Msg] = deque()  # taken, no worker yet
         self._in_handler: dict[int, Msg] = {}  # whose handler runs, by id: kept alive
-        self._idle: list[anyio.Event] = []  # one per parked worker
+        self._idle: list[asyncio.Future[None]] = []  # one per parked worker
+        self._tracer_found: Tracer | None = None
+        self._tracer_due = 0.0  # when to look the tracer up again
         self._waking = 0  # workers woken that have not taken a message yet
         self._exit_stack: AsyncExitStack | None = None
         self.metrics = metrics or ConsumerMetrics()
@@ -353,30 +362,42 @@ class Consumer:
         takes the next message and wakes another, so busy workers grow with slow handlers."""
         if self._ready and not self._waking and self._idle:
             self._waking += 1
-            self._idle.pop().set()
+            self._idle.pop().set_result(None)
+
+    def _tracer(self) -> Tracer | None:
+        """`tracing.tracer()`, looked up at most once per `TRACER_TTL` (a lookup costs as much
+        as a small message's handling): a provider set later is used within that time."""
+        now = time.monotonic()
+        if now >= self._tracer_due:
+            self._tracer_found, self._tracer_due = tracing.tracer(), now + TRACER_TTL
+        return self._tracer_found
 
     async def _work(self) -> None:
-        """Take ready messages one by one; when none are left, send the batch's acks, park.
-        The tracer is looked up once a batch: a provider set meanwhile is used from the next."""
+        """Take ready messages one by one; when none are left, send the batch's acks, park
+        (on a bare future: nats-py runs on asyncio, and a worker parks once a batch)."""
         handling = self._handling
-        tracer = tracing.tracer()
+        loop = asyncio.get_running_loop()
         while True:
             if not self._ready:
                 if handling.acks_queued:
                     await handling.flush()
                     continue  # more may have come while the acks went out
-                parked = anyio.Event()
+                parked: asyncio.Future[None] = loop.create_future()
                 self._idle.append(parked)
-                await parked.wait()
+                try:
+                    await parked
+                except BaseException:
+                    if parked in self._idle:
+                        self._idle.remove(parked)
+                    raise
                 self._waking -= 1
-                tracer = tracing.tracer()
                 continue
             msg = self._ready.popleft()
             self._wake_worker()
             key = id(msg)
             self._in_handler[key] = msg
             try:
-                await handling.handle(msg, tracer)
+                await handling.handle(msg, self._tracer())
             finally:
                 del self._in_handler[key]
                 self._active -= 1
