@@ -7,7 +7,8 @@ work, after a warm-up.
 
 - txactors: nats-server (fsync `always`), one coordinator process started by the CLI serving
   two partitions, a producer process (`send_in_transaction`, the default acked end) and a
-  consumer process (`Consumer`, 64 handlers), `bench.cpu_roles`;
+  consumer process (`Consumer`, 64 handlers, on `TolerantClient` as deployed),
+  `bench.cpu_roles`;
 - raw JetStream: the same server, a producer process of acked single publishes of the same
   128-byte body and a consumer process of nats-py's own pull consumer (fetch 64, ack each).
 

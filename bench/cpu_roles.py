@@ -28,6 +28,7 @@ from bench.raw import publish_acked
 from bench.transactions import BODY_SIZE, CONCURRENCY
 from bench.workers import run_workers
 from txactors.consumer import ConsumedMessage, Consumer
+from txactors.nats.client import connect as txactors_connect
 from txactors.nats.topics import ensure_topic_stream
 from txactors.observe.logs import configure_logging
 from txactors.producer import Decision, TransactionProducer, TxMessage
@@ -185,7 +186,8 @@ ROLES = {
 
 
 async def run(role: str, url: str, topic: str, warmup: int, count: int, concurrency: int) -> None:
-    nc = await nats.connect(url)
+    # The txactors consumer on the client a deployed one runs on (`nats_session`'s).
+    nc = await (txactors_connect(url) if role == "txconsumer" else nats.connect(url))
     try:
         await ROLES[role](nc, topic, warmup, count, concurrency)
         if role.endswith("producer"):

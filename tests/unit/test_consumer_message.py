@@ -6,8 +6,10 @@ import msgspec
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import NotJSMessageError
 
 from txactors.consumer import ConsumedMessage
+from txactors.consumer.message import delivered
 from txactors.wire.layout import COMMITTED_AT_HEADER, KEYS_HEADER, MSG_ID_HEADER, TXID_HEADER
 from txactors.wire.protocol import CONTENT_TYPE_HEADER, Encoding
 
@@ -56,3 +58,26 @@ def test_a_body_of_the_wrong_shape_fails_to_decode() -> None:
     msg = ConsumedMessage.from_nats(delivery("topic.orders._", msgspec.msgpack.encode([1]), None))
     with pytest.raises(msgspec.ValidationError):
         msg.decode(Paid)
+
+
+def test_the_lag_and_every_field_come_from_either_form_of_the_ack_subject() -> None:
+    v1 = delivery("topic.orders._", b"", {MSG_ID_HEADER: "abc:1"})
+    # v2: $JS.ACK.<domain>.<account hash>.<stream>.<consumer>.<delivered>.<stream seq>.
+    # <consumer seq>.<ns>.<pending>.<random>: read by nats-py's parser.
+    v2 = Msg(
+        _client=Client(),
+        subject=v1.subject,
+        reply="$JS.ACK.hub.ACC.TOPIC_orders.points.3.42.7.1700000000000000000.0.x1",
+        data=v1.data,
+        headers=v1.headers,
+    )
+    assert delivered(v1) == delivered(v2)
+    first, first_lag = delivered(v1)
+    assert (first.deliveries, first.stream_seq, first_lag) == (3, 42, 0)
+    lagging = Msg(_client=Client(), subject=v1.subject, reply=v1.reply[:-1] + "17")
+    assert delivered(lagging)[1] == 17
+
+
+def test_a_delivery_that_is_not_from_jetstream_is_refused() -> None:
+    with pytest.raises(NotJSMessageError):
+        delivered(Msg(_client=Client(), subject="topic.orders._", reply="_INBOX.x"))

@@ -37,12 +37,14 @@ coordinator's start when `consumer_groups` names the group).
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections import deque
 from collections.abc import Sequence
 from contextlib import AsyncExitStack, suppress
 from types import TracebackType
-from typing import Final, Self
+from typing import TYPE_CHECKING, Final, Self
 
 import anyio
 import anyio.abc
@@ -58,6 +60,7 @@ from txactors.consumer.retry import DEFAULT_MAX_RECONSUME, DEFAULT_RETRY_DELAYS,
 from txactors.errors import ConfigError
 from txactors.nats.client import raising_connection_lost, watch_connection
 from txactors.nats.topics import DECLARE_DEADLINE, declaring, ensure_topic_stream, wait_for_stream
+from txactors.observe import tracing
 from txactors.observe.logs import get_logger
 from txactors.observe.metrics import ConsumerMetrics
 from txactors.wire.layout import (
@@ -67,6 +70,9 @@ from txactors.wire.layout import (
     topic_subject,
     validate_name,
 )
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer  # the `otel` extra
 
 __all__ = ["Consumer", "Handler"]
 
@@ -83,6 +89,8 @@ _STATUS: Final = "Status"
 _HEARTBEAT: Final = "100"
 _PULL_DONE: Final = frozenset({"404", "408"})  # no messages / the request expired
 _FLUSH_TIMEOUT: Final = 5
+TRACER_TTL: Final = 1.0
+"""Seconds a looked-up tracer (or its absence) is used before the next lookup."""
 
 log = get_logger(__name__)
 
@@ -148,7 +156,9 @@ class Consumer:
         self._refused = False  # the server refused a pull: re-declare before the next
         self._ready: deque[Msg] = deque()  # taken, no worker yet
         self._in_handler: dict[int, Msg] = {}  # whose handler runs, by id: kept alive
-        self._idle: list[anyio.Event] = []  # one per parked worker
+        self._idle: list[asyncio.Future[None]] = []  # one per parked worker
+        self._tracer_found: Tracer | None = None
+        self._tracer_due = 0.0  # when to look the tracer up again
         self._waking = 0  # workers woken that have not taken a message yet
         self._exit_stack: AsyncExitStack | None = None
         self.metrics = metrics or ConsumerMetrics()
@@ -254,14 +264,14 @@ class Consumer:
             lambda: js.add_consumer(self._stream, config),
             deadline=DECLARE_DEADLINE,
         )
-        self.metrics.lag.labels(self.topic, self.group).set(info.num_pending or 0)
+        self.metrics.lag_of(self.topic, self.group).set(info.num_pending or 0)
 
     async def _close(self, sub: Subscription) -> None:
         with suppress(nats.errors.Error, OSError, TimeoutError):
             await sub.unsubscribe()
         while self._ready:  # taken, never started: someone else may have it now
             await self._handling.nak(self._ready.popleft())
-        await self._handling.send_acks()
+        await self._handling.flush()
         # Acks are fire-and-forget publishes: make sure they left before we say "stopped".
         with suppress(nats.errors.Error, OSError, TimeoutError):
             await self._nc.flush(_FLUSH_TIMEOUT)
@@ -352,19 +362,34 @@ class Consumer:
         takes the next message and wakes another, so busy workers grow with slow handlers."""
         if self._ready and not self._waking and self._idle:
             self._waking += 1
-            self._idle.pop().set()
+            self._idle.pop().set_result(None)
+
+    def _tracer(self) -> Tracer | None:
+        """`tracing.tracer()`, looked up at most once per `TRACER_TTL` (a lookup costs as much
+        as a small message's handling): a provider set later is used within that time."""
+        now = time.monotonic()
+        if now >= self._tracer_due:
+            self._tracer_found, self._tracer_due = tracing.tracer(), now + TRACER_TTL
+        return self._tracer_found
 
     async def _work(self) -> None:
-        """Take ready messages one by one; when none are left, send the batch's acks, park."""
+        """Take ready messages one by one; when none are left, send the batch's acks, park
+        (on a bare future: nats-py runs on asyncio, and a worker parks once a batch)."""
         handling = self._handling
+        loop = asyncio.get_running_loop()
         while True:
             if not self._ready:
                 if handling.acks_queued:
-                    await handling.send_acks()
+                    await handling.flush()
                     continue  # more may have come while the acks went out
-                parked = anyio.Event()
+                parked: asyncio.Future[None] = loop.create_future()
                 self._idle.append(parked)
-                await parked.wait()
+                try:
+                    await parked
+                except BaseException:
+                    if parked in self._idle:
+                        self._idle.remove(parked)
+                    raise
                 self._waking -= 1
                 continue
             msg = self._ready.popleft()
@@ -372,10 +397,10 @@ class Consumer:
             key = id(msg)
             self._in_handler[key] = msg
             try:
-                await handling.handle(msg)
+                await handling.handle(msg, self._tracer())
             finally:
                 del self._in_handler[key]
                 self._active -= 1
                 self._wake.set()
             if handling.acks_queued >= ACK_BATCH:
-                await handling.send_acks()
+                await handling.flush()

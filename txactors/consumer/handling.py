@@ -6,7 +6,7 @@ it committed); raising naks it with the retry policy's delay, or dead-letters it
 retries are used up (at once for `PoisonMessage`); a handler cancelled at stop is naked for
 immediate redelivery.
 
-Acks are not sent one by one: `handle` queues them and `send_acks` publishes the queued ones
+Acks are not sent one by one: `handle` queues them and `flush` publishes the queued ones
 together, which nats-py's flusher then writes in one socket write. The consumer calls it when
 a batch is done. Until then a crash loses only acks, so the server redelivers the batch, which
 at-least-once allows. Naks go at once: they schedule the message's retry.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import anyio
 import nats.errors
@@ -23,13 +24,16 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from txactors.consumer.dlq import dead_letter, describe_error
-from txactors.consumer.message import ConsumedMessage
+from txactors.consumer.message import ConsumedMessage, delivered
 from txactors.consumer.retry import RetryPolicy
 from txactors.errors import PoisonMessage
 from txactors.observe import tracing
 from txactors.observe.logs import get_logger
 from txactors.observe.metrics import ConsumerMetrics
 from txactors.wire.layout import REPLAY_GROUP_HEADER
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer  # the `otel` extra
 
 Handler = Callable[[ConsumedMessage], Awaitable[None]]
 
@@ -58,7 +62,7 @@ class Handling:
         self._handler = handler
         self._policy = policy
         self._metrics = metrics
-        self._lag = metrics.lag.labels(topic, group)
+        self._lag = metrics.lag_of(topic, group)
         self._latency = metrics.handler_latency.labels(topic, group)
         self._acks: list[Msg] = []
 
@@ -66,18 +70,22 @@ class Handling:
     def acks_queued(self) -> int:
         return len(self._acks)
 
-    async def handle(self, msg: Msg) -> None:
-        """Run the handler on `msg`; queue its ack on success, nak or dead-letter on failure."""
-        message = ConsumedMessage.from_nats(msg)
-        self._lag.set(msg.metadata.num_pending or 0)
+    async def handle(self, msg: Msg, tracer: Tracer | None) -> None:
+        """Run the handler on `msg` (in a span of `tracer`, if tracing is on); queue its ack on
+        success, nak or dead-letter on failure."""
+        message, pending = delivered(msg)
+        self._lag.set(pending)
         if message.headers.get(REPLAY_GROUP_HEADER, self._group) != self._group:
             # A dead letter replayed for another group (`txactors dlq replay`): we had it.
             self._acks.append(msg)
             return
         started = time.perf_counter()
         try:
-            with tracing.consuming(message, self._group):
+            if tracer is None:
                 await self._handler(message)
+            else:
+                with tracing.consuming(message, self._group, tracer):
+                    await self._handler(message)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 await self._settle(msg.nak(), "nak")  # another instance may take it now
@@ -89,11 +97,14 @@ class Handling:
         self._latency.observe(time.perf_counter() - started)
         self._acks.append(msg)
 
-    async def send_acks(self) -> None:
+    async def flush(self) -> None:
         """Publish every queued ack; nats-py's flusher sends them in one socket write."""
         acks, self._acks = self._acks, []
         for msg in acks:
-            await self._settle(msg.ack(), "ack")
+            try:
+                await msg.ack()
+            except (nats.errors.Error, OSError) as exc:  # the server redelivers it anyway
+                self._settle_failed("ack", exc)
 
     async def nak(self, msg: Msg) -> None:
         """Hand `msg` back for immediate redelivery (taken but never handled)."""
@@ -146,10 +157,13 @@ class Handling:
         try:
             await action
         except (nats.errors.Error, OSError) as exc:
-            log.warning(
-                "consume_settle_failed",
-                topic=self._topic,
-                group=self._group,
-                action=what,
-                error=repr(exc),
-            )
+            self._settle_failed(what, exc)
+
+    def _settle_failed(self, what: str, error: Exception) -> None:
+        log.warning(
+            "consume_settle_failed",
+            topic=self._topic,
+            group=self._group,
+            action=what,
+            error=repr(error),
+        )

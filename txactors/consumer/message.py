@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Final, TypeVar
 
 import msgspec
 from nats.aio.msg import Msg
@@ -26,6 +26,8 @@ from txactors.wire.layout import (
 from txactors.wire.protocol import CONTENT_TYPE_HEADER, Encoding
 
 T = TypeVar("T")
+
+_ACK_TOKENS: Final = 9
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,30 +77,51 @@ class ConsumedMessage:
     @classmethod
     def from_nats(cls, msg: Msg) -> ConsumedMessage:
         """Build the view of a message delivered by a JetStream consumer on a topic stream."""
-        meta = msg.metadata
-        stored = msg.headers or {}
-        headers = copied_headers(stored)
-        # topic.<topic>.<tag>; the subject, not a header, is what the consumer filtered on.
-        _, topic, tag = msg.subject.split(".", 2)
-        keys = headers.get(KEYS_HEADER, "")
-        return cls(
-            topic=topic,
-            tag=None if tag == NO_TAG else tag,
-            keys=tuple(k for k in keys.split(",") if k),
-            txid=headers.get(TXID_HEADER),
-            msg_id=stored.get(MSG_ID_HEADER) or f"{meta.stream}:{meta.sequence.stream}",
-            body=msg.data,
-            headers=headers,
-            deliveries=meta.num_delivered,
-            stream_seq=meta.sequence.stream,
-            committed_at=_seconds(headers.get(COMMITTED_AT_HEADER)),
-            subject=msg.subject,
-        )
+        return delivered(msg)[0]
 
 
-def _seconds(value: str | None) -> float | None:
-    if value is None:
-        return None
+def delivered(msg: Msg) -> tuple[ConsumedMessage, int]:
+    """The handler's view of `msg` and the messages still pending behind it (the group's lag).
+
+    Every header and metadata field a consumer reads is read here, once per delivery, and
+    cheaply (it is most of what a consumer does per message beyond receiving and acking it):
+    the ack subject is split once (nats-py's `metadata` also builds a timestamp we never use).
+    """
+    stream, seq, deliveries, pending = _ack_fields(msg)
+    stored = msg.headers or {}
+    headers = copied_headers(stored) if stored else {}
+    # topic.<topic>.<tag>; the subject, not a header, is what the consumer filtered on.
+    _, topic, tag = msg.subject.split(".", 2)
+    keys = headers.get(KEYS_HEADER)
+    committed_at = headers.get(COMMITTED_AT_HEADER)
+    message = ConsumedMessage(
+        topic=topic,
+        tag=None if tag == NO_TAG else tag,
+        keys=tuple(k for k in keys.split(",") if k) if keys else (),
+        txid=headers.get(TXID_HEADER),
+        msg_id=stored.get(MSG_ID_HEADER) or f"{stream}:{seq}",
+        body=msg.data,
+        headers=headers,
+        deliveries=deliveries,
+        stream_seq=seq,
+        committed_at=None if committed_at is None else _seconds(committed_at),
+        subject=msg.subject,
+    )
+    return message, pending
+
+
+def _ack_fields(msg: Msg) -> tuple[str, int, int, int]:
+    """(stream, stream sequence, deliveries, pending) from the ack subject
+    `$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ns>.<pending>`;
+    any other form (a domain's) through nats-py's parser."""
+    tokens = (msg.reply or "").split(".")
+    if len(tokens) == _ACK_TOKENS and tokens[0] == "$JS" and tokens[1] == "ACK":
+        return tokens[2], int(tokens[5]), int(tokens[4]), int(tokens[8])
+    meta = msg.metadata
+    return meta.stream, meta.sequence.stream, meta.num_delivered, meta.num_pending or 0
+
+
+def _seconds(value: str) -> float | None:
     try:
         return float(value)
     except ValueError:

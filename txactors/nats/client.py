@@ -61,6 +61,26 @@ class TolerantClient(Client):
             return {MALFORMED_HEADERS: f"{type(error).__name__}: {error}"}
         return parsed
 
+    @staticmethod
+    def _parse_header_lines(raw: bytes) -> dict[str, str]:
+        """nats-py 2.16's `Client._parse_header_lines`, result for result, at a third of its
+        cost: it tests a name for whitespace one character at a time in a generator, which
+        made header parsing the largest part of what a consumer spends per message."""
+        out: dict[str, str] = {}
+        for line in raw.split(b"\r\n"):
+            name, sep, value = line.partition(b":")
+            if not sep:  # an empty line has none either
+                continue
+            try:
+                key = name.strip().decode("ascii")
+            except UnicodeDecodeError:
+                continue
+            # Whitespace inside the name (any `str.isspace` character): split() is one C pass.
+            if key and key.split() != [key]:
+                continue
+            out[key] = value.strip().decode("utf-8", "replace")
+        return out
+
     async def _read_loop(self) -> None:
         await super()._read_loop()
         if _serving(self):  # it ended on an error that nats-py only logged

@@ -199,12 +199,37 @@ class ConsumerMetrics:
             registry=registry,
             buckets=HANDLER_BUCKETS,
         )
+        self._lags: dict[tuple[str, str], Lag] = {}
         register_build_info(registry)
 
     def track(self, topic: str, group: str) -> None:
         """Export the series of (topic, group) now, at zero."""
         for metric in (self.lag, self.retries, self.dead_letters, self.handler_latency):
             metric.labels(topic, group)
+
+    def lag_of(self, topic: str, group: str) -> Lag:
+        """The writer of (topic, group)'s lag: one per series, however many consumers set it."""
+        key = (topic, group)
+        lag = self._lags.get(key)
+        if lag is None:
+            lag = self._lags[key] = Lag(self.lag.labels(topic, group))
+        return lag
+
+
+class Lag:
+    """A consumer lag series, written only when its value changes: a group that keeps up
+    reports 0 on every delivery, and a gauge write takes a lock."""
+
+    __slots__ = ("_gauge", "_value")
+
+    def __init__(self, gauge: Gauge) -> None:
+        self._gauge = gauge
+        self._value: float | None = None
+
+    def set(self, value: float) -> None:
+        if value != self._value:
+            self._value = value
+            self._gauge.set(value)
 
 
 @functools.cache

@@ -205,14 +205,10 @@ def record_publish(headers: MutableMapping[str, str], txid: str, msg_id: str, to
 
 
 @contextmanager
-def consuming(message: Delivered, group: str) -> Iterator[None]:
-    """Run the block (`group`'s handler of `message`) in a `txactors.consume` span, a child
-    of the message's context (a new trace without one); an exception escaping the block
-    marks the span as an error."""
-    found = tracer()
-    if found is None:
-        yield
-        return
+def consuming(message: Delivered, group: str, found: trace.Tracer) -> Iterator[None]:
+    """Run the block (`group`'s handler of `message`) in a `txactors.consume` span of `found`
+    (`tracer()`, which a consumer looks up once per batch), a child of the message's context
+    (a new trace without one); an exception escaping the block marks the span as an error."""
     attributes: dict[str, AttributeValue] = {
         "txactors.topic": message.topic,
         "txactors.group": group,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
+from functools import lru_cache
 
 from nats.js.api import RawStreamMsg
 
@@ -29,9 +30,12 @@ SERVER_PREFIX = "nats-"
 """Lower-cased: the namespace of headers the NATS server (JetStream) reads or sets."""
 
 
+@lru_cache(maxsize=1024)
 def is_server_header(name: str) -> bool:
     """A header the server acts on or NATS clients read as control (`Status`, `Description`,
-    `KV-Operation`), however it is spelled (any case, surrounding blanks)."""
+    `KV-Operation`), however it is spelled (any case, surrounding blanks).
+
+    Cached: a consumer asks this of every header of every message, and names repeat."""
     folded = name.strip().lower()
     return folded.startswith(SERVER_PREFIX) or folded in RESERVED_HEADER_NAMES
 
