@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -106,37 +107,48 @@ def _master_json(webui: int) -> dict[str, Any]:
         return found
 
 
+MASTER_AT = re.compile(r"Starting Spark master at (spark://\S+)")
+MASTER_UI_AT = re.compile(r"Bound MasterWebUI to \S+, and started at http://[^:]+:(\d+)")
+
+
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    """A standalone master and two one-core workers; every JVM is killed after the test."""
+    """A standalone master and two one-core workers; every JVM is killed after the test.
+
+    The master is asked for free ports, but another process may take one first: Spark then
+    binds the next port. So the workers are given the master URL and UI port the master's log
+    says it bound, not the ones asked for."""
     spark_class = str(_spark_home() / "bin" / "spark-class")
     env = _daemon_env(tmp_path)
-    port, webui = free_port(), free_port()
-    master = f"spark://127.0.0.1:{port}"
     deploy = "org.apache.spark.deploy"
-    commands = [
-        [spark_class, f"{deploy}.master.Master", "--host", "127.0.0.1", "--port", str(port),
-         "--webui-port", str(webui)],
-    ]  # fmt: skip
-    worker_uis = [free_port() for _ in range(WORKERS)]
-    for i, ui in enumerate(worker_uis):
-        work = tmp_path / f"worker-{i}"
-        work.mkdir()
-        commands.append(
-            [spark_class, f"{deploy}.worker.Worker", master, "--host", "127.0.0.1",
-             "--cores", "1", "--memory", "1g", "--webui-port", str(ui), "--work-dir", str(work)]
-        )  # fmt: skip
     daemons: list[subprocess.Popen[bytes]] = []
+
+    def start(command: list[str]) -> Path:
+        log_path = tmp_path / f"daemon-{len(daemons)}.log"
+        with log_path.open("wb") as log:
+            daemons.append(
+                subprocess.Popen(
+                    command, env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )  # fmt: skip
+        return log_path
+
     try:
-        for i, command in enumerate(commands):
-            with (tmp_path / f"daemon-{i}.log").open("wb") as log:
-                daemons.append(
-                    subprocess.Popen(
-                        command, env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                )  # fmt: skip
-        _wait_for_workers(webui, daemons, tmp_path)
+        master_log = start(
+            [spark_class, f"{deploy}.master.Master", "--host", "127.0.0.1",
+             "--port", str(free_port()), "--webui-port", str(free_port())]
+        )  # fmt: skip
+        master, webui = _master_bound(master_log, daemons, tmp_path)
+        for i in range(WORKERS):
+            work = tmp_path / f"worker-{i}"
+            work.mkdir()
+            start(
+                [spark_class, f"{deploy}.worker.Worker", master, "--host", "127.0.0.1",
+                 "--cores", "1", "--memory", "1g", "--webui-port", str(free_port()), "--work-dir",
+                 str(work)]
+            )  # fmt: skip
+        worker_uis = _wait_for_workers(webui, daemons, tmp_path)
         yield Cluster(master, webui, worker_uis)
     finally:
         for daemon in daemons:  # each in its own process group: the JVM and anything it ran
@@ -145,20 +157,46 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
             daemon.wait()
 
 
-def _wait_for_workers(webui: int, daemons: list[subprocess.Popen[bytes]], tmp: Path) -> None:
+def _daemon_logs(tmp: Path) -> str:
+    return "\n".join(p.read_text()[-2000:] for p in sorted(tmp.glob("daemon-*.log")))
+
+
+def _master_bound(log: Path, daemons: list[subprocess.Popen[bytes]], tmp: Path) -> tuple[str, int]:
+    """The master's URL and UI port, as its log reports them once both are bound."""
     deadline = time.monotonic() + DEADLINE
-    alive = 0
-    while alive < WORKERS:
+    while True:
+        text = log.read_text()
+        url, ui = MASTER_AT.search(text), MASTER_UI_AT.search(text)
+        if url and ui:
+            return url.group(1), int(ui.group(1))
+        assert daemons[0].poll() is None, f"the Spark master exited\n{_daemon_logs(tmp)}"
+        assert time.monotonic() < deadline, f"the Spark master did not bind\n{_daemon_logs(tmp)}"
+        time.sleep(0.2)
+
+
+def _wait_for_workers(webui: int, daemons: list[subprocess.Popen[bytes]], tmp: Path) -> list[int]:
+    """The UI ports of the workers, once all of them are alive (as the master sees them)."""
+    deadline = time.monotonic() + DEADLINE
+    alive: list[int] = []
+    while True:
         exited = [d.args for d in daemons if d.poll() is not None]
-        logs = "\n".join(p.read_text()[-2000:] for p in sorted(tmp.glob("daemon-*.log")))
+        logs = _daemon_logs(tmp)
         assert not exited, f"a Spark daemon exited: {exited}\n{logs}"
-        assert time.monotonic() < deadline, f"{alive} of {WORKERS} workers alive\n{logs}"
+        assert time.monotonic() < deadline, f"{len(alive)} of {WORKERS} workers alive\n{logs}"
         try:
             workers = _master_json(webui)["workers"]
-            alive = sum(w["state"] == "ALIVE" for w in workers)
+            alive = [_port(w["webuiaddress"]) for w in workers if w["state"] == "ALIVE"]
         except OSError:
             pass  # the master's UI is not up yet
+        if len(alive) == WORKERS:
+            return sorted(alive)
         time.sleep(0.5)
+
+
+def _port(url: str) -> int:
+    port = urlparse(url).port
+    assert port is not None, url
+    return port
 
 
 @pytest.fixture

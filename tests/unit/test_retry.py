@@ -6,7 +6,7 @@ import nats.errors
 import nats.js.errors
 import pytest
 
-from txactors.nats.retry import Fault, classify, retry_transient
+from txactors.nats.retry import Fault, classify, describe, retry_transient
 from txactors.nats.topics import declaring
 
 FAILURES: list[BaseException] = [
@@ -23,6 +23,7 @@ FAILURES: list[BaseException] = [
     nats.js.errors.NotFoundError(code=404, err_code=10059),
     nats.js.errors.BadRequestError(code=400, err_code=10058),
     nats.errors.MaxPayloadError(),
+    nats.js.errors.KeyNotFoundError(),  # an APIError without an err_code
     ValueError("our own bug"),
 ]
 
@@ -63,3 +64,7 @@ def test_an_api_error_raised_without_a_code_is_classified() -> None:
     """nats-py raises KeyNotFoundError without an err_code: it is an answer that stays,
     not an AttributeError in the retry loop."""
     assert classify(nats.js.errors.KeyNotFoundError()) is Fault.PERMANENT
+
+
+def test_an_api_error_raised_without_a_code_is_described() -> None:
+    assert describe(nats.js.errors.KeyNotFoundError()).startswith("KeyNotFoundError None/None")

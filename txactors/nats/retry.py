@@ -51,6 +51,15 @@ class LinkLost(TxActorsError):
     """The connection dropped while a JetStream call was waiting for its answer."""
 
 
+def api_error_code(error: BaseException) -> int | None:
+    """JetStream's `err_code` of an APIError, None for anything else. nats-py raises some
+    APIErrors (KeyNotFoundError, KeyDeletedError) without one, so never read it directly."""
+    if not isinstance(error, nats.js.errors.APIError):
+        return None
+    code: int | None = getattr(error, "err_code", None)
+    return code
+
+
 class Fault(enum.Enum):
     TRANSIENT = "transient"
     PERMANENT = "permanent"
@@ -67,9 +76,7 @@ def classify(error: BaseException) -> Fault:
     """
     if isinstance(error, nats.js.errors.ServiceUnavailableError | nats.js.errors.ServerError):
         return Fault.TRANSIENT
-    # Some APIErrors (KeyNotFoundError) are raised without an err_code.
-    err_code = getattr(error, "err_code", None)
-    if isinstance(error, nats.js.errors.APIError) and err_code in CLUSTER_TRANSIENT_CODES:
+    if api_error_code(error) in CLUSTER_TRANSIENT_CODES:
         return Fault.TRANSIENT
     if isinstance(error, nats.js.errors.APIError | nats.errors.MaxPayloadError):
         return Fault.PERMANENT
@@ -122,5 +129,7 @@ async def retry_transient(
 def describe(error: BaseException) -> str:
     """One line naming the error, for logs and the quarantine header."""
     if isinstance(error, nats.js.errors.APIError):
-        return f"{type(error).__name__} {error.code}/{error.err_code}: {error.description}"
+        code = getattr(error, "code", None)
+        description = getattr(error, "description", None) or error
+        return f"{type(error).__name__} {code}/{api_error_code(error)}: {description}"
     return f"{type(error).__name__}: {error}".rstrip(": ")

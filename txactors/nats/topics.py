@@ -27,7 +27,7 @@ from nats.js.api import StorageType, StreamConfig
 from nats.js.errors import APIError, NotFoundError
 
 from txactors.errors import ConfigError
-from txactors.nats.retry import PLACEMENT_CODES, retry_transient, transient
+from txactors.nats.retry import PLACEMENT_CODES, api_error_code, retry_transient, transient
 from txactors.observe.logs import RateLimited, get_logger
 from txactors.wire.layout import topic_filter, topic_stream, validate_name
 
@@ -65,12 +65,12 @@ def replicas_error(what: str, replicas: int, error: APIError) -> ConfigError:
 
 
 def is_replicas_error(error: APIError) -> bool:
-    return error.err_code == _REPLICAS_NOT_SUPPORTED
+    return api_error_code(error) == _REPLICAS_NOT_SUPPORTED
 
 
 def is_placement_error(error: BaseException) -> bool:
     """Too few peers for the replicas asked: transient while peers join, else a ConfigError."""
-    return isinstance(error, APIError) and error.err_code in PLACEMENT_CODES
+    return api_error_code(error) in PLACEMENT_CODES
 
 
 async def declaring(
@@ -175,7 +175,7 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
             except APIError as exc:
                 if is_replicas_error(exc):
                     raise replicas_error(f"stream {name}", replicas, exc) from exc
-                if exc.err_code != STREAM_NAME_IN_USE:  # "no suitable peers" is a 400 too
+                if api_error_code(exc) != STREAM_NAME_IN_USE:  # "no suitable peers" is a 400 too
                     raise
                 continue
         current = info.config

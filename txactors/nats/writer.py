@@ -62,6 +62,7 @@ from txactors.nats.retry import (
     RETRY_INITIAL,
     Fault,
     LinkLost,
+    api_error_code,
     backoff,
     classify,
     describe,
@@ -423,4 +424,4 @@ def _size(append: Append) -> int:
 
 
 def _atomic_disabled(error: BaseException) -> bool:
-    return isinstance(error, nats.js.errors.APIError) and error.err_code == ATOMIC_DISABLED
+    return api_error_code(error) == ATOMIC_DISABLED

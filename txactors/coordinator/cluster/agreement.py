@@ -49,16 +49,17 @@ async def agree_partition_count(
 
 async def _agree(kv: KeyValue, partitions: int) -> None:
     try:
-        await kv.create(layout.PARTITIONS_KEY, str(partitions).encode())
-        return
-    except nats.js.errors.KeyWrongLastSequenceError:
-        pass
-    try:
+        try:
+            await kv.create(layout.PARTITIONS_KEY, str(partitions).encode())
+            return
+        except nats.js.errors.KeyWrongLastSequenceError:
+            pass
         entry = await kv.get(layout.PARTITIONS_KEY)
     except nats.js.errors.KeyNotFoundError as error:
-        # The create found the key and the get did not: a replica still behind its leader
-        # answered the direct get (the bucket allows them), or the key went in between.
-        # Either passes once the bucket has settled: a transient answer, tried again.
+        # The create found the key and a read did not (ours, or the one nats-py's `create`
+        # makes to tell a deleted key apart): a replica still behind its leader answered the
+        # direct get (the bucket allows them), or the key went in between. Either passes once
+        # the bucket has settled: a transient answer, tried again.
         raise nats.js.errors.ServiceUnavailableError(
             description=f"{where_published()} is not readable yet"
         ) from error

@@ -45,7 +45,15 @@ from txactors.nats.link import (
     link_generation,
     wait_connected,
 )
-from txactors.nats.retry import LINK_TROUBLE, RETRY_INITIAL, Fault, backoff, classify, describe
+from txactors.nats.retry import (
+    LINK_TROUBLE,
+    RETRY_INITIAL,
+    Fault,
+    api_error_code,
+    backoff,
+    classify,
+    describe,
+)
 from txactors.nats.writer import BATCH_BYTES, BATCH_MESSAGES
 from txactors.observe.logs import get_logger
 from txactors.wire import layout
@@ -258,7 +266,7 @@ class OpWriter:
                     for message in chunk:
                         await self._write([message])
                     return
-                if error.err_code == WRONG_LAST_SEQUENCE:
+                if api_error_code(error) == WRONG_LAST_SEQUENCE:
                     chunk[0].log.fenced(error)
                     return
                 level = log.error if classify(error) is Fault.PERMANENT else log.warning
