@@ -77,6 +77,12 @@ BATCH_MESSAGES = 1000
 """JetStream's most messages in one atomic batch."""
 BATCH_BYTES = 1024 * 1024
 """Most bytes in one atomic batch: the server holds a batch in memory until its commit."""
+ATOMIC_MIN_MESSAGES = 16
+"""Messages a write needs to go as one atomic batch; fewer go each alone, all in flight. An
+atomic batch costs nats-server (2.15) a few ms of CPU however small it is, and its ack comes
+5-10 ms later, against 0.2-0.4 ms and under 1 ms for a single publish, fsynced or not: below
+about 16 messages the singles are both cheaper and sooner (docs/benchmarks.md, issue 21's
+concurrency-1 section)."""
 ATOMIC_DISABLED = 10174
 """JetStream's error code for an atomic batch sent to a stream without `allow_atomic`."""
 

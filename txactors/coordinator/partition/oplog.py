@@ -2,16 +2,21 @@
 
 Each partition appends to its own TXN_OP subject through its `OpLog`. The process's
 `OpWriter` has one write in flight at a time, carrying every op record every partition
-queued meanwhile, as an atomic batch (stored all or nothing, at consecutive sequences: one
-flush to disk however many partitions it carries). The first message of each partition in
-it carries `Nats-Expected-Last-Subject-Sequence`, so that a second coordinator writing the
-same partition is detected instead of interleaving decisions (nats-server checks each
-message's own expectation; nothing can come between a partition's messages in one batch, so
-the later ones need none). A batch JetStream refuses (one partition fenced out, or any other
-answer) is refused whole: unless it was our own earlier attempt that landed (its ack lost,
-recognised by reading each partition's last message back), its messages are written again
-one at a time, each with its partition's fence, so a partition fenced out fails alone
-(`FencedOut`: its instance stops) and the others go on.
+queued meanwhile: one message per partition as a rule. The first message of each partition
+in it carries `Nats-Expected-Last-Subject-Sequence`, so that a second coordinator writing the
+same partition is detected instead of interleaving decisions. Fewer than
+`ATOMIC_MIN_MESSAGES` messages (the usual case: a process serves a few partitions) go each
+alone, all in flight at once: nats-server spends more on a small atomic batch than on the
+same messages one by one, and answers it several ms later (see `nats/writer.py`). More go as
+an atomic batch (stored all or nothing, at consecutive sequences: one flush to disk however
+many partitions it carries; nats-server checks each message's own expectation; nothing can
+come between a partition's messages in one batch, so the later ones need none). A batch
+JetStream refuses (one partition fenced out, or any other answer) is refused whole: unless it
+was our own earlier attempt that landed (its ack lost, recognised by reading each partition's
+last message back), its messages are written again one at a time, each with its partition's
+fence, so a partition fenced out fails alone (`FencedOut`: its instance stops) and the others
+go on. A message sent alone that is refused or loses its ack is written again alone the same
+way.
 
 Records nobody waits for (`done`, `checked`: `DEFERRABLE`) wait up to `DEFER` for a decision
 to share their write, so that at moderate rates a commit costs one TXN_OP write, not two.
@@ -23,6 +28,7 @@ writes nothing more, so it cannot fence its successor out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -54,7 +60,7 @@ from txactors.nats.retry import (
     classify,
     describe,
 )
-from txactors.nats.writer import BATCH_BYTES, BATCH_MESSAGES
+from txactors.nats.writer import ATOMIC_MIN_MESSAGES, BATCH_BYTES, BATCH_MESSAGES
 from txactors.observe.logs import get_logger
 from txactors.wire import layout
 
@@ -241,7 +247,10 @@ class OpWriter:
         """Write what each log queued (one batch, unless it is too large), then report."""
         messages = [_Message(log, p) for log, _, records in taken for p in _payloads(records)]
         for chunk in _chunks(messages):
-            await self._write(chunk)
+            if len(chunk) < ATOMIC_MIN_MESSAGES and _distinct(chunk):
+                await self._write_each(chunk)
+            else:
+                await self._write(chunk)
         for log, op_ids, _ in taken:
             seqs = [m.seq for m in messages if m.log is log]
             if all(seqs):
@@ -285,9 +294,42 @@ class OpWriter:
             await anyio.sleep(delay)
             delay = backoff(delay)
 
+    async def _write_each(self, chunk: list[_Message]) -> None:
+        """Each message a write of its own, all in flight at once; one that was not sent,
+        was refused or lost its ack is written again alone by `_write`."""
+        if len(chunk) == 1:
+            await self._write(chunk)
+            return
+        generation = link_generation(self._nc)
+        sent: list[tuple[_Message, asyncio.Future[PubAck] | None]] = []
+        for message in chunk:
+            future = None
+            if message.log.open and self._nc.is_connected:
+                with contextlib.suppress(*LINK_TROUBLE):
+                    future = await self._issue([message])
+            sent.append((message, future))
+        for message, future in sent:
+            if future is not None:
+                try:
+                    ack = await self._await(future, generation)
+                except (nats.js.errors.APIError, *LINK_TROUBLE, Troubled):
+                    pass
+                else:
+                    message.seq = message.log.last_seq = ack.seq
+                    continue
+            await self._write([message])
+
     async def _send(self, chunk: list[_Message]) -> int:
         """One write (an atomic batch if it has several messages); the first one's seq."""
         generation = link_generation(self._nc)
+        ack = await self._await(await self._issue(chunk), generation)
+        if len(chunk) > 1 and ack.batch_size != len(chunk):
+            raise Troubled(f"batch ack for {ack.batch_size} of {len(chunk)} messages")
+        return ack.seq - len(chunk) + 1
+
+    async def _issue(self, chunk: list[_Message]) -> asyncio.Future[PubAck]:
+        """Publish the chunk (an atomic batch if it has several messages); the future of
+        its ack."""
         fenced: set[int] = set()
         batch_id = _nuid.next().decode() if len(chunk) > 1 else None
         future: asyncio.Future[PubAck] | None = None
@@ -306,10 +348,7 @@ class OpWriter:
                 headers[Header.BATCH_COMMIT] = "1"
             future = await self._inbox.publish(message.log.subject, message.payload, headers)
         assert future is not None
-        ack = await self._await(future, generation)
-        if batch_id is not None and ack.batch_size != len(chunk):
-            raise Troubled(f"batch ack for {ack.batch_size} of {len(chunk)} messages")
-        return ack.seq - len(chunk) + 1
+        return future
 
     async def _await(self, future: asyncio.Future[PubAck], generation: int) -> PubAck:
         outcome = await await_ack(self._nc, future, generation, time.monotonic())
@@ -349,6 +388,12 @@ def _payloads(records: list[OpRecord]) -> list[bytes]:
         return [whole]
     half = len(records) // 2
     return _payloads(records[:half]) + _payloads(records[half:])
+
+
+def _distinct(chunk: list[_Message]) -> bool:
+    """Whether no partition has two messages in the chunk: each message's fence is then its
+    partition's last sequence, so they may all be in flight at once."""
+    return len({m.log.partition for m in chunk}) == len(chunk)
 
 
 def _chunks(messages: list[_Message]) -> list[list[_Message]]:
