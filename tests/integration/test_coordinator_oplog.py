@@ -11,6 +11,7 @@ from tests.support.wait import eventually
 from txactors.coordinator.core.records import OpKind, OpRecord
 from txactors.coordinator.partition.oplog import FencedOut, OpLog, OpWriter
 from txactors.coordinator.partition.store import decode_ops, ensure_streams
+from txactors.nats.writer import ATOMIC_MIN_MESSAGES
 from txactors.wire import layout
 
 
@@ -61,7 +62,11 @@ def commit(txid: str) -> tuple[OpRecord, ...]:
     return (OpRecord(txid=txid, kind=OpKind.COMMIT, half_seqs=(1,)),)
 
 
-async def test_two_partitions_decisions_share_one_write_each_fenced(private_nc: Client) -> None:
+async def test_two_partitions_decisions_share_one_write_each_alone_and_fenced(
+    private_nc: Client,
+) -> None:
+    """A small write is no atomic batch: nats-server acks one of those milliseconds later
+    than the same messages sent alone (`ATOMIC_MIN_MESSAGES`), and a lone commit would wait."""
     js = private_nc.jetstream()
     await ensure_streams(js, half_retention=60.0)
     writer, logs = OpWriter(private_nc, js), Logs()
@@ -76,8 +81,31 @@ async def test_two_partitions_decisions_share_one_write_each_fenced(private_nc: 
     for seq in (1, 2):
         stored = await js.get_msg(layout.OP_STREAM, seq)
         assert stored.headers is not None
-        assert stored.headers.get(Header.BATCH_ID), "one atomic batch"
+        assert Header.BATCH_ID not in stored.headers, "each alone"
         assert stored.headers[layout.EXPECTED_LAST_SUBJECT_SEQ_HEADER] == "0"
+
+
+async def test_many_partitions_records_go_as_one_atomic_batch_each_fenced(
+    private_nc: Client,
+) -> None:
+    js = private_nc.jetstream()
+    await ensure_streams(js, half_retention=60.0)
+    writer, logs = OpWriter(private_nc, js), Logs()
+    partitions = range(ATOMIC_MIN_MESSAGES)
+    for partition in partitions:
+        logs.open(writer, partition).append(1, commit(f"t{partition}"))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer.run)
+        await eventually(lambda: len(logs.reported) == len(partitions), what="all reported")
+        tg.cancel_scope.cancel()
+    assert logs.reported == {p: [([1], p + 1)] for p in partitions}
+    batches = set()
+    for seq in range(1, len(partitions) + 1):
+        stored = await js.get_msg(layout.OP_STREAM, seq)
+        assert stored.headers is not None
+        batches.add(stored.headers.get(Header.BATCH_ID))
+        assert stored.headers[layout.EXPECTED_LAST_SUBJECT_SEQ_HEADER] == "0"
+    assert len(batches) == 1 and None not in batches, "one atomic batch"
 
 
 async def test_a_partition_fenced_out_fails_alone_and_the_others_records_are_stored(
