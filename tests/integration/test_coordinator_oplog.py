@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import anyio
 import anyio.lowlevel
 from nats.aio.client import Client
@@ -83,6 +85,53 @@ async def test_two_partitions_decisions_share_one_write_each_alone_and_fenced(
         assert stored.headers is not None
         assert Header.BATCH_ID not in stored.headers, "each alone"
         assert stored.headers[layout.EXPECTED_LAST_SUBJECT_SEQ_HEADER] == "0"
+
+
+async def test_another_partitions_decision_leaves_a_done_waiting_for_its_own(
+    private_nc: Client,
+) -> None:
+    """A done is not taken along by another partition's decision (its flush would hold that
+    decision's ack back): it still waits for a decision of its own partition to share."""
+    js = private_nc.jetstream()
+    await ensure_streams(js, half_retention=60.0)
+    writer, logs = OpWriter(private_nc, js), Logs()
+    p0 = logs.open(writer, 0)
+
+    async def reported(op_ids: list[int], seq: int) -> None:
+        logs.reported.setdefault(1, []).append((op_ids, seq))
+        p0.append(2, commit("c"))  # p0's own decision, while its done waits
+
+    p0.append(1, (OpRecord(txid="a", kind=OpKind.DONE),))
+    writer.open(1, 0, reported, failed=lambda error: None).append(1, commit("b"))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer.run)
+        await eventually(lambda: len(logs.reported) == 2, what="both partitions reported")
+        tg.cancel_scope.cancel()
+    assert logs.reported == {1: [([1], 1)], 0: [([1, 2], 2)]}, "the done shared p0's decision"
+
+
+async def test_a_done_left_behind_is_written_while_other_decisions_keep_coming(
+    private_nc: Client,
+) -> None:
+    js = private_nc.jetstream()
+    await ensure_streams(js, half_retention=60.0)
+    writer, logs = OpWriter(private_nc, js), Logs()
+    p0 = logs.open(writer, 0)
+    decisions = itertools.count(2)
+
+    async def reported(op_ids: list[int], seq: int) -> None:
+        if 0 not in logs.reported:  # p1 decides on and on, p0 never does
+            p1.append(next(decisions), commit(f"b{seq}"))
+
+    p0.append(1, (OpRecord(txid="a", kind=OpKind.DONE),))
+    p1 = writer.open(1, 0, reported, failed=lambda error: None)
+    p1.append(1, commit("b"))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer.run)
+        await eventually(lambda: 0 in logs.reported, what="p0's done written")
+        tg.cancel_scope.cancel()
+    [(op_ids, _)] = logs.reported[0]
+    assert op_ids == [1]
 
 
 async def test_many_partitions_records_go_as_one_atomic_batch_each_fenced(

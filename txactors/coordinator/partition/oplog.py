@@ -19,7 +19,9 @@ go on. A message sent alone that is refused or loses its ack is written again al
 way.
 
 Records nobody waits for (`done`, `checked`: `DEFERRABLE`) wait up to `DEFER` for a decision
-to share their write, so that at moderate rates a commit costs one TXN_OP write, not two.
+of their partition to share its message, so that at moderate rates a commit costs one TXN_OP
+message, not two. Another partition's decision does not take them along: their flush would
+hold its ack back.
 A partition's log is opened once no write of its previous instance is in flight, and closed
 (what it still queued dropped) when its instance ends: an instance that lost its lease
 writes nothing more, so it cannot fence its successor out.
@@ -101,7 +103,9 @@ class OpLog:
         "open",
         "partition",
         "records",
+        "since",
         "subject",
+        "urgent",
     )
 
     def __init__(
@@ -121,13 +125,21 @@ class OpLog:
         self._failed = failed
         self.op_ids: list[int] = []
         self.records: list[OpRecord] = []
+        self.urgent = False
+        """Some queued record is a decision: the next write takes them at once."""
+        self.since = 0.0
+        """When the oldest queued record was queued."""
         self.open = True
 
     def append(self, op_id: int, records: tuple[OpRecord, ...]) -> None:
         """Queue records for the next write; they share it with everything queued meanwhile."""
+        if not self.op_ids:
+            self.since = time.monotonic()
         self.op_ids.append(op_id)
         self.records.extend(records)
-        self._writer.queued(records)
+        if not self.urgent and any(r.kind not in DEFERRABLE for r in records):
+            self.urgent = True
+        self._writer.queued(self.urgent, self.since)
 
     def close(self) -> None:
         """Write nothing more for this instance (what is in flight may still land)."""
@@ -149,6 +161,17 @@ class OpLog:
         )
         fenced.__cause__ = error
         self._failed(fenced)
+
+
+class _Taken:
+    """What a log queued, taken for a write (the log queues anew meanwhile)."""
+
+    __slots__ = ("log", "op_ids", "records", "urgent")
+
+    def __init__(self, log: OpLog) -> None:
+        self.log = log
+        self.op_ids, self.records, self.urgent = log.op_ids, log.records, log.urgent
+        log.op_ids, log.records, log.urgent = [], [], False
 
 
 @dataclass(slots=True)
@@ -206,11 +229,11 @@ class OpWriter:
         log.open = False
         log.op_ids, log.records = [], []
 
-    def queued(self, records: tuple[OpRecord, ...]) -> None:
+    def queued(self, urgent: bool, since: float) -> None:
         if not self._pending:
-            self._oldest = time.monotonic()
+            self._oldest = since  # the oldest of the logs' `since` (none queued before)
             self._pending = True
-        self._urgent = self._urgent or any(r.kind not in DEFERRABLE for r in records)
+        self._urgent = self._urgent or urgent
         self._wakeup.set()
 
     async def run(self) -> None:
@@ -225,17 +248,21 @@ class OpWriter:
                 self._wakeup = anyio.Event()
                 await self._wakeup.wait()
                 continue
-            wait = self._oldest + DEFER - time.monotonic()
+            now = time.monotonic()
+            wait = self._oldest + DEFER - now
             if not self._urgent and wait > 0:
                 self._wakeup = anyio.Event()
                 with anyio.move_on_after(wait):
                     await self._wakeup.wait()  # a decision to join, or only more of the same
                 continue
-            taken = [(log, log.op_ids, log.records) for log in self._logs.values() if log.op_ids]
-            for log, _, _ in taken:
-                log.op_ids, log.records = [], []
-            self._pending = self._urgent = False
-            self._writing = frozenset(log.partition for log, _, _ in taken)
+            logs = [log for log in self._logs.values() if log.op_ids]
+            taken = [_Taken(log) for log in logs if log.urgent or log.since + DEFER <= now]
+            left = [log.since for log in logs if log.op_ids]
+            self._pending, self._urgent = bool(left), False
+            self._oldest = min(left, default=0.0)
+            if not taken:
+                continue
+            self._writing = frozenset(t.log.partition for t in taken)
             try:
                 await self._write_all(taken)
             finally:
@@ -243,18 +270,24 @@ class OpWriter:
                 self._settled.set()
                 self._settled = anyio.Event()
 
-    async def _write_all(self, taken: list[tuple[OpLog, list[int], list[OpRecord]]]) -> None:
-        """Write what each log queued (one batch, unless it is too large), then report."""
-        messages = [_Message(log, p) for log, _, records in taken for p in _payloads(records)]
+    async def _write_all(self, taken: list[_Taken]) -> None:
+        """Write what each log queued, then report: as atomic batches when there are many
+        messages; else each alone, each log reported as soon as its message is stored, and
+        the logs with a decision first: the others follow once those are acked, so that a
+        decision's ack does not wait for their flushes as well."""
+        messages = [_Message(t.log, p) for t in taken for p in _payloads(t.records)]
+        if len(messages) < ATOMIC_MIN_MESSAGES and _distinct(messages):
+            urgent = [(m, t.op_ids) for m, t in zip(messages, taken, strict=True) if t.urgent]
+            await self._write_each(urgent)
+            rest = [(m, t.op_ids) for m, t in zip(messages, taken, strict=True) if not t.urgent]
+            await self._write_each(rest)
+            return
         for chunk in _chunks(messages):
-            if len(chunk) < ATOMIC_MIN_MESSAGES and _distinct(chunk):
-                await self._write_each(chunk)
-            else:
-                await self._write(chunk)
-        for log, op_ids, _ in taken:
-            seqs = [m.seq for m in messages if m.log is log]
+            await self._write(chunk)
+        for t in taken:
+            seqs = [m.seq for m in messages if m.log is t.log]
             if all(seqs):
-                await log.reported(op_ids, seqs[-1])
+                await t.log.reported(t.op_ids, seqs[-1])
 
     async def _write(self, chunk: list[_Message]) -> None:
         """Store the chunk, or what of it belongs to partitions still open and not fenced."""
@@ -294,30 +327,30 @@ class OpWriter:
             await anyio.sleep(delay)
             delay = backoff(delay)
 
-    async def _write_each(self, chunk: list[_Message]) -> None:
-        """Each message a write of its own, all in flight at once; one that was not sent,
-        was refused or lost its ack is written again alone by `_write`."""
-        if len(chunk) == 1:
-            await self._write(chunk)
-            return
+    async def _write_each(self, messages: list[tuple[_Message, list[int]]]) -> None:
+        """Each message (one per log, with the op ids it stores) a write of its own, all in
+        flight at once, its log reported once it is stored; one that was not sent, was
+        refused or lost its ack is written again alone by `_write`."""
         generation = link_generation(self._nc)
-        sent: list[tuple[_Message, asyncio.Future[PubAck] | None]] = []
-        for message in chunk:
+        sent: list[asyncio.Future[PubAck] | None] = []
+        for message, _ in messages:
             future = None
-            if message.log.open and self._nc.is_connected:
+            if len(messages) > 1 and message.log.open and self._nc.is_connected:
                 with contextlib.suppress(*LINK_TROUBLE):
                     future = await self._issue([message])
-            sent.append((message, future))
-        for message, future in sent:
+            sent.append(future)
+        for (message, ids), future in zip(messages, sent, strict=True):
             if future is not None:
                 try:
                     ack = await self._await(future, generation)
                 except (nats.js.errors.APIError, *LINK_TROUBLE, Troubled):
-                    pass
+                    future = None
                 else:
                     message.seq = message.log.last_seq = ack.seq
-                    continue
-            await self._write([message])
+            if future is None:
+                await self._write([message])
+            if message.seq:
+                await message.log.reported(ids, message.seq)
 
     async def _send(self, chunk: list[_Message]) -> int:
         """One write (an atomic batch if it has several messages); the first one's seq."""
@@ -390,10 +423,10 @@ def _payloads(records: list[OpRecord]) -> list[bytes]:
     return _payloads(records[:half]) + _payloads(records[half:])
 
 
-def _distinct(chunk: list[_Message]) -> bool:
-    """Whether no partition has two messages in the chunk: each message's fence is then its
+def _distinct(messages: list[_Message]) -> bool:
+    """Whether no partition has two of the messages: each message's fence is then its
     partition's last sequence, so they may all be in flight at once."""
-    return len({m.log.partition for m in chunk}) == len(chunk)
+    return len({m.log.partition for m in messages}) == len(messages)
 
 
 def _chunks(messages: list[_Message]) -> list[list[_Message]]:
