@@ -79,7 +79,8 @@ log = get_logger(__name__)
 WINDOW: Final = 1
 """Rounds in flight per partition and verb. One: the coordinator group-commits what one
 round brings, and what arrives meanwhile makes the next round bigger instead of another
-request (and another write) of its own."""
+request (and another write) of its own. Two measured no faster at 64 in flight, with more
+CPU per transaction (docs/benchmarks.md)."""
 DEFAULT_MAX_ITEMS: Final = 256
 """Items per batch request, at most."""
 REQUEST_HEADROOM: Final = 1024
