@@ -187,6 +187,40 @@ async def test_calls_made_while_one_is_in_flight_go_as_one_batch_each_answered_i
     assert all(s.version == PROTOCOL_VERSION and s.reply for s in wire.sent)
 
 
+async def test_calls_made_in_one_loop_turn_go_as_one_request(nc: Client) -> None:
+    """A burst (the callers of one answer moving on together) goes as one round, not as its
+    first call alone and the rest a round trip later."""
+    group = new_group()
+    async with (
+        serving_partitions(nc),
+        watching(nc, group) as wire,
+        client_for(nc, group) as client,
+    ):
+        prepared = await gathered(
+            *(client.prepare(uuid.uuid4().hex, halves(), None) for _ in range(10))
+        )
+        await gathered(*(client.end(r.txid, r.token, Decision.COMMIT) for r in prepared))
+    assert wire.kinds() == [("PrepareBatch", 10), ("EndBatch", 10)]
+
+
+async def test_a_caller_its_answer_woke_joins_the_round_that_answer_opened(nc: Client) -> None:
+    group, gate = new_group(), anyio.Event()
+    async with (
+        serving_partitions(nc, gate=gate),
+        watching(nc, group) as wire,
+        client_for(nc, group) as client,
+    ):
+
+        async def prepare_twice() -> Prepared:
+            await client.prepare(uuid.uuid4().hex, halves(), None)
+            return await client.prepare(uuid.uuid4().hex, halves(), None)  # at once
+
+        others = [client.prepare(uuid.uuid4().hex, halves(), None) for _ in range(2)]
+        results = await pile_up(client, wire, gate, [prepare_twice(), *others], "prepare")
+    assert all(isinstance(r, Prepared) for r in results)
+    assert wire.kinds() == [("Prepare", 1), ("PrepareBatch", 3)]
+
+
 async def test_many_transactions_at_once_take_a_handful_of_requests(nc: Client) -> None:
     group = new_group()
     async with (

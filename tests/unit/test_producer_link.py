@@ -40,36 +40,91 @@ from txactors.wire.protocol import (
 # -- Coalescer ----------------------------------------------------------------------------------
 
 
-def test_a_call_goes_at_once_when_nothing_is_in_flight_and_queues_otherwise() -> None:
+def test_a_call_opens_a_round_when_nothing_is_in_flight_and_queues_otherwise() -> None:
     link: Coalescer[str] = Coalescer()
     assert link.submit("a") is True
+    assert link.opened() == ["a"]
     assert (link.submit("b"), link.submit("c")) == (False, False)
     assert (link.in_flight, len(link)) == (1, 2)
-    assert link.finished() == ["b", "c"]  # everything queued is the next round
+    assert link.finished() is True  # everything queued opens the next round
+    assert link.opened() == ["b", "c"]
     assert (link.in_flight, len(link)) == (1, 0)
-    assert link.finished() == []  # nothing queued: the link is idle
+    assert link.finished() is False  # nothing queued: the link is idle
     assert link.in_flight == 0
     assert link.submit("d") is True
+
+
+def test_calls_made_before_the_opened_round_is_taken_join_it() -> None:
+    link: Coalescer[str] = Coalescer()
+    assert [link.submit(x) for x in "abc"] == [True, False, False]
+    assert (link.in_flight, len(link)) == (1, 0)
+    assert link.opened() == ["a", "b", "c"]
+    assert link.opened() == []  # taken once
+    assert link.submit("d") is False  # the round is in flight now: d waits
+    assert len(link) == 1
+
+
+def test_calls_made_before_the_next_round_is_taken_join_it() -> None:
+    link: Coalescer[str] = Coalescer()
+    link.submit("a")
+    link.opened()
+    link.submit("b")
+    assert link.finished() is True
+    assert link.submit("c") is False  # made in the turn the answer came: joins b
+    assert link.opened() == ["b", "c"]
 
 
 def test_a_withdrawn_call_is_not_in_the_next_round() -> None:
     link: Coalescer[str] = Coalescer()
     link.submit("a")
+    link.opened()
     link.submit("b")
     link.submit("c")
     assert link.withdraw("b") is True
     assert link.withdraw("b") is False  # no longer queued
     assert link.withdraw("a") is False  # sent: not queued at all
-    assert link.finished() == ["c"]
+    assert link.finished() is True
+    assert link.opened() == ["c"]
 
 
-def test_a_wider_window_sends_that_many_rounds_before_queueing() -> None:
+def test_a_call_withdrawn_before_its_round_is_taken_is_not_in_it() -> None:
+    link: Coalescer[str] = Coalescer()
+    link.submit("a")
+    link.submit("b")
+    assert link.withdraw("a") is True
+    assert link.opened() == ["b"]
+    link.submit("c")
+    assert link.withdraw("c") is True
+    assert link.finished() is False  # the round ends and nothing is left to send
+    assert link.in_flight == 0
+
+
+def test_a_wider_window_opens_that_many_rounds_before_queueing() -> None:
     link: Coalescer[str] = Coalescer(window=2)
-    assert [link.submit(x) for x in "abc"] == [True, True, False]
-    assert link.finished() == ["c"]
+    assert link.submit("a") is True
+    assert link.opened() == ["a"]
+    assert link.submit("b") is True  # a second round while the first is in flight
+    assert link.opened() == ["b"]
+    assert link.submit("c") is False
+    assert link.finished() is True
+    assert link.opened() == ["c"]
     assert link.in_flight == 2
-    assert link.finished() == []
+    assert link.finished() is False
     assert link.submit("d") is True
+
+
+def test_calls_queued_behind_a_wider_window_join_a_round_being_opened() -> None:
+    link: Coalescer[str] = Coalescer(window=2)
+    link.submit("a")
+    link.opened()
+    link.submit("b")
+    link.opened()
+    link.submit("c")  # both rounds in flight: c waits
+    assert link.finished() is True  # a's round ended: c opens the next
+    assert link.submit("d") is False
+    assert link.finished() is False  # b's ended too: nothing queued, the opening one takes d
+    assert link.opened() == ["c", "d"]
+    assert link.in_flight == 1
 
 
 # -- chunks -------------------------------------------------------------------------------------

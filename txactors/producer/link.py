@@ -1,13 +1,18 @@
 """The producer's link to one coordinator partition: many transactions per request.
 
 Per partition and verb (prepare, acknowledged end) at most `WINDOW` *rounds* of requests are
-in flight. A call that finds none goes out at once, alone, as the single verb (`Prepare`,
-`EndTransaction`): a lone caller waits for nothing, and nothing waits on a timer. Calls made
-while a round is in flight queue; when it completes, everything queued goes as the next
-round: one `PrepareBatch` / `EndBatch`, split only where a request would carry more than
-`max_items` or not fit the server's `max_payload`. A busy link so carries as many
-transactions per message as arrived during one round trip. One-way ends issued in one
-event-loop turn go as one publish (`OnewayLink`).
+in flight. A call that finds none opens a round, which goes out as soon as the event-loop turn
+the call was made in is over, with every call made in that turn: a lone caller waits for
+nothing but the end of its own turn (its request reaches nats-py one loop turn later, not a
+round trip), and nothing waits on a timer. One call alone goes as the single verb (`Prepare`,
+`EndTransaction`). Calls made while a round is in flight queue; when it completes, everything
+queued opens the next round, joined by the calls made in the turn of the answer (the callers
+it woke, calling again): one `PrepareBatch` / `EndBatch`, split only where a request would
+carry more than `max_items` or not fit the server's `max_payload`. A busy link so carries as
+many transactions per message as arrived during one round trip, and a burst of calls (the
+callers of one answer moving on together) goes as one request, not as its first call alone
+and the rest a round trip later. One-way ends issued in one event-loop turn go as one
+publish (`OnewayLink`).
 
 Each item's answer goes to its caller; a failure of the whole request (no answer in time,
 nobody serving the subject, a batch-level `Error`, a publish that failed) to every caller in
@@ -74,7 +79,8 @@ log = get_logger(__name__)
 WINDOW: Final = 1
 """Rounds in flight per partition and verb. One: the coordinator group-commits what one
 round brings, and what arrives meanwhile makes the next round bigger instead of another
-request (and another write) of its own."""
+request (and another write) of its own. Two measured no faster at 64 in flight, with more
+CPU per transaction (docs/benchmarks.md)."""
 DEFAULT_MAX_ITEMS: Final = 256
 """Items per batch request, at most."""
 REQUEST_HEADROOM: Final = 1024
@@ -89,49 +95,75 @@ Item = TypeVar("Item", contravariant=True)
 
 
 class Coalescer(Generic[W]):
-    """Which calls of one partition and verb go out now, and which wait for the next round."""
+    """Which calls of one partition and verb go in the round being opened, which wait in the
+    queue for a round to end, and when a round opens.
 
-    __slots__ = ("_queue", "_rounds", "window")
+    A round opened (`submit` or `finished` says so) is taken with `opened` once the
+    event-loop turn is over: calls made meanwhile join it."""
+
+    __slots__ = ("_opening", "_queue", "_rounds", "window")
 
     def __init__(self, window: int = WINDOW) -> None:
         self.window = window
         self._queue: deque[W] = deque()
+        self._opening: list[W] | None = None
+        """The round opened and not yet taken: calls join it."""
         self._rounds = 0
 
     def __len__(self) -> int:
+        """Calls queued for a round to end."""
         return len(self._queue)
 
     @property
     def in_flight(self) -> int:
-        """Rounds sent and not finished."""
+        """Rounds opened and not finished."""
         return self._rounds
 
     def submit(self, item: W) -> bool:
-        """True: send `item` now, as a round of its own; False: it waits in the queue."""
+        """True: `item` opens a round (take it with `opened` once this turn is over); False: it
+        joins the round being opened, or waits in the queue."""
+        if self._opening is not None:
+            self._opening.append(item)
+            return False
         if self._rounds < self.window:
             self._rounds += 1
+            self._opening = [item]
             return True
         self._queue.append(item)
         return False
 
+    def opened(self) -> list[W]:
+        """The round opened, with every call that joined it: in flight from now on. Empty
+        when each of them was withdrawn (it still counts until `finished`)."""
+        round_, self._opening = self._opening or [], None
+        return round_
+
     def withdraw(self, item: W) -> bool:
-        """Take a queued item out (its caller gave up); False when it is not queued."""
+        """Take out a call not yet taken for a request (its caller gave up); False when it was."""
+        if self._opening is not None and item in self._opening:
+            self._opening.remove(item)
+            return True
         try:
             self._queue.remove(item)
         except ValueError:
             return False
         return True
 
-    def finished(self) -> list[W]:
-        """A round ended: everything queued is the next round (in flight from now on), or
-        nothing is."""
+    def finished(self) -> bool:
+        """A round ended. True: the calls queued meanwhile open the next round (take it with
+        `opened` once this turn is over); False: none were queued, or they joined a round
+        being opened already (a wider window)."""
         self._rounds -= 1
         if not self._queue:
-            return []
+            return False
         queued = list(self._queue)
         self._queue.clear()
+        if self._opening is not None:
+            self._opening.extend(queued)
+            return False
         self._rounds += 1
-        return queued
+        self._opening = queued
+        return True
 
 
 def chunks(
@@ -438,14 +470,17 @@ class PartitionLink(_Link[I], Generic[I, R]):
         within `timeout` of this call, `ActorDeadError` when nobody serves the subject, or the
         client's error when the request could not be sent."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
         waiter: _Waiter[I] = _Waiter(item, loop.create_future())
         try:
-            if not self._dialect.batches:
-                await self._issue([waiter], None, self._encode([waiter]))
-            elif self._coalescer.submit(waiter):
-                await self._send_round([waiter])
-            reply: R = await asyncio.wait_for(waiter.future, deadline - loop.time())
+            # The future is awaited directly (not through `wait_for`, which wakes the caller
+            # a turn later): a caller its answer woke calls again in time to join the round
+            # that answer opened.
+            async with asyncio.timeout_at(loop.time() + timeout):
+                if not self._dialect.batches:
+                    await self._issue([waiter], None, self._encode([waiter]))
+                else:
+                    self._open_if(self._coalescer.submit(waiter))
+                reply: R = await waiter.future
         except TimeoutError:
             self._abandon(waiter)
             raise AskTimeout(f"{self.subject} did not answer within {timeout}s") from None
@@ -455,7 +490,8 @@ class PartitionLink(_Link[I], Generic[I, R]):
         return reply
 
     async def answered(self, request: _Request, msg: Msg) -> None:
-        """`msg` answers `request`: settle its callers, and send what queued meanwhile."""
+        """`msg` answers `request`: settle its callers, and open a round of what queued
+        meanwhile (the callers it woke may join it)."""
         reply = self._decode(msg)
         if isinstance(reply, Error) and self._dialect.refused(
             reply.code, batch=request.batch, version=request.version
@@ -469,7 +505,7 @@ class PartitionLink(_Link[I], Generic[I, R]):
                 batches=self._dialect.batches,
                 version=self._dialect.version,
             )
-            following = self._finish(request)
+            opened = self._finish(request)
             for waiter in request.waiters:  # nothing was executed: the same, alone
                 if not waiter.future.done():
                     await self._issue([waiter], None, self._encode([waiter]))
@@ -477,9 +513,8 @@ class PartitionLink(_Link[I], Generic[I, R]):
             batch = self._verb.batch_reply if request.batch else None
             if batch is not None and isinstance(reply, batch):
                 self._dialect.served = True
-            following = self._settle(request, answers(reply, len(request.waiters), batch))
-        if following:
-            await self._send_round(following)
+            opened = self._settle(request, answers(reply, len(request.waiters), batch))
+        self._open_if(opened)
 
     def _decode(self, msg: Msg) -> object:
         if (msg.headers or {}).get(Header.STATUS) == NO_RESPONDERS:
@@ -489,17 +524,27 @@ class PartitionLink(_Link[I], Generic[I, R]):
             return Error(encoding.code, f"unreadable reply: {encoding.message}")
         return self._verb.replies.decode(msg.data, encoding)
 
-    async def _send_round(self, waiters: Sequence[_Waiter[I]]) -> None:
-        """Send `waiters` (callers who gave up meanwhile left out) as one round."""
+    def _open_if(self, opened: bool) -> None:
+        """A round was opened: send it once this event-loop turn is over, with the calls made
+        meanwhile (a task of its own: nothing waits for it)."""
+        if opened:
+            _spawn(self._tasks, self._send_opened())
+
+    async def _send_opened(self) -> None:
+        """Send the round opened (callers who gave up meanwhile left out). A failure to send
+        it reaches each of its callers, as it would have reached a call sending alone."""
         round_ = _Round()
+        waiters = self._coalescer.opened()
         try:
             live = [waiter for waiter in waiters if not waiter.future.done()]
             for part, payload in self._requests(live, self._dialect.batches):
                 await self._issue(part, round_, payload)
+        except Exception as error:
+            _hand_out(waiters, answers(error, len(waiters), None))
         finally:  # also when cut off: an empty round must not hold the window
             round_.sealed = True
             if round_.pending == 0:
-                self._spawn_round(self._coalescer.finished())
+                self._open_if(self._coalescer.finished())
 
     async def _issue(
         self, waiters: Sequence[_Waiter[I]], round_: _Round | None, payload: bytes
@@ -519,19 +564,19 @@ class PartitionLink(_Link[I], Generic[I, R]):
             # Its round is not sealed yet (or it has none): this cannot end a round.
             self._settle(request, answers(error, len(waiters), None))
 
-    def _settle(self, request: _Request, outcomes: Sequence[object]) -> list[_Waiter[I]]:
-        """Hand each caller its outcome; returns the next round, when this ended one."""
+    def _settle(self, request: _Request, outcomes: Sequence[object]) -> bool:
+        """Hand each caller its outcome; True when this ended a round and opened the next."""
         _hand_out(request.waiters, outcomes)
         return self._finish(request)
 
-    def _finish(self, request: _Request) -> list[_Waiter[I]]:
+    def _finish(self, request: _Request) -> bool:
         request.done = True
         round_ = request.round
         if round_ is None:
-            return []
+            return False
         round_.pending -= 1
         if round_.pending or not round_.sealed:
-            return []
+            return False
         return self._coalescer.finished()
 
     def _abandon(self, waiter: _Waiter[I]) -> None:
@@ -547,12 +592,7 @@ class PartitionLink(_Link[I], Generic[I, R]):
         request.live -= 1
         if request.live == 0:
             self._inbox.forget(request)
-            self._spawn_round(self._finish(request))
-
-    def _spawn_round(self, waiters: list[_Waiter[I]]) -> None:
-        """Send the next round from where nothing may wait (a callback, a caller cut off)."""
-        if waiters:
-            _spawn(self._tasks, self._send_round(waiters))
+            self._open_if(self._finish(request))
 
 
 class OnewayLink(_Link[EndItem]):
