@@ -7,6 +7,7 @@ import asyncio
 
 from bench import (
     actors,
+    atomic,
     consumer,
     cpu,
     fsync,
@@ -31,6 +32,7 @@ BENCHMARKS = {
     "cpu": cpu.main,
     "wire": wire.main,
     "outbox": outbox.main,
+    "atomic": atomic.main,
 }
 
 

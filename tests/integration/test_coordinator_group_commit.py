@@ -17,13 +17,13 @@ import anyio.lowlevel
 import nats
 import structlog
 from nats.aio.client import Client
-from nats.js.api import PubAck, StreamConfig
+from nats.js.api import Header, PubAck, StreamConfig
 
 from tests.conftest import MakeNatsServer
 from tests.support.wait import eventually
 from txactors.coordinator.partition.store import ensure_streams
 from txactors.nats.topics import ensure_topic_stream
-from txactors.nats.writer import Append, PipelinedWriter
+from txactors.nats.writer import ATOMIC_MIN_MESSAGES, Append, PipelinedWriter
 from txactors.wire import layout
 
 
@@ -100,6 +100,41 @@ async def test_appends_queued_while_writes_are_in_flight_go_out_as_one_atomic_ba
     assert await stored(private_nc, "TOPIC_gc") == [(s, f"m{i}") for i, s in enumerate(seqs)]
 
 
+async def test_a_few_appends_queued_meanwhile_go_each_alone_all_in_flight(
+    private_nc: Client,
+) -> None:
+    """Fewer than `ATOMIC_MIN_MESSAGES`: nats-server takes longer over a small atomic batch
+    than over the same messages one by one, so they go one by one, none waiting for another."""
+    await ensure_topic_stream(private_nc.jetstream(), "gc")
+    reports = Reports()
+    writes = 0
+    in_flight = 0
+    async with running(private_nc, reports, max_in_flight=1) as writer:
+        publish = writer._inbox.publish
+
+        async def counted(*args: Any) -> Any:
+            nonlocal writes, in_flight
+            writes += 1
+            in_flight = max(in_flight, len(writer._open) + 1)
+            return await publish(*args)
+
+        writer._inbox.publish = counted  # type: ignore[method-assign]
+        reports.submit(writer, appends("TOPIC_gc", "topic.gc._", ["m0"]))
+        with anyio.fail_after(5):
+            while not writer._open:  # the first write is out, awaiting its ack
+                await anyio.lowlevel.checkpoint()
+        for i in range(1, 4):
+            reports.submit(writer, appends("TOPIC_gc", "topic.gc._", [f"m{i}"]))
+        await reports.wait(4)
+    assert writes == 4 and in_flight == 3
+    seqs = [acks[0].seq for acks in reports.acks if acks[0] is not None]
+    assert await stored(private_nc, "TOPIC_gc") == [(s, f"m{i}") for i, s in enumerate(seqs)]
+    js = private_nc.jetstream()
+    for seq in seqs:
+        headers = (await js.get_msg("TOPIC_gc", seq)).headers or {}
+        assert Header.BATCH_ID not in headers
+
+
 async def test_appends_linger_behind_a_write_in_flight_and_share_the_next_one(
     private_nc: Client,
 ) -> None:
@@ -127,13 +162,13 @@ async def test_appends_linger_behind_a_write_in_flight_and_share_the_next_one(
         with anyio.fail_after(5):
             while not writer._open:  # nothing was in flight: it went out at once
                 await anyio.lowlevel.checkpoint()
-        for i in range(1, 6):  # a slot is free, but they linger for each other
+        for i in range(1, ATOMIC_MIN_MESSAGES + 1):  # a slot is free, but they linger
             reports.submit(writer, appends("TOPIC_gc", "topic.gc._", [f"m{i}"]))
             for _ in range(5):
                 await anyio.lowlevel.checkpoint()
         await eventually(lambda: writes >= 2, timeout=5, what="the second write")
         held.set()
-        await reports.wait(6)
+        await reports.wait(ATOMIC_MIN_MESSAGES + 1)
     assert writes == 2
     seqs = [acks[0].seq for acks in reports.acks if acks[0] is not None]
     assert await stored(private_nc, "TOPIC_gc") == [(s, f"m{i}") for i, s in enumerate(seqs)]
@@ -155,13 +190,13 @@ async def test_a_batch_resent_after_its_ack_was_lost_stores_nothing_twice(
             reports.submit(writer, appends("TOPIC_gc", "topic.gc._", ["a"]))
             await reports.wait(1)
             proxy.swallow = True  # the server stores the next batch; its ack never comes back
-            names = [f"x{i}" for i in range(5)]
+            names = [f"x{i}" for i in range(ATOMIC_MIN_MESSAGES)]
             with structlog.testing.capture_logs() as logs:
                 reports.submit(writer, appends("TOPIC_gc", "topic.gc._", names))
                 await eventually(
                     lambda: stored(observer, "TOPIC_gc"),
-                    until=lambda messages: len(messages) >= 6,
-                    what="six stored on TOPIC_gc",
+                    until=lambda messages: len(messages) > len(names),
+                    what="the batch stored on TOPIC_gc",
                 )
                 await proxy.cut()  # the client reconnects and re-sends the same batch
                 await reports.wait(2)
@@ -170,7 +205,9 @@ async def test_a_batch_resent_after_its_ack_was_lost_stores_nothing_twice(
         await observer.close()
         tg.cancel_scope.cancel()
     assert content == [(1, "a"), *((i + 2, n) for i, n in enumerate(names))], "no doubles"
-    assert [ack.seq for ack in reports.acks[1] if ack is not None] == [2, 3, 4, 5, 6]
+    assert [ack.seq for ack in reports.acks[1] if ack is not None] == [
+        i + 2 for i in range(len(names))
+    ]
     assert "appends_reissued" in [e["event"] for e in logs]
     [one_by_one] = [e for e in logs if e["event"] == "batch_refused"]
     assert "10201" in one_by_one["error"], "JetStream refused the re-sent batch as a duplicate"
@@ -188,11 +225,13 @@ async def test_one_refused_message_does_not_sink_the_rest_of_its_batch(
         reports.submit(writer, appends("SMALL", "small.x", ["first"]))
         reports.submit(writer, appends("SMALL", "small.x", ["a"]))
         reports.submit(writer, appends("SMALL", "small.x", ["big"], b"x" * 1000))
-        reports.submit(writer, appends("SMALL", "small.x", ["b"]))
-        await reports.wait(4)
-    assert [acks[0] is None for acks in reports.acks] == [False, False, True, False]
+        rest = [f"b{i}" for i in range(ATOMIC_MIN_MESSAGES - 2)]  # queued: one batch
+        for name in rest:
+            reports.submit(writer, appends("SMALL", "small.x", [name]))
+        await reports.wait(3 + len(rest))
+    assert [acks[0] is None for acks in reports.acks] == [False, False, True] + [False] * len(rest)
     assert [a.headers[layout.MSG_ID_HEADER] for a, _ in reports.quarantined] == ["big"]
-    assert [name for _, name in await stored(private_nc, "SMALL")] == ["first", "a", "b"]
+    assert [name for _, name in await stored(private_nc, "SMALL")] == ["first", "a", *rest]
 
 
 async def test_a_stream_without_atomic_batches_is_written_one_by_one_after_one_refusal(
@@ -204,13 +243,13 @@ async def test_a_stream_without_atomic_batches_is_written_one_by_one_after_one_r
         async with running(private_nc, reports, max_in_flight=1) as writer:
             for round_ in range(2):
                 reports.submit(writer, appends("PLAIN", "plain.x", [f"{round_}-0"]))
-                for i in range(1, 4):
+                for i in range(1, ATOMIC_MIN_MESSAGES + 1):  # queued: a batch, refused once
                     names = [f"{round_}-{i}"]
                     reports.submit(writer, appends("PLAIN", "plain.x", names))
-                await reports.wait(4 * (round_ + 1))
+                await reports.wait((ATOMIC_MIN_MESSAGES + 1) * (round_ + 1))
     refusals = [e for e in logs if e["event"] == "batch_refused"]
     assert len(refusals) == 1 and "10174" in refusals[0]["error"]
-    assert len(await stored(private_nc, "PLAIN")) == 8
+    assert len(await stored(private_nc, "PLAIN")) == 2 * (ATOMIC_MIN_MESSAGES + 1)
 
 
 async def test_existing_streams_are_updated_in_place_to_take_atomic_batches(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import anyio
 import anyio.lowlevel
 from nats.aio.client import Client
@@ -11,6 +13,7 @@ from tests.support.wait import eventually
 from txactors.coordinator.core.records import OpKind, OpRecord
 from txactors.coordinator.partition.oplog import FencedOut, OpLog, OpWriter
 from txactors.coordinator.partition.store import decode_ops, ensure_streams
+from txactors.nats.writer import ATOMIC_MIN_MESSAGES
 from txactors.wire import layout
 
 
@@ -61,7 +64,11 @@ def commit(txid: str) -> tuple[OpRecord, ...]:
     return (OpRecord(txid=txid, kind=OpKind.COMMIT, half_seqs=(1,)),)
 
 
-async def test_two_partitions_decisions_share_one_write_each_fenced(private_nc: Client) -> None:
+async def test_two_partitions_decisions_share_one_write_each_alone_and_fenced(
+    private_nc: Client,
+) -> None:
+    """A small write is no atomic batch: nats-server acks one of those milliseconds later
+    than the same messages sent alone (`ATOMIC_MIN_MESSAGES`), and a lone commit would wait."""
     js = private_nc.jetstream()
     await ensure_streams(js, half_retention=60.0)
     writer, logs = OpWriter(private_nc, js), Logs()
@@ -76,8 +83,78 @@ async def test_two_partitions_decisions_share_one_write_each_fenced(private_nc: 
     for seq in (1, 2):
         stored = await js.get_msg(layout.OP_STREAM, seq)
         assert stored.headers is not None
-        assert stored.headers.get(Header.BATCH_ID), "one atomic batch"
+        assert Header.BATCH_ID not in stored.headers, "each alone"
         assert stored.headers[layout.EXPECTED_LAST_SUBJECT_SEQ_HEADER] == "0"
+
+
+async def test_another_partitions_decision_leaves_a_done_waiting_for_its_own(
+    private_nc: Client,
+) -> None:
+    """A done is not taken along by another partition's decision (its flush would hold that
+    decision's ack back): it still waits for a decision of its own partition to share."""
+    js = private_nc.jetstream()
+    await ensure_streams(js, half_retention=60.0)
+    writer, logs = OpWriter(private_nc, js), Logs()
+    p0 = logs.open(writer, 0)
+
+    async def reported(op_ids: list[int], seq: int) -> None:
+        logs.reported.setdefault(1, []).append((op_ids, seq))
+        p0.append(2, commit("c"))  # p0's own decision, while its done waits
+
+    p0.append(1, (OpRecord(txid="a", kind=OpKind.DONE),))
+    writer.open(1, 0, reported, failed=lambda error: None).append(1, commit("b"))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer.run)
+        await eventually(lambda: len(logs.reported) == 2, what="both partitions reported")
+        tg.cancel_scope.cancel()
+    assert logs.reported == {1: [([1], 1)], 0: [([1, 2], 2)]}, "the done shared p0's decision"
+
+
+async def test_a_done_left_behind_is_written_while_other_decisions_keep_coming(
+    private_nc: Client,
+) -> None:
+    js = private_nc.jetstream()
+    await ensure_streams(js, half_retention=60.0)
+    writer, logs = OpWriter(private_nc, js), Logs()
+    p0 = logs.open(writer, 0)
+    decisions = itertools.count(2)
+
+    async def reported(op_ids: list[int], seq: int) -> None:
+        if 0 not in logs.reported:  # p1 decides on and on, p0 never does
+            p1.append(next(decisions), commit(f"b{seq}"))
+
+    p0.append(1, (OpRecord(txid="a", kind=OpKind.DONE),))
+    p1 = writer.open(1, 0, reported, failed=lambda error: None)
+    p1.append(1, commit("b"))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer.run)
+        await eventually(lambda: 0 in logs.reported, what="p0's done written")
+        tg.cancel_scope.cancel()
+    [(op_ids, _)] = logs.reported[0]
+    assert op_ids == [1]
+
+
+async def test_many_partitions_records_go_as_one_atomic_batch_each_fenced(
+    private_nc: Client,
+) -> None:
+    js = private_nc.jetstream()
+    await ensure_streams(js, half_retention=60.0)
+    writer, logs = OpWriter(private_nc, js), Logs()
+    partitions = range(ATOMIC_MIN_MESSAGES)
+    for partition in partitions:
+        logs.open(writer, partition).append(1, commit(f"t{partition}"))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer.run)
+        await eventually(lambda: len(logs.reported) == len(partitions), what="all reported")
+        tg.cancel_scope.cancel()
+    assert logs.reported == {p: [([1], p + 1)] for p in partitions}
+    batches = set()
+    for seq in range(1, len(partitions) + 1):
+        stored = await js.get_msg(layout.OP_STREAM, seq)
+        assert stored.headers is not None
+        batches.add(stored.headers.get(Header.BATCH_ID))
+        assert stored.headers[layout.EXPECTED_LAST_SUBJECT_SEQ_HEADER] == "0"
+    assert len(batches) == 1 and None not in batches, "one atomic batch"
 
 
 async def test_a_partition_fenced_out_fails_alone_and_the_others_records_are_stored(

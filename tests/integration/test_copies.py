@@ -1,7 +1,7 @@
 """A copy carries only what is ours: no path that writes a stored record elsewhere, and no handler,
 sees the server's `Nats-*` headers of the original.
 
-The records here are written the way load writes them: several messages in one JetStream atomic
+The records here are written the way load writes them: many messages in one JetStream atomic
 batch, so each stored original carries `Nats-Batch-Id` / `Nats-Batch-Sequence` (and the last
 `Nats-Batch-Commit`). Every test first checks that its originals really do, then follows one
 copy path: a discard (hundreds at once, and one resumed or forced by an operator afterwards), a
@@ -28,6 +28,7 @@ from txactors.coordinator.options import DiscardedTransaction
 from txactors.coordinator.partition.recovery import read_subject
 from txactors.coordinator.partition.store import half_identity
 from txactors.coordinator.service import run_coordinator
+from txactors.nats.writer import ATOMIC_MIN_MESSAGES
 from txactors.ops import dlq as dlq_admin
 from txactors.ops import txn as admin
 from txactors.wire import layout
@@ -38,6 +39,8 @@ REGION = "Zürich"
 """A user property with a non-ASCII value: a copy keeps it intact too."""
 LOAD = 300
 """Transactions discarded at once in the load test."""
+BATCHED = ATOMIC_MIN_MESSAGES
+"""Messages of one transaction: enough for its writes to be atomic batches."""
 
 
 def _server_headers(headers: Mapping[str, str]) -> list[str]:
@@ -185,10 +188,10 @@ async def test_an_operator_resumes_or_forces_a_transaction_whose_halves_were_bat
         Consumer(nc, "payments", "ledger", handle),
     ):
         client = CoordinatorClient(nc)
-        three = [message("payments", b"%d" % i, properties=_props()) for i in range(3)]
+        batched = [message("payments", b"%d" % i, properties=_props()) for i in range(BATCHED)]
         receipts: dict[str, Prepared] = {}
         for txid in ("resumed", "forced"):
-            receipts[txid] = await client.prepare(txid, *three)
+            receipts[txid] = await client.prepare(txid, *batched)
             assert _batch_headers(await _stored(js, layout.HALF_STREAM, receipts[txid].seqs[0]))
         for txid in receipts:
             await eventually(
@@ -199,11 +202,11 @@ async def test_an_operator_resumes_or_forces_a_transaction_whose_halves_were_bat
             )
 
         async def all_copied() -> bool:
-            return (await js.stream_info(layout.DISCARD_STREAM)).state.messages >= 6
+            return (await js.stream_info(layout.DISCARD_STREAM)).state.messages >= 2 * BATCHED
 
-        await eventually(all_copied, what="six discarded halves copied", timeout=30)
+        await eventually(all_copied, what="every discarded half copied", timeout=30)
         copies = await _all(js, layout.DISCARD_STREAM, layout.discard_subject_filter())
-        assert [s for s, _ in copies] == [layout.discard_subject("g")] * 6, copies
+        assert [s for s, _ in copies] == [layout.discard_subject("g")] * (2 * BATCHED), copies
 
         assert (await admin.resume(nc, "resumed")).state == "prepared"
         token = receipts["resumed"].token
@@ -211,11 +214,11 @@ async def test_an_operator_resumes_or_forces_a_transaction_whose_halves_were_bat
         assert (await admin.commit(nc, "forced")).state == "committed"
 
         async def all_handled() -> bool:
-            return len(seen) >= 6
+            return len(seen) >= 2 * BATCHED
 
-        await eventually(all_handled, what="six committed messages handled", timeout=30)
+        await eventually(all_handled, what="every committed message handled", timeout=30)
     assert sorted(m.msg_id for m in seen) == sorted(
-        f"{txid}:{i}" for txid in receipts for i in range(3)
+        f"{txid}:{i}" for txid in receipts for i in range(BATCHED)
     )
     for m in seen:
         assert _server_headers(m.headers) == [], m.headers
@@ -234,17 +237,21 @@ async def test_a_handler_sees_the_producers_headers_and_ours_only(private_nc: Cl
 
     async with run_coordinator(nc), Consumer(nc, "orders", "shop", handle):
         client = CoordinatorClient(nc)
-        bodies = [message(body=b"%d" % i, keys=[f"k{i}"], properties=_props()) for i in range(3)]
+        bodies = [
+            message(body=b"%d" % i, keys=[f"k{i}"], properties=_props()) for i in range(BATCHED)
+        ]
         receipt = await client.prepare("batched", *bodies)
         assert (await client.end("batched", receipt.token, Decision.COMMIT)).state == "committed"
 
         async def all_handled() -> bool:
-            return len(seen) >= 3
+            return len(seen) >= BATCHED
 
-        await eventually(all_handled, what="three committed messages handled", timeout=30)
-        originals = [await _stored(js, layout.topic_stream("orders"), seq) for seq in (1, 2, 3)]
+        await eventually(all_handled, what="every committed message handled", timeout=30)
+        originals = [
+            await _stored(js, layout.topic_stream("orders"), seq) for seq in range(1, BATCHED + 1)
+        ]
     assert all(_batch_headers(h) for h in originals), "written as one batch"
-    assert sorted(m.msg_id for m in seen) == ["batched:0", "batched:1", "batched:2"]
+    assert sorted(m.msg_id for m in seen) == sorted(f"batched:{i}" for i in range(BATCHED))
     for m in seen:
         assert _server_headers(m.headers) == [], m.headers
         assert m.properties == {"Region": REGION}
@@ -270,35 +277,38 @@ async def test_dead_letters_and_replays_of_batched_messages_carry_only_ours(
     big = b"x" * 2000
     async with run_coordinator(nc), Consumer(nc, "orders", "fragile", fragile, max_reconsume=0):
         client = CoordinatorClient(nc)
-        bodies = [message(body=big, properties=_props()) for _ in range(3)]
+        bodies = [message(body=big, properties=_props()) for _ in range(BATCHED)]
         receipt = await client.prepare("batched", *bodies)
         assert (await client.end("batched", receipt.token, Decision.COMMIT)).state == "committed"
         originals = {
-            seq: await _stored(js, layout.topic_stream("orders"), seq) for seq in (1, 2, 3)
+            seq: await _stored(js, layout.topic_stream("orders"), seq)
+            for seq in range(1, BATCHED + 1)
         }
         assert all(_batch_headers(h) for h in originals.values()), "written as one batch"
 
         async def dead_lettered() -> bool:
             try:
-                return len((await dlq_admin.list_dead_letters(nc, "fragile")).entries) >= 3
+                return len((await dlq_admin.list_dead_letters(nc, "fragile")).entries) >= BATCHED
             except dlq_admin.DeadLetterError:  # the consumer has not declared its DLQ yet
                 return False
 
-        await eventually(dead_lettered, what="three dead letters", timeout=30)
+        await eventually(dead_lettered, what="every dead letter", timeout=30)
         entries = (await dlq_admin.list_dead_letters(nc, "fragile")).entries
         dead = [await _stored(js, layout.dlq_stream("fragile"), e.seq) for e in entries]
-        assert [_server_headers(h) for h in dead] == [[layout.MSG_ID_HEADER]] * 3
-        assert sorted(h[layout.MSG_ID_HEADER] for h in dead) == [f"batched:{i}" for i in range(3)]
+        assert [_server_headers(h) for h in dead] == [[layout.MSG_ID_HEADER]] * BATCHED
+        assert sorted(h[layout.MSG_ID_HEADER] for h in dead) == sorted(
+            f"batched:{i}" for i in range(BATCHED)
+        )
         assert {e.headers["Region"] for e in entries} == {REGION}
 
         broken = False
         results = await dlq_admin.replay(nc, "fragile", [e.seq for e in entries])
-        assert [r.error for r in results] == [None] * 3, results
+        assert [r.error for r in results] == [None] * BATCHED, results
 
         async def all_handled() -> bool:
-            return len(handled) >= 3
+            return len(handled) >= BATCHED
 
-        await eventually(all_handled, what="three replays handled", timeout=30)
+        await eventually(all_handled, what="every replay handled", timeout=30)
 
         # Stored by reference (as a consumer does when a copy would not fit): its replay reads
         # the original back from the topic stream, batch headers and all.
@@ -323,9 +333,9 @@ async def test_dead_letters_and_replays_of_batched_messages_carry_only_ours(
     for m in handled:
         assert _server_headers(m.headers) == [], m.headers
         assert m.headers["Region"] == REGION
-    assert sorted(m.headers[layout.REPLAY_OF_HEADER] for m in handled) == [
-        f"batched:{i}" for i in range(3)
-    ]
+    assert sorted(m.headers[layout.REPLAY_OF_HEADER] for m in handled) == sorted(
+        f"batched:{i}" for i in range(BATCHED)
+    )
 
 
 def _as_consumed(headers: dict[str, str], seq: int, body: bytes) -> ConsumedMessage:

@@ -99,3 +99,25 @@ async def test_the_applications_callbacks_still_run_first(make_nats_server: Make
         assert heard == ["disconnected", "reconnected"]
     finally:
         await nc.close()
+
+
+async def test_until_changed_wakes_on_a_future_or_its_timeout_and_leaves_them_alone(
+    private_nc: Client,
+) -> None:
+    loop = asyncio.get_running_loop()
+    ack: asyncio.Future[Any] = loop.create_future()
+    waiter = asyncio.create_task(until_changed(private_nc, ack))
+    await asyncio.sleep(0)
+    ack.set_result("ack")
+    await asyncio.wait_for(waiter, 5)  # woken by the future itself
+    started = time.monotonic()
+    await until_changed(private_nc, loop.create_future(), timeout=0.05)
+    assert time.monotonic() - started >= 0.05
+    pending: asyncio.Future[Any] = loop.create_future()
+    cancelled = asyncio.create_task(until_changed(private_nc, pending))
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    assert not pending.done(), "cancelling the waiter cancels none of the futures"
+    assert not pending._callbacks, "nor leaves its wake-up on them"  # type: ignore[attr-defined]

@@ -4,13 +4,14 @@ With `sync_interval: always` (the durable default) nats-server flushes to disk o
 it receives, so the number of writes, not of messages, sets the pace: appends queue while a
 few writes await their acks, and the next write carries everything queued for one stream, as
 an atomic batch (`allow_atomic`: stored all or nothing, one ack, consecutive sequences) where
-the stream allows it. With a `linger`, appends queued while a write is in flight wait up to
-that long for more to join them before taking a free pipeline slot (Nagle, or Kafka's
-`linger.ms` while busy): at moderate rates a write then carries several transactions instead
-of one, and an idle writer still sends at once. Completions are reported in the order the
-appends were submitted. One connection delivers the writes in issue order, so submit order
-is stream order: the table sees halves in TXN_HALF order, as its checkpoint rule wants.
-(TXN_OP has its own writer, `oplog.py`.)
+the stream allows it and at least `ATOMIC_MIN_MESSAGES` are queued for it (fewer go each
+alone, all in flight: cheaper and sooner than a small atomic batch). With a `linger`, appends
+queued while a write is in flight wait up to that long for more to join them before taking a
+free pipeline slot (Nagle, or Kafka's `linger.ms` while busy): at moderate rates a write then
+carries several transactions instead of one, and an idle writer still sends at once.
+Completions are reported in the order the appends were submitted. One connection delivers the
+writes in issue order, so submit order is stream order: the table sees halves in TXN_HALF
+order, as its checkpoint rule wants. (TXN_OP has its own writer, `oplog.py`.)
 
 Faults (see `retry.classify`): when the connection drops, or an ack is overdue, or JetStream
 answers with a transient error, *every* pending ack is given up at once and the unfinished
@@ -77,6 +78,12 @@ BATCH_MESSAGES = 1000
 """JetStream's most messages in one atomic batch."""
 BATCH_BYTES = 1024 * 1024
 """Most bytes in one atomic batch: the server holds a batch in memory until its commit."""
+ATOMIC_MIN_MESSAGES = 16
+"""Messages a write needs to go as one atomic batch; fewer go each alone, all in flight. An
+atomic batch costs nats-server (2.15) a few ms of CPU however small it is, and its ack comes
+5-10 ms later, against 0.2-0.4 ms and under 1 ms for a single publish, fsynced or not: below
+about 16 messages the singles are both cheaper and sooner (docs/benchmarks.md, issue 21's
+concurrency-1 section)."""
 ATOMIC_DISABLED = 10174
 """JetStream's error code for an atomic batch sent to a stream without `allow_atomic`."""
 
@@ -259,7 +266,12 @@ class PipelinedWriter:
         first = self._queued.popleft()
         taken = [first]
         stream = first.append.stream
-        if stream and stream not in self._unbatched and self._fits(first.append):
+        if (
+            stream
+            and stream not in self._unbatched
+            and self._fits(first.append)
+            and self._queued_of(stream) >= ATOMIC_MIN_MESSAGES - 1
+        ):
             size = _size(first.append)
             kept: list[_Slot] = []
             while self._queued and len(taken) < BATCH_MESSAGES:
@@ -272,6 +284,16 @@ class PipelinedWriter:
                     kept.append(slot)
             self._queued.extendleft(reversed(kept))
         return _Batch(taken, link_generation(self._nc))
+
+    def _queued_of(self, stream: str) -> int:
+        """Queued slots of `stream`, counted up to `ATOMIC_MIN_MESSAGES`: fewer go alone."""
+        count = 0
+        for slot in self._queued:
+            if slot.append.stream == stream:
+                count += 1
+                if count >= ATOMIC_MIN_MESSAGES:
+                    break
+        return count
 
     def _fits(self, append: Append) -> bool:
         """Whether nats-py will send it: a refused message must not leave a batch unfinished."""

@@ -2,19 +2,26 @@
 
 Each partition appends to its own TXN_OP subject through its `OpLog`. The process's
 `OpWriter` has one write in flight at a time, carrying every op record every partition
-queued meanwhile, as an atomic batch (stored all or nothing, at consecutive sequences: one
-flush to disk however many partitions it carries). The first message of each partition in
-it carries `Nats-Expected-Last-Subject-Sequence`, so that a second coordinator writing the
-same partition is detected instead of interleaving decisions (nats-server checks each
-message's own expectation; nothing can come between a partition's messages in one batch, so
-the later ones need none). A batch JetStream refuses (one partition fenced out, or any other
-answer) is refused whole: unless it was our own earlier attempt that landed (its ack lost,
-recognised by reading each partition's last message back), its messages are written again
-one at a time, each with its partition's fence, so a partition fenced out fails alone
-(`FencedOut`: its instance stops) and the others go on.
+queued meanwhile: one message per partition as a rule. The first message of each partition
+in it carries `Nats-Expected-Last-Subject-Sequence`, so that a second coordinator writing the
+same partition is detected instead of interleaving decisions. Fewer than
+`ATOMIC_MIN_MESSAGES` messages (the usual case: a process serves a few partitions) go each
+alone, all in flight at once: nats-server spends more on a small atomic batch than on the
+same messages one by one, and answers it several ms later (see `nats/writer.py`). More go as
+an atomic batch (stored all or nothing, at consecutive sequences: one flush to disk however
+many partitions it carries; nats-server checks each message's own expectation; nothing can
+come between a partition's messages in one batch, so the later ones need none). A batch
+JetStream refuses (one partition fenced out, or any other answer) is refused whole: unless it
+was our own earlier attempt that landed (its ack lost, recognised by reading each partition's
+last message back), its messages are written again one at a time, each with its partition's
+fence, so a partition fenced out fails alone (`FencedOut`: its instance stops) and the others
+go on. A message sent alone that is refused or loses its ack is written again alone the same
+way.
 
 Records nobody waits for (`done`, `checked`: `DEFERRABLE`) wait up to `DEFER` for a decision
-to share their write, so that at moderate rates a commit costs one TXN_OP write, not two.
+of their partition to share its message, so that at moderate rates a commit costs one TXN_OP
+message, not two. Another partition's decision does not take them along: their flush would
+hold its ack back.
 A partition's log is opened once no write of its previous instance is in flight, and closed
 (what it still queued dropped) when its instance ends: an instance that lost its lease
 writes nothing more, so it cannot fence its successor out.
@@ -23,6 +30,7 @@ writes nothing more, so it cannot fence its successor out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -54,7 +62,7 @@ from txactors.nats.retry import (
     classify,
     describe,
 )
-from txactors.nats.writer import BATCH_BYTES, BATCH_MESSAGES
+from txactors.nats.writer import ATOMIC_MIN_MESSAGES, BATCH_BYTES, BATCH_MESSAGES
 from txactors.observe.logs import get_logger
 from txactors.wire import layout
 
@@ -95,7 +103,9 @@ class OpLog:
         "open",
         "partition",
         "records",
+        "since",
         "subject",
+        "urgent",
     )
 
     def __init__(
@@ -115,13 +125,21 @@ class OpLog:
         self._failed = failed
         self.op_ids: list[int] = []
         self.records: list[OpRecord] = []
+        self.urgent = False
+        """Some queued record is a decision: the next write takes them at once."""
+        self.since = 0.0
+        """When the oldest queued record was queued."""
         self.open = True
 
     def append(self, op_id: int, records: tuple[OpRecord, ...]) -> None:
         """Queue records for the next write; they share it with everything queued meanwhile."""
+        if not self.op_ids:
+            self.since = time.monotonic()
         self.op_ids.append(op_id)
         self.records.extend(records)
-        self._writer.queued(records)
+        if not self.urgent and any(r.kind not in DEFERRABLE for r in records):
+            self.urgent = True
+        self._writer.queued(self.urgent, self.since)
 
     def close(self) -> None:
         """Write nothing more for this instance (what is in flight may still land)."""
@@ -143,6 +161,17 @@ class OpLog:
         )
         fenced.__cause__ = error
         self._failed(fenced)
+
+
+class _Taken:
+    """What a log queued, taken for a write (the log queues anew meanwhile)."""
+
+    __slots__ = ("log", "op_ids", "records", "urgent")
+
+    def __init__(self, log: OpLog) -> None:
+        self.log = log
+        self.op_ids, self.records, self.urgent = log.op_ids, log.records, log.urgent
+        log.op_ids, log.records, log.urgent = [], [], False
 
 
 @dataclass(slots=True)
@@ -200,11 +229,11 @@ class OpWriter:
         log.open = False
         log.op_ids, log.records = [], []
 
-    def queued(self, records: tuple[OpRecord, ...]) -> None:
+    def queued(self, urgent: bool, since: float) -> None:
         if not self._pending:
-            self._oldest = time.monotonic()
+            self._oldest = since  # the oldest of the logs' `since` (none queued before)
             self._pending = True
-        self._urgent = self._urgent or any(r.kind not in DEFERRABLE for r in records)
+        self._urgent = self._urgent or urgent
         self._wakeup.set()
 
     async def run(self) -> None:
@@ -219,17 +248,21 @@ class OpWriter:
                 self._wakeup = anyio.Event()
                 await self._wakeup.wait()
                 continue
-            wait = self._oldest + DEFER - time.monotonic()
+            now = time.monotonic()
+            wait = self._oldest + DEFER - now
             if not self._urgent and wait > 0:
                 self._wakeup = anyio.Event()
                 with anyio.move_on_after(wait):
                     await self._wakeup.wait()  # a decision to join, or only more of the same
                 continue
-            taken = [(log, log.op_ids, log.records) for log in self._logs.values() if log.op_ids]
-            for log, _, _ in taken:
-                log.op_ids, log.records = [], []
-            self._pending = self._urgent = False
-            self._writing = frozenset(log.partition for log, _, _ in taken)
+            logs = [log for log in self._logs.values() if log.op_ids]
+            taken = [_Taken(log) for log in logs if log.urgent or log.since + DEFER <= now]
+            left = [log.since for log in logs if log.op_ids]
+            self._pending, self._urgent = bool(left), False
+            self._oldest = min(left, default=0.0)
+            if not taken:
+                continue
+            self._writing = frozenset(t.log.partition for t in taken)
             try:
                 await self._write_all(taken)
             finally:
@@ -237,15 +270,24 @@ class OpWriter:
                 self._settled.set()
                 self._settled = anyio.Event()
 
-    async def _write_all(self, taken: list[tuple[OpLog, list[int], list[OpRecord]]]) -> None:
-        """Write what each log queued (one batch, unless it is too large), then report."""
-        messages = [_Message(log, p) for log, _, records in taken for p in _payloads(records)]
+    async def _write_all(self, taken: list[_Taken]) -> None:
+        """Write what each log queued, then report: as atomic batches when there are many
+        messages; else each alone, each log reported as soon as its message is stored, and
+        the logs with a decision first: the others follow once those are acked, so that a
+        decision's ack does not wait for their flushes as well."""
+        messages = [_Message(t.log, p) for t in taken for p in _payloads(t.records)]
+        if len(messages) < ATOMIC_MIN_MESSAGES and _distinct(messages):
+            urgent = [(m, t.op_ids) for m, t in zip(messages, taken, strict=True) if t.urgent]
+            await self._write_each(urgent)
+            rest = [(m, t.op_ids) for m, t in zip(messages, taken, strict=True) if not t.urgent]
+            await self._write_each(rest)
+            return
         for chunk in _chunks(messages):
             await self._write(chunk)
-        for log, op_ids, _ in taken:
-            seqs = [m.seq for m in messages if m.log is log]
+        for t in taken:
+            seqs = [m.seq for m in messages if m.log is t.log]
             if all(seqs):
-                await log.reported(op_ids, seqs[-1])
+                await t.log.reported(t.op_ids, seqs[-1])
 
     async def _write(self, chunk: list[_Message]) -> None:
         """Store the chunk, or what of it belongs to partitions still open and not fenced."""
@@ -285,9 +327,42 @@ class OpWriter:
             await anyio.sleep(delay)
             delay = backoff(delay)
 
+    async def _write_each(self, messages: list[tuple[_Message, list[int]]]) -> None:
+        """Each message (one per log, with the op ids it stores) a write of its own, all in
+        flight at once, its log reported once it is stored; one that was not sent, was
+        refused or lost its ack is written again alone by `_write`."""
+        generation = link_generation(self._nc)
+        sent: list[asyncio.Future[PubAck] | None] = []
+        for message, _ in messages:
+            future = None
+            if len(messages) > 1 and message.log.open and self._nc.is_connected:
+                with contextlib.suppress(*LINK_TROUBLE):
+                    future = await self._issue([message])
+            sent.append(future)
+        for (message, ids), future in zip(messages, sent, strict=True):
+            if future is not None:
+                try:
+                    ack = await self._await(future, generation)
+                except (nats.js.errors.APIError, *LINK_TROUBLE, Troubled):
+                    future = None
+                else:
+                    message.seq = message.log.last_seq = ack.seq
+            if future is None:
+                await self._write([message])
+            if message.seq:
+                await message.log.reported(ids, message.seq)
+
     async def _send(self, chunk: list[_Message]) -> int:
         """One write (an atomic batch if it has several messages); the first one's seq."""
         generation = link_generation(self._nc)
+        ack = await self._await(await self._issue(chunk), generation)
+        if len(chunk) > 1 and ack.batch_size != len(chunk):
+            raise Troubled(f"batch ack for {ack.batch_size} of {len(chunk)} messages")
+        return ack.seq - len(chunk) + 1
+
+    async def _issue(self, chunk: list[_Message]) -> asyncio.Future[PubAck]:
+        """Publish the chunk (an atomic batch if it has several messages); the future of
+        its ack."""
         fenced: set[int] = set()
         batch_id = _nuid.next().decode() if len(chunk) > 1 else None
         future: asyncio.Future[PubAck] | None = None
@@ -306,10 +381,7 @@ class OpWriter:
                 headers[Header.BATCH_COMMIT] = "1"
             future = await self._inbox.publish(message.log.subject, message.payload, headers)
         assert future is not None
-        ack = await self._await(future, generation)
-        if batch_id is not None and ack.batch_size != len(chunk):
-            raise Troubled(f"batch ack for {ack.batch_size} of {len(chunk)} messages")
-        return ack.seq - len(chunk) + 1
+        return future
 
     async def _await(self, future: asyncio.Future[PubAck], generation: int) -> PubAck:
         outcome = await await_ack(self._nc, future, generation, time.monotonic())
@@ -349,6 +421,12 @@ def _payloads(records: list[OpRecord]) -> list[bytes]:
         return [whole]
     half = len(records) // 2
     return _payloads(records[:half]) + _payloads(records[half:])
+
+
+def _distinct(messages: list[_Message]) -> bool:
+    """Whether no partition has two of the messages: each message's fence is then its
+    partition's last sequence, so they may all be in flight at once."""
+    return len({m.log.partition for m in messages}) == len(messages)
 
 
 def _chunks(messages: list[_Message]) -> list[list[_Message]]:
