@@ -331,6 +331,19 @@ def test_a_probe_refused_stays_downgraded_for_another_interval() -> None:
     assert dialect.probe()
 
 
+def test_a_probe_batch_refused_as_too_big_was_understood() -> None:
+    """More items than that coordinator takes in one: it knows batches, so it is a new one."""
+    clock = Clock()
+    dialect = Dialect(clock=clock)
+    dialect.refused(ErrorCode.UNSUPPORTED_VERSION, batch=False, version=PROTOCOL_VERSION)
+    clock.now += RELEARN_AFTER
+    assert dialect.probe()
+    assert dialect.refused(
+        ErrorCode.BAD_REQUEST, batch=True, version=PROTOCOL_VERSION, probe=True
+    )  # its items go again alone
+    assert (dialect.batches, dialect.version, dialect.served) == (True, PROTOCOL_VERSION, False)
+
+
 def test_a_probe_never_answered_is_tried_again_an_interval_later() -> None:
     clock = Clock()
     dialect = Dialect(clock=clock, relearn_after=5.0)

@@ -273,19 +273,23 @@ class Dialect:
         self._retry_at = self._clock() + self._relearn_after
         return True
 
-    def refused(self, code: str, *, batch: bool, version: int) -> bool:
-        """A command (a batch or not, in `version`) was refused whole with `code`. True when
-        nothing of it was executed and its items are to go again alone, as this dialect says
-        from now on: an older coordinator's refusal of the version or of batches, or a batch
-        refused `bad_request` (more items, or longer answers, than that coordinator takes in
-        one; alone, each item gets its own answer)."""
+    def refused(self, code: str, *, batch: bool, version: int, probe: bool = False) -> bool:
+        """A command (a batch or not, in `version`; the `probe` or not) was refused whole with
+        `code`. True when nothing of it was executed and its items are to go again alone, as
+        this dialect says from now on: an older coordinator's refusal of the version or of
+        batches, or a batch refused `bad_request` (more items, or longer answers, than that
+        coordinator takes in one; alone, each item gets its own answer: a probe so refused
+        was understood, the newest form is spoken)."""
         if code == ErrorCode.UNSUPPORTED_VERSION and version > OLDEST_VERSION:
             self._downgrade(OLDEST_VERSION)
             return True
         if code == ErrorCode.UNKNOWN_COMMAND and batch:
             self._downgrade(self.version)
             return True
-        return code == ErrorCode.BAD_REQUEST and batch
+        if code == ErrorCode.BAD_REQUEST and batch:
+            self.answered(batch=False, probe=probe)
+            return True
+        return False
 
     def answered(self, *, batch: bool, probe: bool) -> None:
         """A command was answered, not refused for its form (`batch`: a batch, with a batch's
@@ -545,7 +549,7 @@ class PartitionLink(_Link[I], Generic[I, R]):
         meanwhile (the callers it woke may join it)."""
         reply = self._decode(msg)
         if isinstance(reply, Error) and self._dialect.refused(
-            reply.code, batch=request.batch, version=request.version
+            reply.code, batch=request.batch, version=request.version, probe=request.probe
         ):
             log.warning(
                 "batch_sent_again_alone" if self._dialect.batches else "coordinator_speaks_older",
