@@ -30,7 +30,7 @@ from txactors.producer import TransactionProducer, TxMessage
 from txactors.producer.client import CoordinatorClient
 from txactors.producer.failed_sends import FailedSends
 from txactors.producer.inflight import InFlight
-from txactors.producer.link import REQUEST_HEADROOM
+from txactors.producer.link import RELEARN_AFTER, REQUEST_HEADROOM
 from txactors.producer.outcomes import UnconfirmedOutcomes
 from txactors.wire.protocol import (
     OLDEST_VERSION,
@@ -416,6 +416,60 @@ async def test_a_version_2_coordinator_gets_version_2_single_verbs(nc: Client) -
         ("EndTransaction", OLDEST_VERSION),  # learnt by the partition's every link
     ]
     assert [p.version for _, p in coord.prepares] == [OLDEST_VERSION]
+
+
+class Clock:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_coordinator_upgraded_in_place_gets_batches_again_after_the_interval(
+    nc: Client,
+) -> None:
+    """A rolling upgrade: the old coordinator made the producer fall back, the new one that
+    replaced it is spoken to in version 3, batches included, once the interval is over."""
+    group, clock = new_group(), Clock()
+    async with (
+        serving_partitions(nc, speaks=OLDEST_VERSION) as coord,
+        watching(nc, group) as wire,
+        client_for(nc, group, clock=clock) as client,
+    ):
+        first = await client.prepare(uuid.uuid4().hex, halves(), None)
+        coord.speaks = PROTOCOL_VERSION  # upgraded: the producer does not know yet
+        clock.now += RELEARN_AFTER - 1.0
+        second = await client.prepare(uuid.uuid4().hex, halves(), None)
+        await eventually(lambda: len(wire.sent) == 3, what="three prepares seen")
+        assert [(s.kind, s.version) for s in wire.sent] == [
+            ("Prepare", PROTOCOL_VERSION),  # refused by the old coordinator
+            ("Prepare", OLDEST_VERSION),
+            ("Prepare", OLDEST_VERSION),  # still within the interval
+        ]
+
+        clock.now += 1.0
+        wire.sent.clear()
+        await client.prepare(uuid.uuid4().hex, halves(), None)  # the probe, answered
+        await eventually(lambda: len(wire.sent) == 1, what="the probe seen")
+        assert [(s.kind, s.version) for s in wire.sent] == [("Prepare", PROTOCOL_VERSION)]
+        wire.sent.clear()
+        coord.gate = gate = anyio.Event()
+        calls = [client.prepare(uuid.uuid4().hex, halves(), None) for _ in range(3)]
+        prepared = await pile_up(client, wire, gate, calls, "prepare")
+        assert all(isinstance(p, Prepared) for p in prepared)
+        # One-way ends are batched again: a batch was answered since the downgrade.
+        await gathered(
+            *(client.end_oneway(r.txid, r.token, Decision.COMMIT) for r in [first, second])
+        )
+        await eventually(lambda: len(wire.sent) == 3, what="the one-way ends")
+    assert [(s.kind, s.items, s.version) for s in wire.sent] == [
+        ("Prepare", 1, PROTOCOL_VERSION),
+        ("PrepareBatch", 2, PROTOCOL_VERSION),
+        ("EndBatch", 2, PROTOCOL_VERSION),
+    ]
 
 
 async def test_a_batch_refused_whole_goes_again_alone_each_item_answered_its_own(

@@ -11,6 +11,7 @@ import pytest
 
 from txactors.errors import ActorDeadError, CommandError
 from txactors.producer.link import (
+    RELEARN_AFTER,
     Coalescer,
     Dialect,
     EndVerb,
@@ -273,6 +274,124 @@ def test_other_refusals_are_the_callers(code: str, batch: bool) -> None:
     dialect = Dialect()
     assert not dialect.refused(code, batch=batch, version=PROTOCOL_VERSION)
     assert (dialect.batches, dialect.version) == (True, PROTOCOL_VERSION)
+
+
+class Clock:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("code", "batch", "version"),
+    [
+        (ErrorCode.UNSUPPORTED_VERSION, False, OLDEST_VERSION),
+        (ErrorCode.UNKNOWN_COMMAND, True, PROTOCOL_VERSION),
+    ],
+)
+def test_a_downgrade_is_tried_again_after_the_interval_by_one_probe(
+    code: str, batch: bool, version: int
+) -> None:
+    clock = Clock()
+    dialect = Dialect(clock=clock)
+    assert not dialect.probe_due() and not dialect.probe()  # nothing to relearn yet
+    assert dialect.refused(code, batch=batch, version=PROTOCOL_VERSION)
+    assert (dialect.batches, dialect.version) == (False, version)
+
+    clock.now += RELEARN_AFTER - 0.001
+    assert not dialect.probe_due() and not dialect.probe()
+    clock.now += 0.001
+    assert dialect.probe_due()
+    assert dialect.probe()
+    # One probe at a time: until it is answered, the others speak the older form.
+    assert not dialect.probe_due() and not dialect.probe()
+    assert (dialect.batches, dialect.version) == (False, version)
+
+    dialect.answered(batch=False, probe=True)
+    assert (dialect.batches, dialect.version) == (True, PROTOCOL_VERSION)
+    assert not dialect.probe_due()
+
+
+def test_a_probe_refused_stays_downgraded_for_another_interval() -> None:
+    clock = Clock()
+    dialect = Dialect(clock=clock)
+    dialect.refused(ErrorCode.UNSUPPORTED_VERSION, batch=False, version=PROTOCOL_VERSION)
+    clock.now += RELEARN_AFTER
+    assert dialect.probe()
+    clock.now += 1.0  # its answer takes a while
+    assert dialect.refused(ErrorCode.UNSUPPORTED_VERSION, batch=True, version=PROTOCOL_VERSION)
+    assert (dialect.batches, dialect.version) == (False, OLDEST_VERSION)
+    clock.now += RELEARN_AFTER - 0.001
+    assert not dialect.probe()
+    clock.now += 0.001
+    assert dialect.probe()
+
+
+def test_a_probe_batch_refused_as_too_big_was_understood() -> None:
+    """More items than that coordinator takes in one: it knows batches, so it is a new one."""
+    clock = Clock()
+    dialect = Dialect(clock=clock)
+    dialect.refused(ErrorCode.UNSUPPORTED_VERSION, batch=False, version=PROTOCOL_VERSION)
+    clock.now += RELEARN_AFTER
+    assert dialect.probe()
+    assert dialect.refused(
+        ErrorCode.BAD_REQUEST, batch=True, version=PROTOCOL_VERSION, probe=True
+    )  # its items go again alone
+    assert (dialect.batches, dialect.version, dialect.served) == (True, PROTOCOL_VERSION, False)
+
+
+def test_a_probe_never_answered_is_tried_again_an_interval_later() -> None:
+    clock = Clock()
+    dialect = Dialect(clock=clock, relearn_after=5.0)
+    dialect.refused(ErrorCode.UNKNOWN_COMMAND, batch=True, version=PROTOCOL_VERSION)
+    clock.now += 5.0
+    assert dialect.probe()  # ... and lost
+    clock.now += 4.999
+    assert not dialect.probe()
+    clock.now += 0.001
+    assert dialect.probe()
+
+
+def test_answers_that_are_no_probe_do_not_end_a_downgrade() -> None:
+    """A request sent in the older form, or sent before the downgrade and answered late."""
+    clock = Clock()
+    dialect = Dialect(clock=clock)
+    dialect.refused(ErrorCode.UNKNOWN_COMMAND, batch=True, version=PROTOCOL_VERSION)
+    dialect.answered(batch=False, probe=False)
+    dialect.answered(batch=True, probe=False)
+    assert (dialect.batches, dialect.served) == (False, False)
+
+
+def test_one_way_batches_wait_for_a_batch_answered_since_the_last_downgrade() -> None:
+    clock = Clock()
+    dialect = Dialect(clock=clock)
+    dialect.answered(batch=False, probe=False)
+    assert not dialect.served  # a single verb answered says nothing about batches
+    dialect.answered(batch=True, probe=False)
+    assert dialect.served
+
+    dialect.refused(ErrorCode.UNSUPPORTED_VERSION, batch=False, version=PROTOCOL_VERSION)
+    assert not dialect.served  # the coordinator may be an old one now
+    clock.now += RELEARN_AFTER
+    assert dialect.probe()
+    dialect.answered(batch=False, probe=True)  # a lone probe: batches on, not yet served
+    assert (dialect.batches, dialect.served) == (True, False)
+    dialect.answered(batch=True, probe=False)
+    assert dialect.served
+
+
+def test_a_probe_answered_as_a_batch_serves_one_way_batches_at_once() -> None:
+    clock = Clock()
+    dialect = Dialect(clock=clock)
+    dialect.refused(ErrorCode.UNKNOWN_COMMAND, batch=True, version=PROTOCOL_VERSION)
+    clock.now += RELEARN_AFTER
+    assert dialect.probe()
+    dialect.answered(batch=True, probe=True)
+    assert (dialect.batches, dialect.served, dialect.version) == (True, True, PROTOCOL_VERSION)
 
 
 # -- the verbs ----------------------------------------------------------------------------------

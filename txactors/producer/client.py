@@ -27,6 +27,7 @@ caller gets is what a request of its own would have given it (txactors/producer/
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Awaitable, Callable
 
 import anyio
@@ -81,9 +82,16 @@ class _Links:
     __slots__ = ("end", "oneway", "prepare")
 
     def __init__(
-        self, nc: Client, partition: int, group: str, verb: PrepareVerb, inbox: Inbox, most: int
+        self,
+        nc: Client,
+        partition: int,
+        group: str,
+        verb: PrepareVerb,
+        inbox: Inbox,
+        most: int,
+        clock: Callable[[], float],
     ) -> None:
-        dialect = Dialect()
+        dialect = Dialect(clock=clock)
         prepares, ends = prepare_subject(partition, group), end_subject(partition, group)
         self.prepare: PartitionLink[PrepareItem, Prepared] = PartitionLink(
             nc, prepares, verb, inbox, dialect, max_items=most
@@ -112,6 +120,7 @@ class CoordinatorClient:
         prepare_retries: int = 0,
         sleep: Sleep = anyio.sleep,
         max_items: int = DEFAULT_MAX_ITEMS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.group = group
         self.instance = instance
@@ -124,6 +133,8 @@ class CoordinatorClient:
         self._prepare_retries = prepare_retries
         self._sleep = sleep
         self._max_items = max_items
+        self._clock = clock
+        """What the links' dialects time their relearning by (`Dialect`)."""
         self._verb = PrepareVerb(group, instance)
         self._inbox = Inbox(nc)
         self._links: list[_Links] = []
@@ -138,7 +149,9 @@ class CoordinatorClient:
         count = await self._partitions.get()
         if len(self._links) != count:
             self._links = [
-                _Links(self._nc, p, self.group, self._verb, self._inbox, self._max_items)
+                _Links(
+                    self._nc, p, self.group, self._verb, self._inbox, self._max_items, self._clock
+                )
                 for p in range(count)
             ]
         return partition_of(txid, count)

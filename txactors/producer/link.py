@@ -23,12 +23,14 @@ request gave up, that request no longer holds the window.
 
 A command refused whole for what it is executed nothing, so its items go again alone: a
 coordinator that does not serve batches (`unknown_command`) or protocol version 3
-(`unsupported_version`) gets single verbs, in the version it speaks, from then on (`Dialect`,
-shared by the partition's links); a batch refused `bad_request` (more items, or longer
-answers, than that coordinator takes in one) is sent alone that once. A batch never carries
-more than the coordinator's bound on its answer admits: each item's answer is counted by the
-rule the coordinator counts it by (wire/answers.py), and the request's `REQUEST_HEADROOM`
-leaves more than the reply's (`REPLY_HEADROOM`) plus the batch answer's own bytes.
+(`unsupported_version`) gets single verbs, in the version it speaks (`Dialect`, shared by the
+partition's links), until `RELEARN_AFTER` seconds later one request tries the newest form
+again (a rolling upgrade may have replaced that coordinator); a batch refused `bad_request`
+(more items, or longer answers, than that coordinator takes in one) is sent alone that once.
+A batch never carries more than the coordinator's bound on its answer admits: each item's
+answer is counted by the rule the coordinator counts it by (wire/answers.py), and the
+request's `REQUEST_HEADROOM` leaves more than the reply's (`REPLY_HEADROOM`) plus the batch
+answer's own bytes.
 
 `Coalescer`, `chunks`, `answers` and `Dialect` are the bookkeeping, without I/O;
 `PartitionLink`, `OnewayLink` and `Inbox` carry it out on NATS.
@@ -40,6 +42,7 @@ import asyncio
 import contextlib
 import copy
 import itertools
+import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar
@@ -85,6 +88,9 @@ DEFAULT_MAX_ITEMS: Final = 256
 """Items per batch request, at most."""
 REQUEST_HEADROOM: Final = 1024
 """Bytes of `max_payload` a request leaves unused: NATS refuses a larger one outright."""
+RELEARN_AFTER: Final = 60.0
+"""Seconds a partition's coordinator is spoken to in the older form it asked for before the
+newest form is tried again (a rolling upgrade may have replaced it meanwhile)."""
 W = TypeVar("W")
 I = TypeVar("I", bound=PrepareItem | EndItem)  # noqa: E741
 R = TypeVar("R", Prepared, Ended)
@@ -232,29 +238,70 @@ class Dialect:
     """What one partition's coordinator speaks, learnt from its answers: batches and protocol
     version 3 until it refuses them (an older coordinator); shared by the partition's links.
 
+    A downgrade is not forever: a rolling upgrade replaces the old coordinator with a new one.
+    `RELEARN_AFTER` seconds (on `clock`) after a refusal, one request (`probe`) tries the newest
+    form again: refused, the dialect stays downgraded for another interval (the refused items go
+    again alone, nothing of them executed); answered, the newest form is spoken again. A probe
+    never answered (lost, timed out) is tried again an interval later.
+
     A one-way end has no answer to learn from, and an older coordinator would drop a batch of
-    them unseen: one-way ends go as a batch only once a batch was answered (`served`)."""
+    them unseen: one-way ends go as a batch only once a batch was answered (`served`) since
+    the last downgrade."""
 
-    __slots__ = ("batches", "served", "version")
+    __slots__ = ("_clock", "_relearn_after", "_retry_at", "batches", "served", "version")
 
-    def __init__(self) -> None:
+    def __init__(
+        self, *, clock: Callable[[], float] = time.monotonic, relearn_after: float = RELEARN_AFTER
+    ) -> None:
         self.batches = True
         self.served = False
         self.version = PROTOCOL_VERSION
+        self._clock = clock
+        self._relearn_after = relearn_after
+        self._retry_at: float | None = None
+        """Downgraded: when the newest form may be tried again."""
 
-    def refused(self, code: str, *, batch: bool, version: int) -> bool:
-        """A command (a batch or not, in `version`) was refused whole with `code`. True when
-        nothing of it was executed and its items are to go again alone, as this dialect says
-        from now on: an older coordinator's refusal of the version or of batches, or a batch
-        refused `bad_request` (more items, or longer answers, than that coordinator takes in
-        one; alone, each item gets its own answer)."""
+    def probe_due(self) -> bool:
+        """Downgraded, and the newest form may be tried again: the next request may probe."""
+        return self._retry_at is not None and self._clock() >= self._retry_at
+
+    def probe(self) -> bool:
+        """True when the caller's next request is to try the newest form (batches, version 3):
+        one probe per interval, so one at a time."""
+        if not self.probe_due():
+            return False
+        self._retry_at = self._clock() + self._relearn_after
+        return True
+
+    def refused(self, code: str, *, batch: bool, version: int, probe: bool = False) -> bool:
+        """A command (a batch or not, in `version`; the `probe` or not) was refused whole with
+        `code`. True when nothing of it was executed and its items are to go again alone, as
+        this dialect says from now on: an older coordinator's refusal of the version or of
+        batches, or a batch refused `bad_request` (more items, or longer answers, than that
+        coordinator takes in one; alone, each item gets its own answer: a probe so refused
+        was understood, the newest form is spoken)."""
         if code == ErrorCode.UNSUPPORTED_VERSION and version > OLDEST_VERSION:
-            self.batches, self.version = False, OLDEST_VERSION
+            self._downgrade(OLDEST_VERSION)
             return True
         if code == ErrorCode.UNKNOWN_COMMAND and batch:
-            self.batches = False
+            self._downgrade(self.version)
             return True
-        return code == ErrorCode.BAD_REQUEST and batch
+        if code == ErrorCode.BAD_REQUEST and batch:
+            self.answered(batch=False, probe=probe)
+            return True
+        return False
+
+    def answered(self, *, batch: bool, probe: bool) -> None:
+        """A command was answered, not refused for its form (`batch`: a batch, with a batch's
+        answer). An answered probe: the coordinator speaks the newest form again."""
+        if probe:
+            self.batches, self.version, self._retry_at = True, PROTOCOL_VERSION, None
+        if batch and self._retry_at is None:
+            self.served = True
+
+    def _downgrade(self, version: int) -> None:
+        self.batches, self.version, self.served = False, version, False
+        self._retry_at = self._clock() + self._relearn_after
 
 
 # -- the verbs ----------------------------------------------------------------------------------
@@ -357,7 +404,7 @@ class _Round:
 
 
 class _Request:
-    __slots__ = ("batch", "done", "link", "live", "round", "token", "version", "waiters")
+    __slots__ = ("batch", "done", "link", "live", "probe", "round", "token", "version", "waiters")
 
     def __init__(
         self,
@@ -365,12 +412,15 @@ class _Request:
         waiters: Sequence[_Waiter[Any]],
         round_: _Round | None,
         version: int,
+        probe: bool,
     ) -> None:
         self.link = link
         self.waiters = waiters
         self.round = round_
         self.batch = len(waiters) > 1
         self.version = version
+        self.probe = probe
+        """It tries the newest form again (`Dialect.probe`)."""
         self.live = len(waiters)
         """Callers still waiting for it: none left, it holds the window no longer."""
         self.done = False
@@ -435,17 +485,22 @@ class _Link(Generic[I]):
         self._tasks: set[asyncio.Task[None]] = set()
 
     def _requests(
-        self, waiters: Sequence[_Waiter[I]], batches: bool
+        self, waiters: Sequence[_Waiter[I]], batches: bool, version: int
     ) -> list[tuple[Sequence[_Waiter[I]], bytes]]:
-        """`waiters` as requests with their payloads: batches (`chunks`), or one each."""
+        """`waiters` as requests in `version` with their payloads: batches (`chunks`), or one
+        each."""
         if not batches:
-            return [([waiter], self._encode([waiter])) for waiter in waiters]
+            return [([waiter], self._encode([waiter], version)) for waiter in waiters]
         limit = self._nc.max_payload - REQUEST_HEADROOM
         size = self._verb.answer_size
-        return chunks(waiters, self._max_items, self._encode, limit, lambda w: size(w.item))
 
-    def _encode(self, waiters: Sequence[_Waiter[I]]) -> bytes:
-        return self._verb.encode([w.item for w in waiters], self._dialect.version)
+        def encoded(part: Sequence[_Waiter[I]]) -> bytes:
+            return self._encode(part, version)
+
+        return chunks(waiters, self._max_items, encoded, limit, lambda w: size(w.item))
+
+    def _encode(self, waiters: Sequence[_Waiter[I]], version: int) -> bytes:
+        return self._verb.encode([w.item for w in waiters], version)
 
 
 class PartitionLink(_Link[I], Generic[I, R]):
@@ -476,10 +531,10 @@ class PartitionLink(_Link[I], Generic[I, R]):
             # a turn later): a caller its answer woke calls again in time to join the round
             # that answer opened.
             async with asyncio.timeout_at(loop.time() + timeout):
-                if not self._dialect.batches:
-                    await self._issue([waiter], None, self._encode([waiter]))
-                else:
+                if self._dialect.batches or self._dialect.probe_due():
                     self._open_if(self._coalescer.submit(waiter))
+                else:
+                    await self._alone(waiter)
                 reply: R = await waiter.future
         except TimeoutError:
             self._abandon(waiter)
@@ -494,7 +549,7 @@ class PartitionLink(_Link[I], Generic[I, R]):
         meanwhile (the callers it woke may join it)."""
         reply = self._decode(msg)
         if isinstance(reply, Error) and self._dialect.refused(
-            reply.code, batch=request.batch, version=request.version
+            reply.code, batch=request.batch, version=request.version, probe=request.probe
         ):
             log.warning(
                 "batch_sent_again_alone" if self._dialect.batches else "coordinator_speaks_older",
@@ -508,11 +563,12 @@ class PartitionLink(_Link[I], Generic[I, R]):
             opened = self._finish(request)
             for waiter in request.waiters:  # nothing was executed: the same, alone
                 if not waiter.future.done():
-                    await self._issue([waiter], None, self._encode([waiter]))
+                    await self._alone(waiter)
         else:
             batch = self._verb.batch_reply if request.batch else None
-            if batch is not None and isinstance(reply, batch):
-                self._dialect.served = True
+            if not isinstance(reply, ActorDeadError):  # nobody heard it: nothing learnt
+                served = batch is not None and isinstance(reply, batch)
+                self._dialect.answered(batch=served, probe=request.probe)
             opened = self._settle(request, answers(reply, len(request.waiters), batch))
         self._open_if(opened)
 
@@ -537,8 +593,13 @@ class PartitionLink(_Link[I], Generic[I, R]):
         waiters = self._coalescer.opened()
         try:
             live = [waiter for waiter in waiters if not waiter.future.done()]
-            for part, payload in self._requests(live, self._dialect.batches):
-                await self._issue(part, round_, payload)
+            if live and self._dialect.probe():  # its first request tries the newest form
+                [(part, payload), *_] = self._requests(live, True, PROTOCOL_VERSION)
+                await self._issue(part, round_, payload, PROTOCOL_VERSION, probe=True)
+                live = live[len(part) :]
+            dialect = self._dialect
+            for part, payload in self._requests(live, dialect.batches, dialect.version):
+                await self._issue(part, round_, payload, dialect.version)
         except Exception as error:
             _hand_out(waiters, answers(error, len(waiters), None))
         finally:  # also when cut off: an empty round must not hold the window
@@ -546,12 +607,24 @@ class PartitionLink(_Link[I], Generic[I, R]):
             if round_.pending == 0:
                 self._open_if(self._coalescer.finished())
 
+    async def _alone(self, waiter: _Waiter[I]) -> None:
+        """Send `waiter` alone, at once, in the version the dialect speaks."""
+        version = self._dialect.version
+        await self._issue([waiter], None, self._encode([waiter], version), version)
+
     async def _issue(
-        self, waiters: Sequence[_Waiter[I]], round_: _Round | None, payload: bytes
+        self,
+        waiters: Sequence[_Waiter[I]],
+        round_: _Round | None,
+        payload: bytes,
+        version: int,
+        *,
+        probe: bool = False,
     ) -> None:
-        """Send one request carrying `waiters`, as part of `round_` (None: outside rounds)."""
+        """Send one request carrying `waiters` in `version`, as part of `round_` (None:
+        outside rounds)."""
         await self._inbox.open()
-        request = _Request(self, waiters, round_, self._dialect.version)
+        request = _Request(self, waiters, round_, version, probe)
         for waiter in waiters:
             waiter.request = request
         if round_ is not None:
@@ -620,7 +693,7 @@ class OnewayLink(_Link[EndItem]):
         self._queue = []
         # A one-way batch is refused whole, unanswered, just as an acknowledged one would be.
         batches = self._dialect.batches and self._dialect.served
-        for part, payload in self._requests(waiters, batches):
+        for part, payload in self._requests(waiters, batches, self._dialect.version):
             try:
                 await self._nc.publish(self.subject, payload)
             except Exception as error:
