@@ -488,8 +488,8 @@ class _Link(Generic[I]):
         self, waiters: Sequence[_Waiter[I]], batches: bool, version: int
     ) -> list[tuple[Sequence[_Waiter[I]], bytes]]:
         """`waiters` as requests in `version` with their payloads: batches (`chunks`), or one
-        each."""
-        if not batches:
+        each (one alone is its own request whatever its size: nothing to count)."""
+        if not batches or len(waiters) == 1:
             return [([waiter], self._encode([waiter], version)) for waiter in waiters]
         limit = self._nc.max_payload - REQUEST_HEADROOM
         size = self._verb.answer_size
