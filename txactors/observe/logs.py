@@ -127,6 +127,14 @@ def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
     return logger
 
 
+def enabled(level: int) -> bool:
+    """Whether a line at `level` (`logging.DEBUG`, ...) is emitted as structlog is configured
+    now: a hot path asks before logging, because a call on an uncached logger costs about
+    2 µs even on a disabled level (the proxy builds the logger first), this under 1 µs."""
+    check = getattr(structlog.get_config()["wrapper_class"], "is_enabled_for", None)
+    return check is None or bool(check(None, level))  # the filtering class ignores `self`
+
+
 class RateLimited:
     """One log line per kind (an error code, a reply pattern) per `LOG_EVERY` seconds, so a
     client flooding bad requests cannot flood the log; the lines held back are counted and

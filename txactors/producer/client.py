@@ -146,15 +146,22 @@ class CoordinatorClient:
     async def _route(self, txid: str) -> int:
         """The partition of `txid`; the count is read the first time (PartitionCountUnknown
         while no coordinator has published one, PartitionCountMismatch against an override)."""
-        count = await self._partitions.get()
-        if len(self._links) != count:
-            self._links = [
-                _Links(
-                    self._nc, p, self.group, self._verb, self._inbox, self._max_items, self._clock
-                )
-                for p in range(count)
-            ]
-        return partition_of(txid, count)
+        if not self._links:  # once read, the count is the links' for good (`PartitionCount`)
+            count = await self._partitions.get()
+            if not self._links:  # the first of the calls that waited for the count
+                self._links = [
+                    _Links(
+                        self._nc,
+                        p,
+                        self.group,
+                        self._verb,
+                        self._inbox,
+                        self._max_items,
+                        self._clock,
+                    )
+                    for p in range(count)
+                ]
+        return partition_of(txid, len(self._links))
 
     async def prepare(
         self, txid: str, messages: list[OutgoingMessage], token: str | None

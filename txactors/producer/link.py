@@ -488,8 +488,8 @@ class _Link(Generic[I]):
         self, waiters: Sequence[_Waiter[I]], batches: bool, version: int
     ) -> list[tuple[Sequence[_Waiter[I]], bytes]]:
         """`waiters` as requests in `version` with their payloads: batches (`chunks`), or one
-        each."""
-        if not batches:
+        each (one alone is its own request whatever its size: nothing to count)."""
+        if not batches or len(waiters) == 1:
             return [([waiter], self._encode([waiter], version)) for waiter in waiters]
         limit = self._nc.max_payload - REQUEST_HEADROOM
         size = self._verb.answer_size
@@ -526,23 +526,40 @@ class PartitionLink(_Link[I], Generic[I, R]):
         client's error when the request could not be sent."""
         loop = asyncio.get_running_loop()
         waiter: _Waiter[I] = _Waiter(item, loop.create_future())
-        try:
-            # The future is awaited directly (not through `wait_for`, which wakes the caller
-            # a turn later): a caller its answer woke calls again in time to join the round
-            # that answer opened.
-            async with asyncio.timeout_at(loop.time() + timeout):
-                if self._dialect.batches or self._dialect.probe_due():
-                    self._open_if(self._coalescer.submit(waiter))
-                else:
+        deadline = loop.time() + timeout
+        if not (self._dialect.batches or self._dialect.probe_due()):
+            try:
+                async with asyncio.timeout_at(deadline):  # the publish is awaited here too
                     await self._alone(waiter)
-                reply: R = await waiter.future
-        except TimeoutError:
-            self._abandon(waiter)
-            raise AskTimeout(f"{self.subject} did not answer within {timeout}s") from None
+                    alone: R = await waiter.future
+            except TimeoutError:
+                self._abandon(waiter)
+                raise AskTimeout(f"{self.subject} did not answer within {timeout}s") from None
+            except BaseException:
+                self._abandon(waiter)
+                raise
+            return alone
+        # Nothing but the future is awaited: a timer that fails it is the whole timeout
+        # (cheaper than `asyncio.timeout`'s scope, one per request). It is awaited directly
+        # (not through `wait_for`, which wakes the caller a turn later): a caller its answer
+        # woke calls again in time to join the round that answer opened.
+        expiry = loop.call_at(deadline, self._expire, waiter, timeout)
+        try:
+            self._open_if(self._coalescer.submit(waiter))
+            reply: R = await waiter.future
         except BaseException:
             self._abandon(waiter)
             raise
+        finally:
+            expiry.cancel()
         return reply
+
+    def _expire(self, waiter: _Waiter[I], timeout: float) -> None:
+        """`waiter`'s time is up: its caller gets `AskTimeout` (and gives it up)."""
+        if not waiter.future.done():
+            waiter.future.set_exception(
+                AskTimeout(f"{self.subject} did not answer within {timeout}s")
+            )
 
     async def answered(self, request: _Request, msg: Msg) -> None:
         """`msg` answers `request`: settle its callers, and open a round of what queued

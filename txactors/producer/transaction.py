@@ -32,18 +32,18 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import enum
-import uuid
+import logging
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
-import anyio
 import structlog
 
 from txactors.errors import ConfigError, PrepareFailed, TransactionStateError, TxActorsError
-from txactors.observe import tracing
+from txactors.observe import logs, tracing
 from txactors.observe.logs import get_logger
 from txactors.producer.client import CoordinatorClient
 from txactors.producer.message import TxMessage
@@ -54,7 +54,7 @@ log = get_logger(__name__)
 
 def new_txid() -> str:
     """128 random bits in hex: unique without coordination, and a valid subject token."""
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()  # 32 hex digits like uuid4().hex, without building a UUID
 
 
 class EndMode(enum.StrEnum):
@@ -102,9 +102,9 @@ class Transaction:
         self.end_mode = end_mode
         self._client = client
         # One request at a time: the first send fixes the token, and an end waits for a send
-        # still in flight. Needed when tasks share a transaction; fast_acquire skips the
-        # event-loop turn an uncontended anyio lock otherwise takes.
-        self._lock = anyio.Lock(fast_acquire=True)
+        # still in flight. Needed when tasks share a transaction. Uncontended, asyncio's lock
+        # takes no event-loop turn and, unlike anyio's, looks up no backend per transaction.
+        self._lock = asyncio.Lock()
         self._token: str | None = None
         self._seqs: list[int] = []
         self._failed_send: str | None = None
@@ -164,12 +164,13 @@ class Transaction:
                 raise
             self._token = self._token or prepared.token
             self._seqs.extend(prepared.seqs)
-            log.debug(
-                "transaction_prepared",
-                txid=self.txid,
-                seqs=prepared.seqs,
-                topics=_topics(messages),
-            )
+            if logs.enabled(logging.DEBUG):  # the line's arguments cost too
+                log.debug(
+                    "transaction_prepared",
+                    txid=self.txid,
+                    seqs=prepared.seqs,
+                    topics=_topics(messages),
+                )
             return tuple(prepared.seqs)
 
     def start_send(self, message: TxMessage | Sequence[TxMessage]) -> asyncio.Task[tuple[int, ...]]:
@@ -274,14 +275,15 @@ class Transaction:
             if state is not None and self._failed_send is not None:
                 self._client.failed_sends.forget(self.txid)  # rolled back: nobody will ask
         result = TransactionResult(self.txid, tuple(self._seqs), decision, state)
-        log.info(
-            "transaction_ended",
-            local_state=decision,
-            state=state,
-            confirmed=result.confirmed,
-            end_mode=self.end_mode,
-            messages=len(self._seqs),
-        )
+        if logs.enabled(logging.INFO):
+            log.info(
+                "transaction_ended",
+                local_state=decision,
+                state=state,
+                confirmed=result.confirmed,
+                end_mode=self.end_mode,
+                messages=len(self._seqs),
+            )
         return result
 
     async def __aenter__(self) -> Self:
@@ -289,8 +291,9 @@ class Transaction:
             txid=self.txid, group=self._client.group
         )
         self._context_bound = True
-        self._span_scope = self.traced()
-        self._span_scope.__enter__()
+        if self._span is not None:  # tracing on: nothing to enter otherwise
+            self._span_scope = self.traced()
+            self._span_scope.__enter__()
         return self
 
     async def __aexit__(
@@ -356,6 +359,8 @@ class Transaction:
     def _finish_span(self, error: BaseException | None = None) -> None:
         """End the transaction's span once, at its first end (a retried end is outside it)."""
         span, self._span = self._span, None
+        if span is None:  # tracing off, or finished already
+            return
         attributes: dict[str, str | int] = {
             "txactors.decision": str(self._decision),
             "txactors.messages": len(self._seqs),
