@@ -308,6 +308,7 @@ async def test_coordinator_command_serves_prometheus_metrics(make_nats_server: o
         )
         assert 'txactors_pending_transactions{partition="0"} 0.0' in text
         assert "txactors_commit_latency_seconds_bucket" in text
+        assert 'txactors_commit_latency_seconds_count{partition="0"} 1.0' in text
     finally:
         await nc.close()
         process.terminate()

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final, TypeVar
+from typing import TypeVar
 
 import msgspec
 from nats.aio.msg import Msg
 
+from txactors.nats.acks import ack_fields
 from txactors.wire.copies import copied_headers
 from txactors.wire.layout import (
     COMMITTED_AT_HEADER,
@@ -26,8 +27,6 @@ from txactors.wire.layout import (
 from txactors.wire.protocol import CONTENT_TYPE_HEADER, Encoding
 
 T = TypeVar("T")
-
-_ACK_TOKENS: Final = 9
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +86,7 @@ def delivered(msg: Msg) -> tuple[ConsumedMessage, int]:
     cheaply (it is most of what a consumer does per message beyond receiving and acking it):
     the ack subject is split once (nats-py's `metadata` also builds a timestamp we never use).
     """
-    stream, seq, deliveries, pending = _ack_fields(msg)
+    stream, seq, deliveries, pending = ack_fields(msg)
     stored = msg.headers or {}
     headers = copied_headers(stored) if stored else {}
     # topic.<topic>.<tag>; the subject, not a header, is what the consumer filtered on.
@@ -108,17 +107,6 @@ def delivered(msg: Msg) -> tuple[ConsumedMessage, int]:
         subject=msg.subject,
     )
     return message, pending
-
-
-def _ack_fields(msg: Msg) -> tuple[str, int, int, int]:
-    """(stream, stream sequence, deliveries, pending) from the ack subject
-    `$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ns>.<pending>`;
-    any other form (a domain's) through nats-py's parser."""
-    tokens = (msg.reply or "").split(".")
-    if len(tokens) == _ACK_TOKENS and tokens[0] == "$JS" and tokens[1] == "ACK":
-        return tokens[2], int(tokens[5]), int(tokens[4]), int(tokens[8])
-    meta = msg.metadata
-    return meta.stream, meta.sequence.stream, meta.num_delivered, meta.num_pending or 0
 
 
 def _seconds(value: str) -> float | None:

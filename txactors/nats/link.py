@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import itertools
-import json
 import time
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
+import msgspec
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
@@ -235,12 +236,25 @@ class AckInbox:
             future.set_exception(nats.js.errors.NoStreamResponseError())
             return
         try:
-            answer = json.loads(msg.data)
+            answer = msgspec.json.decode(msg.data)
             if "error" in answer:
                 nats.js.errors.APIError.from_error(answer["error"])  # raises the typed error
-            future.set_result(PubAck.from_response(answer))
+            future.set_result(pub_ack(answer))
         except Exception as error:  # the typed refusal, or an answer we cannot read
             future.set_exception(error)
+
+
+_PUB_ACK_FIELDS = tuple(field.name for field in dataclasses.fields(PubAck))
+
+
+def pub_ack(answer: dict[str, Any]) -> PubAck:
+    """`PubAck.from_response(answer)` at a third of its cost (it lists the dataclass's fields
+    on every call), for the ack of every write; `batch` and `count` are its batch fields."""
+    if "batch" in answer and "batch_id" not in answer:
+        answer["batch_id"] = answer.pop("batch")
+    if "count" in answer and "batch_size" not in answer:
+        answer["batch_size"] = answer.pop("count")
+    return PubAck(**{name: answer[name] for name in _PUB_ACK_FIELDS if name in answer})
 
 
 class Troubled(TxActorsError):

@@ -33,8 +33,9 @@ class _Waiting:
 
 class Answers:
     def __init__(self, partition: int, metrics: CoordinatorMetrics | None) -> None:
-        self._partition = partition
-        self._metrics = metrics
+        self._latency = None if metrics is None else metrics.commit_latency.labels(str(partition))
+        """The partition's child, looked up once (`labels` per answer costs a lock and a
+        dict lookup of the label tuple)."""
         self._waiting: dict[str, _Waiting] = {}
         self._ids = 0
         self._queue: collections.deque[tuple[Request, Any]] = collections.deque()
@@ -54,9 +55,8 @@ class Answers:
             answer: Any = Error(action.code, action.message)
         else:
             answer = waiting.reply(action.state)
-            if self._metrics is not None and action.state is TxnState.COMMITTED:
-                latency = time.perf_counter() - waiting.since
-                self._metrics.commit_latency.labels(self._partition).observe(latency)
+            if self._latency is not None and action.state is TxnState.COMMITTED:
+                self._latency.observe(time.perf_counter() - waiting.since)
         if waiting.request is not None:
             self.send(waiting.request, answer)
 

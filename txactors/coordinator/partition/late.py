@@ -24,6 +24,7 @@ from nats.js import JetStreamContext
 
 from txactors.coordinator.core.transactions import Checkpoint
 from txactors.coordinator.partition.recovery import read_subject
+from txactors.nats.acks import ack_fields
 from txactors.nats.retry import LINK_TROUBLE, RETRY_MAX, describe
 from txactors.observe.logs import get_logger
 from txactors.wire import layout
@@ -83,7 +84,7 @@ class LateHalves:
                     follow=self._every,
                     headers_only=True,
                 ):
-                    seq = msg.metadata.sequence.stream
+                    seq = ack_fields(msg).seq
                     self._next = seq + 1
                     if seq in self._own:
                         self._own.discard(seq)

@@ -39,6 +39,7 @@ from txactors.coordinator.partition.store import (
     halves_stored,
     read_half,
 )
+from txactors.nats.acks import ack_fields
 from txactors.nats.current import CURRENT_DEADLINE, wait_current
 from txactors.nats.retry import (
     LINK_TROUBLE,
@@ -119,9 +120,9 @@ async def read_subject(
                 continue
             delay = RETRY_INITIAL
             for msg in msgs:
-                next_seq = msg.metadata.sequence.stream + 1
+                next_seq = ack_fields(msg).seq + 1
                 yield msg
-            remaining = msgs[-1].metadata.num_pending if msgs else remaining
+            remaining = ack_fields(msgs[-1]).pending if msgs else remaining
     finally:
         if sub is not None:
             await sub.unsubscribe()
@@ -165,14 +166,14 @@ async def recover(
             body=msg.data,
             reason=f"unreadable in recovery: {type(error).__name__}: {error}",
             stream=stream,
-            seq=msg.metadata.sequence.stream,
+            seq=ack_fields(msg).seq,
         )
 
     async def half(msg: Msg) -> None:
         nonlocal halves
         halves += 1
         try:
-            stored = read_half(msg.metadata.sequence.stream, msg.headers or {}, msg.data)
+            stored = read_half(ack_fields(msg).seq, msg.headers or {}, msg.data)
             table.handle(halves_stored([stored]), now)
         except UNREADABLE as error:
             await unreadable(msg, layout.HALF_STREAM, error)
@@ -182,7 +183,7 @@ async def recover(
     async def op(msg: Msg) -> None:
         nonlocal ops
         ops += 1
-        seq = msg.metadata.sequence.stream
+        seq = ack_fields(msg).seq
         try:
             table.handle(OpReplayed(seq=seq, records=tuple(decode_ops(msg.data))), now)
         except UNREADABLE as error:
@@ -211,7 +212,7 @@ async def read_whole(
     for _ in range(GAP_READS):
         await wait_current(js, stream, deadline=max(0.0, waiting_until - time.monotonic()))
         async for msg in read_subject(js, stream, subject, end + 1):
-            end = msg.metadata.sequence.stream
+            end = ack_fields(msg).seq
             await handle(msg)
         last = await last_seq(js, stream, subject)
         if last <= end:
