@@ -4,7 +4,8 @@
   through the CLI (`python -m txactors.cli coordinator`, as an operator would), and a consumer
   process per run (`bench.e2e_consumer`).
 - `Meter`: CPU seconds of each process (`/proc/<pid>/stat` utime + stime) and the server's
-  own message counts (`/varz` in_msgs / out_msgs) between two snapshots.
+  own message counts (`/varz` in_msgs / out_msgs) between two snapshots, and the same counts
+  per role (`/connz`, each role's connections known by their name, `ROLE_OF_CONNECTION`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,15 @@ PARTITIONS = 2
 """Partitions of the coordinator runs of `bench.transactions`: one process serves both, or two
 processes one each (`bench.scale` runs more)."""
 START_TIMEOUT = 30.0
+PRODUCER_CONNECTION = "bench-producer"
+CONSUMER_CONNECTION = "bench-consumer"
+ROLE_OF_CONNECTION = {
+    "txactors": "coordinator",  # the CLI's connection name (`NatsConfig.name`)
+    PRODUCER_CONNECTION: "producer",
+    CONSUMER_CONNECTION: "consumer",
+}
+"""Role of a client connection by its name, for the per-role message counts; the rest are
+"other" (the raw runs, the bench's own lease reads)."""
 PROFILE_ENV = "TXBENCH_PROFILE"
 """A directory: run the coordinators and consumers under cProfile, one file per process
 there, and profile the producer's runs too (`bench.transactions`). Slows every process down."""
@@ -72,6 +82,8 @@ class Snapshot:
     out_msgs: int
     in_bytes: int
     out_bytes: int
+    connections: dict[int, tuple[str, int, int]]
+    """Per client connection id, open or closed: (role, messages in, messages out)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +100,9 @@ class Usage:
     in_bytes: int
     out_bytes: int
     """Bytes the server received and sent (payloads and headers, as `/varz` counts them)."""
+    msgs_by_role: dict[str, tuple[int, int]]
+    """Messages the server received from and sent to each role's connections (`/connz`):
+    where `in_msgs` and `out_msgs` come from."""
 
 
 @dataclass
@@ -108,7 +123,23 @@ class Deployment:
             data: dict[str, Any] = json.load(answer)
         return data
 
+    def connz(self) -> dict[int, tuple[str, int, int]]:
+        """Every client connection, closed ones too (a consumer process closes its own before
+        the run's last snapshot): id -> (role, messages in, messages out)."""
+        url = f"http://127.0.0.1:{self.monitor_port}/connz?state=all&limit=100000"
+        with urllib.request.urlopen(url) as answer:
+            data: dict[str, Any] = json.load(answer)
+        return {
+            c["cid"]: (
+                ROLE_OF_CONNECTION.get(c.get("name", ""), "other"),
+                c["in_msgs"],
+                c["out_msgs"],
+            )
+            for c in data["connections"] or ()
+        }
+
     def snapshot(self) -> Snapshot:
+        connections = self.connz()
         varz = self.varz()
         roles = {"producer": [os.getpid()], "nats-server": [self.server.pid or 0], **self.roles}
         times = {role: [cpu_seconds(pid) for pid in pids] for role, pids in roles.items()}
@@ -122,10 +153,16 @@ class Deployment:
             varz["out_msgs"],
             varz["in_bytes"],
             varz["out_bytes"],
+            connections,
         )
 
     @staticmethod
     def usage(before: Snapshot, after: Snapshot) -> Usage:
+        by_role: dict[str, tuple[int, int]] = {}
+        for cid, (role, in_msgs, out_msgs) in after.connections.items():
+            _, in_before, out_before = before.connections.get(cid, (role, 0, 0))
+            was_in, was_out = by_role.get(role, (0, 0))
+            by_role[role] = (was_in + in_msgs - in_before, was_out + out_msgs - out_before)
         return Usage(
             after.at - before.at,
             {role: after.cpu[role] - before.cpu.get(role, 0.0) for role in after.cpu},
@@ -134,6 +171,7 @@ class Deployment:
             after.out_msgs - before.out_msgs,
             after.in_bytes - before.in_bytes,
             after.out_bytes - before.out_bytes,
+            by_role,
         )
 
     def _log(self, name: str) -> IO[bytes]:

@@ -17,6 +17,7 @@ import time
 import anyio
 import nats
 
+from bench.deployed import CONSUMER_CONNECTION
 from txactors.consumer import ConsumedMessage, Consumer
 from txactors.observe.logs import configure_logging
 
@@ -36,7 +37,7 @@ async def consume(url: str, topic: str, count: int) -> None:
         if len(latencies) == count:
             all_in.set()
 
-    nc = await nats.connect(url)
+    nc = await nats.connect(url, name=CONSUMER_CONNECTION)
     try:
         async with Consumer(nc, topic, "bench", handle, concurrency=64):
             print("ready", flush=True)

@@ -45,7 +45,14 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import checker, raw
-from bench.deployed import PARTITIONS, PROFILE_ENV, Deployment, Usage, deployment
+from bench.deployed import (
+    PARTITIONS,
+    PRODUCER_CONNECTION,
+    PROFILE_ENV,
+    Deployment,
+    Usage,
+    deployment,
+)
 from txactors.embedded.server import Fsync
 from txactors.observe.logs import configure_logging
 from txactors.producer import Decision, TransactionProducer, TxMessage
@@ -120,7 +127,15 @@ class Run:
         return (cpu.get(role, 0.0) if role else sum(cpu.values())) / self.count * 1e3
 
     def msgs(self) -> str:
-        return f"{self.usage.in_msgs / self.count:.1f} / {self.usage.out_msgs / self.count:.1f}"
+        return f"{self.usage.in_msgs / self.count:.2f} / {self.usage.out_msgs / self.count:.2f}"
+
+    def msgs_split(self) -> str:
+        """Messages in per operation by the role that sent them, most first."""
+        by_role = self.usage.msgs_by_role
+        roles = sorted(by_role, key=lambda r: -by_role[r][0])
+        return ", ".join(
+            f"{r} {by_role[r][0] / self.count:.3f}" for r in roles if by_role[r][0] > 0
+        )
 
     def bytes(self) -> float:
         """Bytes on the wire per operation, in and out of the server together."""
@@ -274,7 +289,7 @@ class Report:
         )
         in_msgs, out_msgs = (n / run.count for n in (run.usage.in_msgs, run.usage.out_msgs))
         self.row(
-            "  NATS msgs in / out per txn (server's count)",
+            f"  NATS msgs in / out per txn (server's count; in by role: {run.msgs_split()})",
             run.msgs(),
             base.msgs(),
             "-",
@@ -346,7 +361,7 @@ async def coordinated(
 
 async def rates(report: Report, setting: Fsync) -> None:
     async with deployment(setting) as dep:
-        nc = await nats.connect(dep.url)
+        nc = await nats.connect(dep.url, name=PRODUCER_CONNECTION)
         try:
             raws = report.raw(setting, await raw_runs(dep, nc, report.scale))
             for processes in (1,) if os.environ.get(ACKED_ONLY_ENV) else (1, 2):
@@ -358,7 +373,7 @@ async def rates(report: Report, setting: Fsync) -> None:
 async def paced_only(report: Report, pace: float) -> None:
     """The paced rows alone at `pace` tx/s (`PACE_ENV`), fsync `always`, one coordinator."""
     async with deployment("always") as dep, dep.coordinators(1):
-        nc = await nats.connect(dep.url)
+        nc = await nats.connect(dep.url, name=PRODUCER_CONNECTION)
         try:
             for end, options in END_VARIANTS.items():
                 async with TransactionProducer(
