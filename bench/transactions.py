@@ -129,12 +129,13 @@ class Run:
     def msgs(self) -> str:
         return f"{self.usage.in_msgs / self.count:.2f} / {self.usage.out_msgs / self.count:.2f}"
 
-    def msgs_split(self) -> str:
-        """Messages in per operation by the role that sent them, most first."""
+    def msgs_split(self, way: int = 0) -> str:
+        """Messages per operation by role, most first: `way` 0 the server received from the
+        role, 1 it sent to the role (a coordinator's: its requests and one ack per write)."""
         by_role = self.usage.msgs_by_role
-        roles = sorted(by_role, key=lambda r: -by_role[r][0])
+        roles = sorted(by_role, key=lambda r: -by_role[r][way])
         return ", ".join(
-            f"{r} {by_role[r][0] / self.count:.3f}" for r in roles if by_role[r][0] > 0
+            f"{r} {by_role[r][way] / self.count:.3f}" for r in roles if by_role[r][way] > 0
         )
 
     def bytes(self) -> float:
@@ -289,7 +290,8 @@ class Report:
         )
         in_msgs, out_msgs = (n / run.count for n in (run.usage.in_msgs, run.usage.out_msgs))
         self.row(
-            f"  NATS msgs in / out per txn (server's count; in by role: {run.msgs_split()})",
+            f"  NATS msgs in / out per txn (server's count; in by role: {run.msgs_split()}; "
+            f"out by role: {run.msgs_split(1)})",
             run.msgs(),
             base.msgs(),
             "-",
