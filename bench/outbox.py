@@ -8,8 +8,11 @@ On a fresh embedded nats-server with `sync_interval: always` and the test Postgr
   between loses the message;
 - `txactors`: `AsyncpgTxLog.send_in_transaction` (the row and the log row in one local
   transaction, the prepare out meanwhile, then the acked end), the coordinator in its own
-  process started by the CLI; and `txactors, prepare first`, the same with the prepare
-  awaited before the local transaction starts (as before issue 21's item 6);
+  process started by the CLI; `txactors, one-way end`, the same with the one-way end (the
+  call returns after the local commit and the end's publish, as an outbox's returns after
+  its commit: the message is still guaranteed, the halves being stored before the commit
+  and a lost end settled by the check-back); and `txactors, prepare first`, the acked calls
+  with the prepare awaited before the local transaction starts (as before issue 21's item 6);
 - `nats-outbox`, `faststream-outbox` (the optional `bench-outbox` extra, when installed): the
   row and an outbox row in one transaction, each package's relay in a process of its own.
 
@@ -67,6 +70,9 @@ Call = Callable[[bytes], Awaitable[None]]
 Way = Callable[[str, int], contextlib.AbstractAsyncContextManager[Call]]
 """A way to do the job: for a topic and a number of PostgreSQL connections, its call (and
 whatever serves it: a relay) while entered."""
+ONEWAY = "txactors, one-way end"
+"""The same calls ending one-way: what the caller waits for is then what an outbox's waits
+for (the local commit), like with like."""
 SERIAL = "txactors, prepare first"
 """The same calls with the prepare awaited before the local transaction starts: what the
 overlap saves."""
@@ -199,21 +205,27 @@ async def ways(dep: Deployment, nc: Client) -> AsyncIterator[dict[str, Way]]:
     async with (
         dep.coordinators(1),
         TransactionProducer(nc, GROUP, check, partitions=PARTITIONS) as producer,
+        TransactionProducer(
+            nc, GROUP, check, partitions=PARTITIONS, end_mode="oneway"
+        ) as oneway_producer,
     ):
 
-        @contextlib.asynccontextmanager
-        async def txactors(topic: str, connections: int) -> AsyncIterator[Call]:
-            async with asyncpg_pool(connections) as pool:
-                txlog = logs[GROUP] = AsyncpgTxLog(pool, GROUP)
-                await txlog.create_table()
+        def sending(through: TransactionProducer) -> Way:
+            @contextlib.asynccontextmanager
+            async def txactors(topic: str, connections: int) -> AsyncIterator[Call]:
+                async with asyncpg_pool(connections) as pool:
+                    txlog = logs[GROUP] = AsyncpgTxLog(pool, GROUP)
+                    await txlog.create_table()
 
-                async def call(body: bytes) -> None:
-                    async def work(conn: Any, txid: str) -> None:
-                        await conn.execute(f"INSERT INTO {ORDERS} (body) VALUES ($1)", body)
+                    async def call(body: bytes) -> None:
+                        async def work(conn: Any, txid: str) -> None:
+                            await conn.execute(f"INSERT INTO {ORDERS} (body) VALUES ($1)", body)
 
-                    await txlog.send_in_transaction(producer, TxMessage(topic, body), work)
+                        await txlog.send_in_transaction(through, TxMessage(topic, body), work)
 
-                yield call
+                    yield call
+
+            return txactors
 
         @contextlib.asynccontextmanager
         async def serial(topic: str, connections: int) -> AsyncIterator[Call]:
@@ -235,7 +247,13 @@ async def ways(dep: Deployment, nc: Client) -> AsyncIterator[dict[str, Way]]:
                 yield call
 
         packages = {name: package(name) for name in outbox_relays.available()}
-        yield {"naive": naive, "txactors": txactors, SERIAL: serial, **packages}
+        yield {
+            "naive": naive,
+            "txactors": sending(producer),
+            ONEWAY: sending(oneway_producer),
+            SERIAL: serial,
+            **packages,
+        }
 
 
 def report(runs: list[Run], raw_p50: float, rounds: int) -> Table:
@@ -254,7 +272,7 @@ def report(runs: list[Run], raw_p50: float, rounds: int) -> Table:
             if way == "txactors" and workers == 64:
                 cells[0] += f" {'✓' if ratio >= TARGET_NAIVE_64 else '✗'} >= {TARGET_NAIVE_64}"
             latency = f"{p50 * 1e3:.2f} / {percentile(latencies, 0.99) * 1e3:.2f}"
-            if way == "txactors" and workers == 1:
+            if way in ("txactors", ONEWAY) and workers == 1:
                 times = p50 / raw_p50
                 ok = "✓" if times <= TARGET_C1_LATENCY else "✗"
                 latency += f" ({times:.1f}x one acked publish {ok} <= {TARGET_C1_LATENCY:g}x)"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,8 @@ import pytest_asyncio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.support.txlogs import BACKENDS, Backend, SqliteBackend, backend
+from tests.support.roundtrips import TurnCounter, counting_proxy
+from tests.support.txlogs import BACKENDS, PG_DSN, Backend, SqliteBackend, backend
 from txactors.coordinator.core.config import CoordinatorConfig
 from txactors.errors import RolledBackByCheck
 from txactors.producer import CheckView, Decision
@@ -278,3 +280,98 @@ async def _now_after_a_tick() -> float:
     now = time.time()
     await anyio.sleep(0.05)
     return now
+
+
+# -- PostgreSQL: round trips and durability of the log's own statements -------------------
+
+
+@asynccontextmanager
+async def pg_log_through_proxy(driver: str) -> AsyncIterator[tuple[TxLog[Any], TurnCounter]]:
+    """`driver`'s log on one connection through a round-trip counter, in a session whose
+    default is `synchronous_commit = off` (as a server, database or role default can be)."""
+    from urllib.parse import urlsplit
+
+    import asyncpg  # type: ignore[import-untyped]
+    import psycopg_pool
+
+    from txactors.producer.txlog.pg_asyncpg import AsyncpgTxLog
+    from txactors.producer.txlog.pg_psycopg import PsycopgTxLog
+
+    server = urlsplit(PG_DSN)
+    async with counting_proxy(server.hostname or "127.0.0.1", server.port or 5432) as (port, seen):
+        user, database = server.username or "postgres", server.path.lstrip("/")
+        txlog: TxLog[Any]
+        if driver == "asyncpg":
+            pool = await asyncpg.create_pool(
+                f"postgresql://{user}@127.0.0.1:{port}/{database}",
+                min_size=1,
+                max_size=1,
+                server_settings={"synchronous_commit": "off"},
+            )
+            txlog = AsyncpgTxLog(pool, new_group())
+            close = pool.close
+        else:
+            ps_pool = psycopg_pool.AsyncConnectionPool(
+                f"host=127.0.0.1 port={port} user={user} dbname={database} "
+                "options='-c synchronous_commit=off'",
+                min_size=1,
+                max_size=1,
+                open=False,
+            )
+            await ps_pool.open()
+            txlog = PsycopgTxLog(ps_pool, new_group())
+            close = ps_pool.close
+        try:
+            await txlog.create_table()
+            yield txlog, seen
+        finally:
+            await close()
+
+
+async def show_synchronous_commit(conn: Any) -> str:
+    if hasattr(conn, "fetchval"):  # asyncpg
+        return str(await conn.fetchval("SHOW synchronous_commit"))
+    cursor = await conn.execute("SHOW synchronous_commit")
+    row = await cursor.fetchone()
+    return str(row[0])
+
+
+@pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
+async def test_a_postgres_local_transaction_is_four_round_trips(driver: str) -> None:
+    """BEGIN, the log row (which makes the commit durable too), the work, COMMIT: every
+    round trip of the log's own is one the caller waits for, at any concurrency. (Giving
+    the connection back to the pool is the pool's: asyncpg's resets it, one more.)"""
+    async with pg_log_through_proxy(driver) as (txlog, seen):
+
+        async def local_transaction() -> int:
+            before = seen.turns
+            async with txlog.local() as local:
+                await txlog.record(local.connection, uuid.uuid4().hex)
+                await local.connection.execute("SELECT 1")  # the user's work
+                await local.commit()
+                turns = seen.turns - before  # not the pool's reset after
+            return turns
+
+        async def claim() -> int:
+            before = seen.turns
+            assert await txlog.claim(uuid.uuid4().hex)
+            return seen.turns - before
+
+        await local_transaction()  # the driver prepares each statement once
+        await claim()
+        assert await local_transaction() == 4
+        # A check-back's claim: one statement (its own transaction), then the pool's reset;
+        # psycopg's BEGIN, the statement, COMMIT.
+        assert await claim() == (2 if driver == "asyncpg" else 3)
+
+
+@pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
+async def test_a_postgres_record_makes_its_transaction_durable(driver: str) -> None:
+    """The session says `synchronous_commit = off`; the transaction that records a txid
+    commits with `on` all the same, and only that transaction."""
+    async with pg_log_through_proxy(driver) as (txlog, _), txlog.local() as local:
+        assert await show_synchronous_commit(local.connection) == "off"
+        await txlog.record(local.connection, uuid.uuid4().hex)
+        assert await show_synchronous_commit(local.connection) == "on"
+        await local.commit()
+        assert await show_synchronous_commit(local.connection) == "off"

@@ -96,12 +96,15 @@ class TxLog(ABC, Generic[C]):
     @abstractmethod
     async def record(self, conn: C, txid: str) -> None:
         """Record `txid` as committed, on `conn`, inside the caller's open local transaction:
-        it commits or rolls back with the business change. Raises `RolledBackByCheck`
-        when a check-back claimed the txid first; the transaction must then roll back."""
+        it commits or rolls back with the business change, and its commit is durable (on
+        PostgreSQL this statement sets `synchronous_commit = on` for the transaction). Raises
+        `RolledBackByCheck` when a check-back claimed the txid first; the transaction must
+        then roll back."""
 
     @abstractmethod
     def local(self) -> AbstractAsyncContextManager[OpenLocal[C]]:
-        """Open a durable local transaction on a connection of this database."""
+        """Open a local transaction on a connection of this database (`record` in it makes
+        its commit durable)."""
 
     @abstractmethod
     async def lookup(self, txid: str) -> str | None:

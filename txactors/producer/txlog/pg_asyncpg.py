@@ -3,7 +3,9 @@
 `AsyncpgTxLog(pool, group)`: local transactions of the one-call form and check-backs each
 take a connection of the pool, so a check never runs inside a transaction the service has
 open. `record(conn, txid)` works on any asyncpg connection in a transaction; its failure
-on the key aborts that transaction (PostgreSQL refuses to commit it).
+on the key aborts that transaction (PostgreSQL refuses to commit it). A local transaction of
+the one-call form is four round trips: BEGIN, the log row (which also makes the commit
+durable, see `postgres`), the user's work, COMMIT; a claim is one (a statement of its own).
 """
 
 from __future__ import annotations
@@ -18,14 +20,17 @@ import anyio
 from txactors.observe.logs import get_logger
 from txactors.producer.txlog.decide import COMMITTED, ROLLED_BACK
 from txactors.producer.txlog.log import PRUNE_BATCH, TxLog, duplicate_txid, unavailable_raised
-from txactors.producer.txlog.postgres import DDL_LOCK, DURABLE, UNIQUE_VIOLATION, is_transient
+from txactors.producer.txlog.postgres import (
+    DDL_LOCK,
+    UNIQUE_VIOLATION,
+    durable_insert,
+    is_transient,
+)
 from txactors.producer.txlog.schema import CREATE_INDEX, CREATE_TABLE, TABLE
 
 log = get_logger(__name__)
 
-_INSERT = (
-    f"INSERT INTO {TABLE} (producer_group, txid, decision, recorded_at) VALUES ($1, $2, $3, $4)"
-)
+_INSERT = durable_insert("$1, $2, $3, $4")
 
 
 class AsyncpgLocal:
@@ -69,7 +74,6 @@ class AsyncpgTxLog(TxLog[Any]):
             await transaction.start()
             local = AsyncpgLocal(conn, transaction)
             try:
-                await conn.execute(DURABLE)
                 yield local
             finally:
                 if not local.committed:
@@ -88,8 +92,7 @@ class AsyncpgTxLog(TxLog[Any]):
 
     async def claim(self, txid: str) -> bool:
         with unavailable_raised(is_transient):
-            async with self._pool.acquire() as conn, conn.transaction():
-                await conn.execute(DURABLE)
+            async with self._pool.acquire() as conn:  # its own transaction, durable
                 status = await conn.execute(
                     f"{_INSERT} ON CONFLICT DO NOTHING", self.group, txid, ROLLED_BACK, time.time()
                 )

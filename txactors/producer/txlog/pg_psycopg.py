@@ -4,7 +4,8 @@
 of the one-call form and check-backs each take a connection of the pool, so a check never
 runs inside a transaction the service has open. `record(conn, txid)` works on any psycopg
 `AsyncConnection` in a transaction; its failure on the key aborts that transaction
-(PostgreSQL refuses to commit it).
+(PostgreSQL refuses to commit it). The log row's INSERT also makes its transaction's commit
+durable (see `postgres`): no statement of its own for that.
 """
 
 from __future__ import annotations
@@ -26,15 +27,13 @@ from txactors.producer.txlog.log import (
     duplicate_txid,
     unavailable_raised,
 )
-from txactors.producer.txlog.postgres import DDL_LOCK, DURABLE, is_transient
+from txactors.producer.txlog.postgres import DDL_LOCK, durable_insert, is_transient
 from txactors.producer.txlog.schema import CREATE_INDEX, CREATE_TABLE, TABLE
 
 log = get_logger(__name__)
 
 Connection = psycopg.AsyncConnection[Any]
-_INSERT = (
-    f"INSERT INTO {TABLE} (producer_group, txid, decision, recorded_at) VALUES (%s, %s, %s, %s)"
-)
+_INSERT = durable_insert("%s, %s, %s, %s")
 
 
 class PsycopgPool(Protocol):
@@ -67,8 +66,7 @@ class PsycopgTxLog(TxLog[Connection]):
     async def local(self) -> AsyncIterator[ConnectionLocal[Connection]]:
         async with self._pool.connection() as conn:
             local = ConnectionLocal(conn)
-            try:
-                await conn.execute(DURABLE)  # begins the transaction (autocommit is off)
+            try:  # the first statement begins the transaction (autocommit is off)
                 yield local
             finally:
                 if not local.committed:
@@ -89,7 +87,6 @@ class PsycopgTxLog(TxLog[Connection]):
     async def claim(self, txid: str) -> bool:
         with unavailable_raised(_unavailable):
             async with self._pool.connection() as conn:
-                await conn.execute(DURABLE)
                 cursor = await conn.execute(
                     f"{_INSERT} ON CONFLICT DO NOTHING",
                     (self.group, txid, ROLLED_BACK, time.time()),
