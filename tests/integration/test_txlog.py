@@ -375,3 +375,36 @@ async def test_a_postgres_record_makes_its_transaction_durable(driver: str) -> N
         assert await show_synchronous_commit(local.connection) == "on"
         await local.commit()
         assert await show_synchronous_commit(local.connection) == "off"
+
+
+async def test_a_postgres_record_through_sqlalchemy_makes_its_transaction_durable() -> None:
+    """The same promise through SQLAlchemy's engine: a session default of `off` does not
+    reach the transaction that records a txid, nor a check-back's claim."""
+    import sqlalchemy as sa
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from tests.support.txlogs import PG_ALCHEMY_URL
+    from txactors.producer.txlog.alchemy import SqlAlchemyTxLog
+
+    engine = create_async_engine(
+        PG_ALCHEMY_URL,
+        poolclass=sa.NullPool,
+        connect_args={"server_settings": {"synchronous_commit": "off"}},
+    )
+    try:
+        txlog = SqlAlchemyTxLog(engine, new_group())
+        await txlog.create_table()
+        show = sa.text("SHOW synchronous_commit")
+        async with txlog.local() as local:
+            assert (await local.connection.execute(show)).scalar_one() == "off"
+            await txlog.record(local.connection, uuid.uuid4().hex)
+            assert (await local.connection.execute(show)).scalar_one() == "on"
+            await local.commit()
+        assert await txlog.claim(uuid.uuid4().hex)
+        txid = uuid.uuid4().hex
+        async with txlog.local() as local:
+            await txlog.record(local.connection, txid)
+            await local.commit()
+        assert await check(txlog, txid) == Decision.COMMIT
+    finally:
+        await engine.dispose()

@@ -10,8 +10,10 @@ sees the latest commit.
 
 MySQL and MariaDB keep a transaction open after a statement failed: when `record` raises
 `RolledBackByCheck`, let the error propagate so the transaction rolls back (the one-call
-form does). Durability is the server's: InnoDB's `innodb_flush_log_at_trx_commit = 1`
-(its default) flushes the log at each commit.
+form does). Durability: on PostgreSQL the log row's INSERT sets `synchronous_commit = on`
+for its transaction, as the asyncpg and psycopg logs do (see `postgres`), whatever the
+server's or session's default; on MySQL and MariaDB it is the server's, InnoDB's
+`innodb_flush_log_at_trx_commit = 1` (its default) flushing the log at each commit.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from txactors.producer.txlog.log import (
     duplicate_txid,
     unavailable_raised,
 )
+from txactors.producer.txlog.postgres import durable_insert
 from txactors.producer.txlog.schema import (
     DECISION_LENGTH,
     GROUP_LENGTH,
@@ -57,6 +60,10 @@ table: Final = sa.Table(
     sa.Index(INDEX, "producer_group", "recorded_at"),
 )
 """The same table as `schema.CREATE_TABLE`, for `metadata.create_all` or Alembic."""
+_DURABLE_PG_INSERT: Final = sa.text(
+    durable_insert(":producer_group, :txid, :decision, :recorded_at")
+)
+"""PostgreSQL's log row, committed with `synchronous_commit = on` (see `postgres`)."""
 
 
 class SqlAlchemyTxLog(TxLog[AsyncConnection]):
@@ -65,6 +72,9 @@ class SqlAlchemyTxLog(TxLog[AsyncConnection]):
     def __init__(self, engine: AsyncEngine, group: str) -> None:
         super().__init__(group)
         self._engine = engine
+        self._insert: sa.Executable = (
+            _DURABLE_PG_INSERT if engine.dialect.name == "postgresql" else table.insert()
+        )
 
     async def create_table(self) -> None:
         async with self._engine.begin() as conn:
@@ -72,7 +82,7 @@ class SqlAlchemyTxLog(TxLog[AsyncConnection]):
 
     async def record(self, conn: AsyncConnection, txid: str) -> None:
         try:
-            await conn.execute(table.insert().values(self._row(txid, COMMITTED)))
+            await conn.execute(self._insert, self._row(txid, COMMITTED))
         except IntegrityError as error:
             raise duplicate_txid(self.group, txid) from error
 
@@ -101,7 +111,7 @@ class SqlAlchemyTxLog(TxLog[AsyncConnection]):
         with unavailable_raised(_unavailable):
             try:
                 async with self._engine.begin() as conn:
-                    await conn.execute(table.insert().values(self._row(txid, ROLLED_BACK)))
+                    await conn.execute(self._insert, self._row(txid, ROLLED_BACK))
             except IntegrityError:
                 return False  # recorded first: the row says what happened
         return True
