@@ -51,7 +51,8 @@ def test_headers_are_sent_as_nats_py_sends_them(headers: dict[str, str]) -> None
 
 def test_a_committed_message_block() -> None:
     headers = {"Nats-Msg-Id": "tx1:0", "Txn-Id": " tx1\r\n", " K ": "a\nb"}
-    assert header_block(headers) == b"NATS/1.0\r\nNats-Msg-Id: tx1:0\r\nTxn-Id: tx1\r\nK: a b\r\n\r\n"
+    expected = b"NATS/1.0\r\nNats-Msg-Id: tx1:0\r\nTxn-Id: tx1\r\nK: a b\r\n\r\n"
+    assert header_block(headers) == expected
 
 
 def test_an_invalid_name_is_refused_as_nats_py_refuses_it() -> None:

@@ -277,11 +277,13 @@ class PipelinedWriter:
             while self._queued and len(taken) < BATCH_MESSAGES:
                 slot = self._queued.popleft()
                 a = slot.append
-                if a.stream == stream and self._fits(a) and size + _size(a) <= BATCH_BYTES:
-                    taken.append(slot)
-                    size += _size(a)
-                else:
-                    kept.append(slot)
+                if a.stream == stream and self._fits(a):
+                    grown = size + _size(a)
+                    if grown <= BATCH_BYTES:
+                        taken.append(slot)
+                        size = grown
+                        continue
+                kept.append(slot)
             self._queued.extendleft(reversed(kept))
         return _Batch(taken, link_generation(self._nc))
 
