@@ -209,10 +209,16 @@ def record_decisions(
         span.end()
 
 
-def record_publish(headers: MutableMapping[str, str], txid: str, msg_id: str, topic: str) -> None:
-    """If `headers` (a committed message's, built from its half) carry a trace context:
-    record the publish as its child and make the message carry the publish span's context."""
-    found = tracer()
+def record_publish(
+    found: trace.Tracer | None,
+    headers: MutableMapping[str, str],
+    txid: str,
+    msg_id: str,
+    topic: str,
+) -> None:
+    """If tracing is on (`found`: `tracer()`, or a `RecentTracer`'s) and `headers` (a
+    committed message's, built from its half) carry a trace context: record the publish in
+    `found` as its child and make the message carry the publish span's context."""
     if found is None or not has_context(headers):
         return
     attributes = {"txactors.txid": txid, "txactors.msg_id": msg_id, "txactors.topic": topic}
