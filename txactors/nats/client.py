@@ -102,8 +102,9 @@ class TolerantClient(Client):
     ) -> None:
         """nats-py 2.16's, with the header block from `header_block`: nats-py checks every
         name with a regular expression and translates every value (a per-character charmap),
-        about a tenth of what the coordinator spends per transaction. Anything unusual (no
-        headers, an empty or invalid name, no subject) goes nats-py's own way."""
+        15% of the coordinator's instructions per transaction at 64 in flight (callgrind).
+        Anything unusual (no headers, an empty or invalid name, no subject) goes nats-py's
+        own way."""
         block = None if headers is None or not subject else header_block(headers)
         if block is None:
             await super()._send_publish(subject, reply, payload, payload_size, headers)
