@@ -339,9 +339,10 @@ from txactors.observe import tracing
 from txactors.producer import TransactionProducer  # the hooked modules import fine
 from txactors.consumer import Consumer
 from txactors.coordinator.partition.actor import PartitionCoordinator
-assert tracing.tracer() is None and tracing.start_transaction("t", "g") is None
+assert tracing.tracer() is None and tracing.RecentTracer()() is None
+assert tracing.start_transaction("t", "g", None) is None
 headers = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
-tracing.record_publish(headers, "t", "t:0", "orders")
+tracing.record_publish(tracing.tracer(), headers, "t", "t:0", "orders")
 assert headers == {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
 with tracing.current(None):
     pass

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 
 import msgspec
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from txactors.coordinator.boundary import half_header_bytes
@@ -136,3 +136,22 @@ def test_a_time_in_a_header_is_never_later_than_it_was(seconds: float) -> None:
     written = float(seconds_text(seconds))
     assert written <= seconds
     assert seconds - written < 0.0011
+
+
+def _seconds_text_by_round(seconds: float) -> str:
+    """`seconds_text` as it was first written: what its shortcut must give, text for text."""
+    rounded = round(seconds, 3)
+    if rounded > seconds:
+        rounded = round(rounded - 0.001, 3)
+    return repr(rounded)
+
+
+@settings(max_examples=5000)
+@given(
+    st.floats(min_value=0.5, max_value=2e12)
+    | st.floats(allow_nan=False)
+    | st.integers(1, 10**12).map(lambda ms: ms / 1000)
+    | st.integers(1, 10**12).map(lambda ms: ms / 1000 - 0.0005)
+)
+def test_a_time_is_written_as_rounding_writes_it(seconds: float) -> None:
+    assert seconds_text(seconds) == _seconds_text_by_round(seconds)

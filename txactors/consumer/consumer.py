@@ -39,12 +39,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections import deque
 from collections.abc import Sequence
 from contextlib import AsyncExitStack, suppress
 from types import TracebackType
-from typing import TYPE_CHECKING, Final, Self
+from typing import Final, Self
 
 import anyio
 import anyio.abc
@@ -71,9 +70,6 @@ from txactors.wire.layout import (
     validate_name,
 )
 
-if TYPE_CHECKING:
-    from opentelemetry.trace import Tracer  # the `otel` extra
-
 __all__ = ["Consumer", "Handler"]
 
 RETRY_BACKLOG: Final = 1000
@@ -89,8 +85,6 @@ _STATUS: Final = "Status"
 _HEARTBEAT: Final = "100"
 _PULL_DONE: Final = frozenset({"404", "408"})  # no messages / the request expired
 _FLUSH_TIMEOUT: Final = 5
-TRACER_TTL: Final = 1.0
-"""Seconds a looked-up tracer (or its absence) is used before the next lookup."""
 
 log = get_logger(__name__)
 
@@ -157,8 +151,7 @@ class Consumer:
         self._ready: deque[Msg] = deque()  # taken, no worker yet
         self._in_handler: dict[int, Msg] = {}  # whose handler runs, by id: kept alive
         self._idle: list[asyncio.Future[None]] = []  # one per parked worker
-        self._tracer_found: Tracer | None = None
-        self._tracer_due = 0.0  # when to look the tracer up again
+        self._tracer = tracing.RecentTracer()
         self._waking = 0  # workers woken that have not taken a message yet
         self._exit_stack: AsyncExitStack | None = None
         self.metrics = metrics or ConsumerMetrics()
@@ -363,14 +356,6 @@ class Consumer:
         if self._ready and not self._waking and self._idle:
             self._waking += 1
             self._idle.pop().set_result(None)
-
-    def _tracer(self) -> Tracer | None:
-        """`tracing.tracer()`, looked up at most once per `TRACER_TTL` (a lookup costs as much
-        as a small message's handling): a provider set later is used within that time."""
-        now = time.monotonic()
-        if now >= self._tracer_due:
-            self._tracer_found, self._tracer_due = tracing.tracer(), now + TRACER_TTL
-        return self._tracer_found
 
     async def _work(self) -> None:
         """Take ready messages one by one; when none are left, send the batch's acks, park

@@ -20,6 +20,7 @@ instead of staying up serving nothing.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Final
@@ -28,6 +29,7 @@ import anyio
 import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.protocol.command import hpub_cmd
 
 from txactors.errors import NatsConnectionLost, TxActorsError
 from txactors.observe.logs import get_logger
@@ -38,6 +40,15 @@ It contains spaces, which no parsed header name can, so no client can forge or s
 
 WATCH_INTERVAL: Final = 0.5
 """How often `watch_connection` looks at a client it cannot hook into."""
+
+HEADER_NAMES_KEPT: Final = 4096
+"""Header names remembered as valid by `header_block` (a bound: names are the user's too)."""
+
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+"""A name nats-py 2.16 sends (`_HEADER_KEY_RE`); it refuses any other."""
+_NEWLINES = str.maketrans({"\r": " ", "\n": " "})
+_valid_names: dict[str, str] = {}
+"""Name as given -> as sent (stripped), for names already found valid."""
 
 log = get_logger(__name__)
 
@@ -81,10 +92,53 @@ class TolerantClient(Client):
             out[key] = value.strip().decode("utf-8", "replace")
         return out
 
+    async def _send_publish(
+        self,
+        subject: str,
+        reply: str,
+        payload: bytes,
+        payload_size: int,
+        headers: dict[str, Any] | None,
+    ) -> None:
+        """nats-py 2.16's, with the header block from `header_block`: nats-py checks every
+        name with a regular expression and translates every value (a per-character charmap),
+        15% of the coordinator's instructions per transaction at 64 in flight (callgrind).
+        Anything unusual (no headers, an empty or invalid name, no subject) goes nats-py's
+        own way."""
+        block = None if headers is None or not subject else header_block(headers)
+        if block is None:
+            await super()._send_publish(subject, reply, payload, payload_size, headers)
+            return
+        self.stats["out_msgs"] += 1
+        self.stats["out_bytes"] += payload_size
+        await self._send_command(hpub_cmd(subject, reply, block, payload))
+        if self._flush_queue is not None and self._flush_queue.empty():
+            await self._flush_pending()
+
     async def _read_loop(self) -> None:
         await super()._read_loop()
         if _serving(self):  # it ended on an error that nats-py only logged
             await _reconnect(self)
+
+
+def header_block(headers: dict[str, Any]) -> bytes | None:
+    """The header block nats-py 2.16 sends for `headers`, byte for byte, or None if a name is
+    empty or invalid once stripped (nats-py skips or refuses it). Valid names are remembered;
+    a value is translated only if it holds a line break."""
+    lines = []
+    for key, value in headers.items():
+        name = _valid_names.get(key)
+        if name is None:
+            name = key.strip()
+            if not name or not _HEADER_NAME.fullmatch(name):
+                return None
+            if len(_valid_names) < HEADER_NAMES_KEPT:
+                _valid_names[key] = name
+        text = value.strip()
+        if "\r" in text or "\n" in text:
+            text = text.translate(_NEWLINES)
+        lines.append(f"{name}: {text}\r\n")
+    return b"NATS/1.0\r\n" + "".join(lines).encode() + b"\r\n"
 
 
 def malformed_headers(msg: Msg) -> str | None:

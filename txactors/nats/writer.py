@@ -277,11 +277,13 @@ class PipelinedWriter:
             while self._queued and len(taken) < BATCH_MESSAGES:
                 slot = self._queued.popleft()
                 a = slot.append
-                if a.stream == stream and self._fits(a) and size + _size(a) <= BATCH_BYTES:
-                    taken.append(slot)
-                    size += _size(a)
-                else:
-                    kept.append(slot)
+                if a.stream == stream and self._fits(a):
+                    grown = size + _size(a)
+                    if grown <= BATCH_BYTES:
+                        taken.append(slot)
+                        size = grown
+                        continue
+                kept.append(slot)
             self._queued.extendleft(reversed(kept))
         return _Batch(taken, link_generation(self._nc))
 
@@ -442,7 +444,10 @@ _nuid = NUID()
 
 
 def _size(append: Append) -> int:
-    return len(append.payload) + sum(len(k) + len(v) + 4 for k, v in append.headers.items())
+    """About the bytes `append` takes in a batch (characters, not UTF-8 bytes), in C."""
+    headers = append.headers
+    names, values = sum(map(len, headers.keys())), sum(map(len, headers.values()))
+    return len(append.payload) + names + values + 4 * len(headers)
 
 
 def _atomic_disabled(error: BaseException) -> bool:

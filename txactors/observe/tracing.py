@@ -16,6 +16,7 @@ headers) can replace it. The coordinator only traces transactions that carry a c
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from functools import lru_cache
@@ -45,6 +46,8 @@ PUBLISH_SPAN: Final = "txactors.coordinator.publish"
 CONSUME_SPAN: Final = "txactors.consume"
 DECISION_SPAN_PREFIX: Final = "txactors.coordinator."
 """Followed by the decision: `commit`, `rollback` or `discard`."""
+TRACER_TTL: Final = 1.0
+"""Seconds a `RecentTracer` uses a looked-up tracer (or its absence) before the next lookup."""
 _DECISIONS: Final = frozenset({"commit", "rollback", "discard"})
 
 
@@ -96,6 +99,22 @@ def tracer() -> trace.Tracer | None:
     return _tracer_of(provider)
 
 
+class RecentTracer:
+    """`tracer()`, looked up at most once per `TRACER_TTL`: a lookup (the API reads the
+    environment and raises `KeyError` inside) costs about 10,000 instructions, as much as a
+    small message's handling. A provider set later is used within that time."""
+
+    def __init__(self) -> None:
+        self._found: trace.Tracer | None = None
+        self._due = 0.0  # when to look it up again
+
+    def __call__(self) -> trace.Tracer | None:
+        now = time.monotonic()
+        if now >= self._due:
+            self._found, self._due = tracer(), now + TRACER_TTL
+        return self._found
+
+
 @lru_cache(maxsize=4)
 def _tracer_of(provider: trace.TracerProvider) -> trace.Tracer:
     return provider.get_tracer("txactors")
@@ -125,10 +144,10 @@ def inject(span: trace.Span, headers: MutableMapping[str, str]) -> None:
 # -- spans ----------------------------------------------------------------------------------
 
 
-def start_transaction(txid: str, group: str) -> trace.Span | None:
-    """The producer's span for one transaction, a child of the caller's current span;
-    None when tracing is off. The caller ends it (`finish`)."""
-    found = tracer()
+def start_transaction(txid: str, group: str, found: trace.Tracer | None) -> trace.Span | None:
+    """The producer's span for one transaction in `found` (`tracer()`, or a `RecentTracer`'s),
+    a child of the caller's current span; None when tracing is off (`found` None). The caller
+    ends it (`finish`)."""
     if found is None:
         return None
     attributes = {"txactors.txid": txid, "txactors.group": group}
@@ -190,10 +209,16 @@ def record_decisions(
         span.end()
 
 
-def record_publish(headers: MutableMapping[str, str], txid: str, msg_id: str, topic: str) -> None:
-    """If `headers` (a committed message's, built from its half) carry a trace context:
-    record the publish as its child and make the message carry the publish span's context."""
-    found = tracer()
+def record_publish(
+    found: trace.Tracer | None,
+    headers: MutableMapping[str, str],
+    txid: str,
+    msg_id: str,
+    topic: str,
+) -> None:
+    """If tracing is on (`found`: `tracer()`, or a `RecentTracer`'s) and `headers` (a
+    committed message's, built from its half) carry a trace context: record the publish in
+    `found` as its child and make the message carry the publish span's context."""
     if found is None or not has_context(headers):
         return
     attributes = {"txactors.txid": txid, "txactors.msg_id": msg_id, "txactors.topic": topic}

@@ -36,6 +36,7 @@ from nats.aio.client import Client
 
 from txactors.errors import ActorDeadError, AskTimeout, CommandError, EndRefused, PrepareFailed
 from txactors.nats.partition_count import PartitionCount, PartitionCountUnknown
+from txactors.observe import tracing
 from txactors.observe.logs import get_logger
 from txactors.producer.failed_sends import FailedSends
 from txactors.producer.inflight import InFlight
@@ -127,6 +128,8 @@ class CoordinatorClient:
         self.outcomes = outcomes
         self.in_flight = in_flight
         self.failed_sends = failed_sends
+        self.tracer = tracing.RecentTracer()
+        """The tracer of this producer's transaction spans (None: tracing is off)."""
         self._nc = nc
         self._partitions = partitions
         self._timeout = request_timeout

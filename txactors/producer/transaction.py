@@ -115,7 +115,7 @@ class Transaction:
         self._context_tokens: Mapping[str, contextvars.Token[Any]] = {}
         self._context_bound = False
         """Log lines carry txid and group already (in the block, or `logging_context`)."""
-        self._span = tracing.start_transaction(self.txid, client.group)
+        self._span = tracing.start_transaction(self.txid, client.group, client.tracer())
         self._span_scope: AbstractContextManager[None] | None = None
         self._span_topics: set[str] = set()
 

@@ -21,12 +21,11 @@ _SEPARATOR_AND_LINE_END: Final = len(b": ") + len(_LINE_END)
 
 
 def header_block_bytes(headers: Mapping[str, str]) -> int:
-    """The bytes of the header block NATS sends for `headers`."""
-    lines = sum(
-        len(name.encode()) + len(value.encode()) + _SEPARATOR_AND_LINE_END
-        for name, value in headers.items()
-    )
-    return _FRAME + lines
+    """The bytes of the header block NATS sends for `headers` (counted in C, `map`, rather
+    than a generator step per header: the boundary counts every prepared half's)."""
+    names = sum(map(len, map(str.encode, headers.keys())))
+    values = sum(map(len, map(str.encode, headers.values())))
+    return _FRAME + names + values + _SEPARATOR_AND_LINE_END * len(headers)
 
 
 def parse_header_block(block: bytes) -> dict[str, str]:

@@ -420,11 +420,11 @@ class TransactionTable(Replay):
         """The only assignment of a transaction's state (one that leaves memory, FINAL or
         FORGOTTEN, is carried out by `_unit` once the event succeeded)."""
         if target in LEAVES_MEMORY:
-            final = S.DISCARDED if target is Gone.FORGOTTEN else TxnState(target)
+            final = S.DISCARDED if target is Gone.FORGOTTEN else _state(target)
             self._leaving[txn.txid] = final
             txn.state = final
         else:
-            txn.state = TxnState(target)
+            txn.state = _state(target)
 
     def _schedule(self, txn: Txn) -> None:
         """Keep the one deadline a transaction has in its state."""
@@ -446,3 +446,9 @@ class TransactionTable(Replay):
             self._ops_in_flight[op_id] = records
             effects.append(PersistOp(op_id=op_id, records=records))
         return effects
+
+
+def _state(where: Where) -> TxnState:
+    """`TxnState(where)` without the enum's call (Python code of its own, five a transaction)
+    when `where` is one already."""
+    return where if isinstance(where, TxnState) else TxnState(where)

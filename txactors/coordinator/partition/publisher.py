@@ -103,6 +103,8 @@ class Publisher:
         self._quarantine = quarantine
         self._on_published = on_published
         self._kept: dict[str, _Kept] = {}
+        self._tracer = tracing.RecentTracer()
+        """Of the publish spans: looked up at most once a second, not per commit."""
 
     def declared(self, topics: set[str]) -> bool:
         """Every topic's stream is known to exist (`declare` would not wait)."""
@@ -225,6 +227,7 @@ class Publisher:
             headers[layout.TAG_HEADER] = message.tag
         if message.keys:
             headers[layout.KEYS_HEADER] = ",".join(message.keys)
-        tracing.record_publish(headers, action.txid, action.msg_id, message.topic)
+        found = self._tracer()
+        tracing.record_publish(found, headers, action.txid, action.msg_id, message.topic)
         subject = layout.topic_subject(message.topic, message.tag)
         return Append(subject, message.body, headers, layout.topic_stream(message.topic))
