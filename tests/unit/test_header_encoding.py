@@ -63,3 +63,16 @@ def test_an_invalid_name_is_refused_as_nats_py_refuses_it() -> None:
 @pytest.mark.parametrize("headers", [None, {}])
 def test_no_headers_or_an_empty_block(headers: dict[str, str] | None) -> None:
     assert sent(TolerantClient(), headers) == sent(Client(), headers)
+
+
+def test_another_nats_py_release_takes_its_own_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mirror is of one release's private method: under another, nats-py's runs."""
+    import txactors.nats.client as client_module
+
+    assert client_module._mirrors_nats_py == client_module.nats_py_version.startswith("2.16.")
+    built: list[dict[str, Any]] = []
+    monkeypatch.setattr(client_module, "header_block", lambda headers: built.append(headers))
+    monkeypatch.setattr(client_module, "_mirrors_nats_py", False)
+    headers = {"Nats-Msg-Id": "tx1:0"}
+    assert sent(TolerantClient(), headers) == sent(Client(), headers)
+    assert built == []
