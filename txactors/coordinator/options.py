@@ -23,9 +23,9 @@ class CoordinatorOptions(msgspec.Struct, frozen=True, kw_only=True):
     partitions: int = 1
     """Txid hash buckets (`crc32(txid) mod partitions`); all coordinators agree, clients read it."""
     tick_interval: float = 0.1
-    """The unit of the partitions' clock-driven looks (late halves: every 10 ticks), and how
-    often due deadlines are looked at on a clock that is neither the real time nor a
-    `MovingClock` (on those the checker sleeps until the next deadline, and no longer)."""
+    """The unit of the partitions' clock-driven looks (for late halves: every 10 ticks).
+    Check-back timers sleep until their deadline; on a custom clock that is neither the real
+    time nor a `MovingClock` they look at it every tick."""
     checkpoint_interval: float = 5.0
     """How often each partition records where its recovery may start reading its streams."""
     replicas: int = 1
