@@ -21,7 +21,7 @@ run; `callgrind_annotate FILE` shows where the instructions go).
 
 Everything runs ~50x slower under callgrind, so every timeout of the roles is long
 (`cpu_roles.SLOW`, `COORDINATOR_SETTINGS`); work driven by the clock rather than by the
-transactions (the coordinator's 0.1 s tick and its look for late halves every 10 ticks, idle
+transactions (the coordinator's look at TXN_HALF's end for late halves every 10 ticks, idle
 pulls) is counted for the stretched time, so it weighs more here than in a normal run.
 """
 

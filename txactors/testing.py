@@ -49,7 +49,7 @@ from txactors.producer import Checker, TransactionProducer
 __all__ = ["MakeConsumer", "MakeProducer", "ManualClock", "Received", "RunApp"]
 
 TICK = 0.005
-"""Seconds between the test coordinator's looks at its deadlines: an `advance` acts this fast."""
+"""The test coordinator's tick: the unit of its clock-driven looks (late halves)."""
 PULL_EXPIRES = 0.1
 """Test consumers' pull length: a consumer stops (at teardown) within this."""
 DEFAULT_WAIT = 10.0
@@ -59,10 +59,13 @@ T = TypeVar("T")
 
 class ManualClock:
     """Time that stands still until `advance` moves it; the coordinator reads it as its
-    clock. It starts at the real time, so timestamps in headers still look like dates."""
+    clock, and its timers wake when it moves (a `MovingClock`). It starts at the real time,
+    so timestamps in headers still look like dates."""
 
     def __init__(self, start: float | None = None) -> None:
         self._now = time.time() if start is None else start
+        self._moved: anyio.Event | None = None
+        """Set by the next `advance`; made by the first waiter (it needs a running loop)."""
 
     def __call__(self) -> float:
         return self._now
@@ -72,6 +75,15 @@ class ManualClock:
         if seconds < 0:
             raise ConfigError(f"time only moves forward, not by {seconds}")
         self._now += seconds
+        moved, self._moved = self._moved, None
+        if moved is not None:
+            moved.set()
+
+    async def moved(self) -> None:
+        """Return once `advance` has moved the clock."""
+        if self._moved is None:
+            self._moved = anyio.Event()
+        await self._moved.wait()
 
 
 class Received:

@@ -7,6 +7,7 @@ for one transaction, prepared and committed, on a real server.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import anyio
@@ -20,6 +21,7 @@ from txactors.actors import ActorSystem, Request
 from txactors.actors.cell import ActorCell
 from txactors.coordinator.partition.checker import Checker, CheckWork, Due
 from txactors.coordinator.service import run_coordinator
+from txactors.testing import ManualClock
 from txactors.wire.protocol import Decision
 
 TICK = 0.01
@@ -60,6 +62,61 @@ async def test_the_checker_reports_due_only_once_the_coordinators_clock_passes_t
         await heard_due(heard, 2)
         await anyio.sleep(TICK * 5)  # the scenario: ticks pass, and no second Due may come
         assert heard == [Due(7), Due(7)], "due once per deadline told, not once per tick"
+
+
+async def test_the_checker_sleeps_until_its_deadline_and_wakes_for_an_earlier_one(
+    private_nc: Client,
+) -> None:
+    # A tick of a minute: a checker that ticked would not see either deadline in time.
+    recorder = Recorder()
+    heard = recorder.heard
+    async with ActorSystem() as system:
+        partition = await system.spawn(lambda: FakePartition(recorder), name="partition")
+        checker = await system.spawn(
+            lambda: Checker(
+                nc=private_nc,
+                js=private_nc.jetstream(),
+                partition=0,
+                owner=partition,
+                epoch=7,
+                clock=time.time,
+                tick_interval=60.0,
+            ),
+            name="checker",
+        )
+        await heard_due(heard, 1)
+        await checker.tell(CheckWork(deadline=time.time() + 600))
+        await checker.tell(CheckWork(deadline=time.time() + 0.05))  # earlier: it wakes for it
+        await heard_due(heard, 2)
+
+
+async def test_the_checker_wakes_when_a_moving_clock_passes_its_deadline(
+    private_nc: Client,
+) -> None:
+    clock = ManualClock(1_000.0)
+    recorder = Recorder()
+    heard = recorder.heard
+    async with ActorSystem() as system:
+        partition = await system.spawn(lambda: FakePartition(recorder), name="partition")
+        checker = await system.spawn(
+            lambda: Checker(
+                nc=private_nc,
+                js=private_nc.jetstream(),
+                partition=0,
+                owner=partition,
+                epoch=7,
+                clock=clock,
+                tick_interval=60.0,
+            ),
+            name="checker",
+        )
+        await heard_due(heard, 1)
+        await checker.tell(CheckWork(deadline=1_600.0))
+        clock.advance(599)
+        await anyio.sleep(TICK * 5)
+        assert heard == [Due(7)], "not due before the clock passes the deadline"
+        clock.advance(1)
+        await heard_due(heard, 2)
 
 
 @pytest.fixture

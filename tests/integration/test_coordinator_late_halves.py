@@ -25,7 +25,7 @@ from txactors.coordinator import CoordinatorConfig, CoordinatorOptions
 from txactors.coordinator.core import tokens
 from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.core.transactions import Checkpoint
-from txactors.coordinator.partition.late import LateHalves
+from txactors.coordinator.partition.late import HalfEnd, LateHalves
 from txactors.coordinator.partition.recovery import recover
 from txactors.coordinator.partition.store import (
     StoredHalf,
@@ -270,7 +270,8 @@ async def test_its_own_halves_are_never_late(private_nc: Client) -> None:
 
 
 def test_the_checkpoint_never_passes_a_half_not_looked_at() -> None:
-    late = LateHalves(cast(JetStreamContext, None), 0, after=41, found=nothing_found, tick=0.1)
+    js = cast(JetStreamContext, None)
+    late = LateHalves(js, 0, after=41, found=nothing_found, end=HalfEnd(js, tick=0.1))
     ahead = Checkpoint(half_seq=100, op_seq=7)
     assert late.hold(ahead) == Checkpoint(half_seq=42, op_seq=7)
     behind = Checkpoint(half_seq=10, op_seq=7)

@@ -7,6 +7,7 @@ the process's own settings: partitions and leases, timers, stream replicas.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Protocol, runtime_checkable
 
 import msgspec
 
@@ -22,7 +23,9 @@ class CoordinatorOptions(msgspec.Struct, frozen=True, kw_only=True):
     partitions: int = 1
     """Txid hash buckets (`crc32(txid) mod partitions`); all coordinators agree, clients read it."""
     tick_interval: float = 0.1
-    """How often due deadlines are looked at: the resolution of every check-back timer."""
+    """The unit of the partitions' clock-driven looks (for late halves: every 10 ticks).
+    Check-back timers sleep until their deadline; on a custom clock that is neither the real
+    time nor a `MovingClock` they look at it every tick."""
     checkpoint_interval: float = 5.0
     """How often each partition records where its recovery may start reading its streams."""
     replicas: int = 1
@@ -112,3 +115,14 @@ class DiscardedTransaction(msgspec.Struct, frozen=True, kw_only=True):
 
 OnDiscard = Callable[[DiscardedTransaction], Awaitable[None]]
 Clock = Callable[[], float]
+
+
+@runtime_checkable
+class MovingClock(Protocol):
+    """A clock that says when it moves (a test's `ManualClock`): timers waiting for one of
+    its times wake when it moves, instead of looking at it every `tick_interval`."""
+
+    def __call__(self) -> float: ...
+
+    async def moved(self) -> None:
+        """Return once the clock has moved."""

@@ -14,7 +14,8 @@ publishes and discard copies are all safe to store late: each has its dedupe id,
 completion is dropped by the ended instance, see `partition/actor.py`). A stream's trouble
 is shared by design: every partition writing to it sees it. TXN_OP's writer (`ops`,
 `partition/oplog.py`) is shared the same way, each partition's messages in its batches
-fenced on their own.
+fenced on their own. The partitions' followers of late halves share one look at TXN_HALF's
+end (`half_end`, `partition/late.py`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
 from txactors.coordinator.options import CoordinatorOptions
+from txactors.coordinator.partition.late import HalfEnd
 from txactors.coordinator.partition.oplog import OpWriter
 from txactors.errors import ConfigError
 from txactors.nats.link import linked
@@ -45,7 +47,8 @@ Report = Callable[[list[PubAck | None]], Awaitable[None]]
 
 class SharedWriters:
     """The process's writers: `halves`, `discards`, `ops`, and one per topic (made on first
-    use)."""
+    use); and `half_end`, where the partitions' late-halves followers wait for TXN_HALF to
+    grow."""
 
     def __init__(
         self, nc: Client, js: JetStreamContext, options: CoordinatorOptions, tasks: TaskGroup
@@ -58,6 +61,7 @@ class SharedWriters:
         self.halves = self._new()
         self.discards = self._new()
         self.ops = OpWriter(nc, js)
+        self.half_end = HalfEnd(js, tick=options.tick_interval)
         tasks.start_soon(self.ops.run)
 
     def topic(self, topic: str) -> PipelinedWriter:

@@ -69,6 +69,7 @@ from txactors.coordinator.core.events import (
     Published,
 )
 from txactors.coordinator.core.table import TransactionTable
+from txactors.coordinator.core.transactions import Checkpoint
 from txactors.coordinator.options import Clock, CoordinatorOptions, OnDiscard
 from txactors.coordinator.partition.answers import Answers
 from txactors.coordinator.partition.audit import audited
@@ -213,8 +214,8 @@ class PartitionCoordinator(Actor):
         )
         self._publisher.forget_finished(self.table)
         late = functools.partial(self._late_half, self._epoch)
-        tick = self.options.tick_interval
-        self._late = LateHalves(self.js, self.partition, recovered.half_end, late, tick=tick)
+        end = self._writers.half_end
+        self._late = LateHalves(self.js, self.partition, recovered.half_end, late, end=end)
         self.start_task(self._save_checkpoints)
         self._checker = await self.system.spawn(
             self._new_checker,
@@ -247,17 +248,23 @@ class PartitionCoordinator(Actor):
             await checker.stop()
 
     async def _save_checkpoints(self) -> None:
-        """Best effort: a checkpoint that cannot be saved now is saved at the next interval."""
+        """Best effort: a checkpoint that cannot be saved now is saved at the next interval.
+        One equal to the last saved is not saved again (an idle partition writes nothing)."""
+        saved: Checkpoint | None = None
         while True:
             await anyio.sleep(self.options.checkpoint_interval)
             self._publisher.forget_finished(self.table)
             checkpoint = self.table.checkpoint()
             if self._late is not None:
                 checkpoint = self._late.hold(checkpoint)
+            if checkpoint == saved:
+                continue
             try:
                 await save_checkpoint(self.checkpoints, self.partition, checkpoint)
             except Exception as error:
                 log.warning("checkpoint_not_saved", partition=self.partition, error=describe(error))
+            else:
+                saved = checkpoint
 
     # -- the mailbox ------------------------------------------------------------------------
 

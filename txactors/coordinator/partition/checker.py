@@ -8,9 +8,12 @@ and `Checked` with the table's own event (`CheckAnswered`, or `CheckFailed` for 
 no responder or an error) for each check-back. Both carry the `epoch` of the partition
 instance that started the checker: a restarted partition ignores what an earlier one asked.
 
-The timer follows the injectable clock: it sleeps until the deadline, at most
-`tick_interval` at a time, so a test that moves the clock is served within a tick. A fresh
-checker knows no deadline and reports due at once, which is how a restarted one catches up.
+The timer sleeps until the deadline it was told, and is woken by an earlier one: no ticks
+while a deadline is pending (eight partitions in a process would wake it eighty times a
+second). It follows the injectable clock: a `MovingClock` (a test's `ManualClock`) wakes it
+when it moves, so a test that moves the clock is served at once; on any other clock but the
+real time it looks every `tick_interval`. A fresh checker knows no deadline and reports due
+at once, which is how a restarted one catches up.
 A check-back's answer passes the same boundary as any request (protocol.Codec, then
 validation): an answer that cannot be read or is about another check is inconclusive.
 """
@@ -29,7 +32,7 @@ from txactors.actors import Actor, LocalActorRef, RemoteActorRef
 from txactors.coordinator.boundary import check_answer_problem
 from txactors.coordinator.core.effects import CheckTarget, SendCheck
 from txactors.coordinator.core.events import CheckAnswered, CheckFailed, CheckFailure
-from txactors.coordinator.options import Clock
+from txactors.coordinator.options import Clock, MovingClock
 from txactors.coordinator.partition.store import checked_message, read_raw_half
 from txactors.errors import ActorDeadError, ActorError, AskTimeout, CommandError
 from txactors.nats.retry import describe
@@ -81,14 +84,17 @@ class Checker(Actor):
         self.owner = owner
         self.epoch = epoch
         self.clock = clock
-        self.tick_interval = tick_interval
         self.metrics = metrics
+        self._poll = tick_interval if _polled(clock) else float("inf")
+        """The longest sleep: a clock that cannot say it moved is looked at every tick."""
         self._deadline: float | None = float("-inf")  # unknown: ask the partition at once
         self._changed = anyio.Event()
         self._in_flight: set[str] = set()
 
     async def on_start(self) -> None:
         self.start_task(self._timer)
+        if isinstance(self.clock, MovingClock):
+            self.start_task(self._follow, self.clock)
 
     async def receive(self, message: CheckWork) -> None:
         if not isinstance(message, CheckWork):
@@ -104,16 +110,23 @@ class Checker(Actor):
     async def _timer(self) -> None:
         while True:
             deadline = self._deadline
-            if deadline is None:
-                self._changed = anyio.Event()
+            remaining = None if deadline is None else deadline - self.clock()
+            if remaining is not None and remaining <= 0:
+                self._deadline = None  # until the partition tells the next one
+                await self.owner.tell(Due(self.epoch))
+                continue
+            self._changed = anyio.Event()  # set by a deadline told, or the clock moving
+            if remaining is None:
                 await self._changed.wait()
                 continue
-            remaining = deadline - self.clock()
-            if remaining > 0:
-                await anyio.sleep(min(remaining, self.tick_interval))
-                continue
-            self._deadline = None  # until the partition tells the next one
-            await self.owner.tell(Due(self.epoch))
+            with anyio.move_on_after(min(remaining, self._poll)):
+                await self._changed.wait()
+
+    async def _follow(self, clock: MovingClock) -> None:
+        """Wake the timer whenever the clock moves."""
+        while True:
+            await clock.moved()
+            self._changed.set()
 
     async def _check(self, send: SendCheck) -> None:
         try:
@@ -129,6 +142,12 @@ class Checker(Actor):
             reason = failure or CheckFailure.ERROR
             event = CheckFailed(txid=send.txid, check_id=send.check_id, reason=reason)
         await self.owner.tell(Checked(self.epoch, event))
+
+
+def _polled(clock: Clock) -> bool:
+    """Whether the timer must look at `clock` every tick: it can neither be slept on (the
+    real time) nor say when it moves (a `MovingClock`)."""
+    return clock is not time.time and not isinstance(clock, MovingClock)
 
 
 async def ask_producer(

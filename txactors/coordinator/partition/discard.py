@@ -17,7 +17,7 @@ record costs a log line, a metric and a copy for an operator, never a partition.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import nats.errors
@@ -27,13 +27,15 @@ from nats.js.api import PubAck
 from txactors.coordinator.core.effects import Discard
 from txactors.coordinator.options import DiscardedTransaction, OnDiscard
 from txactors.coordinator.partition.store import half_identity, read_raw_half
-from txactors.coordinator.writers import Lane
 from txactors.nats.link import ACK_TIMEOUT
 from txactors.nats.retry import RETRY_INITIAL, RETRY_MAX, Fault, classify, describe, retry_transient
 from txactors.nats.writer import Append
 from txactors.observe.logs import get_logger
 from txactors.wire import layout
 from txactors.wire.copies import copied_headers, stored_headers
+
+if TYPE_CHECKING:  # writers.py reaches this module through late.py
+    from txactors.coordinator.writers import Lane
 
 log = get_logger(__name__)
 

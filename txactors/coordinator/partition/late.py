@@ -5,9 +5,14 @@ node rebuilt from its raft log serving a read before it caught up, a predecessor
 that landed after the takeover. A half nobody here knows of is never checked back: its
 transaction would stay unsettled (its commit never published) until the next restart. So
 the partition keeps reading its TXN_HALF subject past the point recovery reached (headers
-only, a look every `FOLLOW_TICKS` ticks), skips the halves it wrote itself, and hands any
-other to `found`; the partition then takes it as a recovered half, which the checker asks
-about like any other.
+only), skips the halves it wrote itself, and hands any other to `found`; the partition then
+takes it as a recovered half, which the checker asks about like any other.
+
+At the end of its subject a follower reads on only once TXN_HALF has grown past it:
+`HalfEnd`, one per process, looks at the stream's last sequence every `FOLLOW_TICKS` ticks
+for the followers of all its partitions (one request, where each follower's own look was
+two pulls), and lets a follower read anyway after `IDLE_READ` seconds (its consumer would
+be dropped after a minute without one).
 
 The checkpoint never passes what has been looked at (`hold`): a restart in between reads
 those halves again.
@@ -30,10 +35,13 @@ from txactors.observe.logs import get_logger
 from txactors.wire import layout
 
 FOLLOW_TICKS: Final = 10
-"""Ticks (`tick_interval`, 0.1 s by default) between two looks at the end of the subject: a
+"""Ticks (`tick_interval`, 0.1 s by default) between two looks at the end of TXN_HALF: a
 found half waits for its check-back (the transaction timeout) anyway, and a look a second per
-partition costs little. Counted in ticks, the partition's clock, so that what stretches the
+process costs little. Counted in ticks, the partition's clock, so that what stretches the
 tick (a test, `bench cpu`) stretches the looks with it."""
+IDLE_READ: Final = 30.0
+"""Seconds a follower waits at most for TXN_HALF to grow before it reads its subject anyway:
+its consumer (`inactive_threshold` 60 s) must see a pull now and then to live on."""
 
 Found = Callable[[int, dict[str, str]], Awaitable[None]]
 """Called with the sequence and headers of a half this partition did not write."""
@@ -41,14 +49,64 @@ Found = Callable[[int, dict[str, str]], Awaitable[None]]
 log = get_logger(__name__)
 
 
+class HalfEnd:
+    """TXN_HALF's last sequence, looked at every `FOLLOW_TICKS` ticks while a follower waits
+    for it, one look for all the waiting followers of the process."""
+
+    def __init__(self, js: JetStreamContext, *, tick: float) -> None:
+        self._js = js
+        self._every = FOLLOW_TICKS * tick
+        self._last = 0
+        self._look: anyio.Event | None = None
+        """Set when the look under way (None: none) is done."""
+        self._looked = True
+        """Whether the last look could tell the stream's last sequence."""
+
+    @property
+    def last(self) -> int:
+        """TXN_HALF's last sequence as last looked at (0: not yet)."""
+        return self._last
+
+    async def grown(self, past: int) -> None:
+        """Return once TXN_HALF's last sequence is beyond `past` (or the stream cannot be
+        looked at: the caller reads and sees why), or after `IDLE_READ` seconds."""
+        with anyio.move_on_after(IDLE_READ):
+            while self._last <= past:
+                look = self._look
+                if look is None:
+                    await self._look_now()
+                else:
+                    await look.wait()
+                if not self._looked:
+                    return
+
+    async def _look_now(self) -> None:
+        """Look, for everyone waiting; one cancelled meanwhile leaves the next to a waiter."""
+        self._look = anyio.Event()
+        try:
+            await anyio.sleep(self._every)
+            try:
+                info = await self._js.stream_info(layout.HALF_STREAM)
+            except LINK_TROUBLE as error:
+                log.info("half_end_not_read", error=describe(error))
+                self._looked = False
+            else:
+                self._last, self._looked = info.state.last_seq, True
+        finally:
+            look, self._look = self._look, None
+            look.set()
+
+
 class LateHalves:
     """Follows partition `partition`'s halves after sequence `after` (recovery's end)."""
 
     def __init__(
-        self, js: JetStreamContext, partition: int, after: int, found: Found, *, tick: float
+        self, js: JetStreamContext, partition: int, after: int, found: Found, *, end: HalfEnd
     ) -> None:
         self._js = js
-        self._every = FOLLOW_TICKS * tick
+        self._end = end
+        self._read_to = after
+        """What TXN_HALF's end was when the follower last read to the end of its subject."""
         self._subject = layout.half_subject(partition)
         self._partition = partition
         self._next = after + 1
@@ -72,6 +130,12 @@ class LateHalves:
             return checkpoint
         return msgspec.structs.replace(checkpoint, half_seq=self._next)
 
+    async def _follow(self) -> None:
+        """Wait until TXN_HALF has grown since the last read (one that reached the end of
+        the subject saw every half stored before it started)."""
+        await self._end.grown(self._read_to)
+        self._read_to = self._end.last
+
     async def run(self) -> None:
         """Read on forever; a failure JetStream keeps answering is logged and tried again."""
         while True:
@@ -81,7 +145,7 @@ class LateHalves:
                     layout.HALF_STREAM,
                     self._subject,
                     self._next,
-                    follow=self._every,
+                    follow=self._follow,
                     headers_only=True,
                 ):
                     seq = ack_fields(msg).seq

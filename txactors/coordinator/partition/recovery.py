@@ -65,11 +65,11 @@ async def read_subject(
     subject: str,
     start_seq: int,
     *,
-    follow: float | None = None,
+    follow: Callable[[], Awaitable[None]] | None = None,
     headers_only: bool = False,
 ) -> AsyncIterator[Msg]:
     """Every message of `subject` from `start_seq` to the current end, in stream order;
-    with `follow`, on and on: at the end, it looks again every `follow` seconds.
+    with `follow`, on and on: at the end, it reads again once `follow()` returns.
 
     A transient failure (`retry.transient`) drops the consumer and reads on from the message
     after the last one yielded, after a backoff; a permanent one is raised. `headers_only`
@@ -95,7 +95,7 @@ async def read_subject(
                 if remaining <= 0:
                     if follow is None:
                         return
-                    await anyio.sleep(follow)
+                    await follow()
                     remaining = FETCH_BATCH  # whatever came meanwhile (the fetch waits for one)
                 try:
                     msgs = await sub.fetch(min(FETCH_BATCH, remaining), timeout=2.0)
