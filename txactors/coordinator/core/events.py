@@ -137,6 +137,8 @@ class Kind(enum.StrEnum):
     RESUME_REPLAYED = "resume_replayed"
 
 
+_HALVES, _PUBLISHED = Kind.HALVES, Kind.PUBLISHED
+"""Read per event: `Kind.X` goes through `EnumType.__getattr__`'s hook on Python 3.11."""
 _END_KINDS = {
     Decision.COMMIT: Kind.END_COMMIT,
     Decision.ROLLBACK: Kind.END_ROLLBACK,
@@ -169,11 +171,11 @@ PerTxnEvent = HalvesStored | End | Published | CheckAnswered | CheckFailed | Ope
 def kind_of(event: PerTxnEvent) -> Kind:
     match event:
         case HalvesStored():
-            return Kind.HALVES
+            return _HALVES
         case End():
             return _END_KINDS[event.decision]
         case Published():
-            return Kind.PUBLISHED
+            return _PUBLISHED
         case CheckAnswered():
             return Kind.CHECK_ANSWERED
         case CheckFailed():
