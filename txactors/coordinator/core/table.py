@@ -192,14 +192,6 @@ _column(
 )
 
 
-class _Before(NamedTuple):
-    """What a unit puts back besides its transactions if it fails."""
-
-    counts: dict[str, int]
-    half_tail: int
-    next_check_id: int
-
-
 class PhaseRule(NamedTuple):
     accepts: frozenset[str]
     """Names of the event types (and `tick`) the phase takes."""
@@ -329,7 +321,9 @@ class TransactionTable(Replay):
 
     def _unit(self, apply: Callable[..., None], *args: Any) -> None:
         """Apply one event as a unit: keep all it did if all of it succeeded, else nothing."""
-        before = _Before(self.counters.__dict__.copy(), self._half_tail, self._next_check_id)
+        # What it puts back besides its transactions if it fails.
+        counts = self.counters.__dict__.copy()
+        half_tail, next_check_id = self._half_tail, self._next_check_id
         try:
             apply(*args)
         except BaseException:
@@ -338,8 +332,8 @@ class TransactionTable(Replay):
                     self._open.pop(txid, None)
                 else:
                     put_back(self._open[txid], saved)
-            self.counters = Counters(**before.counts)
-            self._half_tail, self._next_check_id = before.half_tail, before.next_check_id
+            self.counters = Counters(**counts)
+            self._half_tail, self._next_check_id = half_tail, next_check_id
             self._end_unit()
             raise
         for txid, final in self._leaving.items():

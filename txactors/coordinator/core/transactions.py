@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 
@@ -120,23 +120,21 @@ class Txn:
         return tuple(self.halves[i] for i in sorted(self.halves))
 
 
-class SavedTxn(NamedTuple):
-    """A transaction's fields as they were, to put back if the event changing it fails."""
-
-    fields: dict[str, Any]
-    published: set[int]
-    waiters: list[str]
+SavedTxn = tuple[dict[str, Any], set[int], list[str]]
+"""A transaction's fields as they were, to put back if the event changing it fails: its
+fields, `published` and `waiters` (a plain tuple: a NamedTuple is built in Python code)."""
 
 
 def save(txn: Txn) -> SavedTxn:
     """The containers the moves change in place are copied; `halves` is replaced, never
     changed in place, so it is shared: a save per event costs O(published), not O(halves)."""
-    return SavedTxn(txn.__dict__.copy(), set(txn.published), list(txn.waiters))
+    return txn.__dict__.copy(), set(txn.published), list(txn.waiters)
 
 
 def put_back(txn: Txn, saved: SavedTxn) -> None:
-    txn.__dict__.update(saved.fields)
-    txn.published, txn.waiters = saved.published, saved.waiters
+    fields, published, waiters = saved
+    txn.__dict__.update(fields)
+    txn.published, txn.waiters = published, waiters
 
 
 def view(txn: Txn) -> TxnView:
