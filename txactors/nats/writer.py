@@ -72,6 +72,10 @@ from txactors.observe.logs import get_logger
 
 log = get_logger(__name__)
 
+_BATCH_ID, _BATCH_SEQUENCE = Header.BATCH_ID, Header.BATCH_SEQUENCE
+_BATCH_COMMIT = Header.BATCH_COMMIT
+"""Read per message: `Header.X` goes through `EnumType.__getattr__`'s hook on Python 3.11."""
+
 MAX_WRITES_IN_FLIGHT = 2
 """Writes of a `PipelinedWriter` awaiting acks before appends wait to join the next one."""
 BATCH_MESSAGES = 1000
@@ -309,12 +313,12 @@ class PipelinedWriter:
                 batch_id = _nuid.next().decode()
                 for number, slot in enumerate(head, 1):
                     a = slot.append
-                    headers = {**a.headers, Header.BATCH_ID: batch_id}
-                    headers[Header.BATCH_SEQUENCE] = str(number)
+                    headers = {**a.headers, _BATCH_ID: batch_id}
+                    headers[_BATCH_SEQUENCE] = str(number)
                     await self._nc.publish(a.subject, a.payload, headers=headers)
-                headers = {**last.append.headers, Header.BATCH_ID: batch_id}
-                headers[Header.BATCH_SEQUENCE] = str(len(batch.slots))
-                headers[Header.BATCH_COMMIT] = "1"
+                headers = {**last.append.headers, _BATCH_ID: batch_id}
+                headers[_BATCH_SEQUENCE] = str(len(batch.slots))
+                headers[_BATCH_COMMIT] = "1"
             else:
                 headers = last.append.headers
             a = last.append

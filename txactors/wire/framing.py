@@ -21,10 +21,11 @@ _SEPARATOR_AND_LINE_END: Final = len(b": ") + len(_LINE_END)
 
 
 def header_block_bytes(headers: Mapping[str, str]) -> int:
-    """The bytes of the header block NATS sends for `headers` (counted in C, `map`, rather
-    than a generator step per header: the boundary counts every prepared half's)."""
-    names = sum(map(len, map(str.encode, headers.keys())))
-    values = sum(map(len, map(str.encode, headers.values())))
+    """The bytes of the header block NATS sends for `headers` (counted in C, one join and
+    one encoding each for the names and the values, rather than one per header: the boundary
+    counts every prepared half's)."""
+    names = len("".join(headers.keys()).encode())
+    values = len("".join(headers.values()).encode())
     return _FRAME + names + values + _SEPARATOR_AND_LINE_END * len(headers)
 
 

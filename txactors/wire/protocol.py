@@ -75,13 +75,15 @@ class Error(Message, omit_defaults=True):
     coordinator cannot write now, a topic stream is being elected); absent otherwise."""
 
 
+_MSGPACK, _JSON = Encoding.MSGPACK, Encoding.JSON
+"""Read per message: `Encoding.X` goes through `EnumType.__getattr__`'s hook on Python 3.11."""
 _msgpack_encoder: Final = msgspec.msgpack.Encoder()
 _json_encoder: Final = msgspec.json.Encoder()
 
 
 def encode(message: Any, encoding: Encoding = Encoding.MSGPACK) -> bytes:
     """Encode a Struct (or any msgspec-encodable value) for the wire."""
-    if encoding is Encoding.JSON:
+    if encoding is _JSON:
         return _json_encoder.encode(message)
     return _msgpack_encoder.encode(message)
 
@@ -90,7 +92,7 @@ def encoding_of(headers: Mapping[str, str] | None) -> Encoding | Error:
     """The encoding a request asked for; an unknown content type is a `bad_request`."""
     value = (headers or {}).get(CONTENT_TYPE_HEADER)
     if value is None:
-        return Encoding.MSGPACK
+        return _MSGPACK
     try:
         return Encoding(value.split(";", 1)[0].strip().lower())
     except ValueError:
@@ -103,7 +105,7 @@ def encoding_of(headers: Mapping[str, str] | None) -> Encoding | Error:
 
 def headers_for(encoding: Encoding) -> dict[str, str] | None:
     """Headers announcing `encoding`; msgpack is the default and needs none."""
-    return None if encoding is Encoding.MSGPACK else {CONTENT_TYPE_HEADER: encoding.value}
+    return None if encoding is _MSGPACK else {CONTENT_TYPE_HEADER: encoding.value}
 
 
 def _tags_of(message_type: Any) -> frozenset[str]:

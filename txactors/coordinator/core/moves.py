@@ -12,6 +12,7 @@ hands them out only once the whole event succeeded.
 
 from __future__ import annotations
 
+import operator
 import random
 
 from txactors.coordinator.core import admission
@@ -38,19 +39,31 @@ from txactors.coordinator.core.events import (
 from txactors.coordinator.core.reads import Reads
 from txactors.coordinator.core.records import Decision, DiscardReason, OpKind, OpRecord
 from txactors.coordinator.core.states import (
+    CHECKING,
     COMMIT_PATH,
+    COMMITTED,
+    COMMITTING,
     DECIDABLE_BY_OPERATOR,
+    DISCARDED,
+    DISCARDING,
     FINAL,
+    FINISHING,
+    FORGOTTEN,
     OPEN,
+    PREPARED,
+    PUBLISHING,
     ROLLBACK_PATH,
-    Gone,
+    ROLLED_BACK,
+    ROLLING_BACK,
     TxnState,
     Where,
 )
 from txactors.coordinator.core.transactions import Counters, Txn
 from txactors.wire.protocol import ErrorCode, Resolution
 
-S = TxnState
+_SEQ, _BORN = operator.attrgetter("seq"), operator.attrgetter("born")
+_IMMUNITY = operator.attrgetter("immunity")
+"""A half's fields, read in C by `map` (a generator resumes its frame per half)."""
 
 
 class Moves(Reads):
@@ -78,7 +91,7 @@ class Moves(Reads):
         if refusal is not None:
             self._refuse(event.request_id, event.txid, *refusal)
             return None
-        first_seq = min(h.seq for h in event.halves)
+        first_seq = min(map(_SEQ, event.halves))
         target: Where | None = None
         if txn is None:
             txn = Txn(
@@ -86,27 +99,27 @@ class Moves(Reads):
                 token=event.token,
                 group=event.group,
                 producer=event.producer,
-                state=S.PREPARED,
+                state=PREPARED,
                 halves={},
                 first_seq=first_seq,
-                born=min(h.born for h in event.halves),
+                born=min(map(_BORN, event.halves)),
                 op_floor=self._op_floor_for(first_seq),
             )
             self._open[txn.txid] = txn
-            target = S.PREPARED
+            target = PREPARED
         elif first_seq < txn.first_seq:
             txn.first_seq = first_seq
             txn.op_floor = min(txn.op_floor, self._op_floor_for(first_seq))
         new = [h for h in event.halves if h.index not in txn.halves]  # a retried prepare adds none
         if new:  # replaced, not changed in place: the table's copy of the txn shares it
             txn.halves = {**txn.halves, **{h.index: h for h in new}}
-        txn.born = min([txn.born, *(h.born for h in new)])
+        txn.born = min([txn.born, *map(_BORN, new)])
         self.counters.halves_stored += len(new)
-        self._half_tail = max([self._half_tail, *(h.seq for h in event.halves)])
-        if txn.state is S.PREPARED and txn.check_times == 0:
+        self._half_tail = max([self._half_tail, *map(_SEQ, event.halves)])
+        if txn.state is PREPARED and txn.check_times == 0:
             # The newest half is left alone for the longest immunity of any half.
-            immunity = max(self.config.immunity(h.immunity) for h in txn.halves.values())
-            txn.next_check_at = max(h.born for h in txn.halves.values()) + immunity
+            immunity = max(map(self.config.immunity, map(_IMMUNITY, txn.halves.values())))
+            txn.next_check_at = max(map(_BORN, txn.halves.values())) + immunity
         if event.request_id is not None:
             self._emit(Acknowledge(request_id=event.request_id, txid=txn.txid, state=txn.state))
         return target
@@ -150,14 +163,14 @@ class Moves(Reads):
     # ------------------------------------------------------------ check-backs
 
     def check_answered(self, txn: Txn | None, event: CheckAnswered, now: float) -> Where | None:
-        if txn is not None and txn.state is S.CHECKING and txn.check_id == event.check_id:
+        if txn is not None and txn.state is CHECKING and txn.check_id == event.check_id:
             txn.last_check = str(event.resolution)
             if event.resolution is Decision.UNKNOWN:
                 return self._inconclusive(txn, now)
             return self._decide(txn, event.resolution, None, by_operator=False)
         if (
             txn is not None
-            and txn.state is S.PREPARED
+            and txn.state is PREPARED
             and txn.timed_out_check_id == event.check_id
             and event.resolution is not Decision.UNKNOWN
         ):
@@ -169,18 +182,18 @@ class Moves(Reads):
         return None
 
     def check_failed(self, txn: Txn | None, event: CheckFailed, now: float) -> Where | None:
-        if txn is None or txn.state is not S.CHECKING or txn.check_id != event.check_id:
+        if txn is None or txn.state is not CHECKING or txn.check_id != event.check_id:
             return None  # timed out here already, or decided meanwhile
         return self._check_failed(txn, event.reason, now)
 
     def due(self, txn: Txn | None, event: object, now: float) -> Where | None:
         assert txn is not None  # only open transactions have deadlines
-        if txn.state is S.DISCARDED:
+        if txn.state is DISCARDED:
             self.counters.forgotten += 1
-            return Gone.FORGOTTEN
+            return FORGOTTEN
         if now >= txn.born + self.config.half_retention:
             return self._discard(txn, DiscardReason.RETENTION)
-        if txn.state is S.CHECKING:
+        if txn.state is CHECKING:
             return self._check_failed(txn, CheckFailure.TIMEOUT, now)
         return self._send_check(txn, now)
 
@@ -197,22 +210,22 @@ class Moves(Reads):
         # Every message is durable on its topic, so the commit is visible: the producer
         # hears it now. `done` only spares recovery a (deduplicated) republish.
         for request_id in txn.waiters:
-            self._emit(Acknowledge(request_id=request_id, txid=txn.txid, state=S.COMMITTED))
+            self._emit(Acknowledge(request_id=request_id, txid=txn.txid, state=COMMITTED))
         txn.waiters.clear()
-        return S.FINISHING
+        return FINISHING
 
     def commit_written(self, txn: Txn | None, record: OpRecord, now: float) -> Where | None:
         assert txn is not None
         self._publish_all(txn)
-        return S.PUBLISHING
+        return PUBLISHING
 
     def rollback_written(self, txn: Txn | None, record: OpRecord, now: float) -> Where | None:
         assert txn is not None
-        return self._finish(txn, S.ROLLED_BACK)
+        return self._finish(txn, ROLLED_BACK)
 
     def done_written(self, txn: Txn | None, record: OpRecord, now: float) -> Where | None:
         assert txn is not None
-        return self._finish(txn, S.COMMITTED)
+        return self._finish(txn, COMMITTED)
 
     def discard_written(self, txn: Txn | None, record: OpRecord, now: float) -> Where | None:
         assert txn is not None
@@ -227,7 +240,7 @@ class Moves(Reads):
                 check_times=txn.check_times,
             )
         )
-        return S.DISCARDED
+        return DISCARDED
 
     def ignore(self, txn: Txn | None, event: object, now: float) -> Where | None:
         """Nothing to do: e.g. the ack of a retried publish, after the first one counted."""
@@ -257,14 +270,14 @@ class Moves(Reads):
         same_path = COMMIT_PATH if decision is Decision.COMMIT else ROLLBACK_PATH
         if txn is not None and state in decidable:
             return self._decide(txn, decision, request_id, by_operator=by_operator)
-        if state in same_path and state in (*FINAL, S.FINISHING):
+        if state in same_path and state in (*FINAL, FINISHING):
             if request_id is not None:
-                final = S.COMMITTED if state is S.FINISHING else state  # all published already
+                final = COMMITTED if state is FINISHING else state  # all published already
                 self._emit(Acknowledge(request_id=request_id, txid=txid, state=final))
         elif txn is not None and state in same_path:
             if request_id is not None:
                 txn.waiters.append(request_id)
-        elif state is S.DISCARDED:
+        elif state is DISCARDED:
             message = f"transaction {txid} was discarded; an operator may resume or force it"
             self._refuse(request_id, txid, ErrorCode.CONFLICT, message)
         else:
@@ -284,9 +297,9 @@ class Moves(Reads):
             self._persist(
                 OpRecord(txid=txn.txid, kind=OpKind.COMMIT, half_seqs=seqs, by_operator=by_operator)
             )
-            return S.COMMITTING
+            return COMMITTING
         self._persist(OpRecord(txid=txn.txid, kind=OpKind.ROLLBACK, by_operator=by_operator))
-        return S.ROLLING_BACK
+        return ROLLING_BACK
 
     def _send_check(self, txn: Txn, now: float) -> TxnState:
         txn.check_id = self._next_check_id
@@ -307,7 +320,7 @@ class Moves(Reads):
                 timeout=self.config.check_answer_timeout,
             )
         )
-        return S.CHECKING
+        return CHECKING
 
     def _check_failed(self, txn: Txn, reason: CheckFailure, now: float) -> TxnState:
         txn.last_check = str(reason)
@@ -328,7 +341,7 @@ class Moves(Reads):
         if txn.check_times >= self.config.check_max:
             return self._discard(txn, DiscardReason.CHECK_MAX)
         txn.next_check_at = now + self.config.check_delay(txn.check_times, self._rng)
-        return S.PREPARED
+        return PREPARED
 
     def _discard(self, txn: Txn, reason: DiscardReason) -> TxnState:
         txn.check_id = None
@@ -342,16 +355,16 @@ class Moves(Reads):
                 reason=reason,
             )
         )
-        return S.DISCARDING
+        return DISCARDING
 
     def _reset_checks(self, txn: Txn) -> TxnState | None:
         txn.check_times = 0
         txn.instance_gone = False
         txn.discard_reason = None
-        return S.PREPARED if txn.state is S.DISCARDED else None
+        return PREPARED if txn.state is DISCARDED else None
 
     def _finish(self, txn: Txn, state: TxnState) -> TxnState:
-        if state is S.COMMITTED:
+        if state is COMMITTED:
             self.counters.commits += 1
         else:
             self.counters.rollbacks += 1

@@ -7,11 +7,9 @@ from collections.abc import Collection
 from txactors.coordinator.core import admission
 from txactors.coordinator.core.deadlines import Deadlines
 from txactors.coordinator.core.recent import RecentOutcomes
-from txactors.coordinator.core.states import Gone, TxnState, Where
+from txactors.coordinator.core.states import DISCARDED, FORGOTTEN, UNKNOWN, TxnState, Where
 from txactors.coordinator.core.transactions import Checkpoint, Txn, TxnView, checkpoint, view
 from txactors.wire.protocol import ErrorCode
-
-S = TxnState
 
 
 class Reads:
@@ -48,8 +46,8 @@ class Reads:
             return txn.state
         finished = self._recent.get(txid)
         if finished is None:
-            return Gone.UNKNOWN
-        return Gone.FORGOTTEN if finished.state is S.DISCARDED else finished.state
+            return UNKNOWN
+        return FORGOTTEN if finished.state is DISCARDED else finished.state
 
     def show(self, txid: str) -> TxnView | None:
         txn = self._open.get(txid)

@@ -51,6 +51,22 @@ class Phase(enum.StrEnum):
 
 S = TxnState
 
+# The members as module constants, which the table's per-event code reads: on Python 3.11
+# every `TxnState.X` goes through `EnumType.__getattr__`'s lookup hook, ten times a global's
+# cost (about 30 such reads a transaction in the coordinator).
+PREPARED = S.PREPARED
+CHECKING = S.CHECKING
+COMMITTING = S.COMMITTING
+PUBLISHING = S.PUBLISHING
+FINISHING = S.FINISHING
+COMMITTED = S.COMMITTED
+ROLLING_BACK = S.ROLLING_BACK
+ROLLED_BACK = S.ROLLED_BACK
+DISCARDING = S.DISCARDING
+DISCARDED = S.DISCARDED
+UNKNOWN = Gone.UNKNOWN
+FORGOTTEN = Gone.FORGOTTEN
+
 OPEN = frozenset({S.PREPARED, S.CHECKING})
 """Undecided: an `end`, a check answer or the checker may still decide."""
 

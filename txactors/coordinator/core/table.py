@@ -45,9 +45,7 @@ the table only compares them, in constant time.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
-import operator
 import random
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, get_args
@@ -62,6 +60,7 @@ from txactors.coordinator.core.events import (
     Kind,
     OpPersisted,
     OpReplayed,
+    PerTxnEvent,
     kind_of,
     record_kind,
 )
@@ -70,9 +69,20 @@ from txactors.coordinator.core.recent import Outcome, RecentOutcomes
 from txactors.coordinator.core.records import OpRecord
 from txactors.coordinator.core.replay import Replay
 from txactors.coordinator.core.states import (
+    CHECKING,
+    COMMITTED,
+    COMMITTING,
     DECIDABLE_BY_OPERATOR,
+    DISCARDED,
+    DISCARDING,
+    FINISHING,
+    FORGOTTEN,
     LEAVES_MEMORY,
     OPEN,
+    PREPARED,
+    PUBLISHING,
+    ROLLED_BACK,
+    ROLLING_BACK,
     Gone,
     Phase,
     TxnState,
@@ -88,7 +98,6 @@ from txactors.coordinator.core.transactions import (
     unparked,
 )
 
-S = TxnState
 K = Kind
 Move = Callable[[Replay, Txn | None, Any, float], Where | None]
 
@@ -120,78 +129,67 @@ def _each(states: Iterable[Where], to: set[Where]) -> dict[Where, set[Where]]:
 
 
 # Requests: admission answers in every state (a refusal changes nothing).
-_column(K.HALVES, Moves.store_halves, {Gone.UNKNOWN: {S.PREPARED}}, elsewhere=Moves.store_halves)
-_column(K.END_COMMIT, Moves.end, _each(OPEN, {S.COMMITTING}), elsewhere=Moves.end)
-_column(K.END_ROLLBACK, Moves.end, _each(OPEN, {S.ROLLING_BACK}), elsewhere=Moves.end)
+_column(K.HALVES, Moves.store_halves, {Gone.UNKNOWN: {PREPARED}}, elsewhere=Moves.store_halves)
+_column(K.END_COMMIT, Moves.end, _each(OPEN, {COMMITTING}), elsewhere=Moves.end)
+_column(K.END_ROLLBACK, Moves.end, _each(OPEN, {ROLLING_BACK}), elsewhere=Moves.end)
 _column(K.END_UNKNOWN, Moves.end, {}, elsewhere=Moves.end)
 _BY_OPERATOR = DECIDABLE_BY_OPERATOR
-_column(K.FORCE_COMMIT, Moves.force, _each(_BY_OPERATOR, {S.COMMITTING}), elsewhere=Moves.force)
-_column(K.FORCE_ROLLBACK, Moves.force, _each(_BY_OPERATOR, {S.ROLLING_BACK}), elsewhere=Moves.force)
-_column(K.RESUME, Moves.resume, {S.DISCARDED: {S.PREPARED}}, elsewhere=Moves.resume)
+_column(K.FORCE_COMMIT, Moves.force, _each(_BY_OPERATOR, {COMMITTING}), elsewhere=Moves.force)
+_column(K.FORCE_ROLLBACK, Moves.force, _each(_BY_OPERATOR, {ROLLING_BACK}), elsewhere=Moves.force)
+_column(K.RESUME, Moves.resume, {DISCARDED: {PREPARED}}, elsewhere=Moves.resume)
 # Check-backs: an answer that cannot decide any more is counted and otherwise ignored.
 _column(
     K.CHECK_ANSWERED,
     Moves.check_answered,
     {
-        S.CHECKING: {S.COMMITTING, S.ROLLING_BACK, S.PREPARED, S.DISCARDING},
-        S.PREPARED: {S.COMMITTING, S.ROLLING_BACK},  # the late answer to a timed-out check
+        CHECKING: {COMMITTING, ROLLING_BACK, PREPARED, DISCARDING},
+        PREPARED: {COMMITTING, ROLLING_BACK},  # the late answer to a timed-out check
     },
     elsewhere=Moves.check_answered,
 )
 _column(
     K.CHECK_FAILED,
     Moves.check_failed,
-    {S.CHECKING: {S.PREPARED, S.DISCARDING}},  # or CHECKING again: the group, at once
+    {CHECKING: {PREPARED, DISCARDING}},  # or CHECKING again: the group, at once
     elsewhere=Moves.ignore,
 )
 _column(
     K.DUE,
     Moves.due,
     {
-        S.PREPARED: {S.CHECKING, S.DISCARDING},
-        S.CHECKING: {S.PREPARED, S.DISCARDING},
-        S.DISCARDED: {Gone.FORGOTTEN},
+        PREPARED: {CHECKING, DISCARDING},
+        CHECKING: {PREPARED, DISCARDING},
+        DISCARDED: {FORGOTTEN},
     },
 )
 # Writes done: only the state that waits for the write takes it.
-_column(K.PUBLISHED, Moves.published, {S.PUBLISHING: {S.FINISHING}})
-TABLE[S.FINISHING, K.PUBLISHED] = TABLE[S.COMMITTED, K.PUBLISHED] = Row(Moves.ignore, frozenset())
-_column(K.COMMIT_WRITTEN, Moves.commit_written, {S.COMMITTING: {S.PUBLISHING}})
-_column(K.ROLLBACK_WRITTEN, Moves.rollback_written, {S.ROLLING_BACK: {S.ROLLED_BACK}})
-_column(K.DONE_WRITTEN, Moves.done_written, {S.FINISHING: {S.COMMITTED}})
-_column(K.DISCARD_WRITTEN, Moves.discard_written, {S.DISCARDING: {S.DISCARDED}})
+_column(K.PUBLISHED, Moves.published, {PUBLISHING: {FINISHING}})
+TABLE[FINISHING, K.PUBLISHED] = TABLE[COMMITTED, K.PUBLISHED] = Row(Moves.ignore, frozenset())
+_column(K.COMMIT_WRITTEN, Moves.commit_written, {COMMITTING: {PUBLISHING}})
+_column(K.ROLLBACK_WRITTEN, Moves.rollback_written, {ROLLING_BACK: {ROLLED_BACK}})
+_column(K.DONE_WRITTEN, Moves.done_written, {FINISHING: {COMMITTED}})
+_column(K.DISCARD_WRITTEN, Moves.discard_written, {DISCARDING: {DISCARDED}})
 # Recovery: a record applies only to the state it was written from; any other is a record
 # of an earlier, already finished incarnation (or a duplicate write), skipped and counted.
 _SKIP = Replay.skip_replayed
 _column(
-    K.COMMIT_REPLAYED, Replay.commit_replayed, _each(_BY_OPERATOR, {S.PUBLISHING}), elsewhere=_SKIP
+    K.COMMIT_REPLAYED, Replay.commit_replayed, _each(_BY_OPERATOR, {PUBLISHING}), elsewhere=_SKIP
 )
 _column(
     K.ROLLBACK_REPLAYED,
     Replay.rollback_replayed,
-    _each(_BY_OPERATOR, {S.ROLLED_BACK}),
+    _each(_BY_OPERATOR, {ROLLED_BACK}),
     elsewhere=_SKIP,
 )
-_column(K.DONE_REPLAYED, Replay.done_replayed, {S.PUBLISHING: {S.COMMITTED}}, elsewhere=_SKIP)
-_column(K.DISCARD_REPLAYED, Replay.discard_replayed, _each(OPEN, {S.DISCARDED}), elsewhere=_SKIP)
+_column(K.DONE_REPLAYED, Replay.done_replayed, {PUBLISHING: {COMMITTED}}, elsewhere=_SKIP)
+_column(K.DISCARD_REPLAYED, Replay.discard_replayed, _each(OPEN, {DISCARDED}), elsewhere=_SKIP)
 _column(K.CHECKED_REPLAYED, Replay.checked_replayed, _each(OPEN, set()), elsewhere=_SKIP)
 _column(
     K.RESUME_REPLAYED,
     Replay.resume_replayed,
-    {S.PREPARED: set(), S.CHECKING: set(), S.DISCARDED: {S.PREPARED}},
+    {PREPARED: set(), CHECKING: set(), DISCARDED: {PREPARED}},
     elsewhere=_SKIP,
 )
-
-
-class _Before(NamedTuple):
-    """What a unit puts back besides its transactions if it fails."""
-
-    counts: tuple[int, ...]
-    half_tail: int
-    next_check_id: int
-
-
-_counts = operator.attrgetter(*(field.name for field in dataclasses.fields(Counters)))
 
 
 class PhaseRule(NamedTuple):
@@ -202,6 +200,7 @@ class PhaseRule(NamedTuple):
     then: Phase
 
 
+_PER_TXN = frozenset(get_args(PerTxnEvent))
 _LIVE = frozenset({t.__name__ for t in get_args(Event) if t is not OpReplayed} | {"tick"})
 PHASES: dict[Phase, PhaseRule] = {
     Phase.FRESH: PhaseRule(_LIVE, emits=True, then=Phase.RUNNING),
@@ -306,9 +305,9 @@ class TransactionTable(Replay):
             replay_skipped=self.counters.replay_skipped, quarantined=self.counters.quarantined
         )
         for txn in self._open.values():
-            if txn.state is S.PUBLISHING:
+            if txn.state is PUBLISHING:
                 self._publish_all(txn)
-            elif txn.state is S.PREPARED:
+            elif txn.state is PREPARED:
                 if txn.check_times:
                     txn.next_check_at = now + self.config.check_delay(txn.check_times, self._rng)
                 else:
@@ -322,7 +321,9 @@ class TransactionTable(Replay):
 
     def _unit(self, apply: Callable[..., None], *args: Any) -> None:
         """Apply one event as a unit: keep all it did if all of it succeeded, else nothing."""
-        before = _Before(_counts(self.counters), self._half_tail, self._next_check_id)
+        # What it puts back besides its transactions if it fails.
+        counts = self.counters.__dict__.copy()
+        half_tail, next_check_id = self._half_tail, self._next_check_id
         try:
             apply(*args)
         except BaseException:
@@ -331,8 +332,8 @@ class TransactionTable(Replay):
                     self._open.pop(txid, None)
                 else:
                     put_back(self._open[txid], saved)
-            self.counters = Counters(*before.counts)
-            self._half_tail, self._next_check_id = before.half_tail, before.next_check_id
+            self.counters = Counters(**counts)
+            self._half_tail, self._next_check_id = half_tail, next_check_id
             self._end_unit()
             raise
         for txid, final in self._leaving.items():
@@ -358,7 +359,16 @@ class TransactionTable(Replay):
         self._leaving.clear()
 
     def _apply(self, event: Event, now: float) -> None:
-        self._phase_rule(type(event).__name__)
+        event_type = type(event)
+        self._phase_rule(event_type.__name__)
+        if event_type in _PER_TXN:
+            # Most events, found by their exact type: each class pattern below that fails
+            # costs an `isinstance` through `type.__instancecheck__` (an exact one is cheap).
+            one: PerTxnEvent = event  # type: ignore[assignment]  # its type is in _PER_TXN
+            empty = event_type is HalvesStored and isinstance(one, HalvesStored) and not one.halves
+            if not empty:
+                self._fire(one.txid, kind_of(one), one, now)
+                return
         match event:
             case OpPersisted():
                 self._written(event, now)
@@ -420,7 +430,7 @@ class TransactionTable(Replay):
         """The only assignment of a transaction's state (one that leaves memory, FINAL or
         FORGOTTEN, is carried out by `_unit` once the event succeeded)."""
         if target in LEAVES_MEMORY:
-            final = S.DISCARDED if target is Gone.FORGOTTEN else _state(target)
+            final = DISCARDED if target is FORGOTTEN else _state(target)
             self._leaving[txn.txid] = final
             txn.state = final
         else:
@@ -429,11 +439,11 @@ class TransactionTable(Replay):
     def _schedule(self, txn: Txn) -> None:
         """Keep the one deadline a transaction has in its state."""
         retention_at = txn.born + self.config.half_retention
-        if txn.state is S.PREPARED:
+        if txn.state is PREPARED:
             self._deadlines.set(txn.txid, min(txn.next_check_at, retention_at))
-        elif txn.state is S.CHECKING:
+        elif txn.state is CHECKING:
             self._deadlines.set(txn.txid, min(txn.check_expires_at, retention_at))
-        elif txn.state is S.DISCARDED:
+        elif txn.state is DISCARDED:
             self._deadlines.set(txn.txid, retention_at)
         else:
             self._deadlines.cancel(txn.txid)  # waiting for a write, which the actor retries
