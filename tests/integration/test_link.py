@@ -9,11 +9,13 @@ from typing import Any
 
 import anyio
 import nats
+import nats.js.errors
 import pytest
 from nats.aio.client import Client
 
 from tests.conftest import MakeNatsServer
 from txactors.nats import link
+from txactors.nats.client import TolerantClient
 from txactors.nats.link import Ack, await_ack, link_generation, until_changed, wait_connected
 
 
@@ -121,3 +123,25 @@ async def test_until_changed_wakes_on_a_future_or_its_timeout_and_leaves_them_al
         await cancelled
     assert not pending.done(), "cancelling the waiter cancels none of the futures"
     assert not pending._callbacks, "nor leaves its wake-up on them"  # type: ignore[attr-defined]
+
+
+async def test_acks_are_settled_in_the_read_loop_and_the_inbox_leaves_nothing_behind(
+    nc: Client,
+) -> None:
+    """A `TolerantClient` settles each write's answer in its read loop (`subscribe_direct`):
+    acks and refusals alike; once the inbox closes, its subscription leaves no handler."""
+    assert isinstance(nc, TolerantClient)
+    js = nc.jetstream()
+    await js.add_stream(name="DIRECTACKS", subjects=["directacks.>"], max_msg_size=64)
+    inbox = link.AckInbox(nc)
+    try:
+        stored = await inbox.publish("directacks.a", b"x", {"Nats-Msg-Id": "one"})
+        assert (await asyncio.wait_for(stored, 5)).seq == 1
+        assert nc._direct is not None and len(nc._direct) == 1
+        refused = await inbox.publish("directacks.b", b"y" * 100, {})
+        with pytest.raises(nats.js.errors.APIError):
+            await asyncio.wait_for(refused, 5)
+    finally:
+        await inbox.close()
+        await js.delete_stream("DIRECTACKS")
+    assert not nc._direct

@@ -30,6 +30,7 @@ from nats.aio.subscription import Subscription
 from nats.js.api import Header, PubAck
 
 from txactors.errors import TxActorsError
+from txactors.nats.client import TolerantClient
 from txactors.nats.retry import LinkLost
 
 T = TypeVar("T")
@@ -198,7 +199,11 @@ class AckInbox:
     ) -> asyncio.Future[PubAck]:
         """Send the write now; the future settles with JetStream's answer."""
         if self._subscription is None:
-            self._subscription = await self._nc.subscribe(f"{self._prefix}.*", cb=self._answered)
+            answers = f"{self._prefix}.*"
+            if isinstance(self._nc, TolerantClient):  # settled in the read loop, a turn sooner
+                self._subscription = await self._nc.subscribe_direct(answers, self._settle)
+            else:
+                self._subscription = await self._nc.subscribe(answers, cb=self._answered)
         token = str(next(self._tokens))
         future: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
         self._futures[token] = future
@@ -229,6 +234,11 @@ class AckInbox:
                 await subscription.unsubscribe()
 
     async def _answered(self, msg: Msg) -> None:
+        self._settle(msg)
+
+    def _settle(self, msg: Msg) -> None:
+        """Settle the future of the write `msg` answers (never raises: it may run in the
+        client's read loop)."""
         future = self._futures.get(msg.subject[len(self._prefix) + 1 :])
         if future is None or future.done():
             return
