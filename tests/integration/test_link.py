@@ -50,7 +50,7 @@ async def test_an_ack_waiter_sleeps_until_the_connection_drops(
         assert await waiter is Ack.LINK_LOST
         await wait_connected(private_nc)  # woken by the reconnect
     assert private_nc.is_connected
-    assert not never.done(), "the writer decides what to do with an unanswered write"
+    assert never.cancelled(), "an answer that can no longer come is given up"
 
 
 async def test_an_ack_waiter_is_woken_by_the_ack(private_nc: Client) -> None:
@@ -72,6 +72,27 @@ async def test_an_ack_not_back_by_its_deadline_is_overdue(
         outcome = await await_ack(private_nc, never, link_generation(private_nc), started)
     assert outcome is Ack.OVERDUE
     assert time.monotonic() - started >= 0.2
+    assert never.cancelled()
+
+
+async def test_an_ack_waiter_cancelled_is_cancelled_not_overdue(private_nc: Client) -> None:
+    never: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    generation = link_generation(private_nc)
+    waiter = asyncio.create_task(await_ack(private_nc, never, generation, time.monotonic()))
+    await asyncio.sleep(0)  # the waiter is waiting now
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+
+
+async def test_a_refused_write_is_settled(private_nc: Client) -> None:
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    loop.call_soon(future.set_exception, ValueError("refused"))
+    with anyio.fail_after(5):
+        outcome = await await_ack(private_nc, future, link_generation(private_nc), time.monotonic())
+    assert outcome is Ack.SETTLED
+    assert isinstance(future.exception(), ValueError)
 
 
 async def test_the_applications_callbacks_still_run_first(make_nats_server: MakeNatsServer) -> None:
