@@ -230,7 +230,9 @@ class AckInbox:
         if self._subscription is None:
             answers = f"{self._prefix}.*"
             if isinstance(self._nc, TolerantClient):  # settled in the read loop, a turn sooner
-                self._subscription = await self._nc.subscribe_direct(answers, self._settle)
+                self._subscription = await self._nc.subscribe_direct(
+                    answers, self._settle, self._answered
+                )
             else:
                 self._subscription = await self._nc.subscribe(answers, cb=self._answered)
         token = str(next(self._tokens))
@@ -265,15 +267,15 @@ class AckInbox:
     async def _answered(self, msg: Msg) -> None:
         self._settle(msg)
 
-    def _settle(self, msg: Msg) -> None:
+    def _settle(self, msg: Msg) -> bool:
         """Settle the future of the write `msg` answers (never raises: it may run in the
-        client's read loop)."""
+        client's read loop); True: every answer is taken."""
         future = self._futures.get(msg.subject[len(self._prefix) + 1 :])
         if future is None or future.done():
-            return
+            return True
         if (msg.headers or {}).get(Header.STATUS) == NO_RESPONDERS:
             future.set_exception(nats.js.errors.NoStreamResponseError())
-            return
+            return True
         try:
             answer = msgspec.json.decode(msg.data)
             if "error" in answer:
@@ -281,6 +283,7 @@ class AckInbox:
             future.set_result(pub_ack(answer))
         except Exception as error:  # the typed refusal, or an answer we cannot read
             future.set_exception(error)
+        return True
 
 
 _PUB_ACK_FIELDS = tuple(field.name for field in dataclasses.fields(PubAck))
