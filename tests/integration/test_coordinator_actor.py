@@ -123,15 +123,23 @@ async def test_the_checker_wakes_when_a_moving_clock_passes_its_deadline(
 def partition_mail(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The type of every message delivered to partition 0's mailbox."""
     delivered: list[str] = []
-    deliver = ActorCell.deliver
+    deliver, deliver_nowait = ActorCell.deliver, ActorCell.deliver_nowait
 
-    async def counted(cell: ActorCell, envelope: Request) -> None:
+    def note(cell: ActorCell, envelope: Request) -> None:
         if cell.name == "coordinator-0":
             inner = getattr(envelope.message, "message", envelope.message)
             delivered.append(type(inner).__name__)
+
+    async def counted(cell: ActorCell, envelope: Request) -> None:
+        note(cell, envelope)
         await deliver(cell, envelope)
 
+    def counted_nowait(cell: ActorCell, envelope: Request) -> None:  # served in the read loop
+        note(cell, envelope)
+        deliver_nowait(cell, envelope)
+
     monkeypatch.setattr(ActorCell, "deliver", counted)
+    monkeypatch.setattr(ActorCell, "deliver_nowait", counted_nowait)
     return delivered
 
 

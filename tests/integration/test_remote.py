@@ -146,3 +146,30 @@ async def test_remote_ask_to_nobody_or_a_silent_actor_fails_clearly(nc: Client) 
             await RemoteActorRef(nc, "test.silent", Reply).ask(Add(1, 1), timeout=0.1)
     finally:
         await silent.unsubscribe()
+
+
+async def test_a_full_mailbox_holds_requests_back_in_order_and_drops_none(nc: Client) -> None:
+    """Requests taken in the read loop while there is room, and those held back by a full
+    mailbox (the subscription's own way), reach the actor all, in the order they were sent."""
+    release = anyio.Event()
+    seen: list[int] = []
+
+    class Slow(Calculator):
+        async def receive(self, message: Any) -> Any:
+            if isinstance(message, Add):
+                await release.wait()
+                seen.append(message.a)
+            return await super().receive(message)
+
+    async with ActorSystem() as system:
+        ref = await system.spawn(Slow, mailbox_size=2)
+        subscription = await serve(nc, ref, SUBJECT, Request)
+        remote = RemoteActorRef(nc, SUBJECT, Reply)
+        for i in range(20):
+            await remote.tell(Add(i, 0))
+        await nc.flush()
+        release.set()
+        with anyio.fail_after(5):
+            assert await remote.ask(Add(20, 0)) == Sum(20)
+        assert seen == list(range(21))
+        await subscription.unsubscribe()

@@ -95,6 +95,10 @@ class LocalActorRef:
         """Enqueue a request whose answer goes to its own reply sink (served, pooled)."""
         await self._cell.deliver(request)
 
+    def post_nowait(self, request: Request) -> None:
+        """`post`, or `MailboxFull` (or `ActorDeadError`) at once."""
+        self._cell.deliver_nowait(request)
+
     async def ask(self, message: Any, timeout: float = DEFAULT_ASK_TIMEOUT) -> Any:
         return await ask_through(self._cell.deliver, self.name, message, timeout)
 

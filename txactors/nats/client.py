@@ -11,17 +11,19 @@ every restart.
 `TolerantClient` fixes both ends: a header block that cannot be parsed yields a message whose
 only header is `MALFORMED_HEADERS` (serve boundaries answer it `bad_request`; a consumer's
 handler sees it), and a read loop that ends while connected is treated as a lost connection,
-so the client reconnects and re-subscribes as after a network fault. `watch_connection` is
-for long-lived roles handed any client: it revives a dead read loop the same way and raises
-`NatsConnectionLost` once the connection is closed for good, so the role exits with an error
-instead of staying up serving nothing.
+so the client reconnects and re-subscribes as after a network fault. Its subscriptions of
+`subscribe_direct` (the writers' acks, the requests served to actors) are handled in the read
+loop itself, a loop turn sooner than through nats-py's per-subscription task.
+`watch_connection` is for long-lived roles handed any client: it revives a dead read loop the
+same way and raises `NatsConnectionLost` once the connection is closed for good, so the role
+exits with an error instead of staying up serving nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Final
 
@@ -30,6 +32,7 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.client import __version__ as nats_py_version
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.protocol.command import hpub_cmd
 
 from txactors.errors import NatsConnectionLost, TxActorsError
@@ -71,6 +74,51 @@ class ReadLoopDied(TxActorsError, nats.errors.Error):
 
 class TolerantClient(Client):
     """A nats-py `Client` whose read loop survives any header block a publisher sends."""
+
+    _direct: dict[int, Callable[[Msg], bool]] | None = None
+    """Subscription id -> its handler run in the read loop (`subscribe_direct`)."""
+
+    async def subscribe_direct(
+        self,
+        subject: str,
+        handler: Callable[[Msg], bool],
+        cb: Callable[[Msg], Awaitable[None]],
+        queue: str = "",
+    ) -> Subscription:
+        """Subscribe with `handler` run by the read loop itself, a loop turn sooner than
+        nats-py's per-subscription task would run `cb`: for the acks of every write
+        (`AckInbox`) and the requests served to actors (`serve`). A message `handler` does
+        not take (False) goes to `cb` as usual, in that task. `handler` must not raise nor
+        wait. Under a nats-py release not `MIRRORED_NATS_PY` (whose `_process_msg` the direct
+        path mirrors) every message goes to `cb`."""
+        subscription = await self.subscribe(subject, queue=queue, cb=cb)
+        if _mirrors_nats_py:
+            if self._direct is None:
+                self._direct = {}
+            self._direct[subscription._id] = handler
+        return subscription
+
+    def _remove_sub(self, sid: int, max_msgs: int = 0) -> None:
+        super()._remove_sub(sid, max_msgs)
+        if self._direct is not None:
+            self._direct.pop(sid, None)
+
+    async def _process_msg(
+        self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes
+    ) -> None:
+        """nats-py 2.16's, for a `subscribe_direct` subscription (no JetStream flow control,
+        no message limit): its handler first; what it does not take, nats-py's way."""
+        handler = None if self._direct is None else self._direct.get(sid)
+        subscription = None if handler is None else self._subs.get(sid)
+        if handler is not None and subscription is not None:
+            parsed = await self._process_headers(headers)
+            msg = self._build_message(sid, subject, reply, data, parsed)
+            if msg and handler(msg):
+                self.stats["in_msgs"] += 1
+                self.stats["in_bytes"] += len(data)
+                subscription._received += 1
+                return
+        await super()._process_msg(sid, subject, reply, data, headers)
 
     async def _process_headers(self, headers: Any) -> dict[str, str] | None:
         try:

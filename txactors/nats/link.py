@@ -2,8 +2,9 @@
 
 `LinkWatch` wakes whoever waits on a connection the moment it drops, comes back or closes, so
 nothing polls it; `await_ack` waits for one write's ack, woken by the ack, by the connection
-dropping or by its deadline; `linked` gives up a call as soon as the connection drops instead
-of waiting out its timeout; `AckInbox` settles every answer to our writes, refusals included.
+dropping or by its deadline (the last two give the write up); `linked` gives up a call as soon
+as the connection drops instead of waiting out its timeout; `AckInbox` settles every answer to
+our writes, refusals included.
 The writers (`nats/writer.py`, `oplog.py`) and the check-backs build on these; what a failure
 means and trying again is `txactors.nats.retry`.
 """
@@ -30,6 +31,7 @@ from nats.aio.subscription import Subscription
 from nats.js.api import Header, PubAck
 
 from txactors.errors import TxActorsError
+from txactors.nats.client import TolerantClient
 from txactors.nats.retry import LinkLost
 
 T = TypeVar("T")
@@ -128,18 +130,46 @@ class Ack(enum.Enum):
 async def await_ack(
     nc: Client, future: asyncio.Future[PubAck], generation: int, issued_at: float
 ) -> Ack:
-    """Wait for the answer to a write issued at `issued_at` on connection `generation`,
-    woken by the answer itself: `SETTLED` once `future` is done, `LINK_LOST` as soon as the
+    """Wait for the answer to a write issued at `issued_at` on connection `generation`:
+    `SETTLED` once `future` is done (with an ack or an error), `LINK_LOST` as soon as the
     connection dropped since (the answer will never come), `OVERDUE` after `ACK_TIMEOUT`.
-    The future is left as it is; what to do about a missing answer is the writer's call."""
-    while not future.done():
-        if not nc.is_connected or link_generation(nc) != generation:
-            return Ack.LINK_LOST
-        remaining = issued_at + ACK_TIMEOUT - time.monotonic()
-        if remaining <= 0:
-            return Ack.OVERDUE
-        await until_changed(nc, future, timeout=remaining)
-    return Ack.SETTLED
+
+    The future itself is awaited, so its answer wakes the waiter in one loop turn (through
+    `until_changed` it took two, on every write); the connection's change or the deadline
+    wake it by cancelling the future: a write not answered is given up (both writers give
+    it up then anyway). Cancelling the waiter cancels the future too."""
+    if future.done():
+        return Ack.SETTLED
+    if not nc.is_connected or link_generation(nc) != generation:
+        return Ack.LINK_LOST
+    remaining = issued_at + ACK_TIMEOUT - time.monotonic()
+    if remaining <= 0:
+        return Ack.OVERDUE
+
+    def give_up(_: object = None) -> None:
+        future.cancel()
+
+    timer = asyncio.get_running_loop().call_later(remaining, give_up)
+    changed = watch(nc).changed()
+    changed.add_done_callback(give_up)
+    task = asyncio.current_task()
+    assert task is not None
+    cancelling = task.cancelling()
+    try:
+        await future
+    except asyncio.CancelledError:
+        if task.cancelling() > cancelling:
+            raise  # the waiter is cancelled, not the write given up
+    except Exception:  # a refusal: the writer reads it from the future
+        pass
+    finally:
+        timer.cancel()
+        changed.remove_done_callback(give_up)
+    if not future.cancelled():
+        return Ack.SETTLED
+    if not nc.is_connected or link_generation(nc) != generation or changed.done():
+        return Ack.LINK_LOST
+    return Ack.OVERDUE
 
 
 async def linked(nc: Client, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -200,7 +230,13 @@ class AckInbox:
     ) -> asyncio.Future[PubAck]:
         """Send the write now; the future settles with JetStream's answer."""
         if self._subscription is None:
-            self._subscription = await self._nc.subscribe(f"{self._prefix}.*", cb=self._answered)
+            answers = f"{self._prefix}.*"
+            if isinstance(self._nc, TolerantClient):  # settled in the read loop, a turn sooner
+                self._subscription = await self._nc.subscribe_direct(
+                    answers, self._settle, self._answered
+                )
+            else:
+                self._subscription = await self._nc.subscribe(answers, cb=self._answered)
         token = str(next(self._tokens))
         future: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
         self._futures[token] = future
@@ -231,12 +267,17 @@ class AckInbox:
                 await subscription.unsubscribe()
 
     async def _answered(self, msg: Msg) -> None:
+        self._settle(msg)
+
+    def _settle(self, msg: Msg) -> bool:
+        """Settle the future of the write `msg` answers (never raises: it may run in the
+        client's read loop); True: every answer is taken."""
         future = self._futures.get(msg.subject[len(self._prefix) + 1 :])
         if future is None or future.done():
-            return
+            return True
         if (msg.headers or {}).get(_STATUS) == NO_RESPONDERS:
             future.set_exception(nats.js.errors.NoStreamResponseError())
-            return
+            return True
         try:
             answer = msgspec.json.decode(msg.data)
             if "error" in answer:
@@ -244,6 +285,7 @@ class AckInbox:
             future.set_result(pub_ack(answer))
         except Exception as error:  # the typed refusal, or an answer we cannot read
             future.set_exception(error)
+        return True
 
 
 _PUB_ACK_FIELDS = tuple(field.name for field in dataclasses.fields(PubAck))
