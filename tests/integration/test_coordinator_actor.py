@@ -17,14 +17,34 @@ from nats.aio.client import Client
 from tests.support.partition import FakePartition, Recorder
 from tests.support.txn import CoordinatorClient, message
 from tests.support.wait import eventually
-from txactors.actors import ActorSystem, Request
+from txactors.actors import ActorRef, ActorSystem, Request
 from txactors.actors.cell import ActorCell
+from txactors.coordinator.options import Clock
 from txactors.coordinator.partition.checker import Checker, CheckWork, Due
 from txactors.coordinator.service import run_coordinator
 from txactors.testing import ManualClock
 from txactors.wire.protocol import Decision
 
 TICK = 0.01
+
+
+async def spawn_checker(
+    system: ActorSystem, nc: Client, recorder: Recorder, *, clock: Clock, tick: float
+) -> ActorRef:
+    """Partition 0's checker (epoch 7), telling a stand-in partition that records it."""
+    partition = await system.spawn(lambda: FakePartition(recorder), name="partition")
+    return await system.spawn(
+        lambda: Checker(
+            nc=nc,
+            js=nc.jetstream(),
+            partition=0,
+            owner=partition,
+            epoch=7,
+            clock=clock,
+            tick_interval=tick,
+        ),
+        name="checker",
+    )
 
 
 async def heard_due(heard: list[Any], count: int) -> None:
@@ -40,19 +60,7 @@ async def test_the_checker_reports_due_only_once_the_coordinators_clock_passes_t
     recorder = Recorder()
     heard = recorder.heard
     async with ActorSystem() as system:
-        partition = await system.spawn(lambda: FakePartition(recorder), name="partition")
-        checker = await system.spawn(
-            lambda: Checker(
-                nc=private_nc,
-                js=private_nc.jetstream(),
-                partition=0,
-                owner=partition,
-                epoch=7,
-                clock=lambda: now[0],
-                tick_interval=TICK,
-            ),
-            name="checker",
-        )
+        checker = await spawn_checker(system, private_nc, recorder, clock=lambda: now[0], tick=TICK)
         await heard_due(heard, 1)  # a fresh checker knows no deadline: it asks at once
         assert heard == [Due(7)]
         await checker.tell(CheckWork(deadline=1_600.0))
@@ -71,19 +79,7 @@ async def test_the_checker_sleeps_until_its_deadline_and_wakes_for_an_earlier_on
     recorder = Recorder()
     heard = recorder.heard
     async with ActorSystem() as system:
-        partition = await system.spawn(lambda: FakePartition(recorder), name="partition")
-        checker = await system.spawn(
-            lambda: Checker(
-                nc=private_nc,
-                js=private_nc.jetstream(),
-                partition=0,
-                owner=partition,
-                epoch=7,
-                clock=time.time,
-                tick_interval=60.0,
-            ),
-            name="checker",
-        )
+        checker = await spawn_checker(system, private_nc, recorder, clock=time.time, tick=60.0)
         await heard_due(heard, 1)
         await checker.tell(CheckWork(deadline=time.time() + 600))
         await checker.tell(CheckWork(deadline=time.time() + 0.05))  # earlier: it wakes for it
@@ -97,19 +93,7 @@ async def test_the_checker_wakes_when_a_moving_clock_passes_its_deadline(
     recorder = Recorder()
     heard = recorder.heard
     async with ActorSystem() as system:
-        partition = await system.spawn(lambda: FakePartition(recorder), name="partition")
-        checker = await system.spawn(
-            lambda: Checker(
-                nc=private_nc,
-                js=private_nc.jetstream(),
-                partition=0,
-                owner=partition,
-                epoch=7,
-                clock=clock,
-                tick_interval=60.0,
-            ),
-            name="checker",
-        )
+        checker = await spawn_checker(system, private_nc, recorder, clock=clock, tick=60.0)
         await heard_due(heard, 1)
         await checker.tell(CheckWork(deadline=1_600.0))
         clock.advance(599)
