@@ -278,5 +278,5 @@ def test_the_checkpoint_never_passes_a_half_not_looked_at() -> None:
     assert late.hold(behind) is behind
 
 
-async def nothing_found(seq: int, headers: dict[str, str]) -> None:
+async def nothing_found(seq: int, halves: list[StoredHalf]) -> None:
     raise AssertionError("nothing is read here")

@@ -12,6 +12,7 @@ durable when JetStream acknowledged it.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Final
 
@@ -270,8 +271,8 @@ def stored_half(
     seq: int = 0,
 ) -> StoredHalf:
     """The half stored at `seq` (0: not written yet) with these fields: the one place a
-    `StoredHalf` is made, whether about to be written (`half_headers`), just written or
-    read back (`read_half`)."""
+    `StoredHalf` is made, whether about to be written (`pack_appends`) or read back
+    (`read_halves`)."""
     return StoredHalf(
         txid=txid,
         token=token_digest,
@@ -299,6 +300,16 @@ def halves_stored(stored: Sequence[StoredHalf], request_id: str | None = None) -
         begins=first.begins,
         request_id=request_id,
     )
+
+
+def by_transaction(halves: Sequence[StoredHalf]) -> list[list[StoredHalf]]:
+    """`halves` (of one TXN_HALF message, say) in runs of one transaction each, in order:
+    what `halves_stored` takes."""
+    return [list(run) for _, run in itertools.groupby(halves, key=_txid)]
+
+
+def _txid(stored: StoredHalf) -> str:
+    return stored.txid
 
 
 def read_raw_half(raw: RawStreamMsg) -> StoredHalf:
