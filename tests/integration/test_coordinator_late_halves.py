@@ -31,12 +31,15 @@ from txactors.coordinator.partition.store import (
     StoredHalf,
     ensure_streams,
     half_headers,
+    pack_appends,
     stored_half,
 )
 from txactors.coordinator.service import run_coordinator
 from txactors.nats.current import wait_current
+from txactors.nats.writer import Append
 from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
 from txactors.wire import layout
+from txactors.wire.protocol import PROTOCOL_VERSION, ListTransactions
 from txactors.wire.replicas import why_not_current
 
 OPTIONS = CoordinatorOptions(tick_interval=0.02, checkpoint_interval=0.1)
@@ -242,6 +245,68 @@ async def test_a_half_that_appears_after_recovery_is_checked_back(private_nc: Cl
     assert asked == ["late"], "checked back once, like a recovered half"
     [found] = [e for e in logs if e["event"] == "late_half_found"]
     assert found["txid"] == "late"
+
+
+def written_pack(*txids: str, producer: str = "p-late") -> Append:
+    """Two halves of each of `txids` as one pack, as an earlier owner wrote them."""
+    halves = [
+        stored_half(
+            txid=txid,
+            token_digest=tokens.digest(tokens.new_token()),
+            group="g",
+            producer=producer,
+            begins=index == 0,
+            index=index,
+            born=time.time(),
+            message=message(body=f"{txid}:{index}".encode()),
+        )
+        for txid in txids
+        for index in range(2)
+    ]
+    [(pack, count)] = pack_appends(0, halves, 1 << 20)
+    assert count == len(halves)
+    return pack
+
+
+async def test_a_pack_that_appears_after_recovery_is_read_whole_and_settled(
+    private_nc: Client,
+) -> None:
+    asked: dict[str, list[bytes]] = {}
+
+    def checker(view: CheckView) -> Decision:
+        asked[view.txid] = [m.body for m in view.messages]
+        return Decision.COMMIT if view.txid == "late-commit" else Decision.ROLLBACK
+
+    config = CoordinatorConfig(**FAST)
+    client = CoordinatorClient(private_nc)
+    async with (
+        run_coordinator(private_nc, config=config, options=OPTIONS),
+        TransactionProducer(private_nc, "g", checker, instance="p-late") as producer,
+    ):
+        async with producer.begin() as txn:  # the coordinator has recovered and serves
+            await txn.send([TxMessage("orders", b"first")])
+        with capture_logs() as logs:
+            pack = written_pack("late-commit", "late-rollback")
+            await private_nc.jetstream().publish(pack.subject, pack.payload, headers=pack.headers)
+            await eventually(
+                lambda: topic_ids(private_nc, "orders"),
+                until=lambda ids: {"late-commit:0", "late-commit:1"} <= set(ids),
+                timeout=15,
+                what="the late pack's committed transaction published",
+            )
+            await eventually(
+                lambda: client.admin(ListTransactions(version=PROTOCOL_VERSION)),
+                until=lambda listed: not listed.transactions,
+                timeout=15,
+                what="both transactions of the pack settled",
+            )
+    assert asked == {
+        "late-commit": [b"late-commit:0", b"late-commit:1"],
+        "late-rollback": [b"late-rollback:0", b"late-rollback:1"],
+    }, "each checked back once, with its messages from the pack"
+    assert not [i for i in await topic_ids(private_nc, "orders") if i.startswith("late-rollback")]
+    found = [e["txid"] for e in logs if e["event"] == "late_half_found"]
+    assert found == ["late-commit", "late-rollback"]
 
 
 async def test_its_own_halves_are_never_late(private_nc: Client) -> None:
