@@ -2,10 +2,10 @@
 
 It owns one partition's `TransactionTable`. Requests (prepare, end, admin) arrive in its
 mailbox, pass the validation `Boundary` and become events (a batch of prepares or ends is
-split into one request per item first, batches.py, and its prepares' halves are submitted as
-one job); the actions of each step are handed on at once and never awaited: op records to
-`OpLog`, publishes to `Publisher`, answers to `Answers`, check-backs and the next deadline
-to the partition's `Checker` actor.
+split into one request per item first, batches.py, and its prepares' halves are stored as
+one pack, `store.pack_appends`); the actions of each step are handed on at once and never
+awaited: op records to `OpLog`, publishes to `Publisher`, answers to `Answers`, check-backs
+and the next deadline to the partition's `Checker` actor.
 
 A step (`_step`: `table.handle_batch`, then handing on its actions) never waits, so it is
 atomic on the event loop, and the writers feed their completions (`HalvesStored`,
@@ -497,7 +497,8 @@ class PartitionCoordinator(Actor):
     async def _prepare(self, requests: list[Request]) -> None:
         """Admit each prepare (in order: a later one of the same transaction is admitted
         against the earlier ones), declare their topics, and hand the halves of all that
-        are admitted to the writer in one job, in one step: one write carries them."""
+        are admitted to the writer in one job, in one step: one TXN_HALF message (a pack)
+        carries them, a few if together they would outgrow the server's `max_payload`."""
         prepares = [_Preparing(request) for request in requests]
         topics = {m.topic for p in prepares for m in p.prepare.messages}
         if not self._publisher.declared(topics):

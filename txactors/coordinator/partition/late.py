@@ -123,7 +123,7 @@ class LateHalves:
         self._next = after + 1
         self._found = found
         self._own: set[int] = set()
-        """Sequences this partition wrote and the follower has not reached yet."""
+        """Sequences of messages this partition wrote that the follower has not reached yet."""
 
     @property
     def next_seq(self) -> int:
@@ -131,8 +131,8 @@ class LateHalves:
         return self._next
 
     def own(self, seqs: Iterable[int]) -> None:
-        """Halves this partition wrote (acknowledged at `seqs`): not late. A sequence
-        already passed was seen while its write was in flight, and skipped then."""
+        """Messages this partition wrote (acknowledged at `seqs`): not late. A sequence
+        already passed was seen while its write was in flight, and its halves skipped then."""
         self._own.update(seq for seq in seqs if seq >= self._next)
 
     def hold(self, checkpoint: Checkpoint) -> Checkpoint:
