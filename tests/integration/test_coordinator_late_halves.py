@@ -334,6 +334,56 @@ async def test_its_own_halves_are_never_late(private_nc: Client) -> None:
     assert not [e for e in logs if e["event"] == "late_half_found"]
 
 
+class AckedMeanwhile:
+    """A JetStream context whose `get_msg` of a pack lets its write's ack arrive meanwhile
+    (the partition calls `own`), for the sequences in `ours`."""
+
+    def __init__(self, js: JetStreamContext, ours: set[int]) -> None:
+        self._js = js
+        self.ours = ours
+        self.late: LateHalves | None = None
+        self.fetched: list[int] = []
+
+    async def get_msg(self, stream: str, seq: int) -> Any:
+        self.fetched.append(seq)
+        if seq in self.ours and self.late is not None:
+            self.late.own([seq])
+        return await self._js.get_msg(stream, seq)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._js, name)
+
+
+async def test_the_follower_reads_a_foreign_pack_whole_and_skips_its_own(
+    private_nc: Client,
+) -> None:
+    js = private_nc.jetstream()
+    await ensure_streams(js, half_retention=3600)
+    legacy = await js.publish(layout.half_subject(0), b"alone", headers=written_half("alone"))
+    own, foreign = written_pack("own"), written_pack("a", "b")
+    acked_meanwhile = await js.publish(own.subject, own.payload, headers=own.headers)
+    last = await js.publish(foreign.subject, foreign.payload, headers=foreign.headers)
+    found: list[tuple[int, list[tuple[str, int, bytes]]]] = []
+
+    async def collect(seq: int, halves: list[StoredHalf]) -> None:
+        found.append((seq, [(h.txid, h.half.index, h.message.body) for h in halves]))
+
+    proxy = AckedMeanwhile(js, {acked_meanwhile.seq})
+    late = LateHalves(cast(JetStreamContext, proxy), 0, 0, collect, end=HalfEnd(js, tick=0.01))
+    proxy.late = late
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(late.run)
+            await eventually(lambda: late.next_seq > last.seq, what="the follower read all")
+            tasks.cancel_scope.cancel()
+    assert proxy.fetched == [acked_meanwhile.seq, last.seq], "only packs are fetched"
+    assert found == [
+        (legacy.seq, [("alone", 0, b"")]),  # headers only: its body stays in TXN_HALF
+        (last.seq, [("a", 0, b"a:0"), ("a", 1, b"a:1"), ("b", 0, b"b:0"), ("b", 1, b"b:1")]),
+    ], "a pack whose ack came while it was read is ours"
+    assert late.hold(Checkpoint(last.seq + 5, 1)).half_seq == last.seq + 1
+
+
 def test_the_checkpoint_never_passes_a_half_not_looked_at() -> None:
     js = cast(JetStreamContext, None)
     late = LateHalves(js, 0, after=41, found=nothing_found, end=HalfEnd(js, tick=0.1))

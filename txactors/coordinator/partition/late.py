@@ -166,7 +166,9 @@ class LateHalves:
                         continue
                     halves = await self._halves(seq, msg.headers or {})
                     self._next = seq + 1  # not before: the checkpoint must not pass them
-                    if halves:
+                    if seq in self._own:  # our own pack, whose ack came while it was read
+                        self._own.discard(seq)
+                    elif halves:
                         await self._found(seq, halves)
             except LINK_TROUBLE as error:  # permanent: read_subject retried the transient ones
                 problem = describe(error)
