@@ -12,6 +12,7 @@ durable when JetStream acknowledged it.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Final
 
@@ -48,9 +49,6 @@ _PACK_ID_SUFFIX: Final = ":pack"
 """A pack's `Nats-Msg-Id` is `<nuid>:pack`: one per pack, the same when a write is retried."""
 PACK_VERSION: Final = "1"
 """The `Txn-Pack` header of today's packs; a pack of another version is unreadable here."""
-PACK_ENTRY_OVERHEAD: Final = 256
-"""Bytes a pack entry takes besides its body, properties and keys, at most (ids, token
-digest, group, producer, topic, times, msgpack framing): the estimate that splits packs."""
 _op_encoder: Final = msgspec.msgpack.Encoder()
 _op_decoder: Final = msgspec.msgpack.Decoder(list[OpRecord])
 _checkpoint_decoder: Final = msgspec.json.Decoder(Checkpoint)
@@ -270,8 +268,8 @@ def stored_half(
     seq: int = 0,
 ) -> StoredHalf:
     """The half stored at `seq` (0: not written yet) with these fields: the one place a
-    `StoredHalf` is made, whether about to be written (`half_headers`), just written or
-    read back (`read_half`)."""
+    `StoredHalf` is made, whether about to be written (`pack_appends`) or read back
+    (`read_halves`)."""
     return StoredHalf(
         txid=txid,
         token=token_digest,
@@ -299,6 +297,16 @@ def halves_stored(stored: Sequence[StoredHalf], request_id: str | None = None) -
         begins=first.begins,
         request_id=request_id,
     )
+
+
+def by_transaction(halves: Sequence[StoredHalf]) -> list[list[StoredHalf]]:
+    """`halves` (of one TXN_HALF message, say) in runs of one transaction each, in order:
+    what `halves_stored` takes."""
+    return [list(run) for _, run in itertools.groupby(halves, key=_txid)]
+
+
+def _txid(stored: StoredHalf) -> str:
+    return stored.txid
 
 
 def read_raw_half(raw: RawStreamMsg) -> StoredHalf:
@@ -331,26 +339,28 @@ class PackedHalf(msgspec.Struct, frozen=True, array_like=True):
 _pack_encoder: Final = msgspec.msgpack.Encoder()
 _pack_decoder: Final = msgspec.msgpack.Decoder(list[PackedHalf])
 _pack_ids: Final = NUID()
+_ARRAY_HEADER_MAX: Final = 5
+"""Bytes of the longest msgpack array header (array 32)."""
 
 
 def pack_appends(
     partition: int, halves: Sequence[StoredHalf], max_bytes: int
 ) -> list[tuple[Append, int]]:
     """The TXN_HALF appends that store `halves` (in order) as packs, each with how many of
-    the halves it holds: as few packs as keep each under `max_bytes` by estimate
-    (`PACK_ENTRY_OVERHEAD`), a half too large for any pack alone in one of its own (the
-    server judges it, as it would a half stored alone)."""
+    the halves it holds: as few packs as keep each body within `max_bytes`, a half too large
+    for any pack alone in one of its own (the server judges it, as it would a half stored
+    alone). Each half is encoded once, so the sizes are exact: a pack's body is the msgpack
+    array of its entries, their encodings after the array's header."""
     appends: list[tuple[Append, int]] = []
-    entries: list[PackedHalf] = []
-    size = 0
+    entries: list[bytes] = []
+    size = _ARRAY_HEADER_MAX
     for stored in halves:
-        entry = _packed(stored)
-        entry_size = _estimate(entry)
-        if entries and size + entry_size > max_bytes:
+        entry = _pack_encoder.encode(_packed(stored))
+        if entries and size + len(entry) > max_bytes:
             appends.append((_pack_append(partition, entries), len(entries)))
-            entries, size = [], 0
+            entries, size = [], _ARRAY_HEADER_MAX
         entries.append(entry)
-        size += entry_size
+        size += len(entry)
     if entries:
         appends.append((_pack_append(partition, entries), len(entries)))
     return appends
@@ -375,19 +385,22 @@ def _packed(stored: StoredHalf) -> PackedHalf:
     )
 
 
-def _estimate(entry: PackedHalf) -> int:
-    properties = sum(len(k) + len(v) + 4 for k, v in entry.properties.items())
-    keys = sum(len(k) + 2 for k in entry.keys)
-    return len(entry.body) + properties + keys + len(entry.txid) + PACK_ENTRY_OVERHEAD
-
-
-def _pack_append(partition: int, entries: list[PackedHalf]) -> Append:
+def _pack_append(partition: int, entries: list[bytes]) -> Append:
     headers = {
         layout.MSG_ID_HEADER: _pack_ids.next().decode() + _PACK_ID_SUFFIX,
         layout.PACK_HEADER: PACK_VERSION,
     }
-    body = _pack_encoder.encode(entries)
+    body = _array_header(len(entries)) + b"".join(entries)
     return Append(layout.half_subject(partition), body, headers, layout.HALF_STREAM)
+
+
+def _array_header(length: int) -> bytes:
+    """The msgpack header of an array of `length` items (fixarray, array 16, array 32)."""
+    if length < 16:
+        return bytes((0x90 | length,))
+    if length < 1 << 16:
+        return b"\xdc" + length.to_bytes(2, "big")
+    return b"\xdd" + length.to_bytes(4, "big")
 
 
 def is_pack(headers: Mapping[str, str]) -> bool:
