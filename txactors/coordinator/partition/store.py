@@ -309,10 +309,6 @@ def _txid(stored: StoredHalf) -> str:
     return stored.txid
 
 
-def read_raw_half(raw: RawStreamMsg) -> StoredHalf:
-    return read_half(raw.seq or 0, stored_headers(raw), raw.data or b"")
-
-
 # -- packs ----------------------------------------------------------------------------------
 
 
