@@ -25,6 +25,7 @@ from tests.support.wait import eventually
 from txactors.consumer import ConsumedMessage, Consumer
 from txactors.coordinator import CoordinatorConfig, CoordinatorOptions
 from txactors.coordinator.partition.recovery import read_subject
+from txactors.coordinator.partition.store import read_halves
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import ActorDeadError, AskTimeout, CommandError, TxActorsError
 from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
@@ -139,10 +140,10 @@ async def _commit_once_up(
 async def test_in_flight_writes_resume_within_seconds_of_the_broker_return(
     make_nats_server: MakeNatsServer,
 ) -> None:
-    """1,000 half appends in flight when nats-server is SIGKILLed: after it is back, every
-    partition commits again within seconds (the lost acks fail at once, they do not each
-    wait out a timeout), and the re-issued halves are not stored twice."""
-    partitions, prepares, per_prepare = 2, 10, 100
+    """1,000 halves in flight (a pack per prepare) when nats-server is SIGKILLed: after it
+    is back, every partition commits again within seconds (the lost acks fail at once, they
+    do not each wait out a timeout), and the re-issued packs are not stored twice."""
+    partitions, prepares, per_prepare = 2, 100, 10
     server = await make_nats_server()
     nc = await nats.connect(server.url, reconnect_time_wait=0.1, max_reconnect_attempts=-1)
     clients = [CoordinatorClient(nc, p) for p in range(partitions)]
@@ -202,13 +203,20 @@ async def test_in_flight_writes_resume_within_seconds_of_the_broker_return(
             assert max(e["appends"] for e in reissued) > 1, "pending acks failed together"
             assert answered, "core NATS may lose a request in the dead server, not all of them"
             js = nc.jetstream()
-            ids = [
-                (m.headers or {})[layout.MSG_ID_HEADER]
+            packs = [
+                m
                 for p in range(partitions)
                 async for m in read_subject(js, layout.HALF_STREAM, layout.half_subject(p), 1)
             ]
-            assert len(ids) == len(set(ids)), "a re-issued half was not stored twice"
-            stored = {f"{p.txid}:{i}:half" for p in answered for i in range(per_prepare)}
-            assert stored <= set(ids), "every answered prepare's halves are stored"
+            ids = [(m.headers or {})[layout.MSG_ID_HEADER] for m in packs]
+            assert len(ids) == len(set(ids)), "a re-issued pack was not stored twice"
+            halves = [
+                (h.txid, h.half.index)
+                for m in packs
+                for h in read_halves(m.metadata.sequence.stream, m.headers or {}, m.data)
+            ]
+            assert len(halves) == len(set(halves)), "nor any half twice"
+            stored = {(p.txid, i) for p in answered for i in range(per_prepare)}
+            assert stored <= set(halves), "every answered prepare's halves are stored"
     finally:
         await nc.close()

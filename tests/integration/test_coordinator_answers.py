@@ -12,6 +12,7 @@ from nats.js.api import PubAck
 
 from tests.unit.test_coordinator_validation import BOUNDARY, MAX_PAYLOAD, valid_prepares
 from txactors.actors import Request
+from txactors.coordinator.boundary import HEADER_RESERVE
 from txactors.coordinator.core import tokens
 from txactors.coordinator.core.config import CoordinatorConfig
 from txactors.coordinator.core.effects import Acknowledge
@@ -19,7 +20,7 @@ from txactors.coordinator.core.states import TxnState
 from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.partition.answers import Answers
 from txactors.coordinator.partition.prepares import PreparesInFlight
-from txactors.coordinator.partition.store import read_half
+from txactors.coordinator.partition.store import pack_appends, read_halves
 from txactors.wire.protocol import Prepare
 
 
@@ -72,11 +73,15 @@ def test_stored_halves_equal_what_reading_them_back_gives(prepare: Prepare) -> N
     if BOUNDARY.refusal(prepare, max_payload=MAX_PAYLOAD) is not None:
         return
     digest = tokens.digest(prepare.token or tokens.new_token())
-    prepares = PreparesInFlight(0)
-    appends = prepares.start(TransactionTable(CoordinatorConfig()), prepare, digest, 1.5e9)
-    acks = [PubAck(stream="TXN_HALF", seq=100 + i) for i in range(len(appends))]
-    stored, refused = prepares.finish(prepare, digest, appends, acks)
+    prepares = PreparesInFlight()
+    halves = prepares.start(TransactionTable(CoordinatorConfig()), prepare, digest, 1.5e9)
+    packs = pack_appends(0, halves, MAX_PAYLOAD - HEADER_RESERVE)
+    acks = [PubAck(stream="TXN_HALF", seq=100 + i) for i in range(len(packs))]
+    per_half = [ack for ack, (_, count) in zip(acks, packs, strict=True) for _ in range(count)]
+    stored, refused = prepares.finish(prepare, digest, halves, per_half)
     assert refused == []
     assert stored == [
-        read_half(ack.seq, a.headers, a.payload) for a, ack in zip(appends, acks, strict=True)
+        half
+        for (pack, _), ack in zip(packs, acks, strict=True)
+        for half in read_halves(ack.seq, pack.headers, pack.payload)
     ]

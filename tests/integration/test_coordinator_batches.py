@@ -18,7 +18,6 @@ import msgspec
 import nats
 import pytest
 from nats.aio.client import Client
-from nats.js.api import Header
 from prometheus_client import CollectorRegistry
 
 from tests.conftest import MakeNatsServer
@@ -28,7 +27,7 @@ from txactors.actors import RemoteActorRef
 from txactors.actors.remote import REPLY_HEADROOM
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.partition.recovery import read_subject
-from txactors.coordinator.partition.store import half_identity
+from txactors.coordinator.partition.store import read_halves
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import CommandError
 from txactors.observe.metrics import CoordinatorMetrics
@@ -124,12 +123,11 @@ async def test_a_batch_of_prepares_is_one_write_and_one_answer_and_its_ends_one_
         receipts = prepared(answer.results)
         assert [r.txid for r in receipts] == txids, "results[i] answers items[i]"
         assert all(len(r.seqs) == 1 for r in receipts)
-        stored = await halves(private_nc)
-        assert sorted(m.metadata.sequence.stream for m in stored) == sorted(
-            r.seqs[0] for r in receipts
-        )
-        batch_ids = {(m.headers or {}).get(Header.BATCH_ID) for m in stored}
-        assert len(batch_ids) == 1 and None not in batch_ids, "one atomic write, one fsync"
+        [pack] = await halves(private_nc)  # one TXN_HALF message, one write, one fsync
+        assert (await private_nc.jetstream().stream_info(layout.HALF_STREAM)).state.messages == 1
+        seq = pack.metadata.sequence.stream
+        assert [r.seqs for r in receipts] == [[seq]] * len(txids), "every half in the pack"
+        assert [h.txid for h in read_halves(seq, pack.headers or {}, pack.data)] == txids
 
         ends = [EndItem(txid=r.txid, token=r.token, decision=COMMIT) for r in receipts]
         ended = await end_batch(private_nc, ends)
@@ -185,11 +183,17 @@ async def test_a_bad_item_is_refused_alone_and_the_others_are_stored(private_nc:
         ]
         assert "belongs to partition 1" in results[2].message  # type: ignore[union-attr]
         assert all(r.token == token for r in (results[5], results[8]))  # type: ignore[union-attr]
-        stored = await halves(private_nc)
+        messages = await halves(private_nc)
+        assert len(messages) == 2 + 1, "the first two prepares, and the batch's admitted items"
+        stored = [
+            h
+            for m in messages
+            for h in read_halves(m.metadata.sequence.stream, m.headers or {}, m.data)
+        ]
         assert len(stored) == 2 + 4, "the first two prepares, and the four admitted items"
         assert (await client.end(known, token, COMMIT)).state == "committed"
-    committed = [m for m in stored if half_identity(m.headers or {})[0] == known]
-    assert [m.data for m in committed] == [b"first", b"second", b"third"]
+    committed = [h for h in stored if h.txid == known]
+    assert [h.message.body for h in committed] == [b"first", b"second", b"third"]
     assert await topic_ids(private_nc, "orders") == [f"{known}:{i}" for i in range(3)]
 
 

@@ -24,7 +24,12 @@ from tests.support.wait import eventually
 from txactors.coordinator import CoordinatorConfig
 from txactors.coordinator.core import tokens
 from txactors.coordinator.options import CoordinatorOptions
-from txactors.coordinator.partition.store import ensure_streams, half_headers, stored_half
+from txactors.coordinator.partition.store import (
+    ensure_streams,
+    half_headers,
+    read_raw_halves,
+    stored_half,
+)
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import CommandError
 from txactors.nats.topics import ensure_topic_stream
@@ -267,9 +272,10 @@ async def test_a_txid_begins_once_and_its_token_is_stored_only_as_a_digest(
         assert second.value.code == "conflict"
 
         stored = await private_nc.jetstream().get_msg(layout.HALF_STREAM, receipt.seqs[0])
-        headers = stored_headers(stored)
-        assert headers[layout.TOKEN_HEADER] == tokens.digest(receipt.token)
-        assert all(receipt.token not in value for value in headers.values())
+        [half] = read_raw_halves(stored)  # in a pack
+        assert half.token == tokens.digest(receipt.token)
+        assert all(receipt.token not in value for value in stored_headers(stored).values())
+        assert receipt.token.encode() not in (stored.data or b"")
 
         assert (await client.end("once", receipt.token, COMMIT)).state == "committed"
         with pytest.raises(CommandError) as after:

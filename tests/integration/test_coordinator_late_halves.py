@@ -31,12 +31,15 @@ from txactors.coordinator.partition.store import (
     StoredHalf,
     ensure_streams,
     half_headers,
+    pack_appends,
     stored_half,
 )
 from txactors.coordinator.service import run_coordinator
 from txactors.nats.current import wait_current
+from txactors.nats.writer import Append
 from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
 from txactors.wire import layout
+from txactors.wire.protocol import PROTOCOL_VERSION, ListTransactions
 from txactors.wire.replicas import why_not_current
 
 OPTIONS = CoordinatorOptions(tick_interval=0.02, checkpoint_interval=0.1)
@@ -244,6 +247,68 @@ async def test_a_half_that_appears_after_recovery_is_checked_back(private_nc: Cl
     assert found["txid"] == "late"
 
 
+def written_pack(*txids: str, producer: str = "p-late") -> Append:
+    """Two halves of each of `txids` as one pack, as an earlier owner wrote them."""
+    halves = [
+        stored_half(
+            txid=txid,
+            token_digest=tokens.digest(tokens.new_token()),
+            group="g",
+            producer=producer,
+            begins=index == 0,
+            index=index,
+            born=time.time(),
+            message=message(body=f"{txid}:{index}".encode()),
+        )
+        for txid in txids
+        for index in range(2)
+    ]
+    [(pack, count)] = pack_appends(0, halves, 1 << 20)
+    assert count == len(halves)
+    return pack
+
+
+async def test_a_pack_that_appears_after_recovery_is_read_whole_and_settled(
+    private_nc: Client,
+) -> None:
+    asked: dict[str, list[bytes]] = {}
+
+    def checker(view: CheckView) -> Decision:
+        asked[view.txid] = [m.body for m in view.messages]
+        return Decision.COMMIT if view.txid == "late-commit" else Decision.ROLLBACK
+
+    config = CoordinatorConfig(**FAST)
+    client = CoordinatorClient(private_nc)
+    async with (
+        run_coordinator(private_nc, config=config, options=OPTIONS),
+        TransactionProducer(private_nc, "g", checker, instance="p-late") as producer,
+    ):
+        async with producer.begin() as txn:  # the coordinator has recovered and serves
+            await txn.send([TxMessage("orders", b"first")])
+        with capture_logs() as logs:
+            pack = written_pack("late-commit", "late-rollback")
+            await private_nc.jetstream().publish(pack.subject, pack.payload, headers=pack.headers)
+            await eventually(
+                lambda: topic_ids(private_nc, "orders"),
+                until=lambda ids: {"late-commit:0", "late-commit:1"} <= set(ids),
+                timeout=15,
+                what="the late pack's committed transaction published",
+            )
+            await eventually(
+                lambda: client.admin(ListTransactions(version=PROTOCOL_VERSION)),
+                until=lambda listed: not listed.transactions,
+                timeout=15,
+                what="both transactions of the pack settled",
+            )
+    assert asked == {
+        "late-commit": [b"late-commit:0", b"late-commit:1"],
+        "late-rollback": [b"late-rollback:0", b"late-rollback:1"],
+    }, "each checked back once, with its messages from the pack"
+    assert not [i for i in await topic_ids(private_nc, "orders") if i.startswith("late-rollback")]
+    found = [e["txid"] for e in logs if e["event"] == "late_half_found"]
+    assert found == ["late-commit", "late-rollback"]
+
+
 async def test_its_own_halves_are_never_late(private_nc: Client) -> None:
     """Even when finished transactions are forgotten at once (no recent outcomes), the
     halves this partition wrote are not taken for late ones and asked about again."""
@@ -269,6 +334,56 @@ async def test_its_own_halves_are_never_late(private_nc: Client) -> None:
     assert not [e for e in logs if e["event"] == "late_half_found"]
 
 
+class AckedMeanwhile:
+    """A JetStream context whose `get_msg` of a pack lets its write's ack arrive meanwhile
+    (the partition calls `own`), for the sequences in `ours`."""
+
+    def __init__(self, js: JetStreamContext, ours: set[int]) -> None:
+        self._js = js
+        self.ours = ours
+        self.late: LateHalves | None = None
+        self.fetched: list[int] = []
+
+    async def get_msg(self, stream: str, seq: int) -> Any:
+        self.fetched.append(seq)
+        if seq in self.ours and self.late is not None:
+            self.late.own([seq])
+        return await self._js.get_msg(stream, seq)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._js, name)
+
+
+async def test_the_follower_reads_a_foreign_pack_whole_and_skips_its_own(
+    private_nc: Client,
+) -> None:
+    js = private_nc.jetstream()
+    await ensure_streams(js, half_retention=3600)
+    legacy = await js.publish(layout.half_subject(0), b"alone", headers=written_half("alone"))
+    own, foreign = written_pack("own"), written_pack("a", "b")
+    acked_meanwhile = await js.publish(own.subject, own.payload, headers=own.headers)
+    last = await js.publish(foreign.subject, foreign.payload, headers=foreign.headers)
+    found: list[tuple[int, list[tuple[str, int, bytes]]]] = []
+
+    async def collect(seq: int, halves: list[StoredHalf]) -> None:
+        found.append((seq, [(h.txid, h.half.index, h.message.body) for h in halves]))
+
+    proxy = AckedMeanwhile(js, {acked_meanwhile.seq})
+    late = LateHalves(cast(JetStreamContext, proxy), 0, 0, collect, end=HalfEnd(js, tick=0.01))
+    proxy.late = late
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(late.run)
+            await eventually(lambda: late.next_seq > last.seq, what="the follower read all")
+            tasks.cancel_scope.cancel()
+    assert proxy.fetched == [acked_meanwhile.seq, last.seq], "only packs are fetched"
+    assert found == [
+        (legacy.seq, [("alone", 0, b"")]),  # headers only: its body stays in TXN_HALF
+        (last.seq, [("a", 0, b"a:0"), ("a", 1, b"a:1"), ("b", 0, b"b:0"), ("b", 1, b"b:1")]),
+    ], "a pack whose ack came while it was read is ours"
+    assert late.hold(Checkpoint(last.seq + 5, 1)).half_seq == last.seq + 1
+
+
 def test_the_checkpoint_never_passes_a_half_not_looked_at() -> None:
     js = cast(JetStreamContext, None)
     late = LateHalves(js, 0, after=41, found=nothing_found, end=HalfEnd(js, tick=0.1))
@@ -278,5 +393,5 @@ def test_the_checkpoint_never_passes_a_half_not_looked_at() -> None:
     assert late.hold(behind) is behind
 
 
-async def nothing_found(seq: int, headers: dict[str, str]) -> None:
+async def nothing_found(seq: int, halves: list[StoredHalf]) -> None:
     raise AssertionError("nothing is read here")

@@ -13,6 +13,7 @@ import msgspec
 import structlog
 from nats.aio.client import Client
 
+from tests.integration.test_coordinator_batches import prepare_batch
 from tests.support.txn import FAST, CoordinatorClient, message, topic_ids, topic_messages
 from tests.support.wait import eventually
 from txactors.coordinator import CoordinatorConfig, CoordinatorOptions
@@ -26,6 +27,8 @@ from txactors.wire.protocol import (
     CommitTransaction,
     Decision,
     ListTransactions,
+    Prepared,
+    PrepareItem,
     ShowTransaction,
 )
 
@@ -96,6 +99,7 @@ async def test_garbage_in_the_coordinators_own_streams_is_quarantined_not_fatal(
     js = private_nc.jetstream()
     await js.publish(layout.half_subject(0), b"no headers at all")
     await js.publish(layout.half_subject(0), b"x", headers={layout.TXID_HEADER: "only-a-txid"})
+    await js.publish(layout.half_subject(0), b"\xc1 not msgpack", headers={layout.PACK_HEADER: "1"})
     await private_nc.publish(layout.op_subject(0), b"\xc1 not msgpack")
     await private_nc.flush()
 
@@ -106,13 +110,16 @@ async def test_garbage_in_the_coordinators_own_streams_is_quarantined_not_fatal(
             receipt = await client.prepare("after-garbage", message())
             ended = await client.end("after-garbage", receipt.token, Decision.COMMIT)
             assert ended.state == "committed"
-    assert recovered(logs)["halves_read"] == 2
+    assert recovered(logs)["halves_read"] == 3
     quarantined = [e for e in logs if e["event"] == "record_quarantined"]
-    assert sorted(e["stream"] for e in quarantined) == ["TXN_HALF", "TXN_HALF", "TXN_OP"]
+    assert sorted(e["stream"] for e in quarantined) == ["TXN_HALF"] * 3 + ["TXN_OP"]
     copies = [
         m async for m in read_subject(js, layout.DISCARD_STREAM, layout.quarantine_subject(), 1)
     ]
-    assert len(copies) == 3
+    assert len(copies) == 4
+    assert [c.data for c in copies if layout.PACK_HEADER in (c.headers or {})] == [
+        b"\xc1 not msgpack"
+    ], "a pack is quarantined whole"
     for copy in copies:
         headers = copy.headers or {}
         assert headers[layout.QUARANTINE_REASON_HEADER].startswith("unreadable in recovery")
@@ -124,7 +131,63 @@ async def test_garbage_in_the_coordinators_own_streams_is_quarantined_not_fatal(
     again = [
         m async for m in read_subject(js, layout.DISCARD_STREAM, layout.quarantine_subject(), 1)
     ]
-    assert len(again) == 3
+    assert len(again) == 4
+
+
+async def test_transactions_stored_in_one_pack_are_rebuilt_after_a_restart(
+    private_nc: Client,
+) -> None:
+    async with run_coordinator(private_nc, options=OPTIONS):
+        client = CoordinatorClient(private_nc)
+        warm_up = await client.prepare("warm-up", message())  # TXN_OP is not empty
+        await client.end("warm-up", warm_up.token, Decision.COMMIT)
+        answer = await prepare_batch(
+            private_nc,
+            [
+                PrepareItem(txid="pk-a", messages=[message(body=b"a0"), message(body=b"a1")]),
+                PrepareItem(txid="pk-done", messages=[message(body=b"done")]),
+                PrepareItem(txid="pk-b", messages=[message(body=b"b0")]),
+            ],
+        )
+        receipts = {r.txid: r for r in answer.results if isinstance(r, Prepared)}
+        [seq] = {s for r in receipts.values() for s in r.seqs}  # one pack
+        done = receipts["pk-done"]
+        assert (await client.end("pk-done", done.token, Decision.COMMIT)).state == "committed"
+        kv = await private_nc.jetstream().key_value(layout.CHECKPOINT_BUCKET)
+        await eventually(
+            lambda: load_checkpoint(kv, 0),
+            until=lambda checkpoint: checkpoint.half_seq == seq and checkpoint.op_seq > 1,
+            what="a checkpoint at the pack that does not read TXN_OP from its start",
+        )
+
+    with capture_logs() as logs:
+        async with run_coordinator(private_nc, options=OPTIONS):
+            client = CoordinatorClient(private_nc)
+            listed = await client.admin(ListTransactions(version=PROTOCOL_VERSION))
+            assert [(t.txid, t.state, t.half_seqs) for t in listed.transactions] == [
+                ("pk-a", "prepared", [seq, seq]),
+                ("pk-b", "prepared", [seq]),
+            ], "the pack's open transactions, in its order; the finished one stays finished"
+            for txid in ("pk-a", "pk-b"):
+                ended = await client.end(txid, receipts[txid].token, Decision.COMMIT)
+                assert ended.state == "committed"
+            await eventually(
+                lambda: topic_ids(private_nc, "orders"),
+                until=lambda ids: {"pk-a:0", "pk-a:1", "pk-b:0"} <= set(ids),
+                what="the recovered transactions published from the pack",
+            )
+    assert recovered(logs)["halves_read"] == 1, "one TXN_HALF message"
+    assert not [e for e in logs if e["event"] == "record_quarantined"]
+    published = {
+        (m.headers or {})[layout.MSG_ID_HEADER]: m.data
+        for m in await topic_messages(private_nc, "orders")
+    }
+    assert [published[i] for i in ("pk-a:0", "pk-a:1", "pk-done:0", "pk-b:0")] == [
+        b"a0",
+        b"a1",
+        b"done",
+        b"b0",
+    ]
 
 
 def old_half_headers(txid: str, index: int, token: str, *, begins: bool) -> dict[str, str]:

@@ -14,6 +14,7 @@ from nats.aio.client import Client
 from nats.js.api import StreamConfig
 from prometheus_client import CollectorRegistry
 
+from tests.integration.test_coordinator_batches import item, prepare_batch
 from tests.support.txn import CoordinatorClient, message, topic_ids
 from tests.support.wait import eventually
 from txactors.consumer import Consumer
@@ -21,13 +22,14 @@ from txactors.coordinator import CoordinatorOptions
 from txactors.coordinator.core.events import CheckFailed, CheckFailure
 from txactors.coordinator.partition.checker import Checked, Due
 from txactors.coordinator.partition.recovery import read_subject
+from txactors.coordinator.partition.store import read_halves
 from txactors.coordinator.service import run_coordinator
-from txactors.errors import ConfigError
+from txactors.errors import CommandError, ConfigError
 from txactors.nats.link import AckInbox
 from txactors.nats.retry import FIRST_ATTEMPT, retry_transient
 from txactors.observe.metrics import CoordinatorMetrics
 from txactors.wire import layout
-from txactors.wire.protocol import Decision
+from txactors.wire.protocol import PROTOCOL_VERSION, Decision, Error, ShowTransaction
 
 
 async def test_a_message_its_topic_refuses_for_good_is_quarantined_and_the_partition_goes_on(
@@ -58,6 +60,39 @@ async def test_a_message_its_topic_refuses_for_good_is_quarantined_and_the_parti
     assert (headers[layout.TXID_HEADER], copy.data) == ("big", b"x" * 1000)
     assert headers[layout.ORIGIN_SUBJECT_HEADER] == "topic.orders._"
     assert "maximum" in headers[layout.QUARANTINE_REASON_HEADER]
+
+
+async def test_a_pack_txn_half_refuses_for_good_fails_its_prepares_and_is_quarantined_whole(
+    private_nc: Client,
+) -> None:
+    js = private_nc.jetstream()
+    # An operator's misconfiguration: TXN_HALF takes no message over 1 KiB.
+    await js.add_stream(
+        StreamConfig(
+            name=layout.HALF_STREAM, subjects=[layout.half_subject_filter()], max_msg_size=1024
+        )
+    )
+    async with run_coordinator(private_nc):
+        client = CoordinatorClient(private_nc)
+        await client.prepare("warm-up", message())  # the topic stream exists
+        with structlog.testing.capture_logs() as logs:
+            answer = await prepare_batch(private_nc, [item("small"), item("big", b"x" * 2000)])
+        for result, txid in zip(answer.results, ("small", "big"), strict=True):
+            assert isinstance(result, Error) and result.code == "internal", result
+            assert f"JetStream refused message 0 of transaction {txid}" in result.message
+        for txid in ("small", "big"):
+            show = ShowTransaction(txid=txid, version=PROTOCOL_VERSION)
+            with pytest.raises(CommandError, match="not open here"):
+                await client.admin(show)
+        after = await client.prepare("after", message())
+        assert (await client.end("after", after.token, Decision.COMMIT)).state == "committed"
+    [event] = [e for e in logs if e["event"] == "record_quarantined"]
+    assert event["subject"] == layout.half_subject(0)
+    [copy] = [
+        m async for m in read_subject(js, layout.DISCARD_STREAM, layout.quarantine_subject(), 1)
+    ]
+    stored = read_halves(1, copy.headers or {}, copy.data)
+    assert [h.txid for h in stored] == ["small", "big"], "the pack copied whole"
 
 
 async def test_a_restarted_partition_ignores_its_previous_checkers_messages(

@@ -26,7 +26,7 @@ from txactors.consumer.dlq import dead_letter, ensure_dlq_stream
 from txactors.coordinator import CoordinatorConfig
 from txactors.coordinator.options import DiscardedTransaction
 from txactors.coordinator.partition.recovery import read_subject
-from txactors.coordinator.partition.store import half_identity
+from txactors.coordinator.partition.store import is_pack, read_halves
 from txactors.coordinator.service import run_coordinator
 from txactors.nats.writer import ATOMIC_MIN_MESSAGES
 from txactors.ops import dlq as dlq_admin
@@ -121,8 +121,8 @@ def test_a_copy_keeps_every_header_but_the_servers(
 async def test_hundreds_of_transactions_discarded_at_once_all_land_on_their_group(
     private_nc: Client,
 ) -> None:
-    """Their halves were written in shared atomic batches; every copy is on `txn.discard.g`,
-    none is quarantined, and none carries the server's headers of its half."""
+    """Their halves were written in packs, in shared atomic batches; every copy is on
+    `txn.discard.g`, none is quarantined, and none carries the server's headers of its pack."""
     nc, js = private_nc, private_nc.jetstream()
     hooked: list[DiscardedTransaction] = []
 
@@ -146,13 +146,18 @@ async def test_hundreds_of_transactions_discarded_at_once_all_land_on_their_grou
         async with anyio.create_task_group() as tg:
             for i in range(LOAD):
                 tg.start_soon(prepare, i)
-        halves = await _all(js, layout.HALF_STREAM, layout.half_subject(0))
-        assert len(halves) == 2 * LOAD
+        packs = [m async for m in read_subject(js, layout.HALF_STREAM, layout.half_subject(0), 1)]
         batches: dict[str, set[str]] = {}
-        for _, h in halves:
-            batches.setdefault(h.get("Nats-Batch-Id", ""), set()).add(half_identity(h)[0])
-        assert "" not in batches, "every half was written in a batch"
-        assert max(len(txids) for txids in batches.values()) > 1, "batches shared by transactions"
+        halves = 0
+        for m in packs:
+            read = read_halves(m.metadata.sequence.stream, m.headers or {}, m.data)
+            assert [h.half.index for h in read] == [0, 1], "a prepare's halves in one pack"
+            halves += len(read)
+            batch = (m.headers or {}).get("Nats-Batch-Id", "")
+            batches.setdefault(batch, set()).update(h.txid for h in read)
+        assert halves == 2 * LOAD
+        shared = [txids for batch, txids in batches.items() if batch]
+        assert max(map(len, shared)) > 1, "atomic batches shared by transactions"
 
         async def all_copied() -> bool:
             state = (await js.stream_info(layout.DISCARD_STREAM)).state
@@ -173,7 +178,7 @@ async def test_hundreds_of_transactions_discarded_at_once_all_land_on_their_grou
     assert len(hooked) == LOAD
 
 
-async def test_an_operator_resumes_or_forces_a_transaction_whose_halves_were_batched(
+async def test_an_operator_resumes_or_forces_a_transaction_whose_halves_share_a_pack(
     private_nc: Client,
 ) -> None:
     nc, js = private_nc, private_nc.jetstream()
@@ -192,7 +197,8 @@ async def test_an_operator_resumes_or_forces_a_transaction_whose_halves_were_bat
         receipts: dict[str, Prepared] = {}
         for txid in ("resumed", "forced"):
             receipts[txid] = await client.prepare(txid, *batched)
-            assert _batch_headers(await _stored(js, layout.HALF_STREAM, receipts[txid].seqs[0]))
+            [seq] = set(receipts[txid].seqs)
+            assert is_pack(await _stored(js, layout.HALF_STREAM, seq))
         for txid in receipts:
             await eventually(
                 lambda txid=txid: admin.show(nc, txid),

@@ -744,6 +744,26 @@ def test_a_half_fed_out_of_order_pins_the_op_checkpoint(h: Harness) -> None:
     assert h.table.checkpoint().op_seq == 1
 
 
+def test_transactions_of_one_pack_share_the_op_floor_of_the_first(h: Harness) -> None:
+    h.prepare("x")  # half 1
+    h.complete(h.end("x", Decision.COMMIT))  # ops 1, 2
+    pack = [
+        HalvesStored(
+            txid=txid,
+            token="tok",
+            group="g",
+            producer="p",
+            halves=(Half(index=0, topic="orders", seq=2, born=h.now),),
+            begins=True,
+            request_id=h.request_id(),
+        )
+        for txid in ("a", "b")
+    ]  # one pack at seq 2, known at one moment: when the OP tail was 2
+    h.table.handle_batch(pack, h.now)
+    h.complete(h.end("a", Decision.COMMIT))  # ops 3, 4
+    assert h.table.checkpoint() == coordinator.Checkpoint(2, 3)
+
+
 # ---------------------------------------------------------------- cost
 
 

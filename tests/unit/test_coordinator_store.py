@@ -98,35 +98,52 @@ def test_an_op_record_leaves_out_its_defaults_and_old_full_records_read_the_same
     assert decode_ops(old) == records
 
 
+_NAMES = st.text("abcXYZ019_-", min_size=1, max_size=20)
+_TEXT = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp")), max_size=20)
+MESSAGES = st.builds(
+    OutgoingMessage,
+    topic=_NAMES,
+    body=st.just(b"body"),
+    keys=st.lists(_TEXT.filter(lambda k: k and "," not in k), max_size=3),
+    tag=st.none() | _NAMES,
+    properties=st.dictionaries(st.text("abcXYZ-_.", min_size=1, max_size=10), _TEXT, max_size=3),
+    check_immunity=st.none() | st.floats(0, 3600),
+)
+
+
 @given(
     index=st.integers(0, 2**63 - 1),
     born=st.floats(allow_nan=False, allow_infinity=False),
     begins=st.booleans(),
     token=st.text("0123456789abcdef", min_size=32, max_size=32),
+    txid=_NAMES,
+    message=MESSAGES,
 )
 def test_the_boundary_counts_a_half_header_block_at_its_longest(
-    index: int, born: float, begins: bool, token: str
+    index: int, born: float, begins: bool, token: str, txid: str, message: OutgoingMessage
 ) -> None:
+    """The boundary counts a half's headers from their lengths: exactly the block of the
+    half at its longest, and never less than any half of that message."""
     prepare = Prepare(
-        txid="tx-1", group="shop", producer="p-1", messages=[MESSAGE], version=PROTOCOL_VERSION
+        txid=txid, group="shop", producer="p-1", messages=[message], version=PROTOCOL_VERSION
     )
     written = stored_half(
-        txid="tx-1",
+        txid=txid,
         token_digest=tokens.digest(token),
         group="shop",
         producer="p-1",
         begins=begins,
         index=index,
         born=born,
-        message=MESSAGE,
+        message=message,
     )
-    assert header_block_bytes(half_headers(written)) <= half_header_bytes(prepare, MESSAGE)
+    assert header_block_bytes(half_headers(written)) <= half_header_bytes(prepare, message)
     worst = msgspec.structs.replace(
         written,
         begins=True,
         half=msgspec.structs.replace(written.half, index=2**63 - 1, born=-1.7976931348623157e308),
     )
-    assert header_block_bytes(half_headers(worst)) == half_header_bytes(prepare, MESSAGE)
+    assert header_block_bytes(half_headers(worst)) == half_header_bytes(prepare, message)
 
 
 @given(st.floats(min_value=0, max_value=4e9, allow_nan=False))

@@ -7,6 +7,7 @@ from typing import Any, Final
 
 from txactors.asyncapi.schemas import name_schema
 from txactors.coordinator.core.records import DiscardReason
+from txactors.coordinator.partition.store import PACK_VERSION
 from txactors.wire import layout, protocol
 
 
@@ -153,9 +154,10 @@ def header_schemas() -> dict[str, Any]:
         },
         "DiscardedHeaders": {
             "type": "object",
-            "description": "A discarded half: its headers as stored in TXN_HALF but the "
-            "server's `Nats-*` (an atomic batch's included), its txid and index (which the half "
-            "names only in its `Nats-Msg-Id`, `<txid>:<index>:half`), and why.",
+            "description": "A discarded half, one message per half: its headers as stored in "
+            "TXN_HALF (for a half stored in a pack, those it would have had stored alone) but "
+            "the server's `Nats-*` (an atomic batch's included), its txid and index (which the "
+            "half names only in its `Nats-Msg-Id`, `<txid>:<index>:half`), and why.",
             "properties": {
                 layout.MSG_ID_HEADER: _header("`<txid>:<index>:discard`"),
                 **half,
@@ -185,6 +187,11 @@ def header_schemas() -> dict[str, Any]:
                 **origin,
                 layout.BODY_DROPPED_HEADER: _number_header(
                     "Present when the body was too large to keep: its size in bytes."
+                ),
+                layout.PACK_HEADER: _header(
+                    "Present on a pack of halves (TXN_HALF, docs/protocol.md): the pack "
+                    "format's version; the body is the pack.",
+                    enum=[PACK_VERSION],
                 ),
             },
             "required": [layout.QUARANTINE_REASON_HEADER, layout.ORIGIN_SUBJECT_HEADER],

@@ -30,7 +30,7 @@ from typing import Any, Final
 from txactors.actors.remote import REPLY_HEADROOM
 from txactors.coordinator.core import tokens
 from txactors.coordinator.core.states import TxnState
-from txactors.coordinator.partition.store import half_headers, seconds_text, stored_half
+from txactors.coordinator.partition.store import seconds_text
 from txactors.errors import TxActorsError
 from txactors.wire import layout
 from txactors.wire.answers import BATCH_ANSWER_BASE, item_answer_bytes
@@ -81,6 +81,25 @@ rounding a float that large to the millisecond takes 40 us (a 309-digit conversi
 made it most of the boundary's cost per prepared message."""
 _WORST_INDEX: Final = 2**63 - 1
 _WORST_DIGEST: Final = tokens.digest("0" * 32)
+_NO_HEADER_BYTES: Final = header_block_bytes({})
+_HALF_HEADER_BYTES: Final = (
+    header_block_bytes(
+        {
+            layout.MSG_ID_HEADER: f":{_WORST_INDEX}:half",  # after the txid
+            layout.TOKEN_HEADER: _WORST_DIGEST,
+            layout.GROUP_HEADER: "",
+            layout.PRODUCER_HEADER: "",
+            layout.TOPIC_HEADER: "",
+            layout.BORN_HEADER: "",
+            layout.BEGINS_HEADER: "1",
+        }
+    )
+    + _WORST_BORN_BYTES
+)
+"""A half's header block less its txid, group, producer and topic: the headers it always has."""
+_TAG_HEADER_BYTES: Final = header_block_bytes({layout.TAG_HEADER: ""}) - _NO_HEADER_BYTES
+_KEYS_HEADER_BYTES: Final = header_block_bytes({layout.KEYS_HEADER: ""}) - _NO_HEADER_BYTES
+_IMMUNITY_HEADER_BYTES: Final = header_block_bytes({layout.IMMUNITY_HEADER: ""}) - _NO_HEADER_BYTES
 
 
 class _Refused(TxActorsError):
@@ -380,21 +399,24 @@ def check_answer_problem(answer: CheckResult, *, txid: str, check_id: int) -> st
 
 def half_header_bytes(prepare: Prepare, message: OutgoingMessage) -> int:
     """The size of the header block of `message`'s half, as NATS frames it, with the
-    coordinator's own headers at their longest (index, birth time, token digest, begins)."""
-    headers = half_headers(
-        stored_half(
-            txid=prepare.txid,
-            token_digest=_WORST_DIGEST,
-            group=prepare.group,
-            producer=prepare.producer,
-            begins=True,
-            index=_WORST_INDEX,
-            born=0.0,
-            message=message,
-        )
-    )
-    born = len(headers[layout.BORN_HEADER].encode())  # ours: no property replaces it
-    return header_block_bytes(headers) - born + _WORST_BORN_BYTES
+    coordinator's own headers at their longest (index, birth time, token digest, begins):
+    what `header_block_bytes(half_headers(...))` gives for such a half, counted from the
+    lengths alone (the boundary asks it of every prepared message)."""
+    size = _HALF_HEADER_BYTES + _utf8_len(prepare.txid, prepare.group, prepare.producer)
+    size += _utf8_len(message.topic)
+    if message.tag is not None:
+        size += _TAG_HEADER_BYTES + _utf8_len(message.tag)
+    if message.keys:
+        size += _KEYS_HEADER_BYTES + _utf8_len(*message.keys) + len(message.keys) - 1
+    if message.check_immunity is not None:
+        size += _IMMUNITY_HEADER_BYTES + len(repr(message.check_immunity))
+    if message.properties:
+        size += header_block_bytes(message.properties) - _NO_HEADER_BYTES
+    return size
+
+
+def _utf8_len(*texts: str) -> int:
+    return len("".join(texts).encode())
 
 
 def _check_name(path: str, kind: str, name: str) -> None:

@@ -74,6 +74,8 @@ class Moves(Reads):
     _rng: random.Random
     _next_check_id: int
     _replay_op_from: int | None
+    _half_tail_floor: int
+    """The op floor given when `_half_tail` was last raised (`_op_floor_for`)."""
     _step_effects: list[Effect]
     _step_records: list[OpRecord]
 
@@ -115,7 +117,10 @@ class Moves(Reads):
             txn.halves = {**txn.halves, **{h.index: h for h in new}}
         txn.born = min([txn.born, *map(_BORN, new)])
         self.counters.halves_stored += len(new)
-        self._half_tail = max([self._half_tail, *map(_SEQ, event.halves)])
+        last_seq = max(map(_SEQ, event.halves))
+        if last_seq > self._half_tail:  # known from now on: so is the rest of its pack
+            self._half_tail_floor = self._op_floor_for(last_seq)
+            self._half_tail = last_seq
         if txn.state is PREPARED and txn.check_times == 0:
             # The newest half is left alone for the longest immunity of any half.
             immunity = max(map(self.config.immunity, map(_IMMUNITY, txn.halves.values())))
@@ -381,10 +386,15 @@ class Moves(Reads):
     # ------------------------------------------------------------ plumbing
 
     def _op_floor_for(self, first_seq: int) -> int:
+        """The first TXN_OP sequence that can hold a record of a transaction whose first half
+        is at `first_seq`. Halves sharing a sequence (one pack) were known at one moment:
+        the floor given when `_half_tail` reached it holds for each of them."""
         if self._replay_op_from is not None:
             return self._replay_op_from  # the saved checkpoint already covered it
         if first_seq > self._half_tail:
             return self._op_tail + 1
+        if first_seq == self._half_tail:
+            return self._half_tail_floor
         return 1  # fed out of TXN_HALF order: only the stream start is surely early enough
 
     def _emit(self, effect: Effect) -> None:

@@ -231,6 +231,7 @@ class TransactionTable(Replay):
         # Random start: an answer to a check sent before a restart cannot match a new one.
         self._next_check_id = self._rng.getrandbits(48)
         self._half_tail = 0
+        self._half_tail_floor = 1
         self._op_tail = 0
         self._replay_op_from: int | None = None
         self._effects: list[Effect] = []  # of applied events, not yet handed out
@@ -289,6 +290,7 @@ class TransactionTable(Replay):
         self.phase = Phase.RECOVERING
         self._replay_op_from = op_from
         self._half_tail = half_from - 1
+        self._half_tail_floor = 1  # nothing is known of the halves before `half_from`
         self._op_tail = op_from - 1
         for parked in discarded:
             if parked.halves:
@@ -323,7 +325,8 @@ class TransactionTable(Replay):
         """Apply one event as a unit: keep all it did if all of it succeeded, else nothing."""
         # What it puts back besides its transactions if it fails.
         counts = self.counters.__dict__.copy()
-        half_tail, next_check_id = self._half_tail, self._next_check_id
+        half_tail, tail_floor = self._half_tail, self._half_tail_floor
+        next_check_id = self._next_check_id
         try:
             apply(*args)
         except BaseException:
@@ -333,7 +336,8 @@ class TransactionTable(Replay):
                 else:
                     put_back(self._open[txid], saved)
             self.counters = Counters(**counts)
-            self._half_tail, self._next_check_id = half_tail, next_check_id
+            self._half_tail, self._half_tail_floor = half_tail, tail_floor
+            self._next_check_id = next_check_id
             self._end_unit()
             raise
         for txid, final in self._leaving.items():

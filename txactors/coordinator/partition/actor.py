@@ -2,10 +2,10 @@
 
 It owns one partition's `TransactionTable`. Requests (prepare, end, admin) arrive in its
 mailbox, pass the validation `Boundary` and become events (a batch of prepares or ends is
-split into one request per item first, batches.py, and its prepares' halves are submitted as
-one job); the actions of each step are handed on at once and never awaited: op records to
-`OpLog`, publishes to `Publisher`, answers to `Answers`, check-backs and the next deadline
-to the partition's `Checker` actor.
+split into one request per item first, batches.py, and its prepares' halves are stored as
+one pack, `store.pack_appends`); the actions of each step are handed on at once and never
+awaited: op records to `OpLog`, publishes to `Publisher`, answers to `Answers`, check-backs
+and the next deadline to the partition's `Checker` actor.
 
 A step (`_step`: `table.handle_batch`, then handing on its actions) never waits, so it is
 atomic on the event loop, and the writers feed their completions (`HalvesStored`,
@@ -47,7 +47,7 @@ from nats.js.api import PubAck
 from nats.js.kv import KeyValue
 
 from txactors.actors import Actor, ActorSystem, LocalActorRef, Request, Supervisor
-from txactors.coordinator.boundary import Boundary, ends_of, prepares_of
+from txactors.coordinator.boundary import HEADER_RESERVE, Boundary, ends_of, prepares_of
 from txactors.coordinator.core import tokens
 from txactors.coordinator.core.config import CoordinatorConfig
 from txactors.coordinator.core.effects import (
@@ -82,12 +82,13 @@ from txactors.coordinator.partition.oneway import OneWayErrors
 from txactors.coordinator.partition.oplog import OpLog
 from txactors.coordinator.partition.prepares import PreparesInFlight
 from txactors.coordinator.partition.publisher import Publisher
-from txactors.coordinator.partition.recovery import UNREADABLE, last_op_seq, recover
+from txactors.coordinator.partition.recovery import last_op_seq, recover
 from txactors.coordinator.partition.store import (
     StoredHalf,
+    by_transaction,
     halves_stored,
     load_checkpoint,
-    read_half,
+    pack_appends,
     save_checkpoint,
 )
 from txactors.coordinator.writers import Lane, SharedWriters
@@ -167,7 +168,7 @@ class PartitionCoordinator(Actor):
         self._one_way = OneWayErrors(
             partition, on_error=metrics.oneway(partition) if metrics else None
         )
-        self._prepares = PreparesInFlight(partition)
+        self._prepares = PreparesInFlight()
         self._halves = Lane(writers.halves, self._quarantine, self._failed)
         self._discards = Lane(writers.discards, self._quarantine, self._failed)
         self._publisher = Publisher(
@@ -458,22 +459,20 @@ class PartitionCoordinator(Actor):
         self._step(*published)
         await self._answers.flush()
 
-    async def _late_half(self, epoch: int, seq: int, headers: dict[str, str]) -> None:
-        """A half this instance did not write, found after recovery: taken as a recovered
-        one (a transaction not known here is checked back; one decided here refuses it)."""
+    async def _late_half(self, epoch: int, seq: int, halves: list[StoredHalf]) -> None:
+        """Halves this instance did not write, found after recovery (`halves`: those of the
+        TXN_HALF message at `seq`): taken as recovered ones, in one step (a transaction not
+        known here is checked back; one decided here refuses them)."""
         if self._stale(epoch, "late half"):
             return
-        try:
-            stored = read_half(seq, headers, b"")  # the body stays in TXN_HALF (headers only)
-        except UNREADABLE as error:
-            problem = repr(error)
-            log.warning("late_half_unreadable", partition=self.partition, seq=seq, error=problem)
-            return
-        if self._prepares.in_flight(stored.txid):
-            return  # our own write, whose ack is on its way
-        log.warning("late_half_found", partition=self.partition, txid=stored.txid, seq=seq)
-        self._step(halves_stored([stored]))
-        await self._answers.flush()
+        # A transaction with halves in flight: our own write, whose ack is on its way.
+        late = [h for h in halves if not self._prepares.in_flight(h.txid)]
+        events = [halves_stored(run) for run in by_transaction(late)]
+        for event in events:
+            log.warning("late_half_found", partition=self.partition, txid=event.txid, seq=seq)
+        if events:
+            self._step(*events)
+            await self._answers.flush()
 
     def _failed(self, error: Exception) -> None:
         """A completion from a shared writer raised, or TXN_OP fenced this partition out:
@@ -498,7 +497,8 @@ class PartitionCoordinator(Actor):
     async def _prepare(self, requests: list[Request]) -> None:
         """Admit each prepare (in order: a later one of the same transaction is admitted
         against the earlier ones), declare their topics, and hand the halves of all that
-        are admitted to the writer in one job, in one step: one write carries them."""
+        are admitted to the writer in one job, in one step: one TXN_HALF message (a pack)
+        carries them, a few if together they would outgrow the server's `max_payload`."""
         prepares = [_Preparing(request) for request in requests]
         topics = {m.topic for p in prepares for m in p.prepare.messages}
         if not self._publisher.declared(topics):
@@ -518,21 +518,27 @@ class PartitionCoordinator(Actor):
                     self._answers.send(p.request, error)
                 return
             # Checked again with no wait before the submit: a step may have run meanwhile.
-        admitted = [p for p in prepares if self._admissible(p, start=True)]
+        born = self.clock()
+        admitted = [p for p in prepares if self._admissible(p, born=born)]
         if admitted and not self._halves_trouble(admitted):
-            stored = functools.partial(self._halves_appended, self._epoch, admitted)
-            self._halves.submit([a for p in admitted for a in p.appends], stored)
+            halves = [h for p in admitted for h in p.halves]
+            max_bytes = self.nc.max_payload - HEADER_RESERVE
+            packs = pack_appends(self.partition, halves, max_bytes)
+            counts = [count for _, count in packs]
+            stored = functools.partial(self._halves_appended, self._epoch, admitted, counts)
+            self._halves.submit([append for append, _ in packs], stored)
 
-    def _admissible(self, preparing: _Preparing, *, start: bool = False) -> bool:
+    def _admissible(self, preparing: _Preparing, *, born: float | None = None) -> bool:
         """Whether the table (and the prepares in flight) admit it; if not, its refusal is
-        queued. With `start`, an admitted one's halves are numbered and in flight from now."""
+        queued. With `born`, an admitted one's halves are numbered, born then, and in flight
+        from now."""
         prepare, digest = preparing.prepare, preparing.digest
         refusal = self._prepares.refusal(self.table, prepare, digest)
         if refusal is not None:
             self._answers.send(preparing.request, Error(*refusal))
             return False
-        if start and self._halves.trouble is None:
-            preparing.appends = self._prepares.start(self.table, prepare, digest, self.clock())
+        if born is not None and self._halves.trouble is None:
+            preparing.halves = self._prepares.start(self.table, prepare, digest, born)
         return True
 
     def _halves_trouble(self, prepares: list[_Preparing]) -> bool:
@@ -548,18 +554,25 @@ class PartitionCoordinator(Actor):
         return True
 
     async def _halves_appended(
-        self, epoch: int, prepares: list[_Preparing], acks: list[PubAck | None]
+        self,
+        epoch: int,
+        prepares: list[_Preparing],
+        counts: list[int],
+        acks: list[PubAck | None],
     ) -> None:
+        """The packs of `prepares`' halves are written (`counts`: halves in each pack, in
+        order; an ack is None for a pack refused for good): each half has its pack's ack."""
         if self._stale(epoch, "halves"):
             return  # the producers' prepares time out; the check-back settles their halves
+        if self._late is not None:
+            self._late.own(ack.seq for ack in acks if ack is not None)
+        half_acks = [ack for ack, count in zip(acks, counts, strict=True) for _ in range(count)]
         events: list[Event] = []
         offset = 0
         for p in prepares:
-            own_acks = acks[offset : offset + len(p.appends)]
-            offset += len(p.appends)
-            stored, refused = self._prepares.finish(p.prepare, p.digest, p.appends, own_acks)
-            if self._late is not None:
-                self._late.own(s.half.seq for s in stored)
+            own_acks = half_acks[offset : offset + len(p.halves)]
+            offset += len(p.halves)
+            stored, refused = self._prepares.finish(p.prepare, p.digest, p.halves, own_acks)
             if refused:
                 if events:  # the table sees halves in TXN_HALF order
                     self._step(*events)
@@ -631,16 +644,16 @@ _REQUESTS = (HalvesStored, End, OperatorDecided)
 
 
 class _Preparing:
-    """A prepare on its way to TXN_HALF: its request, token, and appends once admitted."""
+    """A prepare on its way to TXN_HALF: its request, token, and halves once admitted."""
 
-    __slots__ = ("appends", "digest", "prepare", "request", "token")
+    __slots__ = ("digest", "halves", "prepare", "request", "token")
 
     def __init__(self, request: Request) -> None:
         self.request = request
         self.prepare: Prepare = request.message
         self.token = self.prepare.token or tokens.new_token()
         self.digest = tokens.digest(self.token)
-        self.appends: list[Append] = []
+        self.halves: list[StoredHalf] = []
 
 
 def _ended(txid: str, state: str) -> Ended:

@@ -33,7 +33,7 @@ from txactors.coordinator.boundary import check_answer_problem
 from txactors.coordinator.core.effects import CheckTarget, SendCheck
 from txactors.coordinator.core.events import CheckAnswered, CheckFailed, CheckFailure
 from txactors.coordinator.options import Clock, MovingClock
-from txactors.coordinator.partition.store import checked_message, read_raw_half
+from txactors.coordinator.partition.store import checked_message, half_in, read_raw_halves
 from txactors.errors import ActorDeadError, ActorError, AskTimeout, CommandError
 from txactors.nats.retry import describe
 from txactors.observe.logs import get_logger
@@ -131,7 +131,7 @@ class Checker(Actor):
     async def _check(self, send: SendCheck) -> None:
         try:
             resolution, failure = await ask_producer(self.nc, self.js, send)
-        except Exception as error:  # JetStream or the connection failed: an inconclusive check
+        except Exception as error:  # JetStream, the connection or a half failed: inconclusive
             log.warning("check_back_failed", txid=send.txid, error=describe(error))
             resolution, failure = None, CheckFailure.ERROR
         self._in_flight.discard(send.txid)
@@ -201,7 +201,13 @@ async def ask_producer(
 
 
 async def _check_command(js: JetStreamContext, action: SendCheck) -> CheckTransaction:
-    stored = [read_raw_half(await js.get_msg(layout.HALF_STREAM, h.seq)) for h in action.halves]
+    """The check-back, its messages read from TXN_HALF: each message there once, however
+    many of the transaction's halves it holds (a pack holds many, all at its sequence)."""
+    messages = {
+        seq: read_raw_halves(await js.get_msg(layout.HALF_STREAM, seq))
+        for seq in dict.fromkeys(h.seq for h in action.halves)
+    }
+    stored = [half_in(messages[h.seq], action.txid, h.index) for h in action.halves]
     return CheckTransaction(
         txid=action.txid,
         group=action.group,

@@ -1,13 +1,16 @@
 """Putting records aside in TXN_DISCARD: discarded transactions and quarantined records.
 
 `discard` carries out a discard: copy the halves, say so, call the hook. The decision is
-already durable in TXN_OP when it runs. A copy keeps the half's headers but the server's
+already durable in TXN_OP when it runs. Each half gets a copy of its own, however it was
+stored. A copy of a half stored alone keeps its headers but the server's
 (`copies.copied_headers`: a half written in an atomic batch keeps `Nats-Batch-*`, which
-TXN_DISCARD would refuse) and carries a `Nats-Msg-Id` of its own, so doing it again after a
-crash adds nothing.
+TXN_DISCARD would refuse); a copy of a half stored in a pack (with the halves of other
+transactions, which stay where they are) has the headers it would have had stored alone
+(`store.half_headers`). Each TXN_HALF message is read once. A copy carries a `Nats-Msg-Id`
+of its own, so doing it again after a crash adds nothing.
 
-A half stores its txid and index only in its `Nats-Msg-Id`, which a copy does not keep: the
-copy says them in `Txn-Id` and `Txn-Index`.
+A half stores its txid and index only in its `Nats-Msg-Id` (or a pack's entry), which a
+copy does not keep: the copy says them in `Txn-Id` and `Txn-Index`.
 
 `quarantine` keeps a record JetStream refused for good (too large, stream gone) or that
 recovery could not read (a garbage record in the coordinator's own streams), so that one bad
@@ -26,7 +29,13 @@ from nats.js.api import PubAck
 
 from txactors.coordinator.core.effects import Discard
 from txactors.coordinator.options import DiscardedTransaction, OnDiscard
-from txactors.coordinator.partition.store import half_identity, read_raw_half
+from txactors.coordinator.partition.store import (
+    StoredHalf,
+    half_headers,
+    half_in,
+    is_pack,
+    read_halves,
+)
 from txactors.nats.link import ACK_TIMEOUT
 from txactors.nats.retry import RETRY_INITIAL, RETRY_MAX, Fault, classify, describe, retry_transient
 from txactors.nats.writer import Append
@@ -47,23 +56,17 @@ MAX_REASON_CHARS = 1024
 async def discard(
     js: JetStreamContext, writer: Lane, action: Discard, on_discard: OnDiscard | None
 ) -> None:
-    raws = []
-    for half in action.halves:
-        try:
-            raws.append(await retry_transient(js.get_msg, layout.HALF_STREAM, half.seq))
-        except nats.errors.Error as error:  # gone (purged by hand?): nothing left to copy
-            log.error("discarded_half_unreadable", txid=action.txid, seq=half.seq, error=str(error))
+    found = await _discarded_halves(js, action)
     appends = []
-    for raw in raws:
-        stored = stored_headers(raw)
-        _, index = half_identity(stored)
-        headers = copied_headers(stored)
+    for stored, headers in found:
+        index = stored.half.index
         headers[layout.MSG_ID_HEADER] = f"{layout.message_id(action.txid, index)}:discard"
         headers[layout.TXID_HEADER] = action.txid  # the half's own id is not copied
         headers[layout.INDEX_HEADER] = str(index)
         headers[layout.DISCARD_REASON_HEADER] = action.reason.value
         headers[layout.CHECK_TIMES_HEADER] = str(action.check_times)
-        appends.append(Append(layout.discard_subject(action.group), raw.data or b"", headers))
+        body = stored.message.body
+        appends.append(Append(layout.discard_subject(action.group), body, headers))
     copied = anyio.Event()
 
     async def report(_: list[PubAck | None]) -> None:
@@ -78,7 +81,7 @@ async def discard(
         producer=action.producer,
         reason=action.reason.value,
         check_times=action.check_times,
-        halves=len(raws),
+        halves=len(found),
     )
     if on_discard is not None:
         await on_discard(
@@ -88,9 +91,42 @@ async def discard(
                 producer=action.producer,
                 reason=action.reason.value,
                 check_times=action.check_times,
-                messages=[read_raw_half(raw).message for raw in raws],
+                messages=[stored.message for stored, _ in found],
             )
         )
+
+
+async def _discarded_halves(
+    js: JetStreamContext, action: Discard
+) -> list[tuple[StoredHalf, dict[str, str]]]:
+    """The action's halves still readable, in order, each with the headers its copy keeps;
+    each TXN_HALF message read once. A half gone (purged by hand?) or unreadable has nothing
+    left to copy."""
+    messages: dict[int, tuple[list[StoredHalf], dict[str, str]]] = {}
+    for seq in dict.fromkeys(h.seq for h in action.halves):
+        try:
+            raw = await retry_transient(js.get_msg, layout.HALF_STREAM, seq)
+            headers = stored_headers(raw)
+            halves = read_halves(seq, headers, raw.data or b"")
+        except (nats.errors.Error, ValueError, KeyError) as error:
+            log.error("discarded_half_unreadable", txid=action.txid, seq=seq, error=describe(error))
+            continue
+        messages[seq] = (halves, headers)
+    found = []
+    for half in action.halves:
+        if half.seq not in messages:
+            continue
+        halves, headers = messages[half.seq]
+        try:
+            stored = half_in(halves, action.txid, half.index)
+        except KeyError as error:  # the message there is not the one recorded
+            log.error(
+                "discarded_half_unreadable", txid=action.txid, seq=half.seq, error=describe(error)
+            )
+            continue
+        kept = half_headers(stored) if is_pack(headers) else headers
+        found.append((stored, copied_headers(kept)))
+    return found
 
 
 async def quarantine(

@@ -5,8 +5,11 @@ node rebuilt from its raft log serving a read before it caught up, a predecessor
 that landed after the takeover. A half nobody here knows of is never checked back: its
 transaction would stay unsettled (its commit never published) until the next restart. So
 the partition keeps reading its TXN_HALF subject past the point recovery reached (headers
-only), skips the halves it wrote itself, and hands any other to `found`; the partition then
-takes it as a recovered half, which the checker asks about like any other.
+only), skips the messages it wrote itself, and hands the halves of any other to `found`; the
+partition then takes them as recovered halves, which the checker asks about like any other.
+A half stored alone is read from its headers; a pack (many halves in one message) is fetched
+whole, which only a message from an earlier owner (or one whose ack is still on its way)
+costs.
 
 At the end of its subject a follower reads on only once TXN_HALF has grown past it:
 `HalfEnd`, one per process, looks at the stream's last sequence every `FOLLOW_TICKS` ticks
@@ -20,17 +23,24 @@ those halves again.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Final
 
 import anyio
 import msgspec
+import nats.errors
 from nats.js import JetStreamContext
 
 from txactors.coordinator.core.transactions import Checkpoint
-from txactors.coordinator.partition.recovery import read_subject
+from txactors.coordinator.partition.recovery import UNREADABLE, read_subject
+from txactors.coordinator.partition.store import (
+    StoredHalf,
+    is_pack,
+    read_half,
+    read_raw_halves,
+)
 from txactors.nats.acks import ack_fields
-from txactors.nats.retry import LINK_TROUBLE, RETRY_MAX, describe
+from txactors.nats.retry import LINK_TROUBLE, RETRY_MAX, describe, retry_transient
 from txactors.observe.logs import get_logger
 from txactors.wire import layout
 
@@ -43,8 +53,9 @@ IDLE_READ: Final = 30.0
 """Seconds a follower waits at most for TXN_HALF to grow before it reads its subject anyway:
 its consumer (`inactive_threshold` 60 s) must see a pull now and then to live on."""
 
-Found = Callable[[int, dict[str, str]], Awaitable[None]]
-"""Called with the sequence and headers of a half this partition did not write."""
+Found = Callable[[int, list[StoredHalf]], Awaitable[None]]
+"""Called with the sequence of a TXN_HALF message this partition did not write and its
+halves, in order (a half stored alone has no body here: it stays in TXN_HALF)."""
 
 log = get_logger(__name__)
 
@@ -112,7 +123,7 @@ class LateHalves:
         self._next = after + 1
         self._found = found
         self._own: set[int] = set()
-        """Sequences this partition wrote and the follower has not reached yet."""
+        """Sequences of messages this partition wrote that the follower has not reached yet."""
 
     @property
     def next_seq(self) -> int:
@@ -120,8 +131,8 @@ class LateHalves:
         return self._next
 
     def own(self, seqs: Iterable[int]) -> None:
-        """Halves this partition wrote (acknowledged at `seqs`): not late. A sequence
-        already passed was seen while its write was in flight, and skipped then."""
+        """Messages this partition wrote (acknowledged at `seqs`): not late. A sequence
+        already passed was seen while its write was in flight, and its halves skipped then."""
         self._own.update(seq for seq in seqs if seq >= self._next)
 
     def hold(self, checkpoint: Checkpoint) -> Checkpoint:
@@ -149,12 +160,30 @@ class LateHalves:
                     headers_only=True,
                 ):
                     seq = ack_fields(msg).seq
-                    self._next = seq + 1
                     if seq in self._own:
                         self._own.discard(seq)
-                    else:
-                        await self._found(seq, dict(msg.headers or {}))
+                        self._next = seq + 1
+                        continue
+                    halves = await self._halves(seq, msg.headers or {})
+                    self._next = seq + 1  # not before: the checkpoint must not pass them
+                    if seq in self._own:  # our own pack, whose ack came while it was read
+                        self._own.discard(seq)
+                    elif halves:
+                        await self._found(seq, halves)
             except LINK_TROUBLE as error:  # permanent: read_subject retried the transient ones
                 problem = describe(error)
                 log.error("late_halves_read_failed", partition=self._partition, error=problem)
                 await anyio.sleep(RETRY_MAX)
+
+    async def _halves(self, seq: int, headers: Mapping[str, str]) -> list[StoredHalf]:
+        """The halves of the message at `seq`: a half stored alone from its headers, a pack
+        fetched whole. Empty if it cannot be read (logged, and skipped)."""
+        try:
+            if not is_pack(headers):
+                return [read_half(seq, headers, b"")]
+            raw = await retry_transient(self._js.get_msg, layout.HALF_STREAM, seq)
+            return read_raw_halves(raw)
+        except (*UNREADABLE, nats.errors.Error) as error:
+            problem = repr(error)
+            log.warning("late_half_unreadable", partition=self._partition, seq=seq, error=problem)
+            return []

@@ -8,24 +8,17 @@ keeps, per transaction with halves in flight, the token digest and the next half
 
 from __future__ import annotations
 
+import msgspec
 from nats.js.api import PubAck
 
 from txactors.coordinator.core import tokens
 from txactors.coordinator.core.table import TransactionTable
-from txactors.coordinator.partition.store import (
-    StoredHalf,
-    half_headers,
-    half_identity,
-    stored_half,
-)
-from txactors.nats.writer import Append
-from txactors.wire import layout
-from txactors.wire.protocol import ErrorCode, OutgoingMessage, Prepare
+from txactors.coordinator.partition.store import StoredHalf, stored_half
+from txactors.wire.protocol import ErrorCode, Prepare
 
 
 class PreparesInFlight:
-    def __init__(self, partition: int) -> None:
-        self._partition = partition
+    def __init__(self) -> None:
         self._next: dict[str, tuple[str, int]] = {}  # txid -> (token digest, next index)
 
     def refusal(
@@ -46,8 +39,9 @@ class PreparesInFlight:
 
     def start(
         self, table: TransactionTable, prepare: Prepare, digest: str, born: float
-    ) -> list[Append]:
-        """The appends of an admitted prepare's halves, numbered after those before it."""
+    ) -> list[StoredHalf]:
+        """An admitted prepare's halves, not written yet (seq 0), numbered after those
+        before it: what is written (`store.pack_appends`) and what the table is told."""
         in_flight = self._next.get(prepare.txid)
         if in_flight is not None:
             first = in_flight[1]
@@ -56,34 +50,28 @@ class PreparesInFlight:
             first = len(view.half_seqs) if view is not None else 0
         self._next[prepare.txid] = (digest, first + len(prepare.messages))
         return [
-            Append(
-                layout.half_subject(self._partition),
-                message.body,
-                half_headers(
-                    stored_half(
-                        txid=prepare.txid,
-                        token_digest=digest,
-                        group=prepare.group,
-                        producer=prepare.producer,
-                        begins=prepare.token is None,
-                        index=first + offset,
-                        born=born,
-                        message=message,
-                    )
-                ),
-                layout.HALF_STREAM,
+            stored_half(
+                txid=prepare.txid,
+                token_digest=digest,
+                group=prepare.group,
+                producer=prepare.producer,
+                begins=prepare.token is None,
+                index=first + offset,
+                born=born,
+                message=message,
             )
             for offset, message in enumerate(prepare.messages)
         ]
 
     def finish(
-        self, prepare: Prepare, digest: str, appends: list[Append], acks: list[PubAck | None]
+        self, prepare: Prepare, digest: str, halves: list[StoredHalf], acks: list[PubAck | None]
     ) -> tuple[list[StoredHalf], list[str]]:
-        """The halves stored, and what JetStream refused for good (quarantined)."""
+        """The halves stored (each at its pack's sequence), and what JetStream refused for
+        good (quarantined with its pack)."""
         txid = prepare.txid
-        triples = list(zip(prepare.messages, appends, acks, strict=True))
-        stored = [_stored(prepare, digest, m, a, ack.seq) for m, a, ack in triples if ack]
-        refused = [f"message {half_identity(a.headers)[1]}" for _, a, ack in triples if not ack]
+        pairs = list(zip(halves, acks, strict=True))
+        stored = [_at(half, ack.seq) for half, ack in pairs if ack]
+        refused = [f"message {half.half.index}" for half, ack in pairs if not ack]
         in_flight = self._next.get(txid)
         if in_flight is not None and tokens.same(in_flight[0], digest):
             last_index = max((s.half.index for s in stored), default=-1)
@@ -92,20 +80,6 @@ class PreparesInFlight:
         return stored, refused
 
 
-def _stored(
-    prepare: Prepare, digest: str, message: OutgoingMessage, append: Append, seq: int
-) -> StoredHalf:
-    """The half as `read_half` would read it back, built from what was written instead of
-    parsing its headers again. Equal because the boundary refused reserved property names
-    (the only ones `read_half` drops) and these headers never crossed the wire."""
-    return stored_half(
-        txid=prepare.txid,
-        token_digest=digest,
-        group=prepare.group,
-        producer=prepare.producer,
-        begins=prepare.token is None,
-        index=half_identity(append.headers)[1],
-        born=float(append.headers[layout.BORN_HEADER]),
-        message=message,
-        seq=seq,
-    )
+def _at(half: StoredHalf, seq: int) -> StoredHalf:
+    """`half` as stored at `seq`: what `store.read_halves` reads back from its pack."""
+    return msgspec.structs.replace(half, half=msgspec.structs.replace(half.half, seq=seq))

@@ -7,7 +7,9 @@ new stream only while one of those rules has fewer than `max_prefix_topics` (ten
 The partition keeps the messages of its open transactions (from their prepare, or read
 back during recovery), so a publish costs one topic write and no read; a body it no longer
 has (after a restart the checkpoint skipped, or a purge) is read back from TXN_HALF by
-sequence. The `Publish` actions of one step go out as one job per topic stream, and each
+sequence: the step's actions that name one TXN_HALF message (a pack holds the halves of many
+transactions, all at its sequence) share one read, whose body is dropped once their halves are
+submitted. The `Publish` actions of one step go out as one job per topic stream, and each
 job's completion comes back as one list of `Published` events, which the partition feeds to
 its table as one step.
 
@@ -36,7 +38,12 @@ from txactors.coordinator.core.events import Published
 from txactors.coordinator.core.states import FINAL
 from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.options import Clock, CoordinatorOptions
-from txactors.coordinator.partition.store import StoredHalf, read_raw_half, seconds_text
+from txactors.coordinator.partition.store import (
+    StoredHalf,
+    half_in,
+    read_raw_halves,
+    seconds_text,
+)
 from txactors.coordinator.partition.tenants import topic_stream_count
 from txactors.coordinator.writers import Lane, declare_topic
 from txactors.errors import ConfigError
@@ -177,44 +184,77 @@ class Publisher:
         half = next(iter(kept.messages.values()), None) if kept is not None else None
         return half.properties if half is not None else {}
 
-    def publish(self, actions: list[Publish]) -> list[Publish]:
+    def publish(self, actions: list[Publish]) -> list[list[Publish]]:
         """Submit the publishes whose bodies are kept, as one job per topic stream; return
-        the others (to be read back with `publish_from_stream`). Never waits."""
+        the others grouped by the TXN_HALF message that holds their halves (each group to be
+        read back with one `publish_from_stream`). Never waits."""
         jobs: dict[str, tuple[list[Append], list[Published]]] = {}  # by topic
-        unkept: list[Publish] = []
+        unkept: dict[int, list[Publish]] = {}  # by TXN_HALF sequence
         for action in actions:
             kept = self._kept.get(action.txid)
             message = kept.messages.pop(action.index, None) if kept is not None else None
             if message is None or kept is None:
-                unkept.append(action)
+                unkept.setdefault(action.half_seq, []).append(action)
                 continue
             if not kept.messages:
                 del self._kept[action.txid]
-            appends, done = jobs.setdefault(message.topic, ([], []))
-            appends.append(self._topic_append(action, kept.group, message))
-            done.append(Published(txid=action.txid, index=action.index))
+            self._job(jobs, action, kept.group, message)
+        self._submit(jobs)
+        return list(unkept.values())
+
+    def _job(
+        self,
+        jobs: dict[str, tuple[list[Append], list[Published]]],
+        action: Publish,
+        group: str,
+        message: OutgoingMessage,
+    ) -> None:
+        appends, done = jobs.setdefault(message.topic, ([], []))
+        appends.append(self._topic_append(action, group, message))
+        done.append(Published(txid=action.txid, index=action.index))
+
+    def _submit(self, jobs: dict[str, tuple[list[Append], list[Published]]]) -> None:
         for topic, (appends, done) in jobs.items():
             self._writer(topic).submit(appends, functools.partial(self._reported, done))
-        return unkept
 
     async def _reported(self, done: list[Published], _: object) -> None:
         await self._on_published(done)
 
-    async def publish_from_stream(self, action: Publish) -> None:
-        """After a restart the body is only in TXN_HALF: read it back by sequence."""
-        published = [Published(txid=action.txid, index=action.index)]
+    async def publish_from_stream(self, actions: list[Publish]) -> None:
+        """After a restart the bodies are only in TXN_HALF: read back the message at the
+        sequence all of `actions` name, once, and publish each one's half from it."""
+        seq = actions[0].half_seq
         try:
-            raw = await retry_transient(self._js.get_msg, layout.HALF_STREAM, action.half_seq)
-            stored = read_raw_half(raw)
+            raw = await retry_transient(self._js.get_msg, layout.HALF_STREAM, seq)
+            halves = read_raw_halves(raw)
         except Exception as error:  # gone (purged by hand?) or unreadable: never publishable
-            subject = layout.half_subject(self._partition)
-            reason = f"committed half {action.half_seq} cannot be read: {describe(error)}"
-            await self._quarantine(Append(subject, b"", {}), reason)
-            await self._on_published(published)
+            for action in actions:
+                await self._unreadable(action, error)
             return
-        append = self._topic_append(action, stored.group, stored.message)
-        writer = self._writer(stored.message.topic)
-        writer.submit([append], functools.partial(self._reported, published))
+        jobs: dict[str, tuple[list[Append], list[Published]]] = {}
+        unreadable: list[tuple[Publish, KeyError]] = []
+        for action in actions:
+            try:
+                stored = half_in(halves, action.txid, action.index)
+            except KeyError as missing:  # the message there is not the one recorded
+                unreadable.append((action, missing))
+                continue
+            self._job(jobs, action, stored.group, stored.message)
+        del raw, halves  # only the appends' bodies stay, until written
+        self._submit(jobs)
+        for action, absent in unreadable:
+            await self._unreadable(action, absent)
+
+    async def _unreadable(self, action: Publish, error: Exception) -> None:
+        """Quarantine a committed half that cannot be read back and report it published: no
+        retry would make it publishable."""
+        subject = layout.half_subject(self._partition)
+        reason = (
+            f"committed half {action.index} of {action.txid} (TXN_HALF seq {action.half_seq}) "
+            f"cannot be read: {describe(error)}"
+        )
+        await self._quarantine(Append(subject, b"", {}), reason)
+        await self._on_published([Published(txid=action.txid, index=action.index)])
 
     def _topic_append(self, action: Publish, group: str, message: OutgoingMessage) -> Append:
         headers = dict(message.properties)

@@ -7,9 +7,9 @@ is current (`current.wait_current`: a leader, no replica behind; after a whole c
 restarts, a node serves its copy while still rebuilding it from its raft log), and reads on
 until the subject's last message as the stream's leader names it (a read that stopped short
 is a gap, read again). Halves that appear later still are `late.LateHalves`' work.
-A record that cannot be read (a half without its headers, an op message that does not
-decode, a record the table refuses) is quarantined and skipped: one bad record in the
-coordinator's own streams must not keep a partition from starting. A read JetStream cannot
+A record that cannot be read (a half without its headers, a pack or an op message that
+does not decode, a record the table refuses) is quarantined and skipped: one bad record in
+the coordinator's own streams must not keep a partition from starting. A read JetStream cannot
 answer now (a timeout, a leader election) is retried with backoff from where it stopped.
 """
 
@@ -35,9 +35,10 @@ from txactors.coordinator.core.transactions import Checkpoint
 from txactors.coordinator.partition.discard import quarantine
 from txactors.coordinator.partition.store import (
     StoredHalf,
+    by_transaction,
     decode_ops,
     halves_stored,
-    read_half,
+    read_halves,
 )
 from txactors.nats.acks import ack_fields
 from txactors.nats.current import CURRENT_DEADLINE, wait_current
@@ -130,7 +131,7 @@ async def read_subject(
 
 class Recovered(NamedTuple):
     halves: int
-    """Half messages read."""
+    """TXN_HALF messages read (a pack counts once)."""
     ops: int
     """Op messages read."""
     half_end: int
@@ -170,15 +171,27 @@ async def recover(
         )
 
     async def half(msg: Msg) -> None:
+        """The halves of one TXN_HALF message (a pack's, or one stored alone), fed per
+        transaction in order. A transaction the table refuses is skipped, the others of its
+        pack are kept, and the message is quarantined whole once."""
         nonlocal halves
         halves += 1
         try:
-            stored = read_half(ack_fields(msg).seq, msg.headers or {}, msg.data)
-            table.handle(halves_stored([stored]), now)
+            stored = read_halves(ack_fields(msg).seq, msg.headers or {}, msg.data)
         except UNREADABLE as error:
             await unreadable(msg, layout.HALF_STREAM, error)
             return
-        remember(stored)
+        refused: Exception | None = None
+        for run in by_transaction(stored):
+            try:
+                table.handle(halves_stored(run), now)
+            except UNREADABLE as error:
+                refused = refused or error
+                continue
+            for one in run:
+                remember(one)
+        if refused is not None:
+            await unreadable(msg, layout.HALF_STREAM, refused)
 
     async def op(msg: Msg) -> None:
         nonlocal ops
