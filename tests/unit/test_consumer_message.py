@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import NotJSMessageError
 
 from txactors.consumer import ConsumedMessage
-from txactors.consumer.message import delivered
+from txactors.consumer.message import delivered, handler_headers
+from txactors.wire.copies import copied_headers
 from txactors.wire.layout import COMMITTED_AT_HEADER, KEYS_HEADER, MSG_ID_HEADER, TXID_HEADER
 from txactors.wire.protocol import CONTENT_TYPE_HEADER, Encoding
 
@@ -81,3 +84,18 @@ def test_the_lag_and_every_field_come_from_either_form_of_the_ack_subject() -> N
 def test_a_delivery_that_is_not_from_jetstream_is_refused() -> None:
     with pytest.raises(NotJSMessageError):
         delivered(Msg(_client=Client(), subject="topic.orders._", reply="_INBOX.x"))
+
+
+NAMES = st.sampled_from(
+    ["Nats-Msg-Id", "nats-batch-id", " NATS-TTL", "Txn-Id", "Status", "Description", "K", "x"]
+)
+
+
+@given(st.lists(st.dictionaries(NAMES | st.text(max_size=6), st.text(max_size=4)), max_size=4))
+def test_the_handler_sees_the_headers_a_copy_keeps(deliveries: list[dict[str, str]]) -> None:
+    # Several deliveries in a row: the second of a set of names reads what the first found.
+    for stored in deliveries:
+        headers = handler_headers(stored)
+        assert headers == copied_headers(stored)
+        assert list(headers) == list(copied_headers(stored))
+        assert headers is not stored

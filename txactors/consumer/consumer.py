@@ -14,10 +14,12 @@ the whole wait. Here one request asks for as many messages as there are free han
 and each message is ready for a handler the moment it arrives.
 
 Cheap per message, because per-message overhead is what limits a Python consumer: messages
-arrive by a subscription callback (nats-py's message iterator costs a task and a loop turn per
-message), `concurrency` long-lived workers take them (no task per message), and a worker that
-runs out of ready messages publishes the batch's queued acks together, which go in one socket
-write. Acks are sent only after their handlers returned; a crash before that redelivers.
+are taken by the client's read loop itself on a `TolerantClient` (`subscribe_direct`; by a
+subscription callback on another client: nats-py's message iterator costs a task and a loop
+turn per message), `concurrency` long-lived workers take them (no task per message), and a
+worker that runs out of ready messages publishes the batch's queued acks together, which go in
+one socket write (on a `TolerantClient`, as one command: `ack_all`). Acks are sent only after
+their handlers returned; a crash before that redelivers.
 
 Stopping is graceful: no new pull is issued, the open one runs out (at most `pull_expires`),
 in-flight handlers finish and their acks are flushed to the server. A handler still running
@@ -57,7 +59,7 @@ from txactors.consumer.dlq import ensure_dlq_stream
 from txactors.consumer.handling import Handler, Handling
 from txactors.consumer.retry import DEFAULT_MAX_RECONSUME, DEFAULT_RETRY_DELAYS, RetryPolicy
 from txactors.errors import ConfigError
-from txactors.nats.client import raising_connection_lost, watch_connection
+from txactors.nats.client import TolerantClient, raising_connection_lost, watch_connection
 from txactors.nats.topics import DECLARE_DEADLINE, declaring, ensure_topic_stream, wait_for_stream
 from txactors.observe import tracing
 from txactors.observe.logs import get_logger
@@ -175,7 +177,7 @@ class Consumer:
         self._running = True
         try:
             await self._declare()
-            sub = await self._nc.subscribe(self._nc.new_inbox(), cb=self._delivered)
+            sub = await self._subscribe()
             try:
                 task_status.started()
                 self._log.info("consumer_started", concurrency=self._concurrency)
@@ -297,9 +299,20 @@ class Consumer:
                 self._refused = False
                 await self._recover()
 
-    async def _delivered(self, msg: Msg) -> None:
-        """The subscription's callback: make a message ready for a worker, or note how the
-        pull request ended. It never waits, so a burst is taken in one loop turn."""
+    async def _subscribe(self) -> Subscription:
+        """The pull requests' inbox. On a `TolerantClient` its messages are taken in the read
+        loop itself (`subscribe_direct`): no queue and no subscription task per message."""
+        inbox = self._nc.new_inbox()
+        if isinstance(self._nc, TolerantClient):
+            return await self._nc.subscribe_direct(inbox, self._delivered, self._delivered_cb)
+        return await self._nc.subscribe(inbox, cb=self._delivered_cb)
+
+    async def _delivered_cb(self, msg: Msg) -> None:
+        self._delivered(msg)
+
+    def _delivered(self, msg: Msg) -> bool:
+        """Make a message ready for a worker, or note how the pull request ended. It never
+        waits, so a burst is taken in one loop turn; it takes every message (True)."""
         status = (msg.headers or {}).get(_STATUS)
         if status is None and msg.reply:
             self._active += 1
@@ -319,6 +332,7 @@ class Consumer:
             )
             self._refused = True
             self._pull_done.set()
+        return True
 
     async def _recover(self) -> None:
         await anyio.sleep(min(self._pull_expires, 1.0))

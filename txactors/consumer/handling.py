@@ -27,6 +27,7 @@ from txactors.consumer.dlq import dead_letter, describe_error
 from txactors.consumer.message import ConsumedMessage, delivered
 from txactors.consumer.retry import RetryPolicy
 from txactors.errors import PoisonMessage
+from txactors.nats.client import TolerantClient
 from txactors.observe import tracing
 from txactors.observe.logs import get_logger
 from txactors.observe.metrics import ConsumerMetrics
@@ -100,6 +101,15 @@ class Handling:
     async def flush(self) -> None:
         """Publish every queued ack; nats-py's flusher sends them in one socket write."""
         acks, self._acks = self._acks, []
+        if not acks:
+            return
+        if isinstance(self._nc, TolerantClient):
+            try:
+                if await self._nc.ack_all(acks):
+                    return
+            except (nats.errors.Error, OSError) as exc:  # the server redelivers them anyway
+                self._settle_failed("ack", exc)
+                return
         for msg in acks:
             try:
                 await msg.ack()

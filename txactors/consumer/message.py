@@ -8,13 +8,13 @@ name rather than by string keys.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TypeVar
+from typing import Final, TypeVar
 
 import msgspec
 from nats.aio.msg import Msg
 
 from txactors.nats.acks import ack_fields
-from txactors.wire.copies import copied_headers
+from txactors.wire.copies import is_server_header
 from txactors.wire.layout import (
     COMMITTED_AT_HEADER,
     KEYS_HEADER,
@@ -26,6 +26,11 @@ from txactors.wire.layout import (
 from txactors.wire.protocol import CONTENT_TYPE_HEADER, Encoding
 
 T = TypeVar("T")
+
+NAME_SETS_KEPT: Final = 1024
+"""Sets of header names whose server headers `handler_headers` remembers (a bound: the
+names are the producers')."""
+_dropped: dict[tuple[str, ...], tuple[str, ...]] = {}
 
 
 class ConsumedMessage(msgspec.Struct, frozen=True):
@@ -90,7 +95,7 @@ def delivered(msg: Msg) -> tuple[ConsumedMessage, int]:
     """
     stream, seq, deliveries, pending = ack_fields(msg)
     stored = msg.headers or {}
-    headers = copied_headers(stored) if stored else {}
+    headers = handler_headers(stored) if stored else {}
     # topic.<topic>.<tag>; the subject, not a header, is what the consumer filtered on.
     _, topic, tag = msg.subject.split(".", 2)
     keys = headers.get(KEYS_HEADER)
@@ -116,3 +121,19 @@ def _seconds(value: str) -> float | None:
         return float(value)
     except ValueError:
         return None
+
+
+def handler_headers(stored: Mapping[str, str]) -> dict[str, str]:
+    """`copies.copied_headers(stored)` for a delivery's headers (names and values `str`, as a
+    NATS client parses them): a copy less the server's. The names repeat from message to
+    message, so which of them to drop is worked out once per set of names, not per header."""
+    names = tuple(stored)
+    dropped = _dropped.get(names)
+    if dropped is None:
+        dropped = tuple(name for name in names if is_server_header(name))
+        if len(_dropped) < NAME_SETS_KEPT:
+            _dropped[names] = dropped
+    headers = dict(stored)
+    for name in dropped:
+        del headers[name]
+    return headers
