@@ -393,19 +393,19 @@ class PartitionCoordinator(Actor):
         """Hand each action on, in order, without waiting for any of them."""
         publishes: list[Publish] = []
         for action in actions:
-            match action:
+            match action:  # the commonest first: each class pattern that fails costs a check
+                case Acknowledge() | Refuse():
+                    self._answers.settle(action)
+                case Publish():
+                    publishes.append(action)
                 case PersistOp(op_id=op_id, records=records):
                     assert self._oplog is not None
                     self._oplog.append(op_id, records)
                     tracing.record_decisions(records, self._publisher.trace_context, self.partition)
-                case Publish():
-                    publishes.append(action)
                 case SendCheck():
                     self._sends.append(action)
                 case Discard():
                     self.start_task(discard, self.js, self._discards, action, self.on_discard)
-                case Acknowledge() | Refuse():
-                    self._answers.settle(action)
         for unkept in self._publisher.publish(publishes):
             self.start_task(self._publisher.publish_from_stream, unkept)
         work = self._checker_work()
