@@ -3,6 +3,7 @@ accepts fits every limit further down (headers, payload, subjects)."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import math
@@ -340,6 +341,21 @@ def test_a_digest_stored_before_the_header_diet_still_matches_its_token() -> Non
     old = "sha256:" + hashlib.sha256(token.encode()).hexdigest()  # how 0.x wrote it before
     assert tokens.same(tokens.stored_digest(old), tokens.digest(token))
     assert not tokens.same(tokens.stored_digest(old), tokens.digest(tokens.new_token()))
+
+
+def test_tokens_drawn_together_are_each_a_token_of_their_own() -> None:
+    drawn = tokens.new_tokens(64)
+    assert len(drawn) == 64 and tokens.new_tokens(0) == []
+    assert all(tokens.TOKEN_PATTERN.fullmatch(token) for token in drawn)
+    assert len(set(drawn)) == 64  # 128 random bits each: a repeat means a bad slicing
+    assert len({token[:8] for token in drawn}) > 1, "not one draw repeated"
+
+
+def test_a_digest_is_sha256_base64url_without_padding() -> None:
+    for token in [tokens.new_token(), *tokens.new_tokens(16)]:
+        sha = hashlib.sha256(token.encode()).digest()[:16]
+        expected = base64.urlsafe_b64encode(sha).rstrip(b"=").decode()
+        assert tokens.digest(token) == expected
 
 
 # -- Hypothesis: whatever is accepted fits everything downstream, any one bad field is refused

@@ -7,6 +7,7 @@ another language (docs/protocol.md) agree by construction.
 
 from __future__ import annotations
 
+import functools
 import re
 import zlib
 from typing import Final
@@ -87,8 +88,10 @@ def end_filter(partition: int) -> str:
     return end_subject(partition, "*")
 
 
+@functools.lru_cache(maxsize=1024)
 def subject_group(subject: str) -> str | None:
-    """The producer group a prepare or end subject names (None: not such a subject)."""
+    """The producer group a prepare or end subject names (None: not such a subject).
+    Remembered: a group's few subjects come with every item of every batch."""
     tokens = subject.split(".")
     if len(tokens) == 5 and tokens[:2] == ["txn", "coord"] and tokens[3] in ("prepare", "end"):
         return tokens[4]

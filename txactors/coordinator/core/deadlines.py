@@ -36,8 +36,10 @@ class Deadlines:
         """Schedule `key` at `when`, replacing its previous deadline."""
         token = next(self._tokens)
         self._live[key] = (when, token)
-        heapq.heappush(self._heap, (when, token, key))
-        self._compact_if_stale()
+        heap = self._heap
+        heapq.heappush(heap, (when, token, key))
+        if len(heap) > 2 * len(self._live) + _SLACK:  # `_compact_if_stale`, without its call
+            self._compact()
 
     def cancel(self, key: str) -> None:
         if self._live.pop(key, None) is not None:
@@ -66,5 +68,8 @@ class Deadlines:
 
     def _compact_if_stale(self) -> None:
         if len(self._heap) > 2 * len(self._live) + _SLACK:
-            self._heap = [(when, token, key) for key, (when, token) in self._live.items()]
-            heapq.heapify(self._heap)
+            self._compact()
+
+    def _compact(self) -> None:
+        self._heap = [(when, token, key) for key, (when, token) in self._live.items()]
+        heapq.heapify(self._heap)

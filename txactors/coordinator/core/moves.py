@@ -298,7 +298,7 @@ class Moves(Reads):
         if request_id is not None:
             txn.waiters.append(request_id)
         if decision is Decision.COMMIT:
-            seqs = tuple(h.seq for h in txn.ordered_halves())
+            seqs = tuple(map(_SEQ, txn.ordered_halves()))
             self._persist(
                 OpRecord(txid=txn.txid, kind=OpKind.COMMIT, half_seqs=seqs, by_operator=by_operator)
             )
@@ -355,7 +355,7 @@ class Moves(Reads):
             OpRecord(
                 txid=txn.txid,
                 kind=OpKind.DISCARD,
-                half_seqs=tuple(h.seq for h in txn.ordered_halves()),
+                half_seqs=tuple(map(_SEQ, txn.ordered_halves())),
                 check_times=txn.check_times,
                 reason=reason,
             )

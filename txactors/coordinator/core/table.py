@@ -340,21 +340,37 @@ class TransactionTable(Replay):
             self._next_check_id = next_check_id
             self._end_unit()
             raise
-        for txid, final in self._leaving.items():
-            left = self._open.pop(txid)
-            self._recent.remember(txid, Outcome(final, left.token))
+        leaving = self._leaving
+        if leaving:
+            for txid, final in leaving.items():
+                left = self._open.pop(txid)
+                self._recent.remember(txid, Outcome(final, left.token))
+            leaving.clear()
         rule = PHASES[self.phase]
         self.phase = rule.then
+        step_effects, step_records, touched = (
+            self._step_effects,
+            self._step_records,
+            self._touched,
+        )
         if rule.emits:
-            self._effects.extend(self._step_effects)
-            self._records.extend(self._step_records)
-            for txid in self._touched:
-                txn = self._open.get(txid)
+            if step_effects:
+                self._effects.extend(step_effects)
+                step_effects.clear()
+            if step_records:
+                self._records.extend(step_records)
+                step_records.clear()
+            opened = self._open
+            for txid in touched:
+                txn = opened.get(txid)
                 if txn is None:
                     self._deadlines.cancel(txid)
                 else:
                     self._schedule(txn)
-        self._end_unit()
+        else:
+            step_effects.clear()
+            step_records.clear()
+        touched.clear()
 
     def _end_unit(self) -> None:
         self._step_effects.clear()
@@ -364,7 +380,9 @@ class TransactionTable(Replay):
 
     def _apply(self, event: Event, now: float) -> None:
         event_type = type(event)
-        self._phase_rule(event_type.__name__)
+        name = event_type.__name__
+        if name not in PHASES[self.phase].accepts:  # `_phase_rule`, inlined: per event
+            self._phase_rule(name)
         if event_type in _PER_TXN:
             # Most events, found by their exact type: each class pattern below that fails
             # costs an `isinstance` through `type.__instancecheck__` (an exact one is cheap).
@@ -394,12 +412,17 @@ class TransactionTable(Replay):
             raise CoordinatorStateError(f"OpPersisted for op {event.op_id}, which is not in flight")
         fired: list[tuple[OpRecord, Kind]] = []
         after: dict[str, Where] = {}
+        opened = self._open
         for record in records:
             kind = record_kind(record, replayed=False)
             if kind is None:
                 continue  # advisory: only recovery reads them
-            where = after.get(record.txid) or self.where(record.txid)
-            [after[record.txid]] = self._row(record.txid, where, kind).to
+            txid = record.txid
+            where = after.get(txid)
+            if where is None:
+                txn = opened.get(txid)
+                where = self.where(txid) if txn is None else txn.state
+            [after[txid]] = self._row(txid, where, kind).to
             fired.append((record, kind))
         for record, kind in fired:
             self._fire(record.txid, kind, record, now)
@@ -408,11 +431,15 @@ class TransactionTable(Replay):
 
     def _fire(self, txid: str, kind: Kind, event: Any, now: float) -> None:
         """Run the row's move, and refuse the state it moves to unless the row lists it."""
-        where = self.where(txid)
-        row = self._row(txid, where, kind)
+        # `where` and `_row` inlined: one lookup of the transaction, five fires a transaction.
         txn = self._open.get(txid)
-        if txid not in self._touched:
-            self._touched[txid] = None if txn is None else save(txn)
+        where = self.where(txid) if txn is None else txn.state
+        row = TABLE.get((where, kind))
+        if row is None:
+            raise CoordinatorStateError(f"can't handle {kind} in state {where} for {txid}")
+        touched = self._touched
+        if txid not in touched:
+            touched[txid] = None if txn is None else save(txn)
         target = row.move(self, txn, event, now)
         if target is None or target == where:
             return  # it stays
@@ -442,13 +469,15 @@ class TransactionTable(Replay):
 
     def _schedule(self, txn: Txn) -> None:
         """Keep the one deadline a transaction has in its state."""
-        retention_at = txn.born + self.config.half_retention
-        if txn.state is PREPARED:
+        state = txn.state
+        if state is PREPARED:
+            retention_at = txn.born + self.config.half_retention
             self._deadlines.set(txn.txid, min(txn.next_check_at, retention_at))
-        elif txn.state is CHECKING:
+        elif state is CHECKING:
+            retention_at = txn.born + self.config.half_retention
             self._deadlines.set(txn.txid, min(txn.check_expires_at, retention_at))
-        elif txn.state is DISCARDED:
-            self._deadlines.set(txn.txid, retention_at)
+        elif state is DISCARDED:
+            self._deadlines.set(txn.txid, txn.born + self.config.half_retention)
         else:
             self._deadlines.cancel(txn.txid)  # waiting for a write, which the actor retries
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import anyio
@@ -393,19 +393,19 @@ class PartitionCoordinator(Actor):
         """Hand each action on, in order, without waiting for any of them."""
         publishes: list[Publish] = []
         for action in actions:
-            match action:
+            match action:  # the commonest first: each class pattern that fails costs a check
+                case Acknowledge() | Refuse():
+                    self._answers.settle(action)
+                case Publish():
+                    publishes.append(action)
                 case PersistOp(op_id=op_id, records=records):
                     assert self._oplog is not None
                     self._oplog.append(op_id, records)
                     tracing.record_decisions(records, self._publisher.trace_context, self.partition)
-                case Publish():
-                    publishes.append(action)
                 case SendCheck():
                     self._sends.append(action)
                 case Discard():
                     self.start_task(discard, self.js, self._discards, action, self.on_discard)
-                case Acknowledge() | Refuse():
-                    self._answers.settle(action)
         for unkept in self._publisher.publish(publishes):
             self.start_task(self._publisher.publish_from_stream, unkept)
         work = self._checker_work()
@@ -499,7 +499,8 @@ class PartitionCoordinator(Actor):
         against the earlier ones), declare their topics, and hand the halves of all that
         are admitted to the writer in one job, in one step: one TXN_HALF message (a pack)
         carries them, a few if together they would outgrow the server's `max_payload`."""
-        prepares = [_Preparing(request) for request in requests]
+        fresh = iter(tokens.new_tokens(sum(1 for r in requests if not r.message.token)))
+        prepares = [_Preparing(request, fresh) for request in requests]
         topics = {m.topic for p in prepares for m in p.prepare.messages}
         if not self._publisher.declared(topics):
             prepares = [p for p in prepares if self._admissible(p)]
@@ -648,10 +649,11 @@ class _Preparing:
 
     __slots__ = ("digest", "halves", "prepare", "request", "token")
 
-    def __init__(self, request: Request) -> None:
+    def __init__(self, request: Request, fresh: Iterator[str]) -> None:
+        """`fresh`: new tokens, one taken if the prepare begins its transaction."""
         self.request = request
         self.prepare: Prepare = request.message
-        self.token = self.prepare.token or tokens.new_token()
+        self.token = self.prepare.token or next(fresh)
         self.digest = tokens.digest(self.token)
         self.halves: list[StoredHalf] = []
 

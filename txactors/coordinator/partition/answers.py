@@ -19,6 +19,7 @@ from typing import Any
 from txactors.actors import Request
 from txactors.coordinator.core.effects import Acknowledge, Refuse
 from txactors.coordinator.core.states import TxnState
+from txactors.coordinator.partition.batches import ItemSlot
 from txactors.observe.metrics import CoordinatorMetrics
 from txactors.wire.protocol import Error
 
@@ -74,6 +75,12 @@ class Answers:
         try:
             while self._queue:
                 request, answer = self._queue.popleft()
+                reply = request.reply
+                if type(reply) is ItemSlot:  # `request.answer`, without its coroutines
+                    batch = reply.fill(answer) if request.settle() else None
+                    if batch is not None:
+                        await batch.send()
+                    continue
                 await request.answer(answer)
         finally:
             self._flushing = False

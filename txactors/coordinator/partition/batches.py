@@ -38,13 +38,20 @@ class BatchAnswer:
 
     async def settle(self, index: int, value: Any) -> None:
         """Slot `index` is answered (each item's `Request` settles it once)."""
+        if self.fill(index, value):
+            await self.send()
+
+    def fill(self, index: int, value: Any) -> bool:
+        """`settle` without sending: True once every slot is filled (then `send`)."""
         self._results[index] = item_error(value) if isinstance(value, Error) else value
         self._left -= 1
-        if self._left == 0:
-            await self._request.answer(self._wrap(self._results))
+        return self._left == 0
+
+    async def send(self) -> None:
+        await self._request.answer(self._wrap(self._results))
 
 
-class _Slot:
+class ItemSlot:
     """The reply sink of one item: fills its slot of the batch's answer."""
 
     __slots__ = ("_answer", "_index")
@@ -59,6 +66,12 @@ class _Slot:
     async def fail(self, error: BaseException) -> None:
         await self._answer.settle(self._index, error_reply(error))
 
+    def fill(self, value: Any) -> BatchAnswer | None:
+        """`resolve` without a coroutine (two items a transaction, each answered once): the
+        batch, to `send`, when this was its last slot."""
+        answer = self._answer
+        return answer if answer.fill(self._index, value) else None
+
 
 def item_requests(
     request: Request, commands: Sequence[Any], wrap: Results, one_way: OneWayErrors
@@ -69,6 +82,6 @@ def item_requests(
         return [one_way.wrap(Request(command, None, request.subject)) for command in commands]
     answer = BatchAnswer(request, len(commands), wrap)
     return [
-        Request(command, _Slot(answer, index), request.subject)
+        Request(command, ItemSlot(answer, index), request.subject)
         for index, command in enumerate(commands)
     ]

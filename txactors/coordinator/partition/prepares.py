@@ -71,10 +71,14 @@ class PreparesInFlight:
         txid = prepare.txid
         pairs = list(zip(halves, acks, strict=True))
         stored = [_at(half, ack.seq) for half, ack in pairs if ack]
-        refused = [f"message {half.half.index}" for half, ack in pairs if not ack]
+        refused = (
+            []
+            if len(stored) == len(pairs)
+            else [f"message {h.half.index}" for h, a in pairs if not a]
+        )
         in_flight = self._next.get(txid)
         if in_flight is not None and tokens.same(in_flight[0], digest):
-            last_index = max((s.half.index for s in stored), default=-1)
+            last_index = max([s.half.index for s in stored], default=-1)
             if in_flight[1] <= last_index + 1 or refused:
                 del self._next[txid]  # no later prepare of this txid in flight
         return stored, refused

@@ -293,7 +293,7 @@ def halves_stored(stored: Sequence[StoredHalf], request_id: str | None = None) -
         token=first.token,
         group=first.group,
         producer=first.producer,
-        halves=tuple(s.half for s in stored),
+        halves=tuple([s.half for s in stored]),
         begins=first.begins,
         request_id=request_id,
     )
