@@ -72,7 +72,7 @@ async def test_nothing_is_sent_before_a_flush() -> None:
 def test_stored_halves_equal_what_reading_them_back_gives(prepare: Prepare) -> None:
     if BOUNDARY.refusal(prepare, max_payload=MAX_PAYLOAD) is not None:
         return
-    digest = tokens.digest(prepare.token or tokens.new_token())
+    digest = tokens.digest(prepare.token or tokens.new_tokens(1)[0])
     prepares = PreparesInFlight()
     halves = prepares.start(TransactionTable(CoordinatorConfig()), prepare, digest, 1.5e9)
     packs = pack_appends(0, halves, MAX_PAYLOAD - HEADER_RESERVE)

@@ -136,7 +136,7 @@ def written_half(txid: str, producer: str = "p1", group: str = "g") -> dict[str,
     return half_headers(
         stored_half(
             txid=txid,
-            token_digest=tokens.digest(tokens.new_token()),
+            token_digest=tokens.digest(tokens.new_tokens(1)[0]),
             group=group,
             producer=producer,
             begins=True,
@@ -252,7 +252,7 @@ def written_pack(*txids: str, producer: str = "p-late") -> Append:
     halves = [
         stored_half(
             txid=txid,
-            token_digest=tokens.digest(tokens.new_token()),
+            token_digest=tokens.digest(tokens.new_tokens(1)[0]),
             group="g",
             producer=producer,
             begins=index == 0,

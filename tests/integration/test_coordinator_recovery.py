@@ -216,14 +216,14 @@ async def test_records_written_before_the_header_diet_are_recovered_after_an_upg
         receipt = await client.prepare("new", message())  # declares the topic's stream
         await client.end("new", receipt.token, Decision.COMMIT)
     js = private_nc.jetstream()
-    token = tokens.new_token()
+    token = tokens.new_tokens(1)[0]
     for index in (0, 1):  # open: its end comes after the upgrade, with its token
         headers = old_half_headers("old-open", index, token, begins=index == 0)
         await js.publish(layout.half_subject(0), f"open {index}".encode(), headers=headers)
     committed = await js.publish(
         layout.half_subject(0),
         b"committed",
-        headers=old_half_headers("old-committed", 0, tokens.new_token(), begins=True),
+        headers=old_half_headers("old-committed", 0, tokens.new_tokens(1)[0], begins=True),
     )
     old_commit = {  # an op record as msgspec wrote it before `omit_defaults`: every field
         "txid": "old-committed",

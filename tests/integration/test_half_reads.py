@@ -57,7 +57,7 @@ from txactors.wire.protocol import (
 Form = Literal["pack", "alone"]
 FORMS: list[Form] = ["pack", "alone"]
 BORN = 1732377600.25
-TOKEN = tokens.digest(tokens.new_token())
+TOKEN = tokens.digest(tokens.new_tokens(1)[0])
 OPTIONS = CoordinatorOptions()
 
 

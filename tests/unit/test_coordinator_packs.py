@@ -40,7 +40,7 @@ def halves(draw: st.DrawFn) -> StoredHalf:
     )
     return stored_half(
         txid=draw(names),
-        token_digest=tokens.digest(tokens.new_token()),
+        token_digest=tokens.digest(tokens.new_tokens(1)[0]),
         group=draw(names),
         producer=draw(names),
         begins=draw(st.booleans()),
@@ -122,7 +122,7 @@ def test_half_in_finds_a_half_of_its_pack_by_txid_and_index() -> None:
 def half(txid: str, body: bytes) -> StoredHalf:
     return stored_half(
         txid=txid,
-        token_digest=tokens.digest(tokens.new_token()),
+        token_digest=tokens.digest(tokens.new_tokens(1)[0]),
         group="g",
         producer="p",
         begins=True,

@@ -25,7 +25,7 @@ from txactors.wire import layout
 from txactors.wire.framing import header_block_bytes
 from txactors.wire.protocol import PROTOCOL_VERSION, OutgoingMessage, Prepare
 
-TOKEN = tokens.new_token()
+TOKEN = tokens.new_tokens(1)[0]
 MESSAGE = OutgoingMessage(
     topic="orders",
     body=b"body",

@@ -16,7 +16,6 @@ import hashlib
 import hmac
 import os
 import re
-import secrets
 from typing import Final
 
 TOKEN_BYTES: Final = 16
@@ -28,13 +27,9 @@ token can be guessed."""
 _OLD_DIGEST_PREFIX: Final = "sha256:"
 
 
-def new_token() -> str:
-    return secrets.token_hex(TOKEN_BYTES)
-
-
 def new_tokens(count: int) -> list[str]:
     """`count` tokens from one draw of the OS's randomness (a draw each cost a system call
-    per prepare): each is 128 random bits of its own, as `new_token`'s."""
+    per prepare): each is `TOKEN_BYTES` random bytes of its own, as hex."""
     digits = os.urandom(TOKEN_BYTES * count).hex()
     width = 2 * TOKEN_BYTES
     return [digits[i : i + width] for i in range(0, len(digits), width)]
