@@ -269,9 +269,12 @@ class Dialect:
     def probe(self) -> bool:
         """True when the caller's next request is to try the newest form (batches, version 3):
         one probe per interval, so one at a time."""
-        if not self.probe_due():
+        if self._retry_at is None:  # the usual case, without reading the clock
             return False
-        self._retry_at = self._clock() + self._relearn_after
+        now = self._clock()
+        if now < self._retry_at:
+            return False
+        self._retry_at = now + self._relearn_after
         return True
 
     def refused(self, code: str, *, batch: bool, version: int, probe: bool = False) -> bool:
@@ -492,6 +495,11 @@ class Inbox:
         self._requests: dict[str, _Request] = {}
         self._tokens = itertools.count()
 
+    @property
+    def opened(self) -> bool:
+        """Subscribed (and not closed since)."""
+        return self._subscription is not None
+
     async def open(self) -> None:
         """Subscribe, the first time."""
         if self._subscription is not None:
@@ -690,7 +698,8 @@ class PartitionLink(_Link[I], Generic[I, R]):
     ) -> None:
         """Send one request carrying `waiters` in `version`, as part of `round_` (None:
         outside rounds)."""
-        await self._inbox.open()
+        if not self._inbox.opened:
+            await self._inbox.open()
         request = _Request(self, waiters, round_, version, probe)
         for waiter in waiters:
             waiter.request = request

@@ -115,7 +115,10 @@ class Transaction:
         self._context_tokens: Mapping[str, contextvars.Token[Any]] = {}
         self._context_bound = False
         """Log lines carry txid and group already (in the block, or `logging_context`)."""
-        self._span = tracing.start_transaction(self.txid, client.group, client.tracer())
+        found = client.tracer()
+        self._span = (
+            None if found is None else tracing.start_transaction(self.txid, client.group, found)
+        )
         self._span_scope: AbstractContextManager[None] | None = None
         self._span_topics: set[str] = set()
 
@@ -287,7 +290,8 @@ class Transaction:
             raise
         finally:
             self._client.in_flight.discard(self.txid)
-        self._finish_span()
+        if self._span is not None:  # tracing on, and not finished yet
+            self._finish_span()
         return self._result
 
     async def _send_end(self, decision: Decision) -> TransactionResult:
