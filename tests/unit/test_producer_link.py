@@ -434,6 +434,10 @@ class Loop:
 
     def __init__(self) -> None:
         self.timers: list[Timer] = []
+        self.now = 0.0
+
+    def time(self) -> float:
+        return self.now
 
     def call_at(self, when: float, callback: Callable[..., None], *args: Any) -> Timer:
         timer = Timer(when, callback, args)
@@ -443,10 +447,11 @@ class Loop:
     def armed(self) -> list[float]:
         return [t.when for t in self.timers if not t.cancelled]
 
-    def fire(self) -> float:
-        """Run the earliest timer; its time."""
+    def fire(self, late: float = 0.0) -> float:
+        """Run the earliest timer (`late` seconds after its time); its time."""
         timer = min((t for t in self.timers if not t.cancelled), key=lambda t: t.when)
         self.timers.remove(timer)
+        self.now = timer.when + late
         timer.callback(*timer.args)
         return timer.when
 
@@ -519,3 +524,12 @@ def test_callers_answered_are_let_go_when_the_next_deadline_is_added() -> None:
     assert loop.armed() == [5.0]  # the timer armed before stays: it finds nothing due
     assert loop.fire() == 5.0 and expired == []
     assert loop.armed() == [9.0]
+
+
+def test_a_timer_fired_late_expires_every_caller_overdue_by_then() -> None:
+    due, loop, expired = deadlines()
+    for name, deadline in (("a", 5.0), ("b", 5.5), ("c", 7.0)):
+        due.add(loop, deadline, Caller(name), 5.0)  # type: ignore[arg-type]
+    assert loop.fire(late=1.0) == 5.0  # the loop was busy until 6.0
+    assert [name for name, _ in expired] == ["a", "b"]
+    assert loop.armed() == [7.0]

@@ -437,7 +437,7 @@ class Deadlines:
 
     def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
         self._timer = None
-        heap, due = self._heap, self._at
+        heap, due = self._heap, max(self._at, loop.time())  # fired late: all that is overdue
         while heap:
             deadline, _, waiter, timeout = heap[0]
             if not waiter.future.done():
