@@ -4,7 +4,8 @@ refusal teaches about an older coordinator."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import msgspec
 import pytest
@@ -13,6 +14,7 @@ from txactors.errors import ActorDeadError, CommandError
 from txactors.producer.link import (
     RELEARN_AFTER,
     Coalescer,
+    Deadlines,
     Dialect,
     EndVerb,
     PrepareVerb,
@@ -414,3 +416,120 @@ def test_one_item_travels_as_the_single_verb_and_more_as_the_batch() -> None:
         txid="a", token="k", decision=Decision.COMMIT, version=3
     )
     assert decode(EndVerb().encode(ends, 3)) == EndBatch(items=ends, version=3)
+
+
+# -- Deadlines ----------------------------------------------------------------------------------
+
+
+class Timer:
+    def __init__(self, when: float, callback: Callable[..., None], args: tuple[Any, ...]) -> None:
+        self.when, self.callback, self.args, self.cancelled = when, callback, args, False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Loop:
+    """The part of an event loop `Deadlines` uses; the test fires what is due."""
+
+    def __init__(self) -> None:
+        self.timers: list[Timer] = []
+        self.now = 0.0
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when: float, callback: Callable[..., None], *args: Any) -> Timer:
+        timer = Timer(when, callback, args)
+        self.timers.append(timer)
+        return timer
+
+    def armed(self) -> list[float]:
+        return [t.when for t in self.timers if not t.cancelled]
+
+    def fire(self, late: float = 0.0) -> float:
+        """Run the earliest timer (`late` seconds after its time); its time."""
+        timer = min((t for t in self.timers if not t.cancelled), key=lambda t: t.when)
+        self.timers.remove(timer)
+        self.now = timer.when + late
+        timer.callback(*timer.args)
+        return timer.when
+
+
+class Answer:
+    """A caller's future: answered or not."""
+
+    def __init__(self) -> None:
+        self.answered = False
+
+    def done(self) -> bool:
+        return self.answered
+
+
+class Caller:
+    def __init__(self, name: str) -> None:
+        self.name, self.future = name, Answer()
+
+
+def deadlines() -> tuple[Deadlines, Loop, list[tuple[str, float]]]:
+    expired: list[tuple[str, float]] = []
+
+    def expire(caller: Any, timeout: float) -> None:
+        assert not caller.future.done(), "only a caller still waiting expires"
+        caller.future.answered = True  # failed with AskTimeout, in the link
+        expired.append((caller.name, timeout))
+
+    return Deadlines(expire), Loop(), expired
+
+
+def test_each_caller_expires_at_its_own_deadline_on_one_timer() -> None:
+    due, loop, expired = deadlines()
+    a, b, c = Caller("a"), Caller("b"), Caller("c")
+    due.add(loop, 5.0, a, 5.0)  # type: ignore[arg-type]
+    due.add(loop, 5.5, b, 5.0)  # type: ignore[arg-type]
+    due.add(loop, 6.0, c, 5.0)  # type: ignore[arg-type]
+    assert loop.armed() == [5.0], "one timer, for the earliest deadline"
+
+    b.future.answered = True  # answered in time: never expires
+    assert loop.fire() == 5.0
+    assert expired == [("a", 5.0)]
+    assert loop.armed() == [6.0], "armed again for the next caller still waiting"
+    assert loop.fire() == 6.0
+    assert expired == [("a", 5.0), ("c", 5.0)]
+    assert loop.armed() == [] and len(due) == 0
+
+
+def test_a_shorter_timeout_arms_the_timer_sooner() -> None:
+    due, loop, expired = deadlines()
+    slow, quick = Caller("slow"), Caller("quick")
+    due.add(loop, 10.0, slow, 10.0)  # type: ignore[arg-type]
+    due.add(loop, 3.0, quick, 1.0)  # type: ignore[arg-type]
+    assert loop.armed() == [3.0]
+    assert loop.fire() == 3.0
+    assert expired == [("quick", 1.0)]
+    assert loop.armed() == [10.0]
+    assert loop.fire() == 10.0
+    assert expired == [("quick", 1.0), ("slow", 10.0)]
+
+
+def test_callers_answered_are_let_go_when_the_next_deadline_is_added() -> None:
+    due, loop, expired = deadlines()
+    callers = [Caller(str(i)) for i in range(3)]
+    for i, caller in enumerate(callers):
+        due.add(loop, 5.0 + i, caller, 5.0)  # type: ignore[arg-type]
+    for caller in callers:
+        caller.future.answered = True
+    due.add(loop, 9.0, Caller("next"), 5.0)  # type: ignore[arg-type]
+    assert len(due) == 1, "the answered callers are not held until their deadlines"
+    assert loop.armed() == [5.0]  # the timer armed before stays: it finds nothing due
+    assert loop.fire() == 5.0 and expired == []
+    assert loop.armed() == [9.0]
+
+
+def test_a_timer_fired_late_expires_every_caller_overdue_by_then() -> None:
+    due, loop, expired = deadlines()
+    for name, deadline in (("a", 5.0), ("b", 5.5), ("c", 7.0)):
+        due.add(loop, deadline, Caller(name), 5.0)  # type: ignore[arg-type]
+    assert loop.fire(late=1.0) == 5.0  # the loop was busy until 6.0
+    assert [name for name, _ in expired] == ["a", "b"]
+    assert loop.armed() == [7.0]

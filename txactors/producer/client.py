@@ -148,7 +148,8 @@ class CoordinatorClient:
 
     async def _route(self, txid: str) -> int:
         """The partition of `txid`; the count is read the first time (PartitionCountUnknown
-        while no coordinator has published one, PartitionCountMismatch against an override)."""
+        while no coordinator has published one, PartitionCountMismatch against an override).
+        Once the links exist, the callers compute it themselves (no coroutine per request)."""
         if not self._links:  # once read, the count is the links' for good (`PartitionCount`)
             count = await self._partitions.get()
             if not self._links:  # the first of the calls that waited for the count
@@ -171,7 +172,9 @@ class CoordinatorClient:
     ) -> Prepared:
         """Store halves; raises `PrepareFailed` unless the coordinator confirmed them."""
         try:
-            partition = await self._route(txid)
+            partition = (
+                partition_of(txid, len(self._links)) if self._links else await self._route(txid)
+            )
         except PartitionCountUnknown as error:  # no coordinator yet: nothing was sent
             log.warning("prepare_unrouted", error=str(error))
             raise PrepareFailed(
@@ -215,7 +218,7 @@ class CoordinatorClient:
     async def end(self, txid: str, token: str, decision: Decision) -> Ended | None:
         """Send the end; None when it was not confirmed (the decision is then remembered
         for the check-back). Raises `EndRefused` when the coordinator said no."""
-        partition = await self._route(txid)  # known: the prepare was routed
+        partition = partition_of(txid, len(self._links)) if self._links else await self._route(txid)
         item = EndItem(txid=txid, token=token, decision=decision)
         try:
             reply: Ended = await self._links[partition].end.ask(item, self._timeout)
@@ -246,7 +249,7 @@ class CoordinatorClient:
     async def end_oneway(self, txid: str, token: str, decision: Decision) -> None:
         """Publish the end without waiting for (or getting) an answer. The decision is
         remembered first, so the check-back of an end that never arrives is answered."""
-        partition = await self._route(txid)
+        partition = partition_of(txid, len(self._links)) if self._links else await self._route(txid)
         self.outcomes.remember(txid, decision)
         try:
             await self._links[partition].oneway.tell(

@@ -22,26 +22,39 @@ this registry's entry).
 from __future__ import annotations
 
 import weakref
+from functools import partial
 
 
 class InFlight:
-    """txid → the live transaction object, for the transactions still being worked on."""
+    """txid → the live transaction object, for the transactions still being worked on.
 
-    __slots__ = ("_open",)
+    A dict of weak references whose callbacks drop their own entry, rather than a
+    `WeakValueDictionary`: the same, without its Python-level reference class per entry."""
+
+    __slots__ = ("__weakref__", "_open", "_self")
 
     def __init__(self) -> None:
-        self._open: weakref.WeakValueDictionary[str, object] = weakref.WeakValueDictionary()
+        self._open: dict[str, weakref.ref[object]] = {}
+        self._self = weakref.ref(self)
 
     def __len__(self) -> int:
-        return len(self._open)
+        return sum(1 for ref in self._open.values() if ref() is not None)
 
     def __contains__(self, txid: object) -> bool:
-        return txid in self._open
+        ref = self._open.get(txid)  # type: ignore[call-overload]
+        return ref is not None and ref() is not None
 
     def add(self, txid: str, transaction: object) -> None:
         """`transaction` (any object that lives as long as the work on it) is at work."""
-        self._open[txid] = transaction
+        self._open[txid] = weakref.ref(transaction, partial(_dropped, self._self, txid))
 
     def discard(self, txid: str) -> None:
         """The transaction's end was answered or given up: the checker may answer now."""
         self._open.pop(txid, None)
+
+
+def _dropped(registry: weakref.ref[InFlight], txid: str, ref: weakref.ref[object]) -> None:
+    """A transaction was dropped while in flight: its entry goes (unless replaced since)."""
+    in_flight = registry()
+    if in_flight is not None and in_flight._open.get(txid) is ref:
+        del in_flight._open[txid]

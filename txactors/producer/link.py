@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import heapq
 import itertools
 import time
 from collections import deque
@@ -268,9 +269,12 @@ class Dialect:
     def probe(self) -> bool:
         """True when the caller's next request is to try the newest form (batches, version 3):
         one probe per interval, so one at a time."""
-        if not self.probe_due():
+        if self._retry_at is None:  # the usual case, without reading the clock
             return False
-        self._retry_at = self._clock() + self._relearn_after
+        now = self._clock()
+        if now < self._retry_at:
+            return False
+        self._retry_at = now + self._relearn_after
         return True
 
     def refused(self, code: str, *, batch: bool, version: int, probe: bool = False) -> bool:
@@ -332,8 +336,7 @@ class PrepareVerb:
         self.group = group
         self.producer = producer
 
-    def answer_size(self, item: PrepareItem) -> int:
-        return item_answer_bytes(item)
+    answer_size = staticmethod(item_answer_bytes)  # no frame of its own per item
 
     def encode(self, items: Sequence[PrepareItem], version: int) -> bytes:
         if len(items) == 1:
@@ -363,8 +366,7 @@ class EndVerb:
 
     __slots__ = ()
 
-    def answer_size(self, item: EndItem) -> int:
-        return item_answer_bytes(item)
+    answer_size = staticmethod(item_answer_bytes)  # no frame of its own per item
 
     def encode(self, items: Sequence[EndItem], version: int) -> bytes:
         if len(items) == 1:
@@ -390,6 +392,60 @@ class _Waiter(Generic[I]):
         self.future = future
         self.request: _Request | None = None
         """The request that carries it, once sent."""
+
+
+class Deadlines:
+    """The deadlines of one link's callers, on one timer: each caller still fails at its own
+    deadline (`expire`, unless answered or gone by then), but arms and cancels no timer of
+    its own (a `call_at` and its cancel cost more than the rest of a call's bookkeeping).
+
+    The timer is armed for the earliest deadline; when it fires, what is due expires and it
+    is armed again for the next. Callers answered stay until they reach the front (timeouts
+    are alike, so that is soon): whoever adds a deadline drops them there."""
+
+    __slots__ = ("_at", "_expire", "_heap", "_order", "_timer")
+
+    def __init__(self, expire: Callable[[_Waiter[Any], float], None]) -> None:
+        self._expire = expire
+        self._heap: list[tuple[float, int, _Waiter[Any], float]] = []
+        """(deadline, order of the call, waiter, its timeout): the earliest first."""
+        self._order = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+        self._at = 0.0
+        """When the timer fires (while there is one)."""
+
+    def __len__(self) -> int:
+        """Callers not yet dropped (some may be answered already)."""
+        return len(self._heap)
+
+    def add(
+        self, loop: asyncio.AbstractEventLoop, deadline: float, waiter: _Waiter[Any], timeout: float
+    ) -> None:
+        """`waiter` fails at `deadline` (of `loop.time()`) unless its future is done by then."""
+        heap = self._heap
+        while heap and heap[0][2].future.done():
+            heapq.heappop(heap)
+        heapq.heappush(heap, (deadline, next(self._order), waiter, timeout))
+        if self._timer is None or deadline < self._at:
+            if self._timer is not None:  # a shorter timeout than those before it
+                self._timer.cancel()
+            self._arm(loop, deadline)
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        self._at = when
+        self._timer = loop.call_at(when, self._fire, loop)
+
+    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        heap, due = self._heap, max(self._at, loop.time())  # fired late: all that is overdue
+        while heap:
+            deadline, _, waiter, timeout = heap[0]
+            if not waiter.future.done():
+                if deadline > due:
+                    self._arm(loop, deadline)
+                    return
+                self._expire(waiter, timeout)
+            heapq.heappop(heap)
 
 
 class _Round:
@@ -438,6 +494,11 @@ class Inbox:
         self._opening = asyncio.Lock()
         self._requests: dict[str, _Request] = {}
         self._tokens = itertools.count()
+
+    @property
+    def opened(self) -> bool:
+        """Subscribed (and not closed since)."""
+        return self._subscription is not None
 
     async def open(self) -> None:
         """Subscribe, the first time."""
@@ -519,6 +580,7 @@ class PartitionLink(_Link[I], Generic[I, R]):
         super().__init__(nc, subject, verb, dialect, max_items)
         self._inbox = inbox
         self._coalescer: Coalescer[_Waiter[I]] = Coalescer()
+        self._deadlines = Deadlines(self._expire)
 
     async def ask(self, item: I, timeout: float) -> R:
         """`item`'s answer; raises `CommandError` for its `Error`, `AskTimeout` when none came
@@ -539,27 +601,23 @@ class PartitionLink(_Link[I], Generic[I, R]):
                 self._abandon(waiter)
                 raise
             return alone
-        # Nothing but the future is awaited: a timer that fails it is the whole timeout
-        # (cheaper than `asyncio.timeout`'s scope, one per request). It is awaited directly
-        # (not through `wait_for`, which wakes the caller a turn later): a caller its answer
-        # woke calls again in time to join the round that answer opened.
-        expiry = loop.call_at(deadline, self._expire, waiter, timeout)
+        # Nothing but the future is awaited: the link's timer failing it at its deadline is
+        # the whole timeout (`Deadlines`: no scope, and no timer of its own, per call). It is
+        # awaited directly (not through `wait_for`, which wakes the caller a turn later): a
+        # caller its answer woke calls again in time to join the round that answer opened.
+        self._deadlines.add(loop, deadline, waiter, timeout)
         try:
-            self._open_if(self._coalescer.submit(waiter))
+            if self._coalescer.submit(waiter):
+                self._open_if(True)
             reply: R = await waiter.future
         except BaseException:
             self._abandon(waiter)
             raise
-        finally:
-            expiry.cancel()
         return reply
 
     def _expire(self, waiter: _Waiter[I], timeout: float) -> None:
         """`waiter`'s time is up: its caller gets `AskTimeout` (and gives it up)."""
-        if not waiter.future.done():
-            waiter.future.set_exception(
-                AskTimeout(f"{self.subject} did not answer within {timeout}s")
-            )
+        waiter.future.set_exception(AskTimeout(f"{self.subject} did not answer within {timeout}s"))
 
     async def answered(self, request: _Request, msg: Msg) -> None:
         """`msg` answers `request`: settle its callers, and open a round of what queued
@@ -640,7 +698,8 @@ class PartitionLink(_Link[I], Generic[I, R]):
     ) -> None:
         """Send one request carrying `waiters` in `version`, as part of `round_` (None:
         outside rounds)."""
-        await self._inbox.open()
+        if not self._inbox.opened:
+            await self._inbox.open()
         request = _Request(self, waiters, round_, version, probe)
         for waiter in waiters:
             waiter.request = request

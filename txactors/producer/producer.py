@@ -182,9 +182,10 @@ class TransactionProducer:
         # The block owns the transaction's fate: a failed prepare rolls back (nothing to
         # send; remembered for the check-back), and a cancellation or timeout anywhere in
         # it leaves the transaction to the checker at once.
+        # Nobody else can reach `txn`: its lock would never be contended, so it is not taken.
         async with self.begin() as txn:
-            await txn.send(message)
-            return await txn.end(await _run_local(local_transaction, message, arg))
+            await txn._send_alone(message)
+            return await txn._end(await _run_local(local_transaction, message, arg))
 
 
 def _end_mode(value: EndMode | str) -> EndMode:
@@ -198,6 +199,8 @@ def _end_mode(value: EndMode | str) -> EndMode:
 async def _run_local(local_transaction: LocalTransaction, message: Any, arg: Any) -> Decision:
     try:
         outcome: object = local_transaction(message, arg)
+        if isinstance(outcome, Decision):  # the usual answer, and no awaitable
+            return outcome
         if inspect.isawaitable(outcome):
             outcome = await outcome
     except Exception:

@@ -47,7 +47,7 @@ from txactors.observe import logs, tracing
 from txactors.observe.logs import get_logger
 from txactors.producer.client import CoordinatorClient
 from txactors.producer.message import TxMessage
-from txactors.wire.protocol import Decision
+from txactors.wire.protocol import Decision, OutgoingMessage
 
 log = get_logger(__name__)
 
@@ -115,7 +115,10 @@ class Transaction:
         self._context_tokens: Mapping[str, contextvars.Token[Any]] = {}
         self._context_bound = False
         """Log lines carry txid and group already (in the block, or `logging_context`)."""
-        self._span = tracing.start_transaction(self.txid, client.group, client.tracer())
+        found = client.tracer()
+        self._span = (
+            None if found is None else tracing.start_transaction(self.txid, client.group, found)
+        )
         self._span_scope: AbstractContextManager[None] | None = None
         self._span_topics: set[str] = set()
 
@@ -137,41 +140,63 @@ class Transaction:
         Raises `PrepareFailed` if the coordinator did not confirm them; the transaction can
         then only roll back, and its check-back is answered ROLLBACK (see `failed_sends`).
         """
-        messages = [message] if isinstance(message, TxMessage) else list(message)
-        if not messages:
-            raise ConfigError("send() needs at least one TxMessage")
-        outgoing = [m.to_outgoing() for m in messages]
+        messages, outgoing = self._outgoing(message)
+        async with self._lock:
+            return await self._prepare(messages, outgoing)
+
+    async def _send_alone(self, message: TxMessage | Sequence[TxMessage]) -> tuple[int, ...]:
+        """`send` for a transaction no other task can reach (`send_in_transaction`'s): its
+        lock would never be contended, so it is not taken."""
+        messages, outgoing = self._outgoing(message)
+        return await self._prepare(messages, outgoing)
+
+    def _outgoing(
+        self, message: TxMessage | Sequence[TxMessage]
+    ) -> tuple[list[TxMessage], list[OutgoingMessage]]:
+        """The messages to send, and their wire forms (carrying the span's context)."""
+        if isinstance(message, TxMessage):
+            messages, outgoing = [message], [message.to_outgoing()]
+        else:
+            messages = list(message)
+            if not messages:
+                raise ConfigError("send() needs at least one TxMessage")
+            outgoing = [m.to_outgoing() for m in messages]
         if self._span is not None:
             self._span_topics.update(m.topic for m in messages)
             self._span.set_attribute("txactors.topics", sorted(self._span_topics))
             for half in outgoing:
                 tracing.inject(self._span, half.properties)
-        async with self._lock:
-            self._check_sendable()
-            # From here until the end, a check-back for it is answered UNKNOWN.
-            self._client.in_flight.add(self.txid, self)
-            try:
-                prepared = await self._client.prepare(self.txid, outgoing, self._token)
-            except PrepareFailed as error:
-                self._fail_send(str(error))
-                tracing.fail(self._span, error)
-                raise
-            except BaseException as error:
-                # Cancelled while the prepare was out: halves may exist, and nobody is at
-                # work on it any more (whoever holds the traceback is not).
-                self._fail_send(f"interrupted by {type(error).__name__}")
-                self._client.in_flight.discard(self.txid)
-                raise
-            self._token = self._token or prepared.token
-            self._seqs.extend(prepared.seqs)
-            if logs.enabled(logging.DEBUG):  # the line's arguments cost too
-                log.debug(
-                    "transaction_prepared",
-                    txid=self.txid,
-                    seqs=prepared.seqs,
-                    topics=_topics(messages),
-                )
-            return tuple(prepared.seqs)
+        return messages, outgoing
+
+    async def _prepare(
+        self, messages: list[TxMessage], outgoing: list[OutgoingMessage]
+    ) -> tuple[int, ...]:
+        """The prepare itself, the transaction's lock held (or needless)."""
+        self._check_sendable()
+        # From here until the end, a check-back for it is answered UNKNOWN.
+        self._client.in_flight.add(self.txid, self)
+        try:
+            prepared = await self._client.prepare(self.txid, outgoing, self._token)
+        except PrepareFailed as error:
+            self._fail_send(str(error))
+            tracing.fail(self._span, error)
+            raise
+        except BaseException as error:
+            # Cancelled while the prepare was out: halves may exist, and nobody is at
+            # work on it any more (whoever holds the traceback is not).
+            self._fail_send(f"interrupted by {type(error).__name__}")
+            self._client.in_flight.discard(self.txid)
+            raise
+        self._token = self._token or prepared.token
+        self._seqs.extend(prepared.seqs)
+        if logs.enabled(logging.DEBUG):  # the line's arguments cost too
+            log.debug(
+                "transaction_prepared",
+                txid=self.txid,
+                seqs=prepared.seqs,
+                topics=_topics(messages),
+            )
+        return tuple(prepared.seqs)
 
     def start_send(self, message: TxMessage | Sequence[TxMessage]) -> asyncio.Task[tuple[int, ...]]:
         """`send` without waiting: the prepare goes out now, and the caller does its local
@@ -227,39 +252,47 @@ class Transaction:
         """End with `decision`. If the end does not reach the coordinator the result is
         unconfirmed (logged, not raised); `EndRefused` if the coordinator said no. After a
         failed send, COMMIT is refused and UNKNOWN rolls back (see `leave_unknown`)."""
+        if self._context_bound:  # inside the block: its lines carry txid and group already
+            async with self._lock:
+                return await self._end(decision)
         with self.logging_context():
             async with self._lock:
-                if self._failed_send is not None and decision is Decision.UNKNOWN:
-                    log.warning(
-                        "transaction_unknown_rolled_back",
-                        reason=self._failed_send,
-                        hint="a send failed, so only a rollback keeps it all-or-nothing",
-                    )
-                    decision = Decision.ROLLBACK
-                if self._decision is not None and decision is not self._decision:
-                    raise TransactionStateError(
-                        f"transaction {self.txid} already ended with {self._decision}; "
-                        f"it cannot {decision} now",
-                        txid=self.txid,
-                    )
-                if self._failed_send is not None and decision is Decision.COMMIT:
-                    raise TransactionStateError(
-                        f"a send of transaction {self.txid} failed ({self._failed_send}), so "
-                        "committing would deliver only part of it; roll it back",
-                        txid=self.txid,
-                    )
-                if self._result is not None and (self._result.confirmed or self._token is None):
-                    return self._result
-                self._decision = decision
-                try:
-                    self._result = await self._send_end(decision)
-                except BaseException as error:
-                    self._finish_span(error)
-                    raise
-                finally:
-                    self._client.in_flight.discard(self.txid)
-                self._finish_span()
-                return self._result
+                return await self._end(decision)
+
+    async def _end(self, decision: Decision) -> TransactionResult:
+        """The end itself, the transaction's lock held (or needless: `send_in_transaction`)."""
+        if self._failed_send is not None and decision is Decision.UNKNOWN:
+            log.warning(
+                "transaction_unknown_rolled_back",
+                reason=self._failed_send,
+                hint="a send failed, so only a rollback keeps it all-or-nothing",
+            )
+            decision = Decision.ROLLBACK
+        if self._decision is not None and decision is not self._decision:
+            raise TransactionStateError(
+                f"transaction {self.txid} already ended with {self._decision}; "
+                f"it cannot {decision} now",
+                txid=self.txid,
+            )
+        if self._failed_send is not None and decision is Decision.COMMIT:
+            raise TransactionStateError(
+                f"a send of transaction {self.txid} failed ({self._failed_send}), so "
+                "committing would deliver only part of it; roll it back",
+                txid=self.txid,
+            )
+        if self._result is not None and (self._result.confirmed or self._token is None):
+            return self._result
+        self._decision = decision
+        try:
+            self._result = await self._send_end(decision)
+        except BaseException as error:
+            self._finish_span(error)
+            raise
+        finally:
+            self._client.in_flight.discard(self.txid)
+        if self._span is not None:  # tracing on, and not finished yet
+            self._finish_span()
+        return self._result
 
     async def _send_end(self, decision: Decision) -> TransactionResult:
         if self._token is None:
