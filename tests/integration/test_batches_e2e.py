@@ -18,9 +18,11 @@ from nats.aio.msg import Msg
 
 from tests.support.txn import topic_ids
 from tests.support.wait import eventually
+from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import run_coordinator
 from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
 from txactors.producer.transaction import TransactionResult
+from txactors.wire.layout import partition_of
 from txactors.wire.protocol import Encoding, encoding_of
 
 TRANSACTIONS = 64
@@ -102,3 +104,40 @@ async def test_concurrent_transactions_go_in_batches_and_each_commits_once(
         await eventually(lone_heard)
         assert heard["prepare"][before:] == [("Prepare", 1)], "a lone one waits for nothing"
         assert (await topic_ids(private_nc, "orders")).count(f"{lone.txid}:0") == 1
+
+
+async def test_concurrent_transactions_share_a_partition_whatever_the_count(
+    private_nc: Client,
+) -> None:
+    """With 8 partitions, 64 transactions begun together land in one or two of them
+    (sticky.py), so they still travel in batches of many: spread at random, they would
+    make 8 requests' worth of rounds of about 8."""
+
+    async def never_asked(view: CheckView) -> Decision:
+        raise AssertionError(f"no check-back was due: {view.txid}")
+
+    async with (
+        run_coordinator(private_nc, options=CoordinatorOptions(partitions=8)),
+        TransactionProducer(private_nc, "shop", never_asked, partitions=8) as producer,
+        spying(private_nc) as heard,
+    ):
+
+        async def one(n: int) -> TransactionResult:
+            return await producer.send_in_transaction(
+                TxMessage("orders", f"order-{n}".encode()), lambda message, arg: Decision.COMMIT
+            )
+
+        await one(-1)  # the partition count is read by the first transaction
+        results: list[TransactionResult] = []
+
+        async def collect(n: int) -> None:
+            results.append(await one(n))
+
+        async with anyio.create_task_group() as tg:
+            for n in range(TRANSACTIONS):
+                tg.start_soon(collect, n)
+
+        assert [r.state for r in results] == ["committed"] * TRANSACTIONS
+        assert len({partition_of(r.txid, 8) for r in results}) <= 2
+        await eventually(lambda: sum(items for _, items in heard["prepare"]) == TRANSACTIONS + 1)
+        assert len(heard["prepare"]) <= 1 + 2 * TRANSACTIONS // 8, "rounds of many"

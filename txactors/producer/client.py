@@ -50,6 +50,7 @@ from txactors.producer.link import (
     PrepareVerb,
 )
 from txactors.producer.outcomes import UnconfirmedOutcomes
+from txactors.producer.sticky import StickyPartitions, random_txid, txid_in
 from txactors.wire.layout import end_subject, partition_of, prepare_subject
 from txactors.wire.protocol import (
     Decision,
@@ -141,10 +142,20 @@ class CoordinatorClient:
         self._verb = PrepareVerb(group, instance)
         self._inbox = Inbox(nc)
         self._links: list[_Links] = []
+        self._sticky: StickyPartitions | None = None
 
     async def close(self) -> None:
         """Stop taking replies: the producer is done."""
         await self._inbox.close()
+
+    def new_txid(self) -> str:
+        """A txid for a new transaction, in the partition this producer fills now
+        (`sticky.py`); before the partition count is known, any txid."""
+        if not self._links:
+            return random_txid()
+        if self._sticky is None:
+            self._sticky = StickyPartitions(len(self._links), self._max_items)
+        return txid_in(self._sticky.next(), len(self._links))
 
     async def _route(self, txid: str) -> int:
         """The partition of `txid`; the count is read the first time (PartitionCountUnknown

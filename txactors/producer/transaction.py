@@ -33,7 +33,6 @@ import asyncio
 import contextvars
 import enum
 import logging
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -50,11 +49,6 @@ from txactors.producer.message import TxMessage
 from txactors.wire.protocol import Decision, OutgoingMessage
 
 log = get_logger(__name__)
-
-
-def new_txid() -> str:
-    """128 random bits in hex: unique without coordination, and a valid subject token."""
-    return os.urandom(16).hex()  # 32 hex digits like uuid4().hex, without building a UUID
 
 
 class EndMode(enum.StrEnum):
@@ -98,7 +92,7 @@ class Transaction:
         *,
         end_mode: EndMode = EndMode.ACK,
     ) -> None:
-        self.txid = txid or new_txid()
+        self.txid = txid or client.new_txid()
         self.end_mode = end_mode
         self._client = client
         # One request at a time: the first send fixes the token, and an end waits for a send
