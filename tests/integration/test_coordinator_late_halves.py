@@ -32,6 +32,7 @@ from txactors.coordinator.partition.store import (
     ensure_streams,
     half_headers,
     pack_appends,
+    save_checkpoint,
     stored_half,
 )
 from txactors.coordinator.service import run_coordinator
@@ -347,7 +348,7 @@ class AckedMeanwhile:
     async def get_msg(self, stream: str, seq: int) -> Any:
         self.fetched.append(seq)
         if seq in self.ours and self.late is not None:
-            self.late.own([seq])
+            self.late.own([seq], op_floor=1)
         return await self._js.get_msg(stream, seq)
 
     def __getattr__(self, name: str) -> Any:
@@ -391,6 +392,51 @@ def test_the_checkpoint_never_passes_a_half_not_looked_at() -> None:
     assert late.hold(ahead) == Checkpoint(half_seq=42, op_seq=7)
     behind = Checkpoint(half_seq=10, op_seq=7)
     assert late.hold(behind) is behind
+    # Its own halves held back with it: their transactions' op records are read again too.
+    late.own([50, 60], op_floor=3)
+    late.own([70], op_floor=6)
+    late.own([30], op_floor=1)  # passed already: not held
+    assert late.hold(ahead) == Checkpoint(half_seq=42, op_seq=3)
+    assert late.hold(Checkpoint(half_seq=100, op_seq=2)) == Checkpoint(half_seq=42, op_seq=2)
+    assert late.hold(behind) is behind
+
+
+async def test_a_successor_reads_the_decisions_of_the_halves_the_checkpoint_held_back(
+    private_nc: Client,
+) -> None:
+    """The checkpoint waits for the follower (`hold`), which looks at TXN_HALF only now and
+    then: held back at a half whose transaction has finished since, it must also go back in
+    TXN_OP to that transaction's decision, or a successor starting from it takes the
+    transaction for an open one (and checks back a committed transaction, publishes it again,
+    or even discards it)."""
+    lagging = CoordinatorOptions(tick_interval=1.0, checkpoint_interval=60.0)
+    """The follower's first look at TXN_HALF comes 10 s after the start (`FOLLOW_TICKS`)."""
+    client = CoordinatorClient(private_nc)
+    async with run_coordinator(private_nc, options=lagging) as coordinator:
+        for n in range(20):
+            receipt = await client.prepare(f"t{n}", message())
+            await client.end(f"t{n}", receipt.token, Decision.COMMIT)
+        await eventually(
+            lambda: client.admin(ListTransactions(version=PROTOCOL_VERSION)),
+            until=lambda listed: not listed.transactions,
+            what="every transaction committed and done",
+        )
+        ref = coordinator.owned[0].ref
+        assert ref is not None
+        partition = ref._cell._instance
+        assert partition is not None and partition._late is not None
+        # What its next checkpoint save writes (`_save_checkpoints`), held back at the start.
+        saved = partition._late.hold(partition.table.checkpoint())
+        assert saved.half_seq == 1, "the follower has not looked at TXN_HALF yet"
+    kv = await private_nc.jetstream().key_value(layout.CHECKPOINT_BUCKET)
+    await save_checkpoint(kv, 0, saved)
+    with capture_logs() as logs:
+        async with run_coordinator(private_nc, options=OPTIONS):
+            listed = await client.admin(ListTransactions(version=PROTOCOL_VERSION))
+    [recovered] = [e for e in logs if e["event"] == "coordinator_recovered"]
+    assert recovered["open"] == 0, "every transaction read back as finished"
+    assert listed.transactions == []
+    assert sorted(await topic_ids(private_nc, "orders")) == sorted(f"t{n}:0" for n in range(20))
 
 
 async def nothing_found(seq: int, halves: list[StoredHalf]) -> None:

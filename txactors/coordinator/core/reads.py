@@ -68,6 +68,11 @@ class Reads:
         """Where recovery must start reading (see `transactions.checkpoint`)."""
         return checkpoint(self._open.values(), self._half_tail, self._op_tail)
 
+    def op_floor(self) -> int:
+        """The first TXN_OP sequence a record of a transaction whose halves are taken in now
+        can have (as a new transaction's `op_floor`): nothing of it was decided before."""
+        return self._op_tail + 1
+
     def next_deadline(self) -> float | None:
         """When `tick` next has work; the actor sleeps until then (or the next event)."""
         return self._deadlines.earliest()

@@ -566,7 +566,8 @@ class PartitionCoordinator(Actor):
         if self._stale(epoch, "halves"):
             return  # the producers' prepares time out; the check-back settles their halves
         if self._late is not None:
-            self._late.own(ack.seq for ack in acks if ack is not None)
+            # Taken in by the table just below, their transactions get this floor there too.
+            self._late.own((ack.seq for ack in acks if ack is not None), self.table.op_floor())
         half_acks = [ack for ack, count in zip(acks, counts, strict=True) for _ in range(count)]
         events: list[Event] = []
         offset = 0

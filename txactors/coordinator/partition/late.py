@@ -18,7 +18,7 @@ two pulls), and lets a follower read anyway after `IDLE_READ` seconds (its consu
 be dropped after a minute without one).
 
 The checkpoint never passes what has been looked at (`hold`): a restart in between reads
-those halves again.
+those halves again, and the op records of their transactions with them.
 """
 
 from __future__ import annotations
@@ -122,24 +122,33 @@ class LateHalves:
         self._partition = partition
         self._next = after + 1
         self._found = found
-        self._own: set[int] = set()
-        """Sequences of messages this partition wrote that the follower has not reached yet."""
+        self._own: dict[int, int] = {}
+        """Sequences of messages this partition wrote that the follower has not reached yet,
+        each with the first TXN_OP sequence a record of its transactions can have."""
 
     @property
     def next_seq(self) -> int:
         """The first TXN_HALF sequence not looked at yet."""
         return self._next
 
-    def own(self, seqs: Iterable[int]) -> None:
+    def own(self, seqs: Iterable[int], op_floor: int) -> None:
         """Messages this partition wrote (acknowledged at `seqs`): not late. A sequence
-        already passed was seen while its write was in flight, and its halves skipped then."""
-        self._own.update(seq for seq in seqs if seq >= self._next)
+        already passed was seen while its write was in flight, and its halves skipped then.
+        `op_floor`: the first TXN_OP sequence a record of their transactions can have (the
+        table's, `op_floor`, as it takes them in)."""
+        self._own.update((seq, op_floor) for seq in seqs if seq >= self._next)
 
     def hold(self, checkpoint: Checkpoint) -> Checkpoint:
-        """`checkpoint`, not past the first half not looked at yet."""
+        """`checkpoint`, not past the first half not looked at yet.
+
+        Held back, it goes back in TXN_OP too, to the first record of the transactions whose
+        halves it reads again: they may have finished since (their records lie before the
+        table's op offset), and read without their records they would come back as open
+        ones (checked back, published again, even discarded)."""
         if checkpoint.half_seq <= self._next:
             return checkpoint
-        return msgspec.structs.replace(checkpoint, half_seq=self._next)
+        op_seq = min([checkpoint.op_seq, *self._own.values()])
+        return msgspec.structs.replace(checkpoint, half_seq=self._next, op_seq=op_seq)
 
     async def _follow(self) -> None:
         """Wait until TXN_HALF has grown since the last read (one that reached the end of
@@ -161,13 +170,13 @@ class LateHalves:
                 ):
                     seq = ack_fields(msg).seq
                     if seq in self._own:
-                        self._own.discard(seq)
+                        del self._own[seq]
                         self._next = seq + 1
                         continue
                     halves = await self._halves(seq, msg.headers or {})
                     self._next = seq + 1  # not before: the checkpoint must not pass them
                     if seq in self._own:  # our own pack, whose ack came while it was read
-                        self._own.discard(seq)
+                        del self._own[seq]
                     elif halves:
                         await self._found(seq, halves)
             except LINK_TROUBLE as error:  # permanent: read_subject retried the transient ones
