@@ -21,6 +21,7 @@ from typing import Any, cast
 import anyio
 import nats.js.errors
 import pytest
+import structlog
 from hypothesis import given
 from hypothesis import strategies as st
 from nats.aio.client import Client
@@ -328,3 +329,41 @@ async def test_a_count_create_cannot_read_back_yet_is_tried_again_not_a_crash() 
     bucket = LaggingReplica(published=4, misses=0, create_misses=2)
     await agree_partition_count(cast(KeyValue, bucket), 4, deadline=30)
     assert (bucket.creates, bucket.gets) == (3, 1)
+
+
+async def test_a_prepare_nobody_received_is_sent_again_once_a_coordinator_serves(
+    private_nc: Client,
+) -> None:
+    """Between two owners of a partition (a takeover, a rebalance) a prepare gets no
+    responders: nothing was stored, so the producer sends it again after about a second
+    (its `prepare_retries`) instead of failing the caller; with no retries left it fails
+    at once, saying when to come back."""
+    async with run_coordinator(private_nc):
+        pass  # the count is published; nobody serves the partition any more
+    async with TransactionProducer(private_nc, "shop", lambda view: Decision.COMMIT) as producer:
+        async with TransactionProducer(
+            private_nc, "shop", lambda view: Decision.COMMIT, prepare_retries=0
+        ) as impatient:
+            with pytest.raises(PrepareFailed, match="is it running") as alone:
+                await impatient.send_in_transaction(TxMessage("orders", b"x"), lambda m, a: None)
+        assert alone.value.retry_after is not None, "nothing was stored: come back"
+
+        with structlog.testing.capture_logs() as logs:
+            results: list[TransactionResult] = []
+
+            async def send() -> None:
+                results.append(
+                    await producer.send_in_transaction(
+                        TxMessage("orders", b"y"), lambda m, a: Decision.COMMIT
+                    )
+                )
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(send)
+                await eventually(
+                    lambda: [e for e in logs if e.get("code") == "no_responders"],
+                    until=bool,
+                )
+                async with run_coordinator(private_nc):
+                    await eventually(lambda: results, until=bool, timeout=10)
+    assert [r.state for r in results] == ["committed"]

@@ -16,7 +16,9 @@ unconfirmed one, so a check-back for an end that was lost or refused is answered
 A prepare the coordinator refused with a `retry_after` hint (it cannot write now) stored
 nothing, so it is sent again, up to `prepare_retries` times, each after waiting at least
 the hint (plus jitter, so producers refused together do not come back together). Once they
-are spent, `PrepareFailed.retry_after` carries the last hint to the caller.
+are spent, `PrepareFailed.retry_after` carries the last hint to the caller. A prepare nobody
+received (no responders: a partition between two owners, as while coordinators rebalance or
+take over) stored nothing either, and is sent again the same way after about a second.
 
 Which partition a txid goes to depends on the coordinators' partition count, read where they
 publish it the first time a transaction needs it (txactors/nats/partition_count.py). The
@@ -215,8 +217,16 @@ class CoordinatorClient:
                     retry_after=error.retry_after,
                 ) from error
             except _UNREACHABLE as error:
-                log.warning("prepare_unreachable", partition=partition, error=repr(error))
                 nobody = isinstance(error, ActorDeadError)  # nothing was stored: come back
+                if nobody and retries > 0:  # a partition between two owners, for about this
+                    retries -= 1
+                    wait = NO_COORDINATOR_RETRY_AFTER * (1 + random.random() / 5)
+                    log.warning(
+                        "prepare_retry", code="no_responders", partition=partition, wait=wait
+                    )
+                    await self._sleep(wait)
+                    continue
+                log.warning("prepare_unreachable", partition=partition, error=repr(error))
                 raise PrepareFailed(
                     f"the coordinator of partition {partition} did not confirm the prepare of "
                     f"{txid} ({error!r}); is it running? Halves may have been stored: the "

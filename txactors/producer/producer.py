@@ -65,8 +65,10 @@ class TransactionProducer:
     `end_mode` says how transactions end by default: `"ack"` waits for the coordinator's
     answer, `"oneway"` publishes the end and goes on (see `EndMode`); `begin(end_mode=...)`
     chooses per transaction. A prepare the coordinator refuses for now, with a retry-after
-    hint (it cannot write at the moment), is sent again up to `prepare_retries` times, each
-    after waiting at least the hint; then `PrepareFailed.retry_after` says how long to wait.
+    hint (it cannot write at the moment), or that nobody received (no coordinator served its
+    partition: a handover), is sent again up to `prepare_retries` times, each after waiting at
+    least the hint (a second for nobody); then `PrepareFailed.retry_after` says how long to
+    wait.
     A producer runs once: enter it a single time.
 
         async with TransactionProducer(nc, "bank-a", checker) as producer:
