@@ -3,6 +3,8 @@ a partition whose lease they lost."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 from typing import Any
 
@@ -15,10 +17,13 @@ from nats.aio.client import Client
 
 from tests.support.txn import CoordinatorClient, message, topic_ids
 from tests.support.wait import eventually
+from txactors.coordinator.core.records import OpKind, OpRecord
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.partition import actor as partition_module
+from txactors.coordinator.partition.oplog import OpLog, OpWriter
+from txactors.coordinator.partition.store import encode_ops
 from txactors.coordinator.service import RunningCoordinator, run_coordinator
-from txactors.errors import ActorDeadError
+from txactors.errors import ActorDeadError, AskTimeout, CommandError
 from txactors.producer import Decision, TransactionProducer, TxMessage
 from txactors.wire import layout
 from txactors.wire.protocol import PROTOCOL_VERSION, ListTransactions
@@ -151,3 +156,50 @@ async def test_a_coordinator_keeps_its_lease_while_a_partition_recovers_for_long
     held = list(itertools.dropwhile(lambda h: h is None, holders))
     assert len(held) > 40, "watched through the whole recovery"
     assert set(held) == {b"slow"}, "the lease never lapsed while the partition recovered"
+
+
+async def test_a_record_landing_after_the_new_owners_fence_fences_it_out_not_for_good(
+    private_nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second writer's op record lands right after the new owner took its fence (as a
+    stalled owner's would): the new owner's first write is refused and it stops (it never
+    writes behind another's record), but the partition is given back, taken again, and the
+    record applied by the next instance: it does not end in a partition that never serves."""
+    async with run_coordinator(private_nc, options=QUICK):
+        client = CoordinatorClient(private_nc)
+        warm_up = await client.prepare("warm-up", message())
+        await client.end("warm-up", warm_up.token, Decision.COMMIT)
+        receipt = await client.prepare("zombie-commit", message())
+    js = private_nc.jetstream()
+    commit = OpRecord(txid="zombie-commit", kind=OpKind.COMMIT, half_seqs=tuple(receipt.seqs))
+    real_open = OpWriter.open
+    opened: list[int] = []
+
+    def open_then_another_writes(self: OpWriter, partition: int, *args: Any) -> OpLog:
+        log = real_open(self, partition, *args)
+        opened.append(log.last_seq)
+        if len(opened) == 1:  # right after the first instance took its fence
+            publishing = js.publish(layout.op_subject(0), encode_ops([commit]))
+            landed.append(asyncio.ensure_future(publishing))
+        return log
+
+    landed: list[asyncio.Future[Any]] = []
+    monkeypatch.setattr(OpWriter, "open", open_then_another_writes)
+    async with run_coordinator(private_nc, options=QUICK) as coordinator:
+        client = CoordinatorClient(private_nc)
+        await eventually(lambda: landed, what="the other writer's record sent")
+        record_seq = (await landed[0]).seq
+        # The first instance's first write (this end's commit) is refused: it stops.
+        with contextlib.suppress(CommandError, AskTimeout, ActorDeadError):
+            first = await client.prepare("first", message())
+            await client.end("first", first.token, Decision.COMMIT)
+        await eventually(
+            lambda: topic_ids(private_nc, "orders"),
+            until=lambda ids: "zombie-commit:0" in ids,
+            timeout=10,
+            what="the record applied by a later instance of the partition",
+        )
+        assert len(opened) >= 2 and opened[0] < record_seq <= opened[-1]
+        await eventually(lambda: coordinator.partitions == [0], timeout=5, what="serving 0")
+        after = await client.prepare("after", message())
+        assert (await client.end("after", after.token, Decision.COMMIT)).state == "committed"

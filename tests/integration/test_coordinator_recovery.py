@@ -10,17 +10,22 @@ from contextlib import contextmanager
 from typing import Any
 
 import msgspec
+import pytest
 import structlog
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 
 from tests.integration.test_coordinator_batches import prepare_batch
 from tests.support.txn import FAST, CoordinatorClient, message, topic_ids, topic_messages
 from tests.support.wait import eventually
 from txactors.coordinator import CoordinatorConfig, CoordinatorOptions
 from txactors.coordinator.core import tokens
+from txactors.coordinator.core.records import OpKind, OpRecord
+from txactors.coordinator.partition import actor as partition_module
 from txactors.coordinator.partition.recovery import read_subject
-from txactors.coordinator.partition.store import load_checkpoint
+from txactors.coordinator.partition.store import encode_ops, load_checkpoint
 from txactors.coordinator.service import run_coordinator
+from txactors.errors import CommandError
 from txactors.wire import layout
 from txactors.wire.protocol import (
     PROTOCOL_VERSION,
@@ -263,3 +268,70 @@ async def test_records_written_before_the_header_diet_are_recovered_after_an_upg
         txid, index = msg_id.split(":")
         assert (headers[layout.TXID_HEADER], headers[layout.INDEX_HEADER]) == (txid, index)
         assert (headers[layout.KEYS_HEADER], headers["Region"]) == ("k1,k2", "eu")
+
+
+async def test_a_decision_that_lands_after_recoverys_read_is_applied_before_serving(
+    private_nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A predecessor's last op write (a graceful leaver's, whose ack was still on its way when
+    it gave the lease back) lands after recovery read TXN_OP but before the new owner takes
+    its fence: the new owner must apply it (commit and publish), not serve on without it
+    (checking back a committed transaction) behind a fence past it."""
+    config = CoordinatorConfig(**FAST)
+    async with run_coordinator(private_nc, config=config, options=OPTIONS):
+        client = CoordinatorClient(private_nc)
+        warm_up = await client.prepare("warm-up", message())  # TXN_OP is not empty
+        await client.end("warm-up", warm_up.token, Decision.COMMIT)
+        receipt = await client.prepare("late-commit", message(body=b"late"))
+    js = private_nc.jetstream()
+    commit = OpRecord(txid="late-commit", kind=OpKind.COMMIT, half_seqs=tuple(receipt.seqs))
+    real_recover = partition_module.recover
+    landed: list[int] = []
+
+    async def recover_then_predecessor_writes(*args: Any, **kwargs: Any) -> Any:
+        recovered = await real_recover(*args, **kwargs)
+        if not landed:  # the predecessor's write lands right after recovery's read
+            ack = await js.publish(layout.op_subject(0), encode_ops([commit]))
+            landed.append(ack.seq)
+        return recovered
+
+    monkeypatch.setattr(partition_module, "recover", recover_then_predecessor_writes)
+    checks: list[Msg] = []
+
+    async def checked(msg: Msg) -> None:
+        checks.append(msg)
+
+    subscription = await private_nc.subscribe("txn.check.>", cb=checked)
+    try:
+        async with run_coordinator(private_nc, config=config, options=OPTIONS):
+            client = CoordinatorClient(private_nc)
+            await eventually(
+                lambda: topic_ids(private_nc, "orders"),
+                until=lambda ids: "late-commit:0" in ids,
+                timeout=5,
+                what="the commit that landed after recovery's read published",
+            )
+
+            # Its `done` is the new owner's first write: the fence is past the record.
+            async def state() -> str:
+                try:
+                    info = await client.admin(
+                        ShowTransaction(txid="late-commit", version=PROTOCOL_VERSION)
+                    )
+                except CommandError as error:  # finished: no longer open
+                    return str(error)
+                return info.state
+
+            await eventually(
+                state,
+                until=lambda seen: "it is committed" in seen,
+                timeout=5,
+                what="late-commit finished by the new owner's own write",
+            )
+            after = await client.prepare("after", message())
+            ended = await client.end("after", after.token, Decision.COMMIT)
+            assert ended.state == "committed"
+    finally:
+        await subscription.unsubscribe()
+    assert landed, "the predecessor's record was written in the window"
+    assert checks == [], "a committed transaction is never checked back"

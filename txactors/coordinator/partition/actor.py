@@ -82,7 +82,7 @@ from txactors.coordinator.partition.oneway import OneWayErrors
 from txactors.coordinator.partition.oplog import OpLog
 from txactors.coordinator.partition.prepares import PreparesInFlight
 from txactors.coordinator.partition.publisher import Publisher
-from txactors.coordinator.partition.recovery import last_op_seq, recover
+from txactors.coordinator.partition.recovery import recover, take_fence
 from txactors.coordinator.partition.store import (
     StoredHalf,
     by_transaction,
@@ -202,14 +202,19 @@ class PartitionCoordinator(Actor):
         if self.metrics is not None:
             self.metrics.track(self.partition, self.table)
         await self._writers.ops.idle(self.partition)  # a predecessor's write has settled
-        fence = await last_op_seq(self.js, self.partition)
+        # Never past a record the table has not applied: what landed since recovery's read
+        # (that write, a leaver's last one) is applied first.
+        fence = await take_fence(
+            self.js, self.table, self.partition, recovered.op_end, self.clock()
+        )
         appended = functools.partial(self._ops_appended, self._epoch)
-        self._oplog = self._writers.ops.open(self.partition, fence, appended, self._failed)
+        self._oplog = self._writers.ops.open(self.partition, fence.seq, appended, self._failed)
         log.info(
             "coordinator_recovered",
             partition=self.partition,
             halves_read=recovered.halves,
-            op_messages_read=recovered.ops,
+            op_messages_read=recovered.ops + fence.ops,
+            op_messages_after_read=fence.ops,
             open=len(self.table),
             seconds=round(time.perf_counter() - started, 3),
         )

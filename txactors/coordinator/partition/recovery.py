@@ -6,7 +6,9 @@ What it reads decides which transactions are open, so it reads a stream only onc
 is current (`current.wait_current`: a leader, no replica behind; after a whole cluster
 restarts, a node serves its copy while still rebuilding it from its raft log), and reads on
 until the subject's last message as the stream's leader names it (a read that stopped short
-is a gap, read again). Halves that appear later still are `late.LateHalves`' work.
+is a gap, read again). Halves that appear later still are `late.LateHalves`' work; op
+records that appear later are read by `take_fence` before the partition's first op write
+is fenced, so that the fence is never past a record the table has not applied.
 A record that cannot be read (a half without its headers, a pack or an op message that
 does not decode, a record the table refuses) is quarantined and skipped: one bad record in
 the coordinator's own streams must not keep a partition from starting. A read JetStream cannot
@@ -137,6 +139,31 @@ class Recovered(NamedTuple):
     half_end: int
     """The last TXN_HALF sequence read (or the one before the checkpoint's): whatever lies
     beyond it was written after recovery read the stream."""
+    op_end: int
+    """The last TXN_OP sequence read (or the one before the checkpoint's): `take_fence` reads
+    on from there."""
+
+
+class Fence(NamedTuple):
+    seq: int
+    """What the partition's first op write expects as its subject's last sequence."""
+    ops: int
+    """Op messages read and applied past recovery's read to reach it."""
+
+
+class Read(NamedTuple):
+    end: int
+    """The last sequence read (`start_seq - 1` if none)."""
+    last: int
+    """The subject's last sequence as the leader named it after the last read (0: none)."""
+
+    @property
+    def fence(self) -> int:
+        """The op fence this read makes: the subject's last sequence once nothing lies
+        beyond what was read; else (the reads stopped short of a later last message) the
+        last one read, which the first write finds stale: never a fence past an unread
+        record."""
+        return self.last if self.last <= self.end else self.end
 
 
 async def recover(
@@ -150,25 +177,13 @@ async def recover(
     """Replay into a fresh `table`, each stream once it is current.
 
     `remember` sees every replayed half (the actor keeps the bodies of open transactions).
-    The caller then calls `table.finish_recovery(now)` and carries out its actions.
+    The caller then takes the op fence with `take_fence` (which may replay more op records),
+    calls `table.finish_recovery(now)` and carries out its actions.
     """
     table.begin_recovery(
         half_from=checkpoint.half_seq, op_from=checkpoint.op_seq, discarded=checkpoint.discarded
     )
-    halves = ops = 0
-
-    async def unreadable(msg: Msg, stream: str, error: Exception) -> None:
-        table.counters.quarantined += 1
-        await quarantine(
-            js,
-            partition=partition,
-            subject=msg.subject,
-            headers=msg.headers or {},
-            body=msg.data,
-            reason=f"unreadable in recovery: {type(error).__name__}: {error}",
-            stream=stream,
-            seq=ack_fields(msg).seq,
-        )
+    halves = 0
 
     async def half(msg: Msg) -> None:
         """The halves of one TXN_HALF message (a pack's, or one stored alone), fed per
@@ -179,7 +194,7 @@ async def recover(
         try:
             stored = read_halves(ack_fields(msg).seq, msg.headers or {}, msg.data)
         except UNREADABLE as error:
-            await unreadable(msg, layout.HALF_STREAM, error)
+            await _unreadable(js, table, partition, msg, layout.HALF_STREAM, error)
             return
         refused: Exception | None = None
         for run in by_transaction(stored):
@@ -191,21 +206,87 @@ async def recover(
             for one in run:
                 remember(one)
         if refused is not None:
-            await unreadable(msg, layout.HALF_STREAM, refused)
-
-    async def op(msg: Msg) -> None:
-        nonlocal ops
-        ops += 1
-        seq = ack_fields(msg).seq
-        try:
-            table.handle(OpReplayed(seq=seq, records=tuple(decode_ops(msg.data))), now)
-        except UNREADABLE as error:
-            await unreadable(msg, layout.OP_STREAM, error)
+            await _unreadable(js, table, partition, msg, layout.HALF_STREAM, refused)
 
     half_subject = layout.half_subject(partition)
-    half_end = await read_whole(js, layout.HALF_STREAM, half_subject, checkpoint.half_seq, half)
-    await read_whole(js, layout.OP_STREAM, layout.op_subject(partition), checkpoint.op_seq, op)
-    return Recovered(halves, ops, half_end)
+    half_read = await read_whole(js, layout.HALF_STREAM, half_subject, checkpoint.half_seq, half)
+    ops = _OpReplay(js, table, partition, now)
+    op_read = await read_whole(
+        js, layout.OP_STREAM, layout.op_subject(partition), checkpoint.op_seq, ops.replay
+    )
+    return Recovered(halves, ops.read, half_read.end, op_read.end)
+
+
+async def take_fence(
+    js: JetStreamContext, table: TransactionTable, partition: int, op_end: int, now: float
+) -> Fence:
+    """The fence of the partition's first op write (`Nats-Expected-Last-Subject-Sequence`),
+    once the recovering `table` holds every op record up to it: the records that landed
+    after recovery read TXN_OP up to `op_end` are read and applied first.
+
+    Why: a predecessor's write can land after recovery's read (a leaver's last write still
+    in flight when it gave the lease back, an instance of this process whose write settled
+    meanwhile, a stalled owner's). A fence taken as the subject's last sequence alone would
+    lie past such a record, which the table never applied: its transaction stays as it was
+    (prepared though committed: checked back; a `done` missed: published again), and no
+    write of the new owner is refused for it. So the fence is never past what the table
+    applied.
+    Reading the gap here rather than taking `op_end` as the fence: the usual case costs one
+    look at the subject's last message either way, but a record in the gap is then applied
+    instead of costing the new owner a refused first write (`FencedOut`: it stops, gives the
+    lease back, and the partition is taken and recovered again). A record that lands after
+    the fence still takes that way, as one from a second owner must.
+    """
+    last = await last_op_seq(js, partition)
+    if last <= op_end:
+        return Fence(last, 0)
+    log.warning("recovery_op_gap", partition=partition, read_to=op_end, last=last)
+    ops = _OpReplay(js, table, partition, now)
+    read = await read_whole(
+        js, layout.OP_STREAM, layout.op_subject(partition), op_end + 1, ops.replay
+    )
+    return Fence(read.fence, ops.read)
+
+
+class _OpReplay:
+    """Op messages fed to a recovering table as `OpReplayed`; one it cannot read is
+    quarantined and skipped."""
+
+    def __init__(
+        self, js: JetStreamContext, table: TransactionTable, partition: int, now: float
+    ) -> None:
+        self._js, self._table, self._partition, self._now = js, table, partition, now
+        self.read = 0
+        """Op messages read."""
+
+    async def replay(self, msg: Msg) -> None:
+        self.read += 1
+        seq = ack_fields(msg).seq
+        try:
+            self._table.handle(OpReplayed(seq=seq, records=tuple(decode_ops(msg.data))), self._now)
+        except UNREADABLE as error:
+            await _unreadable(self._js, self._table, self._partition, msg, layout.OP_STREAM, error)
+
+
+async def _unreadable(
+    js: JetStreamContext,
+    table: TransactionTable,
+    partition: int,
+    msg: Msg,
+    stream: str,
+    error: Exception,
+) -> None:
+    table.counters.quarantined += 1
+    await quarantine(
+        js,
+        partition=partition,
+        subject=msg.subject,
+        headers=msg.headers or {},
+        body=msg.data,
+        reason=f"unreadable in recovery: {type(error).__name__}: {error}",
+        stream=stream,
+        seq=ack_fields(msg).seq,
+    )
 
 
 async def read_whole(
@@ -214,12 +295,13 @@ async def read_whole(
     subject: str,
     start_seq: int,
     handle: Callable[[Msg], Awaitable[None]],
-) -> int:
+) -> Read:
     """Hand every message of `subject` from `start_seq` on to `handle`, once `stream` is
     current, and again from where it stopped while the leader names a later last message;
-    returns the last sequence read (`start_seq - 1` if none). Waiting for the stream to be
-    current takes `CURRENT_DEADLINE` at most, all reads together."""
+    returns the last sequence read and the last one the leader named. Waiting for the
+    stream to be current takes `CURRENT_DEADLINE` at most, all reads together."""
     end = max(start_seq, 1) - 1
+    last = 0
     delay = RETRY_INITIAL
     waiting_until = time.monotonic() + CURRENT_DEADLINE
     for _ in range(GAP_READS):
@@ -229,11 +311,11 @@ async def read_whole(
             await handle(msg)
         last = await last_seq(js, stream, subject)
         if last <= end:
-            return end
+            return Read(end, last)
         log.warning("recovery_read_gap", stream=stream, subject=subject, read_to=end, last=last)
         await anyio.sleep(delay)
         delay = backoff(delay)
-    return end
+    return Read(end, last)
 
 
 UNREADABLE = (KeyError, ValueError, TypeError, msgspec.DecodeError, CoordinatorStateError)
@@ -242,7 +324,7 @@ decode, or a record the table refuses (it leaves the table as it was)."""
 
 
 async def last_op_seq(js: JetStreamContext, partition: int) -> int:
-    """The stream sequence of the partition's newest op record (0: none): the fence's start."""
+    """The stream sequence of the partition's newest op record (0: none), from the leader."""
     return await last_seq(js, layout.OP_STREAM, layout.op_subject(partition))
 
 
