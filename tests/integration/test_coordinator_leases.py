@@ -25,6 +25,7 @@ from txactors.coordinator.partition.store import encode_ops
 from txactors.coordinator.service import RunningCoordinator, run_coordinator
 from txactors.errors import ActorDeadError, AskTimeout, CommandError
 from txactors.producer import Decision, TransactionProducer, TxMessage
+from txactors.producer.link import DEFAULT_MAX_ITEMS
 from txactors.wire import layout
 from txactors.wire.protocol import PROTOCOL_VERSION, ListTransactions
 
@@ -95,7 +96,9 @@ async def test_coordinators_split_partitions_and_serve_them_all(private_nc: Clie
             assert sorted(a.partitions + b.partitions) == [0, 1]
             assert len(a.partitions) == len(b.partitions) == 1
             txids = []
-            for n in range(12):
+            # A producer fills one partition at a time, moving on after DEFAULT_MAX_ITEMS
+            # transactions (producer/sticky.py): a few more than that reach both.
+            for n in range(DEFAULT_MAX_ITEMS + 12):
                 result = await producer.send_in_transaction(
                     TxMessage("orders", str(n).encode()), lambda m, arg: Decision.COMMIT
                 )
