@@ -17,9 +17,11 @@ from nats.aio.client import Client
 
 from tests.support.txn import CoordinatorClient, message, topic_ids
 from tests.support.wait import eventually
+from txactors.coordinator.cluster.leases import Leases
 from txactors.coordinator.core.records import OpKind, OpRecord
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.partition import actor as partition_module
+from txactors.coordinator.partition import oplog as oplog_module
 from txactors.coordinator.partition.oplog import OpLog, OpWriter
 from txactors.coordinator.partition.store import encode_ops
 from txactors.coordinator.service import RunningCoordinator, run_coordinator
@@ -206,3 +208,69 @@ async def test_a_record_landing_after_the_new_owners_fence_fences_it_out_not_for
         await eventually(lambda: coordinator.partitions == [0], timeout=5, what="serving 0")
         after = await client.prepare("after", message())
         assert (await client.end("after", after.token, Decision.COMMIT)).state == "committed"
+
+
+async def test_a_leaver_gives_its_lease_back_only_once_its_op_write_in_flight_settled(
+    private_nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The owner leaves while a commit's op record is sent and its ack not yet taken in (as
+    under CPU pressure): the lease stays held until that write settles, then is given back.
+    Given back before, a successor could take its fence under the record and be fenced out."""
+    options = CoordinatorOptions(lease_ttl=10.0)  # no lapse while the write is held
+    real_await_ack = oplog_module.await_ack
+    armed, held, release = False, anyio.Event(), anyio.Event()
+
+    async def held_ack(*args: Any) -> Any:
+        outcome = await real_await_ack(*args)
+        if armed and not held.is_set():
+            held.set()
+            await release.wait()
+        return outcome
+
+    real_give_back = Leases.give_back
+    settled_when_given_back: list[bool] = []
+    given_back = anyio.Event()
+
+    async def recorded_give_back(self: Leases, partition: int, revision: int) -> None:
+        settled_when_given_back.append(release.is_set())
+        await real_give_back(self, partition, revision)
+        given_back.set()
+
+    monkeypatch.setattr(oplog_module, "await_ack", held_ack)
+    monkeypatch.setattr(Leases, "give_back", recorded_give_back)
+    leave = anyio.Event()
+
+    async def run_owner(*, task_status: TaskStatus[RunningCoordinator]) -> None:
+        async with run_coordinator(private_nc, options=options, owner="leaver") as owner:
+            task_status.started(owner)
+            await leave.wait()
+
+    async def end(token: str) -> None:
+        with contextlib.suppress(CommandError, AskTimeout, ActorDeadError):
+            await client.end("t1", token, Decision.COMMIT)  # never answered: the owner left
+
+    client = CoordinatorClient(private_nc)
+    async with anyio.create_task_group() as tg:
+        owner = await tg.start(run_owner)
+        kv = await private_nc.jetstream().key_value(layout.LEASE_BUCKET)
+        receipt = await client.prepare("t1", message())
+        armed = True
+        tg.start_soon(end, receipt.token)
+        with anyio.fail_after(5):
+            await held.wait()  # the commit's record is sent, its ack held
+        actor = owner.owned[0].ref
+        assert actor is not None
+        leave.set()
+        with anyio.fail_after(5):
+            await actor.wait_stopped()
+        with anyio.move_on_after(1.0):  # a leaver not waiting gives it back at once
+            await given_back.wait()
+        assert settled_when_given_back == [], "given back while its op write was in flight"
+        assert (await kv.get("0")).value == b"leaver"
+        release.set()
+        with anyio.fail_after(10):
+            await given_back.wait()
+        assert settled_when_given_back == [True]
+        with pytest.raises(nats.js.errors.KeyNotFoundError):
+            await kv.get("0")
+        tg.cancel_scope.cancel()  # the end never answered

@@ -3,6 +3,7 @@ bucket: a keeper driven by a fake clock against leases whose renewals fail for a
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import anyio
@@ -132,7 +133,15 @@ class FakeClock:
 TTL = 10.0
 
 
-def keeper_for(leases: FlakyLeases, clock: FakeClock) -> _PartitionKeeper:
+async def settled_at_once(partition: int) -> None:
+    """No op write in flight: these partitions have no actor."""
+
+
+def keeper_for(
+    leases: FlakyLeases,
+    clock: FakeClock,
+    settled: Callable[[int], Awaitable[None]] = settled_at_once,
+) -> _PartitionKeeper:
     unused = cast(Any, None)
     keeper = _PartitionKeeper(
         unused,
@@ -141,6 +150,7 @@ def keeper_for(leases: FlakyLeases, clock: FakeClock) -> _PartitionKeeper:
         CoordinatorOptions(partitions=2, lease_ttl=TTL),
         unused,
         unused,
+        settled=settled,
         clock=clock,
     )
     keeper.owned[0] = _Owned(revision=1, renewed_at=0.0)
@@ -186,6 +196,44 @@ async def test_an_owner_woken_from_a_long_stall_stops_before_it_renews() -> None
     clock.now = TTL * 1.5  # e.g. SIGSTOPped past the TTL: a successor may serve it now
     await keeper.keep_owned()
     assert keeper.owned == {} and leases.renewals == 0
+
+
+class DeadActor:
+    is_alive = False
+
+    async def stop(self) -> None:
+        pass
+
+
+async def test_a_dead_partition_is_given_back_once_settled_without_holding_renewals_back() -> None:
+    """A partition whose actor died is given back once its op write in flight settled; that
+    wait runs beside the other partitions' renewals (here it ends only after they are sent),
+    never before them: a renewal held back past the self-fence point stops the others too."""
+    order: list[str] = []
+    renewed = anyio.Event()
+
+    class RecordingLeases(FlakyLeases):
+        async def renew(self, partition: int, revision: int) -> int | None:
+            order.append(f"renewed {partition}")
+            renewed.set()
+            return await super().renew(partition, revision)
+
+        async def give_back(self, partition: int, revision: int) -> None:
+            order.append(f"given back {partition}")
+            await super().give_back(partition, revision)
+
+    async def settled_after_the_renewals(partition: int) -> None:
+        await renewed.wait()  # the write settles only once the others' renewals are sent
+        order.append(f"settled {partition}")
+
+    leases, clock = RecordingLeases(), FakeClock()
+    keeper = keeper_for(leases, clock, settled_after_the_renewals)
+    keeper.owned[1] = _Owned(revision=1, renewed_at=0.0, ref=cast(Any, DeadActor()))
+    clock.now = TTL * RENEW_FRACTION
+    with anyio.fail_after(TTL * RETRY_FRACTION):
+        await keeper.keep_owned()
+    assert order == ["renewed 0", "settled 1", "given back 1"]
+    assert list(keeper.owned) == [0] and leases.given_back == [1]
 
 
 async def test_a_renewal_that_landed_unanswered_keeps_the_lease(private_nc: Client) -> None:

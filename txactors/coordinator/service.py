@@ -10,12 +10,13 @@ the partition's `Checker`) and serves `txn.coord.<p>.prepare.*` and `.end.*` (th
 token: the producer group) and `.admin`. A keeper renews the leases (a failed renewal is
 retried soon), stops serving a partition whose lease is lost or cannot be renewed in time,
 takes over partitions whose owner died or left, and hands over a few at a time when a member
-joins. Renewing runs in a task of its own, from before the first partition is taken: a
-partition that is still recovering (however long that takes) keeps its lease. Several
-coordinator processes thus split the partitions evenly, and take over from each other. Only
-inbox reply subjects are answered (`options.inbox_prefix`; with a tenant policy, a group's
-only in its own inbox, tenants.py), and a connection closed for good ends the coordinator
-with `NatsConnectionLost` rather than leaving it up serving nothing.
+joins (a lease is given back once the partition's op writes in flight settled). Renewing runs
+in a task of its own, from before the first partition is taken: a partition that is still
+recovering (however long that takes) keeps its lease. Several coordinator processes thus
+split the partitions evenly, and take over from each other. Only inbox reply subjects are
+answered (`options.inbox_prefix`; with a tenant policy, a group's only in its own inbox,
+tenants.py), and a connection closed for good ends the coordinator with `NatsConnectionLost`
+rather than leaving it up serving nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 
@@ -41,7 +42,7 @@ from txactors.coordinator.cluster.leases import LEASE_TROUBLE, Leases, lease_buc
 from txactors.coordinator.core.config import CoordinatorConfig
 from txactors.coordinator.options import Clock, CoordinatorOptions, OnDiscard
 from txactors.coordinator.partition.actor import PartitionCoordinator
-from txactors.coordinator.partition.oplog import FencedOut
+from txactors.coordinator.partition.oplog import READ_BACK_TIMEOUT, FencedOut
 from txactors.coordinator.partition.store import ensure_streams
 from txactors.coordinator.partition.tenants import (
     TenantReplies,
@@ -50,6 +51,7 @@ from txactors.coordinator.partition.tenants import (
 )
 from txactors.coordinator.writers import shared_writers
 from txactors.nats.client import raising_connection_lost, watch_connection
+from txactors.nats.link import ACK_TIMEOUT
 from txactors.observe.logs import get_logger
 from txactors.observe.metrics import CoordinatorMetrics
 from txactors.wire import layout
@@ -75,6 +77,9 @@ SELF_FENCE_FRACTION = 0.8
 HANDOVER_BATCH = 2
 """Partitions a coordinator above its share hands over in one step; the next step waits until
 they are taken, so all but a few partitions keep serving while the load moves."""
+SETTLE_TIMEOUT = ACK_TIMEOUT + READ_BACK_TIMEOUT
+"""Seconds a partition given back waits at most for its op writes in flight to settle: their
+ack's own timeout, then a read-back of whether they landed."""
 
 log = get_logger(__name__)
 
@@ -128,9 +133,13 @@ class _PartitionKeeper:
         make_partition: Callable[[int], PartitionCoordinator],
         replies: ReplyGuard,
         *,
+        settled: Callable[[int], Awaitable[None]],
         clock: Clock = time.monotonic,
     ) -> None:
+        """`settled(partition)`: until no op write carrying the partition's records is in
+        flight (`OpWriter.idle`)."""
         self._nc = nc
+        self._settled = settled
         self._replies = replies
         self._system = system
         self._leases = leases
@@ -216,15 +225,17 @@ class _PartitionKeeper:
         ttl = self._options.lease_ttl
         fence = ttl * SELF_FENCE_FRACTION
         started = self._clock()
+        dead: list[int] = []
         for partition, owned in list(self.owned.items()):
             if owned.ref is not None and not owned.ref.is_alive:
                 log.error("partition_actor_died", partition=partition)
-                await self._stop(partition, give_back=True)
+                dead.append(partition)
             elif started - owned.renewed_at >= fence:  # e.g. woken from a long stall
                 log.error("lease_expiring_stop_serving", partition=partition)
                 await self._stop(partition, give_back=False)
-        renewing = {p: owned.revision for p, owned in self.owned.items()}
-        deadline = min((o.renewed_at + fence for o in self.owned.values()), default=started + ttl)
+        live = {p: owned for p, owned in self.owned.items() if p not in dead}
+        renewing = {p: owned.revision for p, owned in live.items()}
+        deadline = min((o.renewed_at + fence for o in live.values()), default=started + ttl)
         timeout = max(0.0, min(max(ttl * RETRY_FRACTION, ATTEMPT_FLOOR), deadline - started))
         results: dict[int, int | Exception | None] = {}
         announced: list[Exception] = []
@@ -244,6 +255,10 @@ class _PartitionKeeper:
                 announced.append(error)
 
         async with anyio.create_task_group() as renewals:
+            for partition in dead:  # its writes settle beside the renewals, not before them
+                renewals.start_soon(
+                    functools.partial(self._stop, partition, give_back=True, settle=timeout)
+                )
             renewals.start_soon(announce)
             for partition, revision in renewing.items():
                 renewals.start_soon(renew_one, partition, revision)
@@ -294,7 +309,20 @@ class _PartitionKeeper:
         await self._nc.flush()
         owned.subscriptions = subscriptions  # serving from now on
 
-    async def _stop(self, partition: int, *, give_back: bool) -> None:
+    async def _stop(
+        self, partition: int, *, give_back: bool, settle: float = SETTLE_TIMEOUT
+    ) -> None:
+        """Stop serving `partition`; with `give_back`, free its lease for the others at once.
+
+        The lease is given back only once the partition's op writes already sent to the
+        server have settled (acked, refused, or given up), for at most `settle` seconds and
+        not past the lease's self-fence point: a record landing after a successor took its
+        fence would fence the successor out (its instance stops, the lease goes round again:
+        seconds with nobody serving). What the actor had only queued was dropped when it
+        stopped, and the completions of its topic and half writes are dropped from then on
+        (no `done` follows a publish): its successor's recovery redoes that work (a decided
+        commit without `done` is published again, deduplicated by its Nats-Msg-Id).
+        """
         owned = self.owned.pop(partition, None)
         if owned is None:
             return  # stopped meanwhile by the other loop
@@ -304,6 +332,11 @@ class _PartitionKeeper:
         if owned.ref is not None:
             await owned.ref.stop()
         if give_back:
+            fence = owned.renewed_at + self._options.lease_ttl * SELF_FENCE_FRACTION
+            with anyio.move_on_after(max(0.0, min(settle, fence - self._clock()))) as waiting:
+                await self._settled(partition)
+            if waiting.cancelled_caught:
+                log.warning("partition_given_back_unsettled", partition=partition)
             await self._leases.give_back(partition, owned.revision)
         log.info("partition_released", partition=partition, given_back=give_back)
 
@@ -379,7 +412,9 @@ async def run_coordinator(
                     metrics=metrics,
                 )
 
-            keeper = _PartitionKeeper(nc, system, leases, options, make_partition, replies)
+            keeper = _PartitionKeeper(
+                nc, system, leases, options, make_partition, replies, settled=writers.ops.idle
+            )
             tasks.start_soon(keeper.renew)
             tasks.start_soon(keeper.watch)
             await keeper.join()

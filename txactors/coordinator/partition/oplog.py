@@ -24,7 +24,8 @@ message, not two. Another partition's decision does not take them along: their f
 hold its ack back.
 A partition's log is opened once no write of its previous instance is in flight, and closed
 (what it still queued dropped) when its instance ends: an instance that lost its lease
-writes nothing more, so it cannot fence its successor out.
+writes nothing more, so it cannot fence its successor out; one giving its lease back waits
+for its write in flight first (`idle`, see `coordinator/service.py`).
 """
 
 from __future__ import annotations
