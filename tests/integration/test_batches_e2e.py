@@ -20,7 +20,9 @@ from tests.support.txn import topic_ids
 from tests.support.wait import eventually
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import run_coordinator
+from txactors.errors import PrepareFailed
 from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
+from txactors.producer.link import DEFAULT_MAX_ITEMS
 from txactors.producer.transaction import TransactionResult
 from txactors.wire.layout import partition_of
 from txactors.wire.protocol import Encoding, encoding_of
@@ -141,3 +143,32 @@ async def test_concurrent_transactions_share_a_partition_whatever_the_count(
         assert len({partition_of(r.txid, 8) for r in results}) <= 2
         await eventually(lambda: sum(items for _, items in heard["prepare"]) == TRANSACTIONS + 1)
         assert len(heard["prepare"]) <= 1 + 2 * TRANSACTIONS // 8, "rounds of many"
+
+
+async def test_new_transactions_leave_a_partition_nobody_serves(private_nc: Client) -> None:
+    """A producer that fills one partition at a time moves on as soon as that partition
+    fails a prepare (here: nobody serves it), rather than failing a whole block there."""
+    half_served = CoordinatorOptions(partitions=2, max_partitions=1)
+    async with (
+        run_coordinator(private_nc, options=half_served) as running,
+        TransactionProducer(
+            private_nc, "shop", lambda view: Decision.COMMIT, partitions=2, prepare_retries=0
+        ) as producer,
+    ):
+        await eventually(lambda: running.partitions, until=lambda served: len(served) == 1)
+
+        async def one() -> TransactionResult | None:
+            try:
+                return await producer.send_in_transaction(
+                    TxMessage("orders", b"x"), lambda message, arg: Decision.COMMIT
+                )
+            except PrepareFailed:
+                return None
+
+        for _ in range(2 * DEFAULT_MAX_ITEMS + 1):  # the unserved one's turn comes in time
+            if await one() is None:
+                break
+        else:
+            raise AssertionError("no prepare reached the partition nobody serves")
+        after = [await one() for _ in range(10)]
+        assert all(r is not None and r.state == "committed" for r in after)

@@ -43,6 +43,7 @@ from txactors.nats.partition_count import (
 from txactors.ops import txn as admin
 from txactors.ops.partitions import live_coordinators
 from txactors.producer import Decision, TransactionProducer, TxMessage
+from txactors.producer.link import DEFAULT_MAX_ITEMS
 from txactors.producer.transaction import TransactionResult
 from txactors.wire import layout
 
@@ -219,8 +220,10 @@ async def test_the_count_changes_only_with_every_coordinator_stopped(
         try:
             async with TransactionProducer(nc, "shop", lambda view: Decision.COMMIT) as producer:
                 results: list[TransactionResult] = []
+                # A producer fills one partition at a time (producer/sticky.py): the other
+                # comes after DEFAULT_MAX_ITEMS transactions.
                 while len({layout.partition_of(r.txid, 2) for r in results}) < 2:
-                    assert len(results) < 64, "64 txids on one partition of 2"
+                    assert len(results) < DEFAULT_MAX_ITEMS + 64, "all txids on one partition"
                     results.append(
                         await producer.send_in_transaction(
                             TxMessage("orders", b"x"), lambda m, a: Decision.COMMIT

@@ -66,3 +66,14 @@ def test_producers_start_on_different_partitions() -> None:
 def test_nonsense_counts_are_refused(partitions: int, block: int) -> None:
     with pytest.raises(ValueError):
         StickyPartitions(partitions, block)
+
+
+def test_a_partition_that_failed_is_left_at_once() -> None:
+    sticky = StickyPartitions(3, block=100, rng=random.Random(1))
+    first = sticky.next()
+    sticky.avoid((first + 1) % 3)  # not the one being filled: nothing changes
+    assert sticky.next() == first
+    sticky.avoid(first)
+    moved = [sticky.next() for _ in range(100)]
+    assert moved == [(first + 1) % 3] * 100, "a whole block on the next one"
+    assert sticky.next() == (first + 2) % 3

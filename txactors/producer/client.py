@@ -159,6 +159,11 @@ class CoordinatorClient:
             self._sticky = StickyPartitions(len(self._links), self._max_items)
         return txid_in(self._sticky.next(), len(self._links))
 
+    def _avoid(self, partition: int) -> None:
+        """New transactions leave `partition`, which just failed a prepare (`sticky.py`)."""
+        if self._sticky is not None:
+            self._sticky.avoid(partition)
+
     async def _route(self, txid: str) -> int:
         """The partition of `txid`; the count is read the first time (PartitionCountUnknown
         while no coordinator has published one, PartitionCountMismatch against an override).
@@ -201,6 +206,8 @@ class CoordinatorClient:
             try:
                 reply: Prepared = await self._links[partition].prepare.ask(item, self._timeout)
             except CommandError as error:
+                if error.retry_after is not None:
+                    self._avoid(partition)
                 if error.retry_after is not None and retries > 0:
                     retries -= 1
                     wait = error.retry_after * (1 + random.random() / 5)
@@ -217,6 +224,7 @@ class CoordinatorClient:
                     retry_after=error.retry_after,
                 ) from error
             except _UNREACHABLE as error:
+                self._avoid(partition)
                 nobody = isinstance(error, ActorDeadError)  # nothing was stored: come back
                 if nobody and retries > 0:  # a partition between two owners, for about this
                     retries -= 1

@@ -8,7 +8,8 @@ that have no key (KIP-480, the sticky partitioner): it fills one partition's bat
 moves to the next. A txid means nothing beyond being unique, and the producer chooses it, so
 it chooses one in the partition of the moment, which moves on every `block` transactions:
 over time each partition gets its share, at any moment a producer's concurrent transactions
-share one or two partitions, and producers started apart start on different partitions.
+share one or two partitions, and producers started apart start on different partitions. A
+partition that fails a request is left at once (`avoid`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,14 @@ class StickyPartitions:
         self._block = block
         self._current = (rng or random.Random()).randrange(partitions)
         self._left = block
+
+    def avoid(self, partition: int) -> None:
+        """`partition` failed a request (nobody served it, no answer, a refusal for now):
+        if it is the one being filled, the next transactions go to the next one, as Kafka's
+        partitioner skips a partition whose leader is slow (KIP-794). Spread at random, a
+        partition's outage hits 1/P of the transactions; stuck to it, it would hit them all."""
+        if partition == self._current:
+            self._left = 0
 
     def next(self) -> int:
         if self._left == 0:
