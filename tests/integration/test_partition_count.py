@@ -29,6 +29,7 @@ from nats.js.kv import KeyValue
 
 from tests.conftest import MakeNatsServer
 from tests.support.coordinator_process import CoordinatorProcess
+from tests.support.txn import topic_ids
 from tests.support.wait import eventually
 from txactors.coordinator.cluster.agreement import agree_partition_count, meta_bucket
 from txactors.coordinator.options import CoordinatorOptions
@@ -370,3 +371,31 @@ async def test_a_prepare_nobody_received_is_sent_again_once_a_coordinator_serves
                 async with run_coordinator(private_nc):
                     await eventually(lambda: results, until=bool, timeout=10)
     assert [r.state for r in results] == ["committed"]
+
+
+async def test_an_acked_end_nobody_received_is_sent_again_once_a_coordinator_serves(
+    private_nc: Client,
+) -> None:
+    """An acknowledged end that finds nobody serving its partition (a handover) is sent again
+    after about a second, and confirmed by the next owner, instead of waiting for the
+    check-back (after the transaction timeout)."""
+    ended: list[TransactionResult] = []
+    async with (
+        TransactionProducer(private_nc, "shop", lambda view: Decision.COMMIT) as producer,
+        producer.begin() as txn,
+    ):
+        async with run_coordinator(private_nc):
+            await txn.send(TxMessage("orders", b"z"))
+        # nobody serves the partition now; the half is stored
+        with structlog.testing.capture_logs() as logs:
+
+            async def commit() -> None:
+                ended.append(await txn.commit())
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(commit)
+                await eventually(lambda: [e for e in logs if e["event"] == "end_retry"])
+                async with run_coordinator(private_nc):
+                    await eventually(lambda: ended, timeout=10)
+    assert [(r.state, r.confirmed) for r in ended] == [("committed", True)]
+    assert (await topic_ids(private_nc, "orders")).count(f"{ended[0].txid}:0") == 1

@@ -18,7 +18,9 @@ nothing, so it is sent again, up to `prepare_retries` times, each after waiting 
 the hint (plus jitter, so producers refused together do not come back together). Once they
 are spent, `PrepareFailed.retry_after` carries the last hint to the caller. A prepare nobody
 received (no responders: a partition between two owners, as while coordinators rebalance or
-take over) stored nothing either, and is sent again the same way after about a second.
+take over) stored nothing either, and is sent again the same way after about a second; so
+is an acknowledged end nobody received (`END_RESENDS` times), rather than left to the
+check-back.
 
 Which partition a txid goes to depends on the coordinators' partition count, read where they
 publish it the first time a transaction needs it (txactors/nats/partition_count.py). The
@@ -72,6 +74,11 @@ _UNREACHABLE = (AskTimeout, ActorDeadError, nats.errors.Error, OSError)
 #: Error codes that say the coordinator may not have applied the end; retrying (or the
 #: check-back) can still settle it. Every other code is a definite refusal.
 _RETRYABLE_CODES = frozenset({ErrorCode.INTERNAL, ErrorCode.TIMEOUT})
+
+END_RESENDS = 2
+"""Times an acknowledged end that nobody received (a partition between two owners) is sent
+again, each after about `NO_COORDINATOR_RETRY_AFTER`, before it is left to the check-back
+(which would settle it only after the transaction timeout and a check)."""
 
 NO_COORDINATOR_RETRY_AFTER = 1.0
 """The hint on a prepare nobody served (no coordinator holds the partition right now): about
@@ -249,22 +256,34 @@ class CoordinatorClient:
         for the check-back). Raises `EndRefused` when the coordinator said no."""
         partition = partition_of(txid, len(self._links)) if self._links else await self._route(txid)
         item = EndItem(txid=txid, token=token, decision=decision)
-        try:
-            reply: Ended = await self._links[partition].end.ask(item, self._timeout)
-        except CommandError as error:
-            if error.code not in _RETRYABLE_CODES:
-                log.error("end_refused", decision=decision, code=error.code, reason=error.message)
-                raise EndRefused(
-                    f"the coordinator refused to {decision} {txid}: {error}",
-                    txid=txid,
-                    code=error.code,
-                ) from error
-            failure: Exception = error
-        except _UNREACHABLE as error:
-            failure = error
-        else:
-            self.outcomes.forget(txid)
-            return reply
+        resends = END_RESENDS
+        while True:
+            try:
+                reply: Ended = await self._links[partition].end.ask(item, self._timeout)
+            except CommandError as error:
+                if error.code not in _RETRYABLE_CODES:
+                    log.error(
+                        "end_refused", decision=decision, code=error.code, reason=error.message
+                    )
+                    raise EndRefused(
+                        f"the coordinator refused to {decision} {txid}: {error}",
+                        txid=txid,
+                        code=error.code,
+                    ) from error
+                failure: Exception = error
+            except _UNREACHABLE as error:
+                if isinstance(error, ActorDeadError) and resends > 0:  # nobody received it
+                    resends -= 1
+                    self.outcomes.remember(txid, decision)  # should the wait be cut short
+                    wait = NO_COORDINATOR_RETRY_AFTER * (1 + random.random() / 5)
+                    log.warning("end_retry", code="no_responders", partition=partition, wait=wait)
+                    await self._sleep(wait)
+                    continue
+                failure = error
+            else:
+                self.outcomes.forget(txid)
+                return reply
+            break
         self.outcomes.remember(txid, decision)
         log.warning(
             "end_unconfirmed",
