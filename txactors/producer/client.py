@@ -166,6 +166,13 @@ class CoordinatorClient:
             self._sticky = StickyPartitions(len(self._links), self._max_items)
         return txid_in(self._sticky.next(), len(self._links))
 
+    async def _pause(self, hint: float, event: str, **fields: object) -> None:
+        """Wait at least `hint` seconds before sending again, plus jitter (so producers
+        turned away together do not come back together), logged as `event`."""
+        wait = hint * (1 + random.random() / 5)
+        log.warning(event, retry_after=hint, wait=wait, **fields)
+        await self._sleep(wait)
+
     def _avoid(self, partition: int) -> None:
         """New transactions leave `partition`, which just failed a prepare (`sticky.py`)."""
         if self._sticky is not None:
@@ -215,14 +222,10 @@ class CoordinatorClient:
             except CommandError as error:
                 if error.retry_after is not None:
                     self._avoid(partition)
-                if error.retry_after is not None and retries > 0:
-                    retries -= 1
-                    wait = error.retry_after * (1 + random.random() / 5)
-                    log.warning(
-                        "prepare_retry", code=error.code, retry_after=error.retry_after, wait=wait
-                    )
-                    await self._sleep(wait)
-                    continue
+                    if retries > 0:
+                        retries -= 1
+                        await self._pause(error.retry_after, "prepare_retry", code=error.code)
+                        continue
                 log.warning("prepare_refused", code=error.code, reason=error.message)
                 raise PrepareFailed(
                     f"the coordinator refused the prepare of {txid}: {error}",
@@ -235,11 +238,12 @@ class CoordinatorClient:
                 nobody = isinstance(error, ActorDeadError)  # nothing was stored: come back
                 if nobody and retries > 0:  # a partition between two owners, for about this
                     retries -= 1
-                    wait = NO_COORDINATOR_RETRY_AFTER * (1 + random.random() / 5)
-                    log.warning(
-                        "prepare_retry", code="no_responders", partition=partition, wait=wait
+                    await self._pause(
+                        NO_COORDINATOR_RETRY_AFTER,
+                        "prepare_retry",
+                        code="no_responders",
+                        partition=partition,
                     )
-                    await self._sleep(wait)
                     continue
                 log.warning("prepare_unreachable", partition=partition, error=repr(error))
                 raise PrepareFailed(
@@ -275,9 +279,12 @@ class CoordinatorClient:
                 if isinstance(error, ActorDeadError) and resends > 0:  # nobody received it
                     resends -= 1
                     self.outcomes.remember(txid, decision)  # should the wait be cut short
-                    wait = NO_COORDINATOR_RETRY_AFTER * (1 + random.random() / 5)
-                    log.warning("end_retry", code="no_responders", partition=partition, wait=wait)
-                    await self._sleep(wait)
+                    await self._pause(
+                        NO_COORDINATOR_RETRY_AFTER,
+                        "end_retry",
+                        code="no_responders",
+                        partition=partition,
+                    )
                     continue
                 failure = error
             else:
