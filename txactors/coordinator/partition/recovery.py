@@ -163,7 +163,7 @@ class Read(NamedTuple):
         beyond what was read; else (the reads stopped short of a later last message) the
         last one read, which the first write finds stale: never a fence past an unread
         record."""
-        return self.last if self.last <= self.end else self.end
+        return min(self.last, self.end)
 
 
 async def recover(
