@@ -172,3 +172,35 @@ async def test_new_transactions_leave_a_partition_nobody_serves(private_nc: Clie
             raise AssertionError("no prepare reached the partition nobody serves")
         after = [await one() for _ in range(10)]
         assert all(r is not None and r.state == "committed" for r in after)
+
+
+async def test_a_first_transaction_failing_its_prepare_moves_the_next_one_elsewhere(
+    private_nc: Client,
+) -> None:
+    """A producer's very first transaction has any txid (the partition count is not known
+    yet); if its partition fails the prepare, the next one still goes to another."""
+    half_served = CoordinatorOptions(partitions=2, max_partitions=1)
+    first_failures = 0
+    async with run_coordinator(private_nc, options=half_served) as running:
+        await eventually(lambda: running.partitions, until=lambda served: len(served) == 1)
+        for _ in range(40):  # fresh producers, until 4 first transactions met nobody
+            async with TransactionProducer(
+                private_nc, "shop", lambda view: Decision.COMMIT, partitions=2, prepare_retries=0
+            ) as producer:
+
+                async def one() -> TransactionResult | None:
+                    try:
+                        return await producer.send_in_transaction(
+                            TxMessage("orders", b"x"), lambda message, arg: Decision.COMMIT
+                        )
+                    except PrepareFailed:
+                        return None
+
+                if await one() is not None:
+                    continue
+                first_failures += 1
+                following = await one()
+                assert following is not None and following.state == "committed"
+            if first_failures == 4:
+                break
+    assert first_failures == 4, "some first transactions landed where nobody serves"

@@ -413,6 +413,17 @@ async def test_a_successor_reads_the_decisions_of_the_halves_the_checkpoint_held
     """The follower's first look at TXN_HALF comes 10 s after the start (`FOLLOW_TICKS`)."""
     client = CoordinatorClient(private_nc)
     async with run_coordinator(private_nc, options=lagging) as coordinator:
+
+        def following() -> Any:
+            """The partition, once its follower has read the (empty) subject and waits."""
+            owned = coordinator.owned.get(0)
+            instance = owned.ref._cell._instance if owned and owned.ref else None
+            late = instance._late if instance else None
+            return instance if late and late._end._look is not None else None
+
+        # Its first read is over before the first half is written: it looks again in 10 s.
+        partition = await eventually(following, what="the follower waits")
+        late = partition._late
         for n in range(20):
             receipt = await client.prepare(f"t{n}", message())
             await client.end(f"t{n}", receipt.token, Decision.COMMIT)
@@ -421,12 +432,8 @@ async def test_a_successor_reads_the_decisions_of_the_halves_the_checkpoint_held
             until=lambda listed: not listed.transactions,
             what="every transaction committed and done",
         )
-        ref = coordinator.owned[0].ref
-        assert ref is not None
-        partition = ref._cell._instance
-        assert partition is not None and partition._late is not None
         # What its next checkpoint save writes (`_save_checkpoints`), held back at the start.
-        saved = partition._late.hold(partition.table.checkpoint())
+        saved = late.hold(partition.table.checkpoint())
         assert saved.half_seq == 1, "the follower has not looked at TXN_HALF yet"
     kv = await private_nc.jetstream().key_value(layout.CHECKPOINT_BUCKET)
     await save_checkpoint(kv, 0, saved)

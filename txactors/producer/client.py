@@ -160,11 +160,9 @@ class CoordinatorClient:
     def new_txid(self) -> str:
         """A txid for a new transaction, in the partition this producer fills now
         (`sticky.py`); before the partition count is known, any txid."""
-        if not self._links:
-            return random_txid()
         if self._sticky is None:
-            self._sticky = StickyPartitions(len(self._links), self._max_items)
-        return txid_in(self._sticky.next(), len(self._links))
+            return random_txid()
+        return txid_in(self._sticky.next(), self._sticky.partitions)
 
     async def _pause(self, hint: float, event: str, **fields: object) -> None:
         """Wait at least `hint` seconds before sending again, plus jitter (so producers
@@ -197,6 +195,9 @@ class CoordinatorClient:
                     )
                     for p in range(count)
                 ]
+                # Made with the links, so that a first transaction (any txid) failing its
+                # prepare already moves the next ones elsewhere (`_avoid`).
+                self._sticky = StickyPartitions(count, self._max_items)
         return partition_of(txid, len(self._links))
 
     async def prepare(
