@@ -221,12 +221,15 @@ class Deployment:
                 await process.wait()
 
     @contextlib.asynccontextmanager
-    async def consumer(self, topic: str, count: int) -> AsyncIterator[Consumed]:
-        """A consumer process on `topic` expecting `count` messages; ready when entered."""
+    async def consumer(
+        self, topic: str, count: int, *, raw: bool = False
+    ) -> AsyncIterator[Consumed]:
+        """A consumer process on `topic` expecting `count` messages (`raw`: a plain nats-py
+        pull consumer, not txactors'); ready when entered."""
         log = self._log(f"consumer-{topic}")
         process = await asyncio.create_subprocess_exec(
             *python("bench.e2e_consumer"),
-            *(self.url, topic, str(count)),
+            *(self.url, topic, str(count), *(["raw"] if raw else [])),
             env={**os.environ, "PYTHONPATH": str(ROOT)},
             cwd=ROOT,
             stdin=asyncio.subprocess.PIPE,

@@ -52,7 +52,7 @@ async def measure(table: Table, processes: int, partitions: int, scale: float) -
     async with deployment("always") as dep:
         nc = await nats.connect(dep.url)
         try:
-            raws = await raw_runs(dep, nc, scale)
+            raws = await raw_runs(dep, nc, scale, life=False)
             _, pipelined, batched = raws.values()
             base = max(pipelined, batched, key=lambda r: r.rate)
             async with (

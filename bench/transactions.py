@@ -7,7 +7,10 @@ embedded server each (`bench.deployed`):
   acked single publishes with `RAW_IN_FLIGHT` (64) awaiting their acks, **the baseline of
   every ratio** (what a user's own durable publishes at the same concurrency do); and atomic
   batch publish (`RAW_BATCH` messages, all or nothing, one ack), shown as the limit of this
-  machine, not as the baseline.
+  machine, not as the baseline; and the baseline's publishes again, each read by a plain
+  nats-py pull consumer in its own process (`bench.e2e_consumer raw`): a raw message's whole
+  life, **the baseline of bytes, NATS messages and CPU per transaction**, which count the
+  consumer on both sides.
 - txactors end to end: producers in this process (prepare, a trivial local transaction,
   commit), the coordinator in its own process started by the CLI (one process serving both
   partitions, then two serving one each), a consumer in its own process
@@ -54,8 +57,10 @@ from bench.deployed import (
     deployment,
 )
 from txactors.embedded.server import Fsync
+from txactors.nats.topics import ensure_topic_stream
 from txactors.observe.logs import configure_logging
 from txactors.producer import Decision, TransactionProducer, TxMessage
+from txactors.wire import layout
 
 SETTINGS: tuple[Fsync, ...] = ("always", "interval")
 """The embedded server's fsync settings: `always` (the durable default) is the one that counts."""
@@ -151,8 +156,33 @@ class Run:
         )
 
 
-async def raw_runs(dep: Deployment, nc: Client, scale: float) -> dict[str, Run]:
-    """The raw methods in turn, each with what it cost (`Usage`)."""
+RawRuns = tuple[Run, Run, Run, Run]
+"""One at a time, the baseline (64 in flight), atomic batches, and the baseline's publishes
+read by a raw consumer (a message's whole life: what a transaction's costs compare with)."""
+
+
+async def raw_consumed(dep: Deployment, nc: Client, count: int) -> Run:
+    """`count` acked single publishes, `RAW_IN_FLIGHT` in flight, until a raw pull consumer
+    in its own process had them all: what a message costs from publish to consumer ack."""
+    topic = "rawlife"
+    await ensure_topic_stream(nc.jetstream(), topic)
+    async with dep.consumer(topic, count, raw=True) as consumer:
+        before = dep.snapshot()
+        started = time.monotonic()
+        latencies = await raw.publish_acked(
+            nc, layout.topic_subject(topic), stamped(), range(count), RAW_IN_FLIGHT
+        )
+        consumed, last = await consumer.result(CONSUMED_TIMEOUT)
+        usage = dep.usage(before, dep.snapshot())
+    await nc.jetstream().purge_stream(layout.topic_stream(topic))
+    return Run(count, count / (last - started), latencies, usage, consumed)
+
+
+async def raw_runs(
+    dep: Deployment, nc: Client, scale: float, *, life: bool = True
+) -> dict[str, Run]:
+    """The raw methods in turn, each with what it cost (`Usage`); `life`: the last of
+    `RawRuns` too."""
     body = stamped()
     methods: list[tuple[str, int, Callable[[int], Awaitable[tuple[float, list[float]]]]]] = [
         ("one at a time", 1000, lambda n: raw.pipelined(nc, body, n, 1)),
@@ -173,6 +203,9 @@ async def raw_runs(dep: Deployment, nc: Client, scale: float) -> dict[str, Run]:
         before = dep.snapshot()
         rate, latencies = await work(count)
         runs[name] = Run(count, rate, latencies, dep.usage(before, dep.snapshot()))
+    if life:
+        name = f"single publishes, {RAW_IN_FLIGHT} in flight, read by a pull consumer process"
+        runs[name] = await raw_consumed(dep, nc, int(20000 * scale))
     return runs
 
 
@@ -247,24 +280,24 @@ class Report:
     def row(self, *cells: str) -> None:
         self.table.add_row(*cells, *("-",) * (5 - len(cells)))
 
-    def raw(self, setting: Fsync, runs: dict[str, Run]) -> tuple[Run, Run, Run]:
-        """Rows of the raw runs; (one at a time, the baseline, atomic batches)."""
+    def raw(self, setting: Fsync, runs: dict[str, Run]) -> RawRuns:
+        """Rows of the raw runs (`RawRuns`)."""
         for name, run in runs.items():
-            self.row(f"{setting}: raw {name}: acked msg/s", "-", f"{run.rate:,.0f}")
+            until = " until consumed" if run.consumed is not None else ""
+            self.row(f"{setting}: raw {name}: acked msg/s{until}", "-", f"{run.rate:,.0f}")
             self.row(
                 "  ack latency p50 / p99 ms; NATS msgs in / out, bytes per msg",
                 "-",
                 f"{p50_p99(run.latencies)}; {run.msgs()}, {run.bytes():,.0f}",
             )
             self.row(f"  CPU ms per msg ({run.cpu_split()})", "-", f"{run.cpu_ms():.3f}")
-        single, base, batched = runs.values()
-        return single, base, batched
+        single, base, batched, life = runs.values()
+        return single, base, batched, life
 
-    def e2e(
-        self, setting: Fsync, label: str, run: Run, raws: tuple[Run, Run, Run], workers: int
-    ) -> None:
-        """Rows of one end-to-end run, against the baseline (and atomic batches, the limit)."""
-        single, base, batched = raws
+    def e2e(self, setting: Fsync, label: str, run: Run, raws: RawRuns, workers: int) -> None:
+        """Rows of one end-to-end run, against the baseline (and atomic batches, the limit);
+        its costs against a raw message's whole life, consumer included as in the run."""
+        single, base, batched, life = raws
         assert run.consumed is not None
         ratio = run.rate / base.rate
         target = TARGET_RATE[setting]
@@ -293,26 +326,26 @@ class Report:
             f"  NATS msgs in / out per txn (server's count; in by role: {run.msgs_split()}; "
             f"out by role: {run.msgs_split(1)})",
             run.msgs(),
-            base.msgs(),
+            life.msgs(),
             "-",
             mark(
                 max(in_msgs, out_msgs) <= TARGET_MSGS,
                 f"<= {TARGET_MSGS:.0f} / {TARGET_MSGS:.0f}",
             ),
         )
-        bytes_ratio = run.bytes() / base.bytes()
+        bytes_ratio = run.bytes() / life.bytes()
         self.row(
             "  bytes on the wire per txn, in + out (server's count)",
             f"{run.bytes():,.0f}",
-            f"{base.bytes():,.0f}",
+            f"{life.bytes():,.0f}",
             f"{bytes_ratio:.1f}x",
             mark(bytes_ratio <= TARGET_BYTES, f"<= {TARGET_BYTES:.0f}x"),
         )
-        cpu_ratio = run.cpu_ms() / base.cpu_ms()
+        cpu_ratio = run.cpu_ms() / life.cpu_ms()
         self.row(
             f"  CPU ms per txn ({run.cpu_split()})",
             f"{run.cpu_ms():.3f}",
-            f"{base.cpu_ms():.3f}",
+            f"{life.cpu_ms():.3f}",
             f"{cpu_ratio:.1f}x",
             mark(cpu_ratio <= TARGET_CPU, f"<= {TARGET_CPU:.0f}x"),
         )
@@ -332,7 +365,7 @@ class Report:
 
 
 async def coordinated(
-    report: Report, dep: Deployment, nc: Client, raws: tuple[Run, Run, Run], processes: int
+    report: Report, dep: Deployment, nc: Client, raws: RawRuns, processes: int
 ) -> None:
     """Every end-to-end run with `processes` coordinator processes, per way to end; with one
     process, a run paced at half the maximum rate too."""
