@@ -145,6 +145,16 @@ async def test_concurrent_transactions_share_a_partition_whatever_the_count(
         assert len(heard["prepare"]) <= 1 + 2 * TRANSACTIONS // 8, "rounds of many"
 
 
+async def committed_or_none(producer: TransactionProducer) -> TransactionResult | None:
+    """One transaction; None if its prepare failed."""
+    try:
+        return await producer.send_in_transaction(
+            TxMessage("orders", b"x"), lambda message, arg: Decision.COMMIT
+        )
+    except PrepareFailed:
+        return None
+
+
 async def test_new_transactions_leave_a_partition_nobody_serves(private_nc: Client) -> None:
     """A producer that fills one partition at a time moves on as soon as that partition
     fails a prepare (here: nobody serves it), rather than failing a whole block there."""
@@ -156,21 +166,12 @@ async def test_new_transactions_leave_a_partition_nobody_serves(private_nc: Clie
         ) as producer,
     ):
         await eventually(lambda: running.partitions, until=lambda served: len(served) == 1)
-
-        async def one() -> TransactionResult | None:
-            try:
-                return await producer.send_in_transaction(
-                    TxMessage("orders", b"x"), lambda message, arg: Decision.COMMIT
-                )
-            except PrepareFailed:
-                return None
-
         for _ in range(2 * DEFAULT_MAX_ITEMS + 1):  # the unserved one's turn comes in time
-            if await one() is None:
+            if await committed_or_none(producer) is None:
                 break
         else:
             raise AssertionError("no prepare reached the partition nobody serves")
-        after = [await one() for _ in range(10)]
+        after = [await committed_or_none(producer) for _ in range(10)]
         assert all(r is not None and r.state == "committed" for r in after)
 
 
@@ -187,19 +188,10 @@ async def test_a_first_transaction_failing_its_prepare_moves_the_next_one_elsewh
             async with TransactionProducer(
                 private_nc, "shop", lambda view: Decision.COMMIT, partitions=2, prepare_retries=0
             ) as producer:
-
-                async def one() -> TransactionResult | None:
-                    try:
-                        return await producer.send_in_transaction(
-                            TxMessage("orders", b"x"), lambda message, arg: Decision.COMMIT
-                        )
-                    except PrepareFailed:
-                        return None
-
-                if await one() is not None:
+                if await committed_or_none(producer) is not None:
                     continue
                 first_failures += 1
-                following = await one()
+                following = await committed_or_none(producer)
                 assert following is not None and following.state == "committed"
             if first_failures == 4:
                 break
