@@ -27,9 +27,13 @@ from pathlib import Path
 from typing import IO, Any
 
 import nats
+import nats.errors
+from nats.aio.client import Client
 
 from txactors.embedded.server import EmbeddedNatsServer, Fsync
 from txactors.ops.leases import list_leases
+from txactors.wire import layout
+from txactors.wire.protocol import PROTOCOL_VERSION, ListTransactions, encode
 
 ROOT = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -278,9 +282,10 @@ async def wait_balanced(
     timeout: float,
     logs: Path,
 ) -> None:
-    """Until every partition is served and each coordinator process holds its even share
-    (`partitions // count`, or one more); fails if one exits or the split stays uneven for
-    `timeout` seconds (their logs are in `logs`)."""
+    """Until each coordinator process holds its even share of the leases (`partitions //
+    count`, or one more) and every partition answers (its owner has recovered it: a lease
+    is taken before); fails if one exits or this takes `timeout` seconds (their logs are in
+    `logs`)."""
     owners = len(processes)
     share = partitions // owners
     nc = await nats.connect(url)
@@ -294,6 +299,7 @@ async def wait_balanced(
                     all(lease.owner for lease in table.leases)
                     and len(held) == owners
                     and all(share <= n <= share + 1 for n in held.values())
+                    and await serving(nc, partitions)
                 ):
                     return
             if any(p.returncode is not None for p in processes):
@@ -305,6 +311,18 @@ async def wait_balanced(
             await asyncio.sleep(0.1)
     finally:
         await nc.close()
+
+
+async def serving(nc: Client, partitions: int) -> bool:
+    """Whether every partition answers a request (a list of at most one transaction): its
+    owner subscribes only once it has recovered the partition."""
+    request = encode(ListTransactions(version=PROTOCOL_VERSION, limit=1))
+    for partition in range(partitions):
+        try:
+            await nc.request(layout.admin_subject(partition), request, timeout=1.0)
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+            return False
+    return True
 
 
 @contextlib.asynccontextmanager
