@@ -57,7 +57,6 @@ from bench.deployed import (
     deployment,
 )
 from txactors.embedded.server import Fsync
-from txactors.nats.topics import ensure_topic_stream
 from txactors.observe.logs import configure_logging
 from txactors.producer import Decision, TransactionProducer, TxMessage
 from txactors.wire import layout
@@ -165,8 +164,7 @@ async def raw_consumed(dep: Deployment, nc: Client, count: int) -> Run:
     """`count` acked single publishes, `RAW_IN_FLIGHT` in flight, until a raw pull consumer
     in its own process had them all: what a message costs from publish to consumer ack."""
     topic = "rawlife"
-    await ensure_topic_stream(nc.jetstream(), topic)
-    async with dep.consumer(topic, count, raw=True) as consumer:
+    async with dep.consumer(topic, count, raw=True) as consumer:  # ready: the stream exists
         before = dep.snapshot()
         started = time.monotonic()
         latencies = await raw.publish_acked(
