@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 
 from bench import (
     actors,
@@ -20,6 +19,7 @@ from bench import (
     transfer,
     wire,
 )
+from txactors.actors.loop import run as run_on_loop
 
 BENCHMARKS = {
     "actors": actors.main,
@@ -49,7 +49,7 @@ def main() -> None:
             f"unknown benchmark {', '.join(sorted(unknown))}; choose from {list(BENCHMARKS)}"
         )
     for name in args.names or BENCHMARKS:
-        asyncio.run(BENCHMARKS[name](quick=args.quick))
+        run_on_loop(BENCHMARKS[name](quick=args.quick))
 
 
 if __name__ == "__main__":

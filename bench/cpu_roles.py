@@ -27,6 +27,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, Header
 from bench.raw import publish_acked
 from bench.transactions import BODY_SIZE, CONCURRENCY
 from bench.workers import run_workers
+from txactors.actors.loop import run_anyio
 from txactors.consumer import ConsumedMessage, Consumer
 from txactors.nats.client import connect as txactors_connect
 from txactors.nats.topics import ensure_topic_stream
@@ -199,7 +200,7 @@ async def run(role: str, url: str, topic: str, warmup: int, count: int, concurre
 def main() -> None:
     configure_logging("ERROR")
     role, url, topic, warmup, count, concurrency = sys.argv[1:]
-    anyio.run(run, role, url, topic, int(warmup), int(count), int(concurrency))
+    run_anyio(run, role, url, topic, int(warmup), int(count), int(concurrency))
 
 
 if __name__ == "__main__":

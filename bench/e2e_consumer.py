@@ -22,6 +22,7 @@ import nats.errors
 from nats.aio.client import Client
 
 from bench.deployed import CONSUMER_CONNECTION
+from txactors.actors.loop import run_anyio
 from txactors.consumer import ConsumedMessage, Consumer
 from txactors.nats.topics import ensure_topic_stream
 from txactors.observe.logs import configure_logging
@@ -88,7 +89,7 @@ def main() -> None:
     configure_logging("INFO")
     url, topic, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
     raw = sys.argv[4:] == ["raw"]
-    anyio.run(consume, url, topic, count, raw)
+    run_anyio(consume, url, topic, count, raw)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ import time
 import nats
 import nats.errors
 
+from txactors.actors.loop import run as run_on_loop
+
 FETCH = 256
 
 
@@ -42,7 +44,7 @@ async def consume(url: str, subject: str, count: int) -> None:
 
 
 def main() -> None:
-    asyncio.run(consume(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+    run_on_loop(consume(sys.argv[1], sys.argv[2], int(sys.argv[3])))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
+from txactors.actors.loop import run as run_on_loop
 from txactors.wire import layout
 
 POLL = 0.05
@@ -168,7 +169,7 @@ async def _relaying(
 
 def main() -> None:
     os.environ.setdefault("OUTBOX_DATABASE_URL", sys.argv[3])
-    asyncio.run(relay(*sys.argv[1:5]))
+    run_on_loop(relay(*sys.argv[1:5]))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from spark_sinks.jetstream_read import fetch_range
 from spark_sinks.job import PARTITION_COLUMNS, BatchProgress, run_sink
 from spark_sinks.session import local_session
 from tests.support.spark_models import Currency, Transfer
+from txactors.actors.loop import run as run_on_loop
 from txactors.embedded.server import EmbeddedNatsServer
 from txactors.nats.config import NatsConfig
 from txactors.nats.topics import ensure_topic_stream
@@ -123,7 +124,7 @@ def spark_runs(url: str, count: int, parallelism: int) -> dict[str, float]:
         )
         source = time.perf_counter() - start
         assert rows == count, rows
-        asyncio.run(publish_one(url, "bench_warmup"))
+        run_on_loop(publish_one(url, "bench_warmup"))
         events: list[object] = []  # batches, and the other progress events run_sink reports
         start = time.perf_counter()
         run_sink(spark, root / "warehouse", {"bench_warmup": Transfer}, nats=nats_config,

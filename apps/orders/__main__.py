@@ -10,7 +10,6 @@ the topic or any consumer group's database disagrees with the order database.
 
 from __future__ import annotations
 
-import anyio
 import typer
 from rich.console import Console
 
@@ -35,6 +34,7 @@ from apps.common.options import (
 from apps.common.report import progress_bar, show
 from apps.common.timing import Timing
 from apps.orders.demo import DATABASES, DemoReport, run_demo
+from txactors.actors.loop import run_anyio
 from txactors.cli import run_cli
 from txactors.nats.connect import nats_session
 from txactors.observe.logs import configure_logging
@@ -57,7 +57,7 @@ def main(
     chosen = faults_option(faults)
     configure_logging("ERROR")  # the faults are on purpose: keep their warnings off screen
     storage = storage_of(DEMO, db, data_dir, pg_dsn, pg_prefix)
-    report = anyio.run(_run, storage, orders, concurrency, chosen, seed)
+    report = run_anyio(_run, storage, orders, concurrency, chosen, seed)
     if not report.ok:
         raise typer.Exit(MISMATCH)
 

@@ -27,6 +27,7 @@ from apps.common.timing import Timing
 from apps.orders.consumers import GroupHandler
 from apps.orders.events import PAID_TAG, PRODUCER_GROUP, TOPIC
 from apps.orders.service import OrderService
+from txactors.actors.loop import run_anyio
 from txactors.consumer import ConsumedMessage, Consumer
 from txactors.nats.client import connect
 from txactors.observe.logs import configure_logging
@@ -137,9 +138,9 @@ def main(argv: list[str]) -> None:
     command, raw, *rest = argv
     config = msgspec.json.decode(raw, type=ChildConfig)
     if command == "pay":
-        anyio.run(pay, config, rest[0], rest[1])
+        run_anyio(pay, config, rest[0], rest[1])
     elif command == "consume":
-        anyio.run(consume, config, rest[0])
+        run_anyio(consume, config, rest[0])
     else:
         raise SystemExit(f"unknown command {command!r}; use pay or consume")
 

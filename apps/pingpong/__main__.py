@@ -10,13 +10,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import anyio
 import typer
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 from txactors.actors import Actor, ActorSystem, RemoteActorRef, serve
+from txactors.actors.loop import run_anyio
 from txactors.nats.connect import nats_session
 from txactors.observe.logs import configure_logging
 from txactors.wire.protocol import Message
@@ -71,7 +71,7 @@ class Pinger(Actor):
 
 def main(count: int = typer.Option(2000, min=1, help="How many pings to send.")) -> None:
     configure_logging("WARNING")
-    anyio.run(play, count)
+    run_anyio(play, count)
 
 
 async def play(count: int) -> None:

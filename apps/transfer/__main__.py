@@ -16,7 +16,6 @@ from __future__ import annotations
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
-import anyio
 import typer
 from rich.console import Console
 
@@ -46,6 +45,7 @@ from apps.transfer.messages import RECEIVER_GROUP, SENDER_GROUP, TOPIC
 from apps.transfer.receiver import Receiver
 from apps.transfer.reconcile import reconcile
 from apps.transfer.sender import Sender, new_transfer
+from txactors.actors.loop import run_anyio
 from txactors.cli import run_cli
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import RolledBackByCheck
@@ -95,7 +95,7 @@ def demo(
         f"[bold]txactors bank transfer[/]: {transfers} transfers alipay → yuebao, "
         f"{concurrency} at a time; faults: {names}"
     )
-    result = anyio.run(run_demo, config, console)
+    result = run_anyio(run_demo, config, console)
     took = f"{result.seconds:.1f}s from first transfer to drained"
     if not chosen:  # with faults, the time is mostly the wait for check-backs and redelivery
         took += f" ({transfers / result.seconds:,.0f} transfers/s)"
@@ -136,7 +136,7 @@ def send(
     configure_logging("ERROR")
     storage = banks(db, data_dir, pg_dsn, pg_prefix)
     try:
-        balances = anyio.run(send_one, storage, source, target, amount)
+        balances = run_anyio(send_one, storage, source, target, amount)
     except (TransferRefused, RolledBackByCheck) as error:
         raise fail(f"{error}; nothing was changed") from None
     for account, (before, after) in balances.items():
@@ -204,7 +204,7 @@ def reconcile_command(
 ) -> None:
     """Prove the books of both banks as they are now (databases only); exit 1 on a mismatch."""
     try:
-        reconciliation = anyio.run(reconcile_books, banks(db, data_dir, pg_dsn, pg_prefix))
+        reconciliation = run_anyio(reconcile_books, banks(db, data_dir, pg_dsn, pg_prefix))
     except TransferRefused as error:
         raise fail(str(error)) from None
     show(console, reconciliation, title="reconciliation (books only)")

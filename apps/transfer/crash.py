@@ -30,6 +30,7 @@ from apps.transfer.bank import ALIPAY, YUEBAO, Bank
 from apps.transfer.messages import SENDER_GROUP, Transfer
 from apps.transfer.receiver import Receiver
 from apps.transfer.sender import Sender
+from txactors.actors.loop import run_anyio
 from txactors.errors import RolledBackByCheck
 from txactors.nats.connect import nats_session
 from txactors.observe.logs import configure_logging
@@ -84,9 +85,9 @@ def main(argv: list[str]) -> None:
     role, rest = argv[0], argv[1:]
     if role == "producer":
         plan: Plan = msgspec.json.decode(rest[0])
-        anyio.run(crash_producer, plan, Storage.from_args(rest[1:]))
+        run_anyio(crash_producer, plan, Storage.from_args(rest[1:]))
     elif role == "consumer":
-        anyio.run(crash_consumer, float(rest[0]), Storage.from_args(rest[1:]))
+        run_anyio(crash_consumer, float(rest[0]), Storage.from_args(rest[1:]))
     else:
         sys.exit(f"unknown role {role!r}; use producer or consumer")
 

@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import anyio
+import nats
 import pytest
 from nats.aio.client import Client
 from prometheus_client import generate_latest
@@ -148,11 +149,13 @@ async def start_coordinator(url: str, *args: str) -> asyncio.subprocess.Process:
     )
 
 
-async def read_until(process: asyncio.subprocess.Process, text: bytes) -> None:
+async def read_until(process: asyncio.subprocess.Process, text: bytes) -> bytes:
+    """The first line of the process's stderr that holds `text`."""
     assert process.stderr is not None
     with within(20, f"{text!r} from the coordinator"):
-        while text not in await process.stderr.readline():
+        while text not in (line := await process.stderr.readline()):
             assert not process.stderr.at_eof(), f"the coordinator exited before {text!r}"
+    return line
 
 
 async def stopped_within(process: asyncio.subprocess.Process, seconds: float) -> int:
@@ -189,6 +192,34 @@ async def test_sigterm_stops_the_coordinator_within_seconds_whatever_its_connect
         if server_state == "killed after start":
             await server.kill()
             await read_until(coordinator, b"nats_disconnected")  # it noticed: it reconnects now
+    assert await stopped_within(coordinator, 3.0) == 0
+
+
+@pytest.mark.parametrize(("asked", "loop"), [(None, "uvloop"), ("asyncio", "asyncio")])
+async def test_the_coordinator_commits_and_stops_on_the_event_loop_it_was_given(
+    make_nats_server: MakeNatsServer, asked: str | None, loop: str
+) -> None:
+    """uvloop by default (txactors/actors/loop.py), asyncio's loop when asked: either one
+    serves a transaction to its commit and stops cleanly on SIGTERM."""
+    server = await make_nats_server()
+    choice = {} if asked is None else {"TXACTORS_EVENT_LOOP": asked}
+    coordinator = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *COORDINATOR,
+        env=clean_env(NATS_URL=server.url, **choice),
+        cwd=ROOT,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    ready = await read_until(coordinator, b"coordinator ready")
+    assert f"(event loop: {loop})".encode() in ready, ready
+    nc = await nats.connect(server.url)
+    try:
+        client = CoordinatorClient(nc)
+        receipt = await client.prepare("on-the-loop", message())
+        ended = await client.end("on-the-loop", receipt.token, Decision.COMMIT)
+    finally:
+        await nc.close()
+    assert ended.state == "committed"
     assert await stopped_within(coordinator, 3.0) == 0
 
 

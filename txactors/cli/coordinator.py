@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from txactors.actors.loop import chosen_loop, run
 from txactors.coordinator.settings import CONFIG_ENV, SETTINGS, CoordinatorSettings, load_settings
 from txactors.errors import ConfigError
 from txactors.observe.logs import configure_logging, get_logger
@@ -63,7 +64,7 @@ def coordinator(config: Path | None = None, **flags: str | None) -> None:
     gc.freeze()  # what the imports and settings made lives on: no collection visits it again
     gc.set_threshold(GC_YOUNG_THRESHOLD, 10, 10)
     try:
-        asyncio.run(_run_coordinator(settings, metrics))
+        run(_run_coordinator(settings, metrics))
     finally:
         if http is not None:
             http.shutdown()
@@ -129,7 +130,8 @@ async def _run_coordinator(
                 session.nc, config=settings.config, options=settings.options, metrics=metrics
             ),
         ):
-            typer.echo(f"coordinator ready on {session.url}", err=True)
+            loop, _ = chosen_loop()
+            typer.echo(f"coordinator ready on {session.url} (event loop: {loop})", err=True)
             await stop.wait()
 
     await _until_stopped(serve)

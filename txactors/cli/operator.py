@@ -3,13 +3,13 @@ exchange with NATS that turns refusals into exit codes, a yes/no question and ta
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
+from txactors.actors.loop import run as run_on_loop
 from txactors.cli.exits import answer_in_json, say_error
 from txactors.observe.logs import configure_logging
 
@@ -46,7 +46,7 @@ def admin_call(url: str | None, work: Callable[[Client], Awaitable[T]]) -> T:
             return await work(nc)
 
     try:
-        return asyncio.run(run())
+        return run_on_loop(run())
     except CommandError as exc:
         say_error(exc.message, exc.code)
         raise typer.Exit(1) from exc

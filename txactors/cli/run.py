@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated
 
 import typer
 
+from txactors.actors.loop import run as run_on_loop
 from txactors.observe.logs import configure_logging
 
 
@@ -36,7 +36,7 @@ def run(
     worker = load_app(target)
     http = None if metrics_port is None else serve_metrics(worker.metrics.registry, metrics_port)
     try:
-        code = asyncio.run(run_worker(worker))
+        code = run_on_loop(run_worker(worker))
     finally:
         if http is not None:
             http.shutdown()

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from txactors.actors.loop import run
 from txactors.embedded.setup import (
     DEFAULT_FSYNC,
     DEFAULT_FSYNC_INTERVAL,
@@ -77,7 +78,7 @@ def server(
         )
     configure_logging()
     try:
-        code = asyncio.run(
+        code = run(
             _run_server(
                 port=port,
                 data_dir=data_dir,

@@ -75,11 +75,52 @@ class ReadLoopDied(TxActorsError, nats.errors.Error):
         return "nats: the read loop ended while connected"
 
 
+class WritesAfterClose:
+    """A nats-py transport whose writes after the connection closed are dropped, as asyncio's
+    own transports drop them, where uvloop's raise `RuntimeError` ("the handler is closed").
+
+    nats-py is written against asyncio's behaviour: it writes what it has pending while
+    closing a connection the server already dropped, and its flusher ends on a
+    `RuntimeError`, after which a publish writes inline and would raise it to the caller
+    instead of seeing the connection's loss (the read loop notices that a turn later, and
+    reconnects). So on any loop the same write does what asyncio makes it do."""
+
+    def __init__(self, transport: Any) -> None:
+        self._wrapped = transport
+
+    def _closed(self) -> bool:
+        writer = getattr(self._wrapped, "_io_writer", None)
+        return writer is not None and writer.transport.is_closing()
+
+    def write(self, payload: bytes) -> None:
+        if not self._closed():
+            self._wrapped.write(payload)
+
+    def writelines(self, payload: list[bytes]) -> None:
+        if not self._closed():
+            self._wrapped.writelines(payload)
+
+    def __bool__(self) -> bool:
+        return bool(self._wrapped)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._wrapped, name)
+
+
 class TolerantClient(Client):
     """A nats-py `Client` whose read loop survives any header block a publisher sends."""
 
     _direct: dict[int, Callable[[Msg], bool]] | None = None
     """Subscription id -> its handler run in the read loop (`subscribe_direct`)."""
+
+    @property
+    def _transport(self) -> Any:
+        return self.__dict__.get("_guarded_transport")
+
+    @_transport.setter
+    def _transport(self, transport: Any) -> None:
+        guarded = None if transport is None else WritesAfterClose(transport)
+        self.__dict__["_guarded_transport"] = guarded
 
     async def subscribe_direct(
         self,
