@@ -14,7 +14,9 @@ handler sees it), and a read loop that ends while connected is treated as a lost
 so the client reconnects and re-subscribes as after a network fault. Its subscriptions of
 `subscribe_direct` (the writers' acks, the requests served to actors) are handled in the read
 loop itself, a loop turn sooner than through nats-py's per-subscription task, and `ack_all`
-sends a consumer's batch of acks as one command.
+sends a consumer's batch of acks as one command. On uvloop a write to a connection already
+closed raises where asyncio's loop drops it, and nats-py counts on the drop; its transport
+drops such writes on any loop (`WritesAfterClose`).
 `watch_connection` is for long-lived roles handed any client: it revives a dead read loop the
 same way and raises `NatsConnectionLost` once the connection is closed for good, so the role
 exits with an error instead of staying up serving nothing.
