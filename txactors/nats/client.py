@@ -89,6 +89,8 @@ class WritesAfterClose:
 
     def __init__(self, transport: Any) -> None:
         self._wrapped = transport
+        # what the read loop calls every turn, bound once: no `__getattr__` on the hot path
+        self.read, self.drain, self.at_eof = transport.read, transport.drain, transport.at_eof
 
     def _closed(self) -> bool:
         writer = getattr(self._wrapped, "_io_writer", None)
@@ -109,20 +111,21 @@ class WritesAfterClose:
         return getattr(self._wrapped, name)
 
 
+class _GuardedTransport:
+    """The client's `_transport` attribute: whatever nats-py assigns is kept wrapped in
+    `WritesAfterClose`. Only `__set__`: a read is a plain lookup in the instance's dict."""
+
+    def __set__(self, client: Client, transport: Any) -> None:
+        client.__dict__["_transport"] = None if transport is None else WritesAfterClose(transport)
+
+
 class TolerantClient(Client):
     """A nats-py `Client` whose read loop survives any header block a publisher sends."""
 
     _direct: dict[int, Callable[[Msg], bool]] | None = None
     """Subscription id -> its handler run in the read loop (`subscribe_direct`)."""
 
-    @property
-    def _transport(self) -> Any:
-        return self.__dict__.get("_guarded_transport")
-
-    @_transport.setter
-    def _transport(self, transport: Any) -> None:
-        guarded = None if transport is None else WritesAfterClose(transport)
-        self.__dict__["_guarded_transport"] = guarded
+    _transport = _GuardedTransport()  # type: ignore[assignment]
 
     async def subscribe_direct(
         self,
