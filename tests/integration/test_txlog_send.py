@@ -11,7 +11,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -553,3 +553,48 @@ async def test_on_sqlite_the_prepare_is_awaited_before_the_local_transaction(
     assert ran == []
     assert [type(error) for error in failures] == [PrepareFailed]
     assert await sqlite.committed("meanwhile")
+
+
+async def test_a_call_finding_no_free_connection_holds_none_while_its_prepare_travels(
+    private_nc: Client, db: Backend
+) -> None:
+    """Where every connection of the pool is taken (`pool_exhausted`), the prepare is awaited
+    before a connection is: freed meanwhile, the connections stay free for other calls, and
+    the work runs only once the halves are stored. With a free connection, the prepare
+    overlaps the work as before."""
+    txlog = await db.instance(new_group())
+    stored_when_working: list[bool] = []
+    working = anyio.Event()
+
+    async def work(conn: Any, txid: str) -> None:
+        stored_when_working.append(held.stored.is_set())
+        working.set()
+
+    async with (
+        serving_partitions(private_nc),
+        TransactionProducer(private_nc, txlog.group, txlog.check) as producer,
+        anyio.create_task_group() as tg,
+    ):
+        held = HeldPrepares(producer, before=True)
+        async with AsyncExitStack() as taken:
+            while not txlog.pool_exhausted():
+                await taken.enter_async_context(txlog.local())
+            tg.start_soon(txlog.send_in_transaction, producer, TxMessage(TOPIC, b"1"), work)
+            with anyio.fail_after(SETTLE):
+                await held.entered.wait()
+        assert not txlog.pool_exhausted()  # every connection is free again
+        with anyio.move_on_after(0.5):  # an overlapping call would take one and work now
+            await working.wait()
+        assert stored_when_working == []
+        held.release.set()
+        with anyio.fail_after(SETTLE):
+            await working.wait()
+        assert stored_when_working == [True]
+
+        held = HeldPrepares(producer, before=True)
+        working = anyio.Event()
+        tg.start_soon(txlog.send_in_transaction, producer, TxMessage(TOPIC, b"2"), work)
+        with anyio.fail_after(SETTLE):
+            await working.wait()  # the pool has room: the work runs with the prepare held
+        held.release.set()
+    assert stored_when_working == [True, False]

@@ -59,6 +59,10 @@ class AsyncpgTxLog(TxLog[Any]):
             await conn.execute(CREATE_TABLE)
             await conn.execute(CREATE_INDEX)
 
+    def pool_exhausted(self) -> bool:
+        pool = self._pool
+        return bool(pool.get_idle_size() == 0 and pool.get_size() >= pool.get_max_size())
+
     async def record(self, conn: Any, txid: str) -> None:
         try:
             await conn.execute(_INSERT, self.group, txid, COMMITTED, time.time())

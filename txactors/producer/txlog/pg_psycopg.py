@@ -11,7 +11,7 @@ durable (see `postgres`): no statement of its own for that.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Protocol
 
@@ -41,6 +41,8 @@ class PsycopgPool(Protocol):
 
     def connection(self) -> AbstractAsyncContextManager[Connection]: ...
 
+    def get_stats(self) -> Mapping[str, int]: ...
+
 
 class PsycopgTxLog(TxLog[Connection]):
     """The log of `group` in the database of `pool`."""
@@ -55,6 +57,12 @@ class PsycopgTxLog(TxLog[Connection]):
             await conn.execute(CREATE_TABLE)
             await conn.execute(CREATE_INDEX)
             await conn.commit()
+
+    def pool_exhausted(self) -> bool:
+        stats = self._pool.get_stats()
+        return stats.get("pool_available", 1) == 0 and stats.get("pool_size", 0) >= stats.get(
+            "pool_max", 0
+        )
 
     async def record(self, conn: Connection, txid: str) -> None:
         try:
