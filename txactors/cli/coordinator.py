@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from txactors.actors.loop import chosen_loop, run
+from txactors.actors.loop import run
 from txactors.coordinator.settings import CONFIG_ENV, SETTINGS, CoordinatorSettings, load_settings
 from txactors.errors import ConfigError
 from txactors.observe.logs import configure_logging, get_logger
@@ -130,7 +130,7 @@ async def _run_coordinator(
                 session.nc, config=settings.config, options=settings.options, metrics=metrics
             ),
         ):
-            loop, _ = chosen_loop()
+            loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # as it runs
             typer.echo(f"coordinator ready on {session.url} (event loop: {loop})", err=True)
             await stop.wait()
 
