@@ -12,6 +12,8 @@ the published one.
 
 from __future__ import annotations
 
+import asyncio
+
 import nats.errors
 from nats.aio.client import Client
 
@@ -118,9 +120,25 @@ class PartitionCount:
         self._configured = configured
         self._timeout = timeout
         self._known: int | None = None
+        self._reading: asyncio.Future[int] | None = None
 
     async def get(self) -> int:
-        """The count (see `client_count`); raises as it does, and then asks again next time."""
+        """The count (see `client_count`); raises as it does, and then asks again next time.
+
+        Callers that ask while it is being read share that one read, so a burst of first
+        calls resumes in one loop turn (and goes out as one round) instead of one read each,
+        answered one by one; a caller cancelled meanwhile does not cancel the others' read."""
         if self._known is None:
-            self._known = await client_count(self._nc, self._configured, self._timeout)
+            if self._reading is None:
+                self._reading = asyncio.ensure_future(
+                    client_count(self._nc, self._configured, self._timeout)
+                )
+                # its error is its waiters'; with every waiter cancelled, nobody's to log
+                self._reading.add_done_callback(lambda read: read.cancelled() or read.exception())
+            reading = self._reading
+            try:
+                self._known = await asyncio.shield(reading)
+            finally:
+                if reading.done() and self._reading is reading:
+                    self._reading = None  # read or failed: a failure is asked again next time
         return self._known
