@@ -43,10 +43,16 @@
   control flow; they derive from TxActorsError all the same.
   Nor does `producer.txlog.decide.LogUnavailable` leave the check-back: it is answered UNKNOWN.
 
-Callers catch the precise class they can act on; `TxActorsError` catches them all.
+Callers catch the precise class they can act on; `TxActorsError` catches them all. An error
+raised in a task group leaves it as itself, not inside an `ExceptionGroup` (`ungrouped`), so
+that such a catch works wherever the error was raised.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NoReturn
 
 
 class TxActorsError(Exception):
@@ -179,3 +185,40 @@ class ServerExitedEarly(NatsServerError):
     def __init__(self, message: str, log_tail: str) -> None:
         super().__init__(f"{message}\n--- last lines of the nats-server log ---\n{log_tail}")
         self.log_tail = log_tail
+
+
+@contextmanager
+def ungrouped(*alike: type[BaseException]) -> Iterator[None]:
+    """Raise what a task group inside raised as the error itself, not in an `ExceptionGroup`,
+    so that a caller's `except PrepareFailed` (or `except LEASE_TROUBLE`) catches it.
+
+    A group holding one error (nested groups of one included) is raised as that error; a
+    group of several whose every error is one of `alike` (concurrent reads failing for the
+    same cause) as the first of them. Anything else stays a group: several unrelated errors
+    cannot pass for one. The error keeps its own traceback, cause and context.
+    """
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        errors = _leaves(group)
+        if len(errors) > 1 and not all(isinstance(error, alike) for error in errors):
+            raise
+        _raise_as_itself(errors[0])
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    return [
+        leaf
+        for error in group.exceptions
+        for leaf in (_leaves(error) if isinstance(error, BaseExceptionGroup) else [error])
+    ]
+
+
+def _raise_as_itself(error: BaseException) -> NoReturn:
+    # Raised while the group is handled, the error would get the group as its context (which
+    # holds the error itself): what it had before is put back on its way out.
+    context, suppressed = error.__context__, error.__suppress_context__
+    try:
+        raise error
+    finally:
+        error.__context__, error.__suppress_context__ = context, suppressed

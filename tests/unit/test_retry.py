@@ -20,6 +20,7 @@ FAILURES: list[BaseException] = [
     nats.js.errors.ServerError(code=500),
     nats.js.errors.APIError(code=400, err_code=10005),  # no suitable peers (yet)
     nats.js.errors.APIError(code=500, err_code=10119),  # stream offline
+    nats.js.errors.APIError(code=409, err_code=10158),  # our own write still in process
     nats.js.errors.NotFoundError(code=404, err_code=10059),
     nats.js.errors.BadRequestError(code=400, err_code=10058),
     nats.errors.MaxPayloadError(),
@@ -58,6 +59,15 @@ async def test_a_declaration_retries_what_a_coordinator_call_retries(
 async def test_what_passes_is_retried_and_what_stays_is_raised() -> None:
     assert await outcome("call", nats.js.errors.NoStreamResponseError()) == "retried"
     assert await outcome("call", nats.js.errors.NotFoundError(code=404)) == "raised"
+
+
+def test_a_write_whose_message_id_is_still_in_process_is_tried_again() -> None:
+    """409/10158 answers a retry of a write of ours that is still being stored: the next
+    attempt is answered as a duplicate, so it passes (never quarantined)."""
+    in_process = nats.js.errors.APIError(
+        code=409, err_code=10158, description="duplicate message id is in process"
+    )
+    assert classify(in_process) is Fault.TRANSIENT
 
 
 def test_an_api_error_raised_without_a_code_is_classified() -> None:

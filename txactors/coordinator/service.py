@@ -50,6 +50,7 @@ from txactors.coordinator.partition.tenants import (
     tenant_groups,
 )
 from txactors.coordinator.writers import shared_writers
+from txactors.errors import ActorError, ungrouped
 from txactors.nats.client import raising_connection_lost, watch_connection
 from txactors.nats.link import ACK_TIMEOUT
 from txactors.observe.logs import get_logger
@@ -216,9 +217,10 @@ class _PartitionKeeper:
                 log.info("lease_taken", partition=partition, owner=self._leases.owner)
                 self.owned[partition] = _Owned(revision, sent)  # renewed from now on
                 taken.append(partition)
-        async with anyio.create_task_group() as starting:  # recover them side by side
-            for partition in taken:
-                starting.start_soon(self._start, partition, self.owned[partition])
+        with ungrouped():  # recover them side by side
+            async with anyio.create_task_group() as starting:
+                for partition in taken:
+                    starting.start_soon(self._start, partition, self.owned[partition])
 
     async def keep_owned(self) -> float:
         """One round of renewals (all at once); returns the delay until the next round."""
@@ -254,14 +256,15 @@ class _PartitionKeeper:
             except Exception as error:
                 announced.append(error)
 
-        async with anyio.create_task_group() as renewals:
-            for partition in dead:  # its writes settle beside the renewals, not before them
-                renewals.start_soon(
-                    functools.partial(self._stop, partition, give_back=True, settle=timeout)
-                )
-            renewals.start_soon(announce)
-            for partition, revision in renewing.items():
-                renewals.start_soon(renew_one, partition, revision)
+        with ungrouped():
+            async with anyio.create_task_group() as renewals:
+                for partition in dead:  # its writes settle beside the renewals, not before
+                    renewals.start_soon(
+                        functools.partial(self._stop, partition, give_back=True, settle=timeout)
+                    )
+                renewals.start_soon(announce)
+                for partition, revision in renewing.items():
+                    renewals.start_soon(renew_one, partition, revision)
         failed = bool(announced)
         for partition, result in results.items():
             held = self.owned.get(partition)
@@ -286,27 +289,42 @@ class _PartitionKeeper:
         return max(0.0, min([delay, *fences]))
 
     async def _start(self, partition: int, owned: _Owned) -> None:
-        ref = await self._system.spawn(
-            lambda: self._make_partition(partition),
-            name=f"coordinator-{partition}",
-            mailbox_size=MAILBOX_SIZE,
-            supervisor=Supervisor(
-                decide=_stop_when_fenced, max_restarts=5, within=60.0, backoff_initial=0.5
-            ),
-        )
-        owned.ref = ref
-        if self.owned.get(partition) is not owned:  # the lease was lost while it recovered
-            await ref.stop()
-            return
-        subscriptions = [
-            await serve(self._nc, ref, subject, accepts, replies=self._replies)
+        """Recover `partition`, then serve it. One that cannot start now (its recovery
+        failed for good, or NATS went away meanwhile) is given back: the next step, here or
+        at another member, takes it again. Never raises that: it would end the coordinator."""
+        subscriptions: list[Subscription] = []
+        try:
+            ref = await self._system.spawn(
+                lambda: self._make_partition(partition),
+                name=f"coordinator-{partition}",
+                mailbox_size=MAILBOX_SIZE,
+                supervisor=Supervisor(
+                    decide=_stop_when_fenced, max_restarts=5, within=60.0, backoff_initial=0.5
+                ),
+            )
+            owned.ref = ref
+            if self.owned.get(partition) is not owned:  # the lease was lost while it recovered
+                await ref.stop()
+                return
             for subject, accepts in (
                 (layout.prepare_filter(partition), Prepare | PrepareBatch),
                 (layout.end_filter(partition), EndTransaction | EndBatch),
                 (layout.admin_subject(partition), AdminCommand),
-            )
-        ]
-        await self._nc.flush()
+            ):
+                subscriptions.append(
+                    await serve(self._nc, ref, subject, accepts, replies=self._replies)
+                )
+            await self._nc.flush()
+        except (ActorError, *LEASE_TROUBLE) as error:
+            log.error("partition_start_failed", partition=partition, error=repr(error))
+            owned.subscriptions = subscriptions  # the stop takes them down with the actor
+            if self.owned.get(partition) is owned:
+                await self._stop(partition, give_back=True)
+            else:  # stopped meanwhile, before these were known
+                await _unsubscribe(subscriptions)
+                if owned.ref is not None:
+                    await owned.ref.stop()
+            return
         owned.subscriptions = subscriptions  # serving from now on
 
     async def _stop(
@@ -326,9 +344,7 @@ class _PartitionKeeper:
         owned = self.owned.pop(partition, None)
         if owned is None:
             return  # stopped meanwhile by the other loop
-        for subscription in owned.subscriptions:
-            with suppress(nats.errors.Error):  # a closed connection has no subscriptions left
-                await subscription.unsubscribe()
+        await _unsubscribe(owned.subscriptions)
         if owned.ref is not None:
             await owned.ref.stop()
         if give_back:
@@ -343,9 +359,16 @@ class _PartitionKeeper:
     async def leave(self) -> None:
         """Withdraw, then give every lease back: the others take them over at once."""
         await self._leases.withdraw()
-        async with anyio.create_task_group() as stopping:
-            for partition in list(self.owned):
-                stopping.start_soon(functools.partial(self._stop, partition, give_back=True))
+        with ungrouped():
+            async with anyio.create_task_group() as stopping:
+                for partition in list(self.owned):
+                    stopping.start_soon(functools.partial(self._stop, partition, give_back=True))
+
+
+async def _unsubscribe(subscriptions: list[Subscription]) -> None:
+    for subscription in subscriptions:
+        with suppress(nats.errors.Error):  # a closed connection has no subscriptions left
+            await subscription.unsubscribe()
 
 
 @asynccontextmanager
@@ -390,7 +413,7 @@ async def run_coordinator(
         ),
         on_refused=metrics.refused_replies.inc if metrics is not None else None,
     )
-    with raising_connection_lost():
+    with raising_connection_lost(), ungrouped():  # what stopped it, as itself
         async with (
             shared_writers(nc, js, options) as writers,  # outlive the partitions that use them
             ActorSystem("coordinator") as system,

@@ -42,6 +42,10 @@ stream or consumer offline, member change in progress."""
 CLUSTER_TRANSIENT_CODES: Final = _UNAVAILABLE_CODES | PLACEMENT_CODES
 """Every JetStream answer that passes while a cluster forms, elects or changes members,
 whatever its HTTP-like code."""
+IN_PROCESS_CODE: Final = 10158
+""""duplicate message id is in process" (409): a write with this `Nats-Msg-Id`, ours (its
+retry went out before the first attempt's answer), is still being stored. Asked again once
+it is, the write is answered as the duplicate it is: a retry of ourselves, never a refusal."""
 
 LINK_TROUBLE = (nats.errors.Error, TimeoutError, OSError)
 """What a NATS or JetStream call raises when the broker, not our code, is the problem."""
@@ -69,14 +73,16 @@ def classify(error: BaseException) -> Fault:
     """Whether trying the same call again can succeed.
 
     Timeouts, lost connections, "no responders" (JetStream restarting or electing a leader),
-    503/500 answers and `CLUSTER_TRANSIENT_CODES` pass; anything else JetStream answers (too
-    large, wrong expected sequence, not found, stream sealed or misconfigured) will be
-    answered the same way every time. A stream that is really gone answers "no responders"
-    too: `PipelinedWriter` tells it apart by asking JetStream which stream holds the subject.
+    503/500 answers, `CLUSTER_TRANSIENT_CODES` and `IN_PROCESS_CODE` pass; anything else
+    JetStream answers (too large, wrong expected sequence, not found, stream sealed or
+    misconfigured) will be answered the same way every time. A stream that is really gone
+    answers "no responders" too: `PipelinedWriter` tells it apart by asking JetStream which
+    stream holds the subject.
     """
     if isinstance(error, nats.js.errors.ServiceUnavailableError | nats.js.errors.ServerError):
         return Fault.TRANSIENT
-    if api_error_code(error) in CLUSTER_TRANSIENT_CODES:
+    code = api_error_code(error)
+    if code in CLUSTER_TRANSIENT_CODES or code == IN_PROCESS_CODE:
         return Fault.TRANSIENT
     if isinstance(error, nats.js.errors.APIError | nats.errors.MaxPayloadError):
         return Fault.PERMANENT

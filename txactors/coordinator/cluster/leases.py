@@ -28,7 +28,7 @@ from nats.js.kv import KV_DEL, KV_PURGE, VALID_KEY_RE, KeyValue
 
 from txactors.coordinator.cluster.balance import MEMBER_PREFIX, MemberInfo
 from txactors.coordinator.partition.store import ensure_bucket
-from txactors.errors import ConfigError
+from txactors.errors import ConfigError, ungrouped
 from txactors.observe.logs import get_logger
 from txactors.wire import layout
 
@@ -124,7 +124,7 @@ class Leases:
     async def view(self, timeout: float) -> LeaseView:
         """Members and holders as the bucket has them now, read within `timeout` (else
         `TimeoutError`, so that partitions left free are not kept waiting behind a bucket that
-        elects a leader). Raises on a transport problem.
+        elects a leader). Raises on a transport problem (`LEASE_TROUBLE`, as itself).
 
         The keys come from the stream's subjects and each value from a get: both are answered
         by the bucket's leader alone, whereas a watch creates a consumer, which waits for the
@@ -137,10 +137,12 @@ class Leases:
                 values = await self._watched_values(timeout)
             else:
                 limiter = anyio.CapacityLimiter(VIEW_READS)
-                async with anyio.create_task_group() as reads:
-                    for subject in subjects or ():
-                        key = subject.removeprefix(self._prefix)
-                        reads.start_soon(self._read, key, values, limiter)
+                # Reads failing together (the bucket electing a leader) fail the view once.
+                with ungrouped(*LEASE_TROUBLE):
+                    async with anyio.create_task_group() as reads:
+                        for subject in subjects or ():
+                            key = subject.removeprefix(self._prefix)
+                            reads.start_soon(self._read, key, values, limiter)
         members: dict[str, MemberInfo] = {}
         holders: dict[int, str] = {}
         for key, value in values.items():
