@@ -895,23 +895,14 @@ def test_tx_message_converts_to_the_wire_form() -> None:
     assert TxMessage("orders", bytearray(b"raw")).to_outgoing().body == b"raw"
 
 
-def _leaf_exceptions(error: BaseException) -> list[BaseException]:
-    if isinstance(error, BaseExceptionGroup):
-        return [leaf for inner in error.exceptions for leaf in _leaf_exceptions(inner)]
-    return [error]
-
-
 async def test_an_error_in_the_block_leaves_producer_and_coordinator_cleanly(
     private_nc: Client,
 ) -> None:
     """The error a user's block raises is what comes out: the producer's check endpoint must
     leave every task group it entered, or the coordinator's block around it breaks too."""
-    with pytest.raises(BaseException) as raised:
+    with pytest.raises(ValueError, match="the user's own error"):
         async with (
             run_coordinator(private_nc),
             TransactionProducer(private_nc, "shop", lambda view: Decision.ROLLBACK),
         ):
             raise ValueError("the user's own error")
-    assert [repr(e) for e in _leaf_exceptions(raised.value)] == [
-        repr(ValueError("the user's own error"))
-    ]

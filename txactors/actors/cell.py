@@ -22,7 +22,7 @@ from txactors.actors.actor import Actor
 from txactors.actors.envelope import Request
 from txactors.actors.ref import LocalActorRef
 from txactors.actors.supervision import Directive, RestartBudget, Supervisor
-from txactors.errors import ActorDeadError, ActorError, ConfigError, MailboxFull
+from txactors.errors import ActorDeadError, ActorError, ConfigError, MailboxFull, ungrouped
 from txactors.observe.logs import get_logger
 
 if TYPE_CHECKING:
@@ -174,10 +174,11 @@ class ActorCell:
                 instance = self.factory()
                 instance.ref = self.ref
                 self._instance = instance
-                async with anyio.create_task_group() as tasks:
-                    instance._task_runner = _TaskRunner(self, tasks, instance)
-                    outcome = await self._live(instance, task_status)
-                    tasks.cancel_scope.cancel()
+                with ungrouped():  # an escalated failure leaves as itself
+                    async with anyio.create_task_group() as tasks:
+                        instance._task_runner = _TaskRunner(self, tasks, instance)
+                        outcome = await self._live(instance, task_status)
+                        tasks.cancel_scope.cancel()
                 if outcome is _Next.STOP:
                     break
             if not self._ready:

@@ -2,7 +2,8 @@
 
 Structured concurrency gives the lifetime rule for free: leaving `async with ActorSystem()`
 stops every actor (each finishes the message in hand; queued asks fail with
-`ActorDeadError`), and an escalated failure cancels the system and surfaces to its owner.
+`ActorDeadError`), and an escalated failure cancels the system and surfaces to its owner
+(as `Escalated`, not inside an exception group; so does an error of the block itself).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from txactors.actors.actor import Actor
 from txactors.actors.cell import ActorCell
 from txactors.actors.ref import LocalActorRef
 from txactors.actors.supervision import Supervisor
-from txactors.errors import ActorError
+from txactors.errors import ActorError, ungrouped
 from txactors.observe.logs import get_logger
 
 A = TypeVar("A", bound=Actor)
@@ -57,8 +58,9 @@ class ActorSystem:
                 log.warning("actor_system_forced_shutdown", timeout=self.shutdown_timeout)
                 self._task_group.cancel_scope.cancel()
         finally:
-            result = await self._task_group.__aexit__(exc_type, exc, tb)
-            self._task_group = None
+            tasks, self._task_group = self._task_group, None
+            with ungrouped():
+                result = await tasks.__aexit__(exc_type, exc, tb)
         return result
 
     async def spawn(

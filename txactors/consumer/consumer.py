@@ -58,7 +58,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from txactors.consumer.dlq import ensure_dlq_stream
 from txactors.consumer.handling import Handler, Handling
 from txactors.consumer.retry import DEFAULT_MAX_RECONSUME, DEFAULT_RETRY_DELAYS, RetryPolicy
-from txactors.errors import ConfigError
+from txactors.errors import ConfigError, ungrouped
 from txactors.nats.client import TolerantClient, raising_connection_lost, watch_connection
 from txactors.nats.topics import DECLARE_DEADLINE, declaring, ensure_topic_stream, wait_for_stream
 from txactors.observe import tracing
@@ -181,7 +181,8 @@ class Consumer:
             try:
                 task_status.started()
                 self._log.info("consumer_started", concurrency=self._concurrency)
-                with raising_connection_lost():  # stop with the error, never pull in vain
+                # Stop with the error (as itself), never pull in vain.
+                with raising_connection_lost(), ungrouped():
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(self._keep_alive)
                         for _ in range(self._concurrency):
@@ -209,10 +210,11 @@ class Consumer:
             await self._done.wait()
 
     async def __aenter__(self) -> Self:
-        async with AsyncExitStack() as stack:
-            tg = await stack.enter_async_context(anyio.create_task_group())
-            await tg.start(self.run)
-            self._exit_stack = stack.pop_all()
+        with ungrouped():  # a start that failed, as itself
+            async with AsyncExitStack() as stack:
+                tg = await stack.enter_async_context(anyio.create_task_group())
+                await tg.start(self.run)
+                self._exit_stack = stack.pop_all()
         return self
 
     async def __aexit__(
@@ -224,7 +226,8 @@ class Consumer:
         self.request_stop()
         stack, self._exit_stack = self._exit_stack, None
         assert stack is not None, "__aexit__ without __aenter__"
-        return await stack.__aexit__(exc_type, exc, tb)
+        with ungrouped():  # the block's error, or the consumer's, as itself
+            return await stack.__aexit__(exc_type, exc, tb)
 
     # -- setup ------------------------------------------------------------------------------
 
