@@ -16,7 +16,9 @@ recovering (however long that takes) keeps its lease. Several coordinator proces
 split the partitions evenly, and take over from each other. Only inbox reply subjects are
 answered (`options.inbox_prefix`; with a tenant policy, a group's only in its own inbox,
 tenants.py), and a connection closed for good ends the coordinator with `NatsConnectionLost`
-rather than leaving it up serving nothing.
+rather than leaving it up serving nothing. Nothing that passes ends it: a look at the bucket
+that fails is tried at the next step, a partition that cannot start is given back and taken
+again; and what does end it leaves `run_coordinator` as itself, not in an exception group.
 """
 
 from __future__ import annotations
