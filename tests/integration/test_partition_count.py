@@ -488,3 +488,17 @@ async def test_a_huge_count_published_after_a_producer_started_fails_its_first_s
         await kv.put(layout.PARTITIONS_KEY, HUGE)
         with anyio.fail_after(5), pytest.raises(PartitionCountInvalid, match="999999"):
             await producer.send_in_transaction(TxMessage("orders", b"x"), lambda m, a: None)
+
+
+async def test_a_producer_makes_links_only_for_the_partitions_it_uses(private_nc: Client) -> None:
+    """At the largest count a producer still builds nothing per partition up front: the
+    links of a partition are made when a transaction first goes there."""
+    kv = await meta_bucket(private_nc.jetstream(), replicas=1)
+    await kv.put(layout.PARTITIONS_KEY, str(layout.MAX_PARTITION_COUNT).encode())
+    async with TransactionProducer(
+        private_nc, "shop", lambda view: Decision.COMMIT, prepare_retries=0
+    ) as producer:
+        for _ in range(3):  # nobody serves: each fails, and the next goes elsewhere
+            with pytest.raises(PrepareFailed):
+                await producer.send_in_transaction(TxMessage("orders", b"x"), lambda m, a: None)
+        assert len(producer._client._links) == 3

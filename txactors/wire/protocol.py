@@ -5,7 +5,8 @@ class name). A payload is msgpack by default; a client that cannot speak msgpack
 and says so with the `Content-Type: application/json` header, and gets JSON back. Decoders
 are built once per message union, so bad input fails at the boundary with msgspec's
 path-bearing message and becomes an `Error` reply with a stable code; it never reaches an
-actor. docs/protocol.md describes the same rules for other-language clients.
+actor (but for a batch's item that does not decode: it comes as an `UnreadableItem`, to be
+refused alone). docs/protocol.md describes the same rules for other-language clients.
 
 Schema evolution follows msgspec's rules: new fields get defaults, a field never changes type.
 """
