@@ -11,6 +11,7 @@
     │   ├── ConfigTypeError       an argument has the wrong type (also a TypeError)
     │   ├── FsyncError*           a bad fsync setting; `field` names it (txactors.embedded.setup)
     │   ├── PartitionCountMismatch*  a partition count disagrees with the published one
+    │   ├── PartitionCountInvalid*   the published count is no count (or above 4096)
     │   └── PartitionCountUnknown*   no partition count is published (or it is unreadable)
     ├── PoisonMessage             no retry can help this message: dead-letter it at once
     ├── TransactionError          a transactional send went wrong (carries the txid)

@@ -314,8 +314,9 @@ async def test_a_batch_answer_always_fits_in_max_payload(
 
 
 async def test_batches_in_json_and_version_2_commands_are_served(private_nc: Client) -> None:
-    """Another language's client: batches in JSON (bytes as base64); a version 2 client's
-    lone commands are still carried out."""
+    """Another language's client: batches in JSON (bytes as base64), an item of the wrong
+    type refused alone as any bad item; a version 2 client's lone commands are still carried
+    out."""
     command = {
         "type": "PrepareBatch",
         "version": 3,
@@ -324,6 +325,7 @@ async def test_batches_in_json_and_version_2_commands_are_served(private_nc: Cli
         "items": [
             {"txid": "json1", "messages": [{"topic": "orders", "body": "eA=="}]},
             {"txid": "json 2", "messages": [{"topic": "orders", "body": "eA=="}]},
+            {"txid": 5, "messages": [{"topic": "orders", "body": "eA=="}]},
         ],
     }
     json_headers = {"Content-Type": "application/json"}
@@ -337,20 +339,35 @@ async def test_batches_in_json_and_version_2_commands_are_served(private_nc: Cli
         assert reply.headers == json_headers
         answer = msgspec.json.decode(reply.data)
         assert answer["type"] == "PreparedBatch"
-        first, second = answer["results"]
+        first, second, third = answer["results"]
         assert (first["type"], first["txid"]) == ("Prepared", "json1")
         assert (second["type"], second["code"]) == ("Error", "bad_request")
+        assert third == {
+            "type": "Error",
+            "code": "bad_request",
+            "message": "Expected `str`, got `int` - at `$.txid`",
+        }
         end = {
             "type": "EndBatch",
             "version": 3,
-            "items": [{"txid": "json1", "token": first["token"], "decision": "commit"}],
+            "items": [
+                {"txid": "json1", "token": first["token"], "decision": 1},
+                {"txid": "json1", "token": first["token"], "decision": "commit"},
+            ],
         }
         reply = await private_nc.request(
             layout.end_subject(0, "g"), msgspec.json.encode(end), timeout=10, headers=json_headers
         )
         assert msgspec.json.decode(reply.data) == {
             "type": "EndedBatch",
-            "results": [{"type": "Ended", "txid": "json1", "state": "committed"}],
+            "results": [
+                {
+                    "type": "Error",
+                    "code": "bad_request",
+                    "message": "Expected `str`, got `int` - at `$.decision`",
+                },
+                {"type": "Ended", "txid": "json1", "state": "committed"},
+            ],
         }
 
         old = Prepare(

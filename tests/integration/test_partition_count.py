@@ -3,7 +3,9 @@
 Two coordinator processes with 4 partitions; a producer and the operator's `txactors txn`
 commands given no count: every transaction, on every partition, commits or is listed, shown
 and resolved. A coordinator started with another count refuses in one line; a client whose
-count disagrees with the published one is told so.
+count disagrees with the published one is told so. Anyone may write the key on a server
+without permissions: a running coordinator puts its count back, and no client reads a value
+that is not a count (1 to MAX_PARTITION_COUNT).
 """
 
 from __future__ import annotations
@@ -34,13 +36,15 @@ from tests.support.wait import eventually
 from txactors.coordinator.cluster.agreement import agree_partition_count, meta_bucket
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import run_coordinator
-from txactors.errors import PrepareFailed
+from txactors.errors import ConfigError, PrepareFailed
 from txactors.nats.client import connect
 from txactors.nats.partition_count import (
+    PartitionCountInvalid,
     PartitionCountMismatch,
     agreed_count,
     read_published,
 )
+from txactors.observe.metrics import CoordinatorMetrics
 from txactors.ops import txn as admin
 from txactors.ops.partitions import live_coordinators
 from txactors.producer import Decision, TransactionProducer, TxMessage
@@ -399,3 +403,102 @@ async def test_an_acked_end_nobody_received_is_sent_again_once_a_coordinator_ser
                     await eventually(lambda: ended, timeout=10)
     assert [(r.state, r.confirmed) for r in ended] == [("committed", True)]
     assert (await topic_ids(private_nc, "orders")).count(f"{ended[0].txid}:0") == 1
+
+
+HUGE = b"9" * 30
+"""What a client wrote in a chaos run: a producer built one link per partition."""
+
+
+def _restored(metrics: CoordinatorMetrics) -> float:
+    return metrics.registry.get_sample_value("txactors_partition_count_restored_total") or 0.0
+
+
+async def test_a_count_written_over_a_running_coordinators_is_put_back(
+    private_nc: Client,
+) -> None:
+    """Another count (or none, or no count at all) in the key while a coordinator runs is
+    nobody's decision: it is put back, logged and counted, and the coordinator serves on."""
+    metrics = CoordinatorMetrics()
+    options = CoordinatorOptions(partitions=4, lease_ttl=2)
+    with structlog.testing.capture_logs() as logs:
+        async with run_coordinator(private_nc, options=options, metrics=metrics) as running:
+            await eventually(lambda: running.partitions, until=lambda p: p == [0, 1, 2, 3])
+            kv = await private_nc.jetstream().key_value(layout.META_BUCKET)
+            assert _restored(metrics) == 0.0, "exported from the start"
+            for n, written in enumerate([b"8", None, HUGE], start=1):
+                if written is None:
+                    await kv.delete(layout.PARTITIONS_KEY)
+                else:
+                    await kv.put(layout.PARTITIONS_KEY, written)
+                await eventually(
+                    lambda: read_published(private_nc, timeout=5),
+                    until=lambda count: count == PARTITIONS,
+                    ignoring=(PartitionCountInvalid,),
+                    what=f"the count put back over {written!r}",
+                )
+                await eventually(lambda: _restored(metrics), until=lambda c, n=n: c == n)
+            await admin.list_transactions(private_nc, timeout=5)  # all 4 still served
+            assert running.partitions == [0, 1, 2, 3]
+    restored = [e for e in logs if e["event"] == "partition_count_restored"]
+    assert [(e["log_level"], e["found"]) for e in restored] == [
+        ("error", "'8'"),
+        ("error", None),
+        ("error", layout.shown(HUGE.decode())),
+    ]
+
+
+async def test_a_starting_coordinator_replaces_a_value_that_is_no_count(
+    private_nc: Client,
+) -> None:
+    """No client routes by a value that is not a count, so nobody serves it: the first
+    coordinator to start writes its own over it (another count is refused, as always)."""
+    kv = await meta_bucket(private_nc.jetstream(), replicas=1)
+    for garbage, count in ((b"x", 3), (HUGE, 2), (b"0", 4)):
+        await kv.put(layout.PARTITIONS_KEY, garbage)
+        with pytest.raises(PartitionCountInvalid):
+            await read_published(private_nc, timeout=5)
+        async with run_coordinator(private_nc, options=CoordinatorOptions(partitions=count)):
+            assert await read_published(private_nc, timeout=5) == count
+
+
+@pytest.mark.parametrize(
+    "written",
+    [HUGE, b"9" * 5000, b"4097", b"0", b"-4", b"4 partitions", b"\xff"],
+    ids=["30 digits", "5000 digits", "4097", "0", "negative", "words", "not ascii"],
+)
+async def test_a_producer_refuses_a_value_that_is_no_count_before_it_allocates(
+    private_nc: Client, written: bytes
+) -> None:
+    kv = await meta_bucket(private_nc.jetstream(), replicas=1)
+    await kv.put(layout.PARTITIONS_KEY, written)
+    producer = TransactionProducer(private_nc, "shop", lambda view: Decision.COMMIT)
+    with anyio.fail_after(5), pytest.raises(ConfigError, match="KV bucket TXN_META holds") as bad:
+        await producer.__aenter__()
+    assert isinstance(bad.value, PartitionCountInvalid)
+    assert len(str(bad.value)) < 300, "the value is shown cut short"
+
+
+async def test_a_huge_count_published_after_a_producer_started_fails_its_first_send(
+    private_nc: Client,
+) -> None:
+    """The count is read by the first transaction when none was published at start: a huge
+    one is refused there, before a link (or anything per partition) is made."""
+    async with TransactionProducer(private_nc, "shop", lambda view: Decision.COMMIT) as producer:
+        kv = await meta_bucket(private_nc.jetstream(), replicas=1)
+        await kv.put(layout.PARTITIONS_KEY, HUGE)
+        with anyio.fail_after(5), pytest.raises(PartitionCountInvalid, match="999999"):
+            await producer.send_in_transaction(TxMessage("orders", b"x"), lambda m, a: None)
+
+
+async def test_a_producer_makes_links_only_for_the_partitions_it_uses(private_nc: Client) -> None:
+    """At the largest count a producer still builds nothing per partition up front: the
+    links of a partition are made when a transaction first goes there."""
+    kv = await meta_bucket(private_nc.jetstream(), replicas=1)
+    await kv.put(layout.PARTITIONS_KEY, str(layout.MAX_PARTITION_COUNT).encode())
+    async with TransactionProducer(
+        private_nc, "shop", lambda view: Decision.COMMIT, prepare_retries=0
+    ) as producer:
+        for _ in range(3):  # nobody serves: each fails, and the next goes elsewhere
+            with pytest.raises(PrepareFailed):
+                await producer.send_in_transaction(TxMessage("orders", b"x"), lambda m, a: None)
+        assert len(producer._client._links) == 3

@@ -751,9 +751,23 @@ def oneway_ends(partitions: int) -> st.SearchStrategy[Request]:
     return build()
 
 
+def _mistyped(item: Field, names: tuple[str, ...]) -> Field:
+    """`item` with one of `names` of a type it never takes, or no map at all: refused alone
+    (`bad_request`), as that item sent as a lone command would be."""
+
+    @st.composite
+    def build(draw: st.DrawFn) -> tuple[Any, Verdict]:
+        fields, _ = draw(item)
+        if draw(st.integers(0, 4)) == 0:
+            return draw(wrong_types.filter(lambda v: not isinstance(v, dict))), Verdict.BAD
+        return {**fields, draw(st.sampled_from(names)): draw(wrong_types)}, Verdict.BAD
+
+    return build()
+
+
 def prepare_items(max_payload: int, *, valid: bool = False) -> Field:
-    """A `PrepareItem`: a Prepare's txid, messages and token, well typed (a wrong type fails
-    the whole batch's decoding, which `command_requests` covers already)."""
+    """A `PrepareItem`: a Prepare's txid, messages and token, mostly well typed; one of the
+    wrong type is refused alone."""
     item = combine(
         txid=names("txid", TXID_POOL, valid=True),
         messages=st.one_of(
@@ -769,7 +783,8 @@ def prepare_items(max_payload: int, *, valid: bool = False) -> Field:
     )
     txid_grammar = bad(st.sampled_from(["a b", "", "x" * 200, "a.b"]))
     broken = st.tuples(item, txid_grammar).map(lambda t: ({**t[0][0], "txid": t[1][0]}, t[1][1]))
-    return item if valid else st.one_of(item, item, broken)
+    mistyped = _mistyped(item, ("txid", "messages", "token"))
+    return item if valid else st.one_of(item, item, broken, mistyped)
 
 
 def end_items() -> Field:
@@ -780,7 +795,7 @@ def end_items() -> Field:
     )
     bad_token = bad(st.sampled_from(["NOT-A-TOKEN", HEX.upper() * 2, ""]))
     broken = st.tuples(item, bad_token).map(lambda t: ({**t[0][0], "token": t[1][0]}, t[1][1]))
-    return st.one_of(item, item, broken)
+    return st.one_of(item, item, broken, _mistyped(item, ("txid", "token", "decision")))
 
 
 def batch_requests(partitions: int, max_payload: int) -> st.SearchStrategy[Request]:
@@ -799,12 +814,15 @@ def batch_requests(partitions: int, max_payload: int) -> st.SearchStrategy[Reque
         if count > size:  # past the limit: the same item again
             drawn += [drawn[-1]] * (count - size)
         items = [fields for fields, _ in drawn]
-        txids = [i["txid"] for i in items if isinstance(i.get("txid"), str)]
+        txids = [i["txid"] for i in items if isinstance(i, dict) and isinstance(i["txid"], str)]
         partition = layout.partition_of(txids[0], partitions) if txids else 0
         if draw(st.integers(0, 4)) == 0:
             partition = draw(st.integers(0, partitions - 1))
         expects = []
         for fields, verdict in drawn:
+            if verdict is Verdict.BAD:  # e.g. of the wrong type: no txid to route by
+                expects.append(Expect.BAD_REQUEST)
+                continue
             expect = _expect_for(verb, fields, verdict)
             if layout.partition_of(fields["txid"], partitions) != partition:
                 expect = Expect.BAD_REQUEST
@@ -830,8 +848,9 @@ def batch_requests(partitions: int, max_payload: int) -> st.SearchStrategy[Reque
         if version in (Version.NEWER, Version.REMOVED, Version.ABSENT):  # checked first
             decodable = _decodable(payload, headers is not None)
             whole = {"unsupported_version" if decodable else "bad_request"}
-        # A value JSON cannot carry (a non-finite immunity) fails the whole batch's decoding.
-        lenient = {"bad_request"} if any(v is Verdict.BAD for _, v in drawn) else set()
+        # A value JSON cannot carry (a non-finite float) fails the whole batch's decoding;
+        # any other bad item, one of the wrong type included, is refused alone.
+        lenient = {"bad_request"} if headers and _mark_non_finite(items) != items else set()
         oneway = verb == "end" and draw(st.integers(0, 3)) == 0
         return Request(
             label=f"{command['type']} of {count} ({', '.join(e.name for e in expects)}; "

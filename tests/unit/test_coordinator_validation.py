@@ -738,6 +738,62 @@ def test_each_item_is_the_lone_command_it_stands_for() -> None:
     assert refusal(ends[1]) is not None
 
 
+@pytest.mark.parametrize("encoding", list(Encoding))
+def test_an_item_of_the_wrong_type_is_refused_alone(encoding: Encoding) -> None:
+    """An item whose field has the wrong type (`"txid": 5`), or that is no map, does not fail
+    the batch's decoding: it is refused with the error it gets alone, the others go on."""
+    codec: Codec[Any] = Codec(CoordinatorCommand)
+
+    def good(txid: str) -> dict[str, Any]:
+        return {"txid": txid, "messages": [{"topic": "orders", "body": b"x"}]}
+
+    head = {"type": "PrepareBatch", "version": PROTOCOL_VERSION, "group": "g", "producer": "p"}
+    items = [good("t1"), {**good("t2"), "txid": 5}, good("t3"), 7, {**good("t4"), "messages": "m"}]
+    batch = codec.decode(encode({**head, "items": items}, encoding), encoding)
+    assert isinstance(batch, PrepareBatch)
+    assert refusal(batch) is None, "the batch itself passes"
+    assert [refusal(p) for p in prepares_of(batch)] == [
+        None,
+        "Expected `str`, got `int` - at `$.txid`",
+        None,
+        "Expected `object`, got `int`",
+        "Expected `array`, got `str` - at `$.messages`",
+    ]
+    assert [p.txid for p in prepares_of(batch) if isinstance(p, Prepare)] == ["t1", "t3"]
+
+    ends = [
+        {"txid": "t1", "token": TOKEN, "decision": "commit"},
+        {"txid": "t2", "token": TOKEN, "decision": "maybe"},
+        {"txid": "t3", "token": 7, "decision": "commit"},
+    ]
+    end_batch = codec.decode(
+        encode({"type": "EndBatch", "version": PROTOCOL_VERSION, "items": ends}, encoding),
+        encoding,
+    )
+    assert isinstance(end_batch, EndBatch)
+    assert [refusal(e) for e in ends_of(end_batch)] == [
+        None,
+        "Invalid enum value 'maybe' - at `$.decision`",
+        "Expected `str`, got `int` - at `$.token`",
+    ]
+
+    for whole in ({**head, "group": 5}, {**head, "version": "3"}, {**head, "items": 5}):
+        refused = codec.decode(encode({"items": items, **whole}, encoding), encoding)
+        assert isinstance(refused, Error) and refused.code == "bad_request", refused
+    assert codec.decode(encode({**head, "items": [good("t1")]}, encoding), encoding) == (
+        prepare_batch(PrepareItem(txid="t1", messages=[message()]), producer="p")
+    )
+
+
+@pytest.mark.parametrize("encoding", list(Encoding))
+@pytest.mark.parametrize("tag", [[1], {"a": 1}, None, 5])
+def test_a_type_that_is_no_name_is_a_bad_request_not_a_crash(encoding: Encoding, tag: Any) -> None:
+    decoded = Codec(CoordinatorCommand).decode(
+        encode({"type": tag, "version": PROTOCOL_VERSION}, encoding), encoding
+    )
+    assert isinstance(decoded, Error) and decoded.code == "bad_request", decoded
+
+
 def test_an_item_error_is_cut_to_its_bound() -> None:
     short = Error(ErrorCode.FORBIDDEN, "wrong token")
     assert item_error(short) is short

@@ -109,6 +109,7 @@ BAD = [
     ({}, {"TXACTORS_LEASE_TTL": "nan"}, "", "TXACTORS_LEASE_TTL"),
     ({}, {"TXACTORS_CHECK_INTERVAL": "1e999"}, "", "TXACTORS_CHECK_INTERVAL"),
     ({}, {"TXACTORS_PARTITIONS": "1.5"}, "", "TXACTORS_PARTITIONS"),
+    ({"partitions": "4097"}, {}, "", "--partitions"),
     ({}, {"TXACTORS_CHECK_MAX": "0"}, "", "TXACTORS_CHECK_MAX"),
     ({}, {"TXACTORS_LOG_LEVEL": "LOUD"}, "", "TXACTORS_LOG_LEVEL"),
     ({}, {"TXACTORS_METRICS_PORT": "70000"}, "", "TXACTORS_METRICS_PORT"),

@@ -14,7 +14,8 @@ broker refusing it later (a record the broker refuses would stop a partition for
 table in docs/protocol.md lists them. A batch is checked as a whole first (its version, names,
 subject, item count, and that its one answer fits in `max_payload` whatever each item's
 answer turns out to be); then each item, as the `Prepare` or `EndTransaction` it stands for
-(`prepares_of`, `ends_of`), goes through the same checks as a lone one and is refused alone.
+(`prepares_of`, `ends_of`), goes through the same checks as a lone one and is refused alone,
+an item that did not even decode (protocol.UnreadableItem) with its decoding error.
 Pure, no I/O: tests/unit/test_coordinator_validation.py drives it with Hypothesis.
 """
 
@@ -53,6 +54,7 @@ from txactors.wire.protocol import (
     PrepareBatch,
     PrepareItem,
     ShowTransaction,
+    UnreadableItem,
     unsupported_version,
 )
 
@@ -139,6 +141,8 @@ class Boundary:
         transaction (None: not known here). The version is checked first: another version's
         other fields may mean something else.
         """
+        if isinstance(command, UnreadableItem):  # a batch's item that did not decode
+            return command.error
         if isinstance(command, Command):
             unsupported = unsupported_version(command.version)
             if unsupported is not None:
@@ -328,10 +332,13 @@ def answerable_items(batch: PrepareBatch | EndBatch, max_messages: int, room: in
     return len(batch.items)
 
 
-def prepares_of(batch: PrepareBatch) -> list[Prepare]:
-    """The `Prepare` each item stands for: checked and carried out as a lone one would be."""
+def prepares_of(batch: PrepareBatch) -> list[Prepare | UnreadableItem]:
+    """The `Prepare` each item stands for: checked and carried out as a lone one would be
+    (an item that did not decode stays as it is: `refusal` answers it with its error)."""
     return [
-        Prepare(
+        item
+        if isinstance(item, UnreadableItem)
+        else Prepare(
             version=batch.version,
             txid=item.txid,
             group=batch.group,
@@ -343,10 +350,12 @@ def prepares_of(batch: PrepareBatch) -> list[Prepare]:
     ]
 
 
-def ends_of(batch: EndBatch) -> list[EndTransaction]:
-    """The `EndTransaction` each item stands for."""
+def ends_of(batch: EndBatch) -> list[EndTransaction | UnreadableItem]:
+    """The `EndTransaction` each item stands for (see `prepares_of`)."""
     return [
-        EndTransaction(
+        item
+        if isinstance(item, UnreadableItem)
+        else EndTransaction(
             version=batch.version, txid=item.txid, token=item.token, decision=item.decision
         )
         for item in batch.items

@@ -12,6 +12,7 @@ from typing import Protocol, runtime_checkable
 import msgspec
 
 from txactors.errors import ConfigError
+from txactors.nats.partition_count import check_count
 from txactors.wire.inbox import DEFAULT_INBOX_PREFIX, normalize_prefix
 from txactors.wire.layout import name_problem
 from txactors.wire.protocol import OutgoingMessage
@@ -21,7 +22,8 @@ class CoordinatorOptions(msgspec.Struct, frozen=True, kw_only=True):
     """How the coordinator process runs (the transaction rules are in CoordinatorConfig)."""
 
     partitions: int = 1
-    """Txid hash buckets (`crc32(txid) mod partitions`); all coordinators agree, clients read it."""
+    """Txid hash buckets (`crc32(txid) mod partitions`), 1 to 4096; all coordinators agree,
+    clients read it."""
     tick_interval: float = 0.1
     """The unit of the partitions' clock-driven looks (for late halves: every 10 ticks).
     Check-back timers sleep until their deadline; on a custom clock that is neither the real
@@ -67,8 +69,9 @@ class CoordinatorOptions(msgspec.Struct, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         normalize_prefix(self.inbox_prefix)  # ConfigError when it cannot prefix a subject
-        if self.partitions < 1 or self.max_partitions < 1:
-            raise ConfigError("partitions and max_partitions must be >= 1")
+        check_count(self.partitions)
+        if self.max_partitions < 1:
+            raise ConfigError("max_partitions must be >= 1")
         if self.lease_ttl <= 0:
             raise ConfigError("lease_ttl must be > 0 seconds")
         if self.write_linger < 0:

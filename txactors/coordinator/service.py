@@ -38,7 +38,11 @@ from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 
 from txactors.actors import ActorSystem, Directive, LocalActorRef, ReplyGuard, Supervisor, serve
-from txactors.coordinator.cluster.agreement import agree_partition_count, meta_bucket
+from txactors.coordinator.cluster.agreement import (
+    agree_partition_count,
+    keep_partition_count,
+    meta_bucket,
+)
 from txactors.coordinator.cluster.balance import MemberInfo, plan
 from txactors.coordinator.cluster.leases import LEASE_TROUBLE, Leases, lease_bucket
 from txactors.coordinator.core.config import CoordinatorConfig
@@ -388,7 +392,8 @@ async def run_coordinator(
 
     On entry it publishes its partition count, or checks it against the one published
     (PartitionCountMismatch), then takes the partitions that are free; those held by another
-    live coordinator are taken over in the background if their owner goes away.
+    live coordinator are taken over in the background if their owner goes away. While it
+    runs, any other value written to the count's key is put back (agreement.py).
     """
     config = config or CoordinatorConfig()
     options = options or CoordinatorOptions()
@@ -396,9 +401,8 @@ async def run_coordinator(
     checkpoints = await ensure_streams(
         js, half_retention=config.half_retention, replicas=options.replicas
     )
-    await agree_partition_count(
-        await meta_bucket(js, replicas=options.replicas), options.partitions
-    )
+    meta = await meta_bucket(js, replicas=options.replicas)
+    await agree_partition_count(meta, options.partitions)
     leases = Leases(
         js,
         await lease_bucket(js, ttl=options.lease_ttl, replicas=options.replicas),
@@ -445,6 +449,19 @@ async def run_coordinator(
             await keeper.join()
             tasks.start_soon(keeper.rebalance)
             tasks.start_soon(watch_connection, nc)
+            tasks.start_soon(
+                functools.partial(
+                    keep_partition_count,
+                    meta,
+                    options.partitions,
+                    restored=(
+                        metrics.partition_count_restored.inc
+                        if metrics is not None
+                        else lambda: None
+                    ),
+                    retry=options.lease_ttl * RETRY_FRACTION,
+                )
+            )
             try:
                 yield RunningCoordinator(leases.owner, keeper.owned)
             finally:

@@ -4,10 +4,12 @@ A txid belongs to partition `crc32(txid) mod P`, so a producer or an operator co
 uses another P than the coordinators sends a transaction where nobody serves it. So P is
 configured once, on the coordinators: the first one to start writes it to the key
 `partitions` of the KV bucket TXN_META (create only if absent), and every later one must
-have the same count or refuses to start (coordinator/cluster/agreement.py). A client reads it with
-one JetStream direct get (`layout.partitions_read_subject()`), the one JetStream subject a
-producer needs to be allowed; a count the client was given is an override, checked against
-the published one.
+have the same count or refuses to start (coordinator/cluster/agreement.py), and the running ones put
+back any other value written there. A client reads it with one JetStream direct get
+(`layout.partitions_read_subject()`), the one JetStream subject a producer needs to be
+allowed; a count the client was given is an override, checked against the published one.
+Any count, read or given, is 1 to `layout.MAX_PARTITION_COUNT`: on a server without
+permissions anyone may write the key, and a client sizes its work by it.
 """
 
 from __future__ import annotations
@@ -35,17 +37,41 @@ class PartitionCountUnknown(ConfigError):
     """No count is published (no coordinator started yet), or it could not be read."""
 
 
+class PartitionCountInvalid(ConfigError):
+    """The published count is not a count: not a decimal, or outside 1 to MAX_PARTITION_COUNT."""
+
+
+_MOST_DIGITS = len(str(layout.MAX_PARTITION_COUNT))
+COUNT_RANGE = f"1 to {layout.MAX_PARTITION_COUNT}"
+
+
 def where_published() -> str:
     """The key, named for error messages (and for `nats kv get`)."""
     return f"key {layout.PARTITIONS_KEY!r} of KV bucket {layout.META_BUCKET}"
 
 
+def check_count(count: int) -> int:
+    """`count`, if a partition count may be it; ConfigError if not."""
+    if not 1 <= count <= layout.MAX_PARTITION_COUNT:
+        raise ConfigError(f"partitions must be {COUNT_RANGE}, not {count}")
+    return count
+
+
 def parse_count(value: bytes) -> int:
-    """The count a key's value holds; ConfigError if it is not a positive decimal."""
+    """The count a key's value holds; PartitionCountInvalid (naming the key and the value)
+    unless it is a decimal from 1 to MAX_PARTITION_COUNT. Its length is looked at before
+    its value: a huge number is refused without being converted."""
     text = value.decode("ascii", errors="replace").strip()
-    if not text.isdigit() or int(text) < 1:
-        raise ConfigError(f"the {where_published()} holds {text[:20]!r}, not a partition count")
-    return int(text)
+    digits = text.lstrip("0")
+    if text.isdigit() and text.isascii() and len(digits) <= _MOST_DIGITS:
+        count = int(text)
+        if 1 <= count <= layout.MAX_PARTITION_COUNT:
+            return count
+    raise PartitionCountInvalid(
+        f"the {where_published()} holds {layout.shown(text)}, not a partition count "
+        f"({COUNT_RANGE}); the coordinators put theirs back while one runs (see "
+        "docs/operations.md, Partitions)"
+    )
 
 
 async def read_published(nc: Client, timeout: float) -> int | None:
@@ -77,8 +103,8 @@ async def read_published(nc: Client, timeout: float) -> int | None:
 def agreed_count(published: int | None, configured: int | None) -> int | None:
     """The count a client uses: the published one, which a configured one must equal; the
     configured one while none is published; None if neither is known."""
-    if configured is not None and configured < 1:
-        raise ConfigError(f"partitions must be at least 1, not {configured}")
+    if configured is not None:
+        check_count(configured)
     if published is None:
         return configured
     if configured is not None and configured != published:
@@ -114,8 +140,8 @@ class PartitionCount:
     """A client's partition count, read the first time it is needed and kept from then on."""
 
     def __init__(self, nc: Client, configured: int | None, timeout: float) -> None:
-        if configured is not None and configured < 1:
-            raise ConfigError(f"partitions must be at least 1, not {configured}")
+        if configured is not None:
+            check_count(configured)
         self._nc = nc
         self._configured = configured
         self._timeout = timeout

@@ -120,6 +120,12 @@ class CoordinatorMetrics(Collector):
             ["partition", "code"],
             registry=registry,
         )
+        self.partition_count_restored = Counter(
+            "txactors_partition_count_restored_total",
+            "Values of the published partition count (key partitions of KV bucket TXN_META) "
+            "no coordinator wrote, which this one put its count back over (should stay 0).",
+            registry=registry,
+        )
         self.batch_items = Histogram(
             "txactors_batch_items",
             "Transactions per batch request (PrepareBatch, EndBatch) that passed the boundary.",

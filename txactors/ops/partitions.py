@@ -13,7 +13,7 @@ import nats.js.errors
 from nats.aio.client import Client
 
 from txactors.errors import ConfigError, TxActorsError
-from txactors.nats.partition_count import parse_count
+from txactors.nats.partition_count import PartitionCountInvalid, check_count, parse_count
 from txactors.ops.leases import NoLeases, list_leases
 from txactors.wire import layout
 
@@ -37,8 +37,7 @@ async def change_partition_count(nc: Client, partitions: int) -> int | None:
 
     Refused (CoordinatorsRunning) while any coordinator is live. Transactions still open are
     the caller's to settle first (see the module docstring)."""
-    if partitions < 1:
-        raise ConfigError(f"partitions must be at least 1, not {partitions}")
+    check_count(partitions)
     live = await live_coordinators(nc)
     if live:
         raise CoordinatorsRunning(
@@ -61,4 +60,7 @@ async def change_partition_count(nc: Client, partitions: int) -> int | None:
         await kv.create(layout.PARTITIONS_KEY, value)
         return None
     await kv.update(layout.PARTITIONS_KEY, value, last=entry.revision)
-    return parse_count(entry.value or b"")
+    try:
+        return parse_count(entry.value or b"")
+    except PartitionCountInvalid:  # not a count anyone used: replaced all the same
+        return None

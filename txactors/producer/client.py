@@ -150,7 +150,10 @@ class CoordinatorClient:
         """What the links' dialects time their relearning by (`Dialect`)."""
         self._verb = PrepareVerb(group, instance)
         self._inbox = Inbox(nc)
-        self._links: list[_Links] = []
+        self._count = 0
+        """The partition count, once read (0: not yet); kept for good (`PartitionCount`)."""
+        self._links: dict[int, _Links] = {}
+        """The links of the partitions used so far: one each, made on first use."""
         self._sticky: StickyPartitions | None = None
 
     async def close(self) -> None:
@@ -179,35 +182,38 @@ class CoordinatorClient:
     async def _route(self, txid: str) -> int:
         """The partition of `txid`; the count is read the first time (PartitionCountUnknown
         while no coordinator has published one, PartitionCountMismatch against an override).
-        Once the links exist, the callers compute it themselves (no coroutine per request)."""
-        if not self._links:  # once read, the count is the links' for good (`PartitionCount`)
+        Once it is known, the callers compute it themselves (no coroutine per request)."""
+        if not self._count:
             count = await self._partitions.get()
-            if not self._links:  # the first of the calls that waited for the count
-                self._links = [
-                    _Links(
-                        self._nc,
-                        p,
-                        self.group,
-                        self._verb,
-                        self._inbox,
-                        self._max_items,
-                        self._clock,
-                    )
-                    for p in range(count)
-                ]
-                # Made with the links, so that a first transaction (any txid) failing its
+            if not self._count:  # the first of the calls that waited for the count
+                self._count = count
+                # Made with the count, so that a first transaction (any txid) failing its
                 # prepare already moves the next ones elsewhere (`_avoid`).
                 self._sticky = StickyPartitions(count, self._max_items)
-        return partition_of(txid, len(self._links))
+        return partition_of(txid, self._count)
+
+    def _link(self, partition: int) -> _Links:
+        """The links of `partition`, made the first time it is used: a producer filling one
+        partition at a time (`sticky.py`) never pays for the others."""
+        links = self._links.get(partition)
+        if links is None:
+            links = self._links[partition] = _Links(
+                self._nc,
+                partition,
+                self.group,
+                self._verb,
+                self._inbox,
+                self._max_items,
+                self._clock,
+            )
+        return links
 
     async def prepare(
         self, txid: str, messages: list[OutgoingMessage], token: str | None
     ) -> Prepared:
         """Store halves; raises `PrepareFailed` unless the coordinator confirmed them."""
         try:
-            partition = (
-                partition_of(txid, len(self._links)) if self._links else await self._route(txid)
-            )
+            partition = partition_of(txid, self._count) if self._count else await self._route(txid)
         except PartitionCountUnknown as error:  # no coordinator yet: nothing was sent
             log.warning("prepare_unrouted", error=str(error))
             raise PrepareFailed(
@@ -219,7 +225,7 @@ class CoordinatorClient:
         retries = self._prepare_retries
         while True:
             try:
-                reply: Prepared = await self._links[partition].prepare.ask(item, self._timeout)
+                reply: Prepared = await self._link(partition).prepare.ask(item, self._timeout)
             except CommandError as error:
                 if error.retry_after is not None:
                     self._avoid(partition)
@@ -259,12 +265,12 @@ class CoordinatorClient:
     async def end(self, txid: str, token: str, decision: Decision) -> Ended | None:
         """Send the end; None when it was not confirmed (the decision is then remembered
         for the check-back). Raises `EndRefused` when the coordinator said no."""
-        partition = partition_of(txid, len(self._links)) if self._links else await self._route(txid)
+        partition = partition_of(txid, self._count) if self._count else await self._route(txid)
         item = EndItem(txid=txid, token=token, decision=decision)
         resends = END_RESENDS
         while True:
             try:
-                reply: Ended = await self._links[partition].end.ask(item, self._timeout)
+                reply: Ended = await self._link(partition).end.ask(item, self._timeout)
             except CommandError as error:
                 if error.code not in _RETRYABLE_CODES:
                     log.error(
@@ -305,10 +311,10 @@ class CoordinatorClient:
     async def end_oneway(self, txid: str, token: str, decision: Decision) -> None:
         """Publish the end without waiting for (or getting) an answer. The decision is
         remembered first, so the check-back of an end that never arrives is answered."""
-        partition = partition_of(txid, len(self._links)) if self._links else await self._route(txid)
+        partition = partition_of(txid, self._count) if self._count else await self._route(txid)
         self.outcomes.remember(txid, decision)
         try:
-            await self._links[partition].oneway.tell(
+            await self._link(partition).oneway.tell(
                 EndItem(txid=txid, token=token, decision=decision)
             )
         except _UNREACHABLE as error:

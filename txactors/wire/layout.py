@@ -25,6 +25,11 @@ META_BUCKET: Final = "TXN_META"
 """What the coordinators agree on and every client reads: the partition count."""
 PARTITIONS_KEY: Final = "partitions"
 """Key of META_BUCKET: the partition count, an ASCII decimal."""
+MAX_PARTITION_COUNT: Final = 4096
+"""The largest partition count a coordinator accepts or a client reads. The key may be
+written by any client a server lets publish to `$KV.TXN_META.>`, so every reader bounds what
+it finds: a producer's links, a lease per partition and a txid chosen per partition
+(producer/sticky.py tries 4,096 tails) all grow with the count."""
 
 
 def partitions_read_subject() -> str:

@@ -5,7 +5,8 @@ class name). A payload is msgpack by default; a client that cannot speak msgpack
 and says so with the `Content-Type: application/json` header, and gets JSON back. Decoders
 are built once per message union, so bad input fails at the boundary with msgspec's
 path-bearing message and becomes an `Error` reply with a stable code; it never reaches an
-actor. docs/protocol.md describes the same rules for other-language clients.
+actor (but for a batch's item that does not decode: it comes as an `UnreadableItem`, to be
+refused alone). docs/protocol.md describes the same rules for other-language clients.
 
 Schema evolution follows msgspec's rules: new fields get defaults, a field never changes type.
 """
@@ -192,7 +193,7 @@ class Codec(Generic[T]):
         except _UNREADABLE as exc:
             return _malformed(encoding, exc)
 
-    def _classify(self, data: bytes, encoding: Encoding, exc: msgspec.ValidationError) -> Error:
+    def _classify(self, data: bytes, encoding: Encoding, exc: msgspec.ValidationError) -> T | Error:
         # Only on the error path: decode untyped to tell an unknown tag from bad fields.
         try:
             raw = (msgspec.json if encoding is Encoding.JSON else msgspec.msgpack).decode(data)
@@ -204,14 +205,44 @@ class Codec(Generic[T]):
             if unsupported is not None:  # another version's fields may not fit our Structs
                 return unsupported
         tag = raw.get("type") if isinstance(raw, dict) else None
-        if isinstance(tag, str) and tag not in self.tags:
+        if not isinstance(tag, str):  # no tag, or a list or map (no `in self.tags` for those)
+            return Error(ErrorCode.BAD_REQUEST, _brief(str(exc)))
+        if tag not in self.tags:
             known = ", ".join(sorted(self.tags))
             return Error(
                 ErrorCode.UNKNOWN_COMMAND, f"unknown command {tag[:64]!r}; expected {known}"
             )
-        if versioned and tag in self.tags and "version" not in raw:  # a version 1 client's
+        if versioned and "version" not in raw:  # a version 1 client's
             return _removed_version("a command without `version` (protocol version 1)")
-        return Error(ErrorCode.BAD_REQUEST, _brief(str(exc)))
+        partly = self._partly_read(raw, tag, encoding)
+        return Error(ErrorCode.BAD_REQUEST, _brief(str(exc))) if partly is None else partly
+
+    def _partly_read(self, raw: dict[Any, Any], tag: str, encoding: Encoding) -> T | None:
+        """A batch whose own fields decode but some of whose items do not (a field of the
+        wrong type, not a map): the batch, each such item replaced by an `UnreadableItem`
+        with the error it gets alone, so that it is refused alone as any bad item is. None
+        for anything else (the batch's own fields are wrong: refused whole). Each item is
+        decoded from its own bytes as its type, so it passes or fails as in the batch."""
+        kinds = _BATCH_ITEMS.get(tag)
+        items = raw.get("items")
+        if kinds is None or not isinstance(items, list):
+            return None
+        item_type, stand_in = kinds
+        codec = msgspec.json if encoding is Encoding.JSON else msgspec.msgpack
+        try:
+            batch: Any = self._decoders[encoding].decode(codec.encode({**raw, "items": []}))
+        except msgspec.ValidationError:
+            return None
+        read: list[Any] = []
+        for item in items:
+            try:
+                read.append(codec.decode(codec.encode(item), type=item_type))
+            except msgspec.ValidationError as exc:
+                read.append(stand_in(error=Error(ErrorCode.BAD_REQUEST, _brief(str(exc)))))
+        if not any(isinstance(item, stand_in) for item in read):
+            return None
+        partly: T = msgspec.structs.replace(batch, items=read)
+        return partly
 
 
 # -- transactions: producer → coordinator (txn.coord.<partition>.prepare / .end) ---------------
@@ -328,6 +359,36 @@ class EndedBatch(Message, kw_only=True):
     alone (`Ended` or `Error`)."""
 
     results: list[Ended | Error]
+
+
+class UnreadablePrepareItem(PrepareItem, kw_only=True):
+    """In a decoded `PrepareBatch`, an item that did not decode as a `PrepareItem` (a field
+    of the wrong type, or not a map at all): refused alone with `error`. Made by `Codec`,
+    never sent; its other fields are empty."""
+
+    txid: str = ""
+    messages: list[OutgoingMessage] = []
+    error: Error
+
+
+class UnreadableEndItem(EndItem, kw_only=True):
+    """In a decoded `EndBatch`, an item that did not decode as an `EndItem`: refused alone
+    with `error` (see `UnreadablePrepareItem`)."""
+
+    txid: str = ""
+    token: str = ""
+    decision: Decision = Decision.UNKNOWN
+    error: Error
+
+
+UnreadableItem = UnreadablePrepareItem | UnreadableEndItem
+
+_BATCH_ITEMS: Final[dict[str, tuple[type[Any], type[UnreadableItem]]]] = {
+    "PrepareBatch": (PrepareItem, UnreadablePrepareItem),
+    "EndBatch": (EndItem, UnreadableEndItem),
+}
+"""By the tag of a batch: the type of its items, and the stand-in for one that does not
+decode as it."""
 
 
 # -- transactions: coordinator → producer group (txn.check.<group>[.<producer>]) -------------
