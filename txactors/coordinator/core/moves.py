@@ -330,6 +330,7 @@ class Moves(Reads):
                 check_times=txn.check_times,
                 halves=txn.ordered_halves(),
                 timeout=self.config.check_answer_timeout,
+                last=txn.check_times + 1 >= self.config.check_max,
             )
         )
         return CHECKING
