@@ -147,6 +147,7 @@ class CheckWorker(Actor):
                 resolution=resolution,
                 check_id=message.check_id,
                 check_times=message.check_times,
+                last=message.last,
                 source=source,
             )
             return CheckResult(txid=message.txid, check_id=message.check_id, resolution=resolution)
@@ -155,6 +156,11 @@ class CheckWorker(Actor):
         if message.txid in self._in_flight:
             claimed = self._in_flight.claim(message.txid) if message.last else None
             if claimed:
+                log.warning(
+                    "check_claimed_in_flight",
+                    hint="its local transaction outlived the coordinator's check schedule: "
+                    "rolled back, and its local commit will be refused",
+                )
                 return "claimed in flight", Decision.ROLLBACK
             if claimed is None:
                 return "in flight", Decision.UNKNOWN
