@@ -408,3 +408,64 @@ async def test_a_postgres_record_through_sqlalchemy_makes_its_transaction_durabl
         assert await check(txlog, txid) == Decision.COMMIT
     finally:
         await engine.dispose()
+
+
+@asynccontextmanager
+async def fresh_database(kind: str, directory: Path) -> AsyncIterator[str]:
+    """The URL of a database made for the test alone (dropped after): the log's table is
+    not there yet, as on a first deployment."""
+    import sqlalchemy as sa
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from tests.support.txlogs import MARIADB_URL, PG_ALCHEMY_URL
+
+    if kind == "sqlite":
+        yield f"sqlite+aiosqlite:///{directory / 'fresh.db'}"
+        return
+    server = MARIADB_URL if kind == "mariadb" else PG_ALCHEMY_URL
+    name = f"txlog_ddl_{uuid.uuid4().hex[:12]}"
+    admin = create_async_engine(server, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+    try:
+        async with admin.connect() as conn:
+            await conn.execute(sa.text(f"CREATE DATABASE {name}"))
+        try:
+            yield server.rsplit("/", 1)[0] + f"/{name}"
+        finally:
+            async with admin.connect() as conn:
+                await conn.execute(sa.text(f"DROP DATABASE {name}"))
+    finally:
+        await admin.dispose()
+
+
+@pytest.mark.parametrize("kind", ["mariadb", "postgresql", "sqlite"])
+async def test_instances_creating_the_table_at_once_all_succeed(kind: str, tmp_path: Path) -> None:
+    """Twelve instances start together on a fresh database, each calling `create_table()`:
+    none fails on another's CREATE (MariaDB: `1050 Table ... already exists`), and the
+    table and its index are there once."""
+    import sqlalchemy as sa
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from txactors.producer.txlog.alchemy import SqlAlchemyTxLog
+    from txactors.producer.txlog.schema import INDEX, TABLE
+
+    async with fresh_database(kind, tmp_path) as url:
+        engines = [create_async_engine(url, poolclass=sa.NullPool) for _ in range(12)]
+        failures: list[BaseException] = []
+
+        async def start(engine: Any) -> None:
+            try:
+                await SqlAlchemyTxLog(engine, new_group()).create_table()
+            except Exception as error:
+                failures.append(error)
+
+        try:
+            async with anyio.create_task_group() as tg:
+                for engine in engines:
+                    tg.start_soon(start, engine)
+            assert failures == []
+            async with engines[0].connect() as conn:
+                indexes = await conn.run_sync(lambda c: sa.inspect(c).get_indexes(TABLE))
+            assert [index["name"] for index in indexes] == [INDEX]
+        finally:
+            for engine in engines:
+                await engine.dispose()

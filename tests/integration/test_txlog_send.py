@@ -16,24 +16,28 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import asyncpg  # type: ignore[import-untyped]
 import nats
 import pytest
 import pytest_asyncio
 from nats.aio.client import Client
+from prometheus_client import CollectorRegistry
 
 from tests.peers.txlog_producer import TOPIC as KILL_TOPIC
 from tests.support.partition import serving_partitions
-from tests.support.txlogs import Backend, SqliteBackend, backend
+from tests.support.txlogs import PG_DSN, Backend, SqliteBackend, backend
 from tests.support.txn import FAST, topic_ids
 from tests.support.wait import eventually
 from txactors.actors import RemoteActorRef
 from txactors.coordinator import CoordinatorConfig
 from txactors.coordinator.service import run_coordinator
-from txactors.errors import ConfigError, PrepareFailed, RolledBackByCheck
+from txactors.errors import CommandError, ConfigError, PrepareFailed, RolledBackByCheck
 from txactors.faults import CRASH_EXIT_CODE, FAULT_ENV, FaultPoint
-from txactors.ops.txn import list_transactions
-from txactors.producer import Transaction, TransactionProducer, TxMessage
+from txactors.observe.metrics import CoordinatorMetrics
+from txactors.ops.txn import list_transactions, show
+from txactors.producer import Transaction, TransactionProducer, TransactionResult, TxMessage
 from txactors.producer.txlog.sqlite import SqliteLocal, SqliteTxLog
+from txactors.testing import ManualClock
 from txactors.wire import layout
 from txactors.wire.layout import check_instance_subject
 from txactors.wire.protocol import (
@@ -350,10 +354,12 @@ class HeldPrepares:
         producer._client.prepare = held  # type: ignore[method-assign]
 
 
-async def check_here(nc: Client, producer: TransactionProducer, txid: str) -> Decision:
+async def check_here(
+    nc: Client, producer: TransactionProducer, txid: str, *, last: bool = False
+) -> Decision:
     """A check-back for `txid`, asked of `producer`'s instance as the coordinator asks."""
     check = CheckTransaction(
-        txid=txid, group=producer.group, check_id=1, check_times=0, messages=[]
+        txid=txid, group=producer.group, check_id=1, check_times=0, messages=[], last=last
     )
     subject = check_instance_subject(producer.group, producer.instance)
     reply = await RemoteActorRef(nc, subject, CheckResult).ask(check, timeout=5)
@@ -600,3 +606,149 @@ async def test_a_call_finding_no_free_connection_holds_none_while_its_prepare_tr
             await working.wait()  # the pool has room: the work runs with the prepare held
         held.release.set()
     assert stored_when_working == [True, False]
+
+
+# -- a local transaction that outlives the whole check schedule ----------------------------
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "asyncpg"])
+async def test_the_last_check_claims_a_local_transaction_still_running(
+    private_nc: Client, tmp_path: Path, kind: str
+) -> None:
+    """The work outlasts all `check_max` check-backs (on the coordinator's manual clock).
+    The first three find it in flight: UNKNOWN. The last one, which would discard it,
+    rolls it back instead, and the late local commit is refused as a claimed one is: the
+    caller gets `RolledBackByCheck`, no business row, nothing delivered, nothing discarded."""
+    db = backend(kind, tmp_path)
+    registry = CollectorRegistry()
+    clock = ManualClock()
+    release = anyio.Event()
+    txids: list[str] = []
+    outcome: list[TransactionResult | Exception] = []
+
+    async def work(conn: Any, txid: str) -> None:
+        txids.append(txid)
+        await db.write(conn, txid)
+        await release.wait()
+
+    def count(name: str) -> float:
+        return registry.get_sample_value(name, {"partition": "0"}) or 0.0
+
+    async def decided() -> bool:
+        """Whether the coordinator decided; if not, the clock is moved to its next check."""
+        if count("txactors_rollbacks_total") or count("txactors_discards_total"):
+            return True
+        if txids:
+            info = await show(private_nc, txids[0])
+            if info.state == "prepared" and info.next_check_at is not None:
+                clock.advance(max(info.next_check_at - clock(), 0.0))
+        return False
+
+    try:
+        txlog = await db.instance(new_group())
+        async with (
+            run_coordinator(
+                private_nc,
+                config=CoordinatorConfig(check_max=4),
+                clock=clock,
+                metrics=CoordinatorMetrics(registry),
+            ),
+            TransactionProducer(private_nc, txlog.group, txlog.check) as producer,
+            anyio.create_task_group() as tg,
+        ):
+
+            async def send() -> None:
+                try:
+                    message = TxMessage(TOPIC, b"late")
+                    outcome.append(await txlog.send_in_transaction(producer, message, work))
+                except Exception as error:
+                    outcome.append(error)
+
+            tg.start_soon(send)
+            await eventually(  # not_found while the prepare travels (asyncpg: overlapped)
+                decided, timeout=SETTLE, ignoring=(CommandError,), what="the checks decided"
+            )
+            release.set()
+            await eventually(lambda: outcome, timeout=SETTLE, what="the send returned")
+            assert isinstance(outcome[0], RolledBackByCheck), outcome
+            assert await settled(private_nc) == set()
+        assert count("txactors_checks_inconclusive_total") == 3
+        assert (count("txactors_rollbacks_total"), count("txactors_discards_total")) == (1, 0)
+        assert not await db.committed(txids[0])
+    finally:
+        await db.close()
+
+
+async def test_the_last_check_during_the_local_commit_waits_for_it(
+    private_nc: Client, tmp_path: Path
+) -> None:
+    """The last check-back comes once the local commit has begun (held, on asyncpg): too
+    late to claim, so the log answers, waiting on the recorded row: COMMIT, and delivered."""
+    db = backend("asyncpg", tmp_path)
+    committing, proceed = anyio.Event(), anyio.Event()
+    answers: list[Decision] = []
+    results: list[TransactionResult] = []
+    txids: list[str] = []
+    try:
+        txlog = await db.instance(new_group())
+        opened = txlog.local
+
+        @asynccontextmanager
+        async def held_commit() -> AsyncIterator[Any]:
+            async with opened() as local:
+                commit = local.commit
+
+                async def held() -> None:
+                    committing.set()
+                    await proceed.wait()
+                    await commit()
+
+                local.commit = held  # type: ignore[method-assign]
+                yield local
+
+        async def work(conn: Any, txid: str) -> None:
+            txids.append(txid)
+            await db.write(conn, txid)
+
+        txlog.local = held_commit  # type: ignore[method-assign]
+        async with (
+            coordinated(private_nc),
+            TransactionProducer(private_nc, txlog.group, txlog.check) as producer,
+            anyio.create_task_group() as tg,
+        ):
+
+            async def send() -> None:
+                message = TxMessage(TOPIC, b"1")
+                results.append(await txlog.send_in_transaction(producer, message, work))
+
+            async def last_check() -> None:
+                answers.append(await check_here(private_nc, producer, txids[0], last=True))
+
+            tg.start_soon(send)
+            with anyio.fail_after(SETTLE):
+                await committing.wait()
+            tg.start_soon(last_check)
+            try:
+                await eventually(claims_waiting, what="the log's claim waits on the row")
+                assert answers == []
+            finally:
+                proceed.set()  # the commit is shielded: left held, it would never end
+            await eventually(lambda: answers and results, what="the check and the send")
+            assert answers == [Decision.COMMIT] and results[0].state == "committed"
+            assert await settled(private_nc) == {txids[0]}
+        assert await db.committed(txids[0])
+    finally:
+        await db.close()
+
+
+async def claims_waiting() -> bool:
+    """Whether a claim of the log waits on a row lock (PostgreSQL)."""
+    conn = await asyncpg.connect(PG_DSN)
+    try:
+        waiting = await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query LIKE '%INSERT INTO txactors_txlog%'"
+        )
+    finally:
+        await conn.close()
+    return bool(waiting)

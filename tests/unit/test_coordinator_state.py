@@ -394,6 +394,47 @@ def test_no_responders_at_the_instance_asks_the_group_at_once(h: Harness) -> Non
     assert view is not None and view.check_times == 1 and view.state is TxnState.PREPARED
 
 
+@pytest.mark.parametrize("reason", [CheckFailure.TIMEOUT, CheckFailure.ERROR])
+def test_a_live_instance_that_fails_a_check_is_asked_again_never_the_group(
+    h: Harness, reason: CheckFailure
+) -> None:
+    """Only *no responders* means the instance is gone. One that is slow (its database busy)
+    or failed is asked again: another member would decide for it (with the log, claim it
+    rolled back) what it is about to decide itself."""
+    h.prepare("t1")
+    check = only(h.tick(6.0))
+    assert isinstance(check, SendCheck) and check.target is CheckTarget.INSTANCE
+    for times in (1, 2, 3):
+        h.complete(h.feed(CheckFailed(txid="t1", check_id=check.check_id, reason=reason)))
+        view = h.table.show("t1")
+        assert view is not None and view.check_times == times and view.last_check == reason
+        check = only(h.tick_at_next_deadline())
+        assert isinstance(check, SendCheck) and check.target is CheckTarget.INSTANCE
+
+
+@pytest.mark.parametrize(
+    ("gone", "resolution", "counted"),
+    [
+        (True, Decision.ROLLBACK, 1),
+        (True, Decision.COMMIT, 0),
+        (False, Decision.ROLLBACK, 0),
+    ],
+)
+def test_a_rollback_the_group_answered_is_counted(
+    h: Harness, gone: bool, resolution: Decision, counted: int
+) -> None:
+    h.prepare("t1")
+    check = only(h.tick(6.0))
+    assert isinstance(check, SendCheck)
+    if gone:
+        failed = CheckFailed(txid="t1", check_id=check.check_id, reason=CheckFailure.NO_RESPONDERS)
+        check = only(h.feed(failed))
+        assert isinstance(check, SendCheck) and check.target is CheckTarget.GROUP
+    answered = CheckAnswered(txid="t1", check_id=check.check_id, resolution=resolution)
+    h.complete(h.feed(answered))
+    assert h.table.counters.group_check_rollbacks == counted
+
+
 def test_an_unanswered_check_times_out_and_a_stale_answer_is_ignored(h: Harness) -> None:
     h.prepare("t1")
     check = only(h.tick(6.0))
@@ -402,9 +443,9 @@ def test_an_unanswered_check_times_out_and_a_stale_answer_is_ignored(h: Harness)
     h.complete(h.tick(h.config.check_answer_timeout))
     view = h.table.show("t1")
     assert view is not None and view.check_times == 1 and view.last_check == "timeout"
-    # The instance did not answer: the next check asks the group.
+    # The instance is there but did not answer in time: the next check asks it again.
     nxt = only(h.tick_at_next_deadline())
-    assert isinstance(nxt, SendCheck) and nxt.target is CheckTarget.GROUP
+    assert isinstance(nxt, SendCheck) and nxt.target is CheckTarget.INSTANCE
     # Now that a newer question is out, the first one's answer no longer counts.
     stale = CheckAnswered(txid="t1", check_id=check.check_id, resolution=Decision.COMMIT)
     assert h.feed(stale) == [] and h.table.counters.unexpected_check_answers == 1

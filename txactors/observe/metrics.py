@@ -68,6 +68,11 @@ _COUNTED: dict[str, tuple[str, str]] = {
         "late_check_answers",
         "Answers that came after their check timed out, and still decided.",
     ),
+    "txactors_group_check_rollbacks_total": (
+        "group_check_rollbacks",
+        "Transactions rolled back by a check-back another member of their group answered "
+        "(the instance that prepared them had no responders): with the log, its claim.",
+    ),
     "txactors_refusals_total": ("refusals", "Requests refused (forbidden, conflict, ...)."),
     "txactors_quarantined_total": (
         "quarantined",

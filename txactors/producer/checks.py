@@ -78,6 +78,8 @@ class CheckView:
     check_times: int
     """Inconclusive checks before this one."""
     messages: tuple[MessageView, ...]
+    last: bool = False
+    """The coordinator's last check: UNKNOWN now discards the transaction."""
 
     @classmethod
     def of(cls, check: CheckTransaction) -> CheckView:
@@ -85,6 +87,7 @@ class CheckView:
             txid=check.txid,
             group=check.group,
             check_times=check.check_times,
+            last=check.last,
             messages=tuple(
                 MessageView(
                     index=m.index,
@@ -108,7 +111,8 @@ class CheckWorker(Actor):
     """Answers one check at a time; several run side by side in a `CheckResponder`.
 
     What the producer itself knows comes first: UNKNOWN while the transaction is still in
-    flight here, ROLLBACK once one of its sends failed (committing would publish only part
+    flight here (at the last check, the claim of a local commit not begun yet: ROLLBACK; see
+    `inflight`), ROLLBACK once one of its sends failed (committing would publish only part
     of it, whatever the checker thinks), then a decision it could not deliver; only then is
     the checker asked."""
 
@@ -143,13 +147,24 @@ class CheckWorker(Actor):
                 resolution=resolution,
                 check_id=message.check_id,
                 check_times=message.check_times,
+                last=message.last,
                 source=source,
             )
             return CheckResult(txid=message.txid, check_id=message.check_id, resolution=resolution)
 
     async def _resolve(self, message: CheckTransaction) -> tuple[str, Decision | Error]:
         if message.txid in self._in_flight:
-            return "in flight", Decision.UNKNOWN
+            claimed = self._in_flight.claim(message.txid) if message.last else None
+            if claimed:
+                log.warning(
+                    "check_claimed_in_flight",
+                    hint="its local transaction outlived the coordinator's check schedule: "
+                    "rolled back, and its local commit will be refused",
+                )
+                return "claimed in flight", Decision.ROLLBACK
+            if claimed is None:
+                return "in flight", Decision.UNKNOWN
+            # Its local commit began: the checker (the log) waits for that commit's outcome.
         failure = self._failed_sends.reason(message.txid)
         if failure is not None:
             log.warning(

@@ -45,6 +45,7 @@ from txactors.errors import ConfigError, PrepareFailed, TransactionStateError, T
 from txactors.observe import logs, tracing
 from txactors.observe.logs import get_logger
 from txactors.producer.client import CoordinatorClient
+from txactors.producer.inflight import LocalCommit
 from txactors.producer.message import TxMessage
 from txactors.wire.protocol import Decision, OutgoingMessage
 
@@ -207,6 +208,13 @@ class Transaction:
         _SENDING.add(task)
         task.add_done_callback(_sent)
         return task
+
+    def local_commit(self) -> LocalCommit:
+        """For a caller that makes the local commit itself and calls `begin()` on the result
+        just before it: a last check-back that finds the transaction still in flight then
+        rolls it back (and `begin()` raises `RolledBackByCheck`) instead of answering
+        UNKNOWN, which would discard it (see `inflight`)."""
+        return self._client.in_flight.local_commit(self.txid)
 
     def _check_sendable(self) -> None:
         if self._decision is not None:

@@ -412,6 +412,10 @@ class CheckTransaction(Message, kw_only=True):
     check_times: int
     """Inconclusive checks before this one."""
     messages: list[CheckedMessage]
+    last: bool = False
+    """One more inconclusive answer (UNKNOWN, an error, no answer) discards the transaction:
+    a producer still at work on it decides now (see docs/protocol.md). False from a
+    coordinator older than the field."""
 
 
 class CheckResult(Message, kw_only=True):

@@ -58,6 +58,8 @@ class SendCheck(msgspec.Struct, frozen=True, kw_only=True):
     halves: tuple[Half, ...]
     timeout: float
     """Give up (`CheckFailed(TIMEOUT)`) after this many seconds."""
+    last: bool = False
+    """The last check of `check_max`: an inconclusive outcome discards the transaction."""
 
 
 class Discard(msgspec.Struct, frozen=True, kw_only=True):

@@ -172,7 +172,7 @@ class Moves(Reads):
             txn.last_check = str(event.resolution)
             if event.resolution is Decision.UNKNOWN:
                 return self._inconclusive(txn, now)
-            return self._decide(txn, event.resolution, None, by_operator=False)
+            return self._checked(txn, event.resolution)
         if (
             txn is not None
             and txn.state is PREPARED
@@ -182,9 +182,16 @@ class Moves(Reads):
             # A slow producer's answer: nothing newer was asked, so it is still the truth.
             self.counters.late_check_answers += 1
             txn.last_check = str(event.resolution)
-            return self._decide(txn, event.resolution, None, by_operator=False)
+            return self._checked(txn, event.resolution)
         self.counters.unexpected_check_answers += 1
         return None
+
+    def _checked(self, txn: Txn, resolution: Decision) -> TxnState:
+        """Decide as a check-back answered; a rollback answered by the group (another member
+        than the instance that prepared it: with the log, its claim) is counted."""
+        if resolution is Decision.ROLLBACK and txn.check_target is CheckTarget.GROUP:
+            self.counters.group_check_rollbacks += 1
+        return self._decide(txn, resolution, None, by_operator=False)
 
     def check_failed(self, txn: Txn | None, event: CheckFailed, now: float) -> Where | None:
         if txn is None or txn.state is not CHECKING or txn.check_id != event.check_id:
@@ -323,6 +330,7 @@ class Moves(Reads):
                 check_times=txn.check_times,
                 halves=txn.ordered_halves(),
                 timeout=self.config.check_answer_timeout,
+                last=txn.check_times + 1 >= self.config.check_max,
             )
         )
         return CHECKING
@@ -331,11 +339,13 @@ class Moves(Reads):
         txn.last_check = str(reason)
         if reason is CheckFailure.TIMEOUT:
             txn.timed_out_check_id = txn.check_id
-        if txn.check_target is CheckTarget.INSTANCE:
-            txn.instance_gone = True  # from now on, ask the group
-            if reason is CheckFailure.NO_RESPONDERS:
-                # The instance is simply gone: ask the group at once; this check did not happen.
-                return self._send_check(txn, now)
+        if txn.check_target is CheckTarget.INSTANCE and reason is CheckFailure.NO_RESPONDERS:
+            # The instance is gone: ask the group, at once and from now on; this check did
+            # not happen. A timeout or an error is not that: the instance may be alive and
+            # merely slow (its database busy), and another member would then decide for it
+            # what it is about to decide itself (with the log: claim it, rolled back).
+            txn.instance_gone = True
+            return self._send_check(txn, now)
         return self._inconclusive(txn, now)
 
     def _inconclusive(self, txn: Txn, now: float) -> TxnState:

@@ -80,6 +80,9 @@ class Counters:
     checks_inconclusive: int = 0
     unexpected_check_answers: int = 0
     late_check_answers: int = 0
+    group_check_rollbacks: int = 0
+    """Rolled back by a check-back the group answered (the instance that prepared it had
+    no responders): another member decided, with the log by claiming it."""
     refusals: int = 0
     replay_skipped: int = 0
     quarantined: int = 0

@@ -194,6 +194,7 @@ async def ask_producer(
         check_id=action.check_id,
         target=action.target.value,
         check_times=action.check_times,
+        last=action.last,
         resolution=resolution,
         failure=failure,
     )
@@ -214,4 +215,5 @@ async def _check_command(js: JetStreamContext, action: SendCheck) -> CheckTransa
         check_id=action.check_id,
         check_times=action.check_times,
         messages=[checked_message(s) for s in stored],
+        last=action.last,
     )

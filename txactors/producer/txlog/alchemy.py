@@ -14,6 +14,10 @@ form does). Durability: on PostgreSQL the log row's INSERT sets `synchronous_com
 for its transaction, as the asyncpg and psycopg logs do (see `postgres`), whatever the
 server's or session's default; on MySQL and MariaDB it is the server's, InnoDB's
 `innodb_flush_log_at_trx_commit = 1` (its default) flushing the log at each commit.
+
+`create_table()` looks for the table, then creates it: instances starting together on a fresh
+database would race between the two (MariaDB: `1050 Table ... already exists`), so each
+takes the database's lock for it first (`_ddl_lock`).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from txactors.producer.txlog.log import (
     duplicate_txid,
     unavailable_raised,
 )
-from txactors.producer.txlog.postgres import durable_insert
+from txactors.producer.txlog.postgres import DDL_LOCK, durable_insert
 from txactors.producer.txlog.schema import (
     DECISION_LENGTH,
     GROUP_LENGTH,
@@ -64,6 +68,10 @@ _DURABLE_PG_INSERT: Final = sa.text(
     durable_insert(":producer_group, :txid, :decision, :recorded_at")
 )
 """PostgreSQL's log row, committed with `synchronous_commit = on` (see `postgres`)."""
+DDL_LOCK_NAME: Final = f"txactors.{TABLE}"
+"""MySQL's and MariaDB's named lock (`GET_LOCK`) serializing `create_table`."""
+DDL_LOCK_WAIT: Final = 60
+"""Seconds a `create_table` waits for another instance's (MySQL, MariaDB)."""
 
 
 class SqlAlchemyTxLog(TxLog[AsyncConnection]):
@@ -77,8 +85,9 @@ class SqlAlchemyTxLog(TxLog[AsyncConnection]):
         )
 
     async def create_table(self) -> None:
-        async with self._engine.begin() as conn:
+        async with self._engine.connect() as conn, _ddl_lock(conn):
             await conn.run_sync(metadata.create_all, tables=[table])
+            await conn.commit()
 
     async def record(self, conn: AsyncConnection, txid: str) -> None:
         try:
@@ -148,6 +157,37 @@ class SqlAlchemyTxLog(TxLog[AsyncConnection]):
             "decision": decision,
             "recorded_at": time.time(),
         }
+
+
+@asynccontextmanager
+async def _ddl_lock(conn: AsyncConnection) -> AsyncIterator[None]:
+    """Hold the database's lock for the log's DDL, so that its look for the table and its
+    CREATE are one step: a PostgreSQL advisory lock (the asyncpg and psycopg logs take the
+    same one) or a MySQL/MariaDB named lock, each held until the block's commit; SQLite's
+    write lock (`BEGIN IMMEDIATE`, its DDL being transactional). Another dialect takes none:
+    create the table before instances start (docs/operations.md has the DDL)."""
+    dialect = conn.dialect.name
+    if dialect == "postgresql":
+        await conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": DDL_LOCK})
+        yield
+    elif dialect in ("mysql", "mariadb"):  # DDL commits at once there: a session lock
+        named = {"name": DDL_LOCK_NAME, "wait": DDL_LOCK_WAIT}
+        taken = await conn.scalar(sa.text("SELECT GET_LOCK(:name, :wait)"), named)
+        if taken != 1:
+            raise TimeoutError(
+                f"create_table: the lock {DDL_LOCK_NAME!r} was not free within "
+                f"{DDL_LOCK_WAIT}s (GET_LOCK answered {taken!r})"
+            )
+        try:
+            yield
+        finally:
+            with anyio.CancelScope(shield=True):
+                await conn.scalar(sa.text("SELECT RELEASE_LOCK(:name)"), named)
+    elif dialect == "sqlite":
+        await conn.exec_driver_sql("BEGIN IMMEDIATE")
+        yield
+    else:
+        yield
 
 
 def _unavailable(error: Exception) -> bool:

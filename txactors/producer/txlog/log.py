@@ -23,8 +23,11 @@ stall every other call. So does any call that finds its pool with no free connec
 (`pool_exhausted`): then connections are the bound, and one held while the halves travel is
 one another call waits for (measured: the outbox job at 64 in flight on 48 connections).
 Until the end, a check-back that reaches this process is answered UNKNOWN (the transaction is
-in flight); one served by another instance of the group decides from the log, where the row
-is already recorded or not at all (`decide`): the order above holds for it.
+in flight), except the last one, which would discard it: that one claims it, ROLLBACK, while
+the local commit has not begun (step 5 is then refused with `RolledBackByCheck`), and asks the
+log once it has (`inflight.LocalCommit`). One served by another instance of the group decides
+from the log, where the row is already recorded or not at all (`decide`): the order above
+holds for it.
 An exception before the commit rolls the local transaction back and the messages with it.
 A commit that raises has an unknown outcome: the log is asked at once (`settle`, the
 check-back's own decision), so the end says what really happened. A cancellation, or a
@@ -179,6 +182,7 @@ class TxLog(ABC, Generic[C]):
                 f"the log is for group {self.group!r}, the producer for {producer.group!r}"
             )
         async with producer.begin() as txn:  # an exception rolls back, a cancel ends nothing
+            local_commit = txn.local_commit()  # the last check-back may claim it until begun
             sending = txn.start_send(message)  # out while the local transaction runs
             if self.serial_local or self.pool_exhausted():
                 await sending
@@ -190,6 +194,7 @@ class TxLog(ABC, Generic[C]):
                 crash_if_armed(FaultPoint.AFTER_LOCAL_WORK)
                 await sending  # cancelled here, the send is failed: the check says ROLLBACK
                 crash_if_armed(FaultPoint.AFTER_PREPARE)
+                local_commit.begin()  # RolledBackByCheck if the last check claimed it
                 try:
                     with anyio.CancelScope(shield=True):
                         await local.commit()
