@@ -1,8 +1,10 @@
-"""`python -m bench [name ...]` (or `just bench`): run the named benchmarks, default all."""
+"""`python -m bench [name ...]` (or `just bench`): run the named benchmarks, default all;
+`--json DIR` also writes each one's tables to `DIR/<name>.json` (`bench/results.py`)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from bench import (
     actors,
@@ -19,6 +21,7 @@ from bench import (
     transfer,
     wire,
 )
+from bench.results import record, write
 from txactors.actors.loop import run as run_on_loop
 
 BENCHMARKS = {
@@ -42,6 +45,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("names", nargs="*", help=f"any of {', '.join(BENCHMARKS)} (default: all)")
     parser.add_argument("--quick", action="store_true", help="fewer iterations (smoke run)")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        metavar="DIR",
+        help="also write each benchmark's tables to DIR/<name>.json (bench/report.py renders them)",
+    )
     args = parser.parse_args()
     unknown = set(args.names) - set(BENCHMARKS)
     if unknown:
@@ -49,7 +58,9 @@ def main() -> None:
             f"unknown benchmark {', '.join(sorted(unknown))}; choose from {list(BENCHMARKS)}"
         )
     for name in args.names or BENCHMARKS:
-        run_on_loop(BENCHMARKS[name](quick=args.quick))
+        tables = run_on_loop(BENCHMARKS[name](quick=args.quick))
+        if args.json is not None:
+            print(f"wrote {write(args.json, record(name, tables, quick=args.quick))}")
 
 
 if __name__ == "__main__":

@@ -130,7 +130,7 @@ async def remote_ask_rate(
             await sub.unsubscribe()
 
 
-async def main(*, quick: bool = False) -> None:
+async def main(*, quick: bool = False) -> list[Table]:
     configure_logging("WARNING")
     console = Console()
     rounds = 1 if quick else 3
@@ -177,3 +177,4 @@ async def main(*, quick: bool = False) -> None:
             await client_nc.close()
             await server_nc.close()
     console.print(table)
+    return [table]

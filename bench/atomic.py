@@ -57,7 +57,7 @@ async def measure(server: EmbeddedNatsServer, nc: Client, write: Write, n: int, 
     return f"{statistics.median(latencies) * 1e3:.2f} / {cpu / writes * 1e3:.2f}"
 
 
-async def main(*, quick: bool = False) -> None:
+async def main(*, quick: bool = False) -> list[Table]:
     configure_logging("ERROR")
     writes = QUICK_WRITES if quick else WRITES
     table = Table(title="n messages to one stream: p50 ms per write / server CPU ms per write")
@@ -81,3 +81,4 @@ async def main(*, quick: bool = False) -> None:
     for n in SIZES:
         table.add_row(str(n), *cells[n])
     Console(width=160).print(table)
+    return [table]

@@ -153,7 +153,7 @@ async def _raw(nc: Client, count: int) -> None:
     await sub.unsubscribe()
 
 
-async def main(*, quick: bool = False) -> None:
+async def main(*, quick: bool = False) -> list[Table]:
     configure_logging("INFO")  # the default a deployment runs with
     count = 2_000 if quick else 20_000
     monitor = _free_port()
@@ -185,3 +185,4 @@ async def main(*, quick: bool = False) -> None:
         finally:
             await nc.close()
     Console(width=150).print(table)
+    return [table]

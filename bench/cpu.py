@@ -386,7 +386,7 @@ def report(results: Mapping[tuple[str, int], list[Measured]], count: int, runs: 
     return table
 
 
-async def main(*, quick: bool = False) -> None:
+async def main(*, quick: bool = False) -> list[Table]:
     configure_logging("ERROR")
     runs, count = (1, QUICK_COUNT) if quick else (RUNS, COUNT)
     kept = os.environ.get(KEEP_ENV)
@@ -416,4 +416,6 @@ async def main(*, quick: bool = False) -> None:
         raise
     if not kept:
         shutil.rmtree(root, ignore_errors=True)
-    Console(width=150).print(report(results, count, runs))
+    table = report(results, count, runs)
+    Console(width=150).print(table)
+    return [table]

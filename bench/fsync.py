@@ -101,7 +101,7 @@ def _file_system(path: Path) -> str:
     return f"{best[1]} on {best[2]} (mounted at {best[0]})"
 
 
-async def main(*, quick: bool = False) -> None:
+async def main(*, quick: bool = False) -> list[Table]:
     configure_logging("WARNING")
     console = Console()
     rounds = 1 if quick else 3
@@ -123,6 +123,7 @@ async def main(*, quick: bool = False) -> None:
         table.add_row(name, f"{lazy:,.0f}", f"{durable:,.0f}", f"{durable / lazy:.0%}")
     console.print(table)
     console.print(f"after: load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return [table]
 
 
 def _median(rounds: list[dict[str, float]], name: str) -> float:

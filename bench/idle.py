@@ -96,7 +96,7 @@ async def measure(table: Table, partitions: int, seconds: float) -> None:
         )
 
 
-async def main(*, quick: bool = False) -> None:
+async def main(*, quick: bool = False) -> list[Table]:
     seconds = SECONDS / 4 if quick else SECONDS
     table = Table(title=f"A waiting coordinator process, {seconds:.0f} s per phase")
     for column in ("partitions", "state", "CPU ms/s", "msgs in/s", "msgs out/s", "loop turns/s"):
@@ -104,3 +104,4 @@ async def main(*, quick: bool = False) -> None:
     for partitions in (1, 8):
         await measure(table, partitions, seconds)
     Console().print(table)
+    return [table]

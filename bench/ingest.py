@@ -194,13 +194,14 @@ async def guarantees() -> list[tuple[str, str, str]]:
 # -- report ---------------------------------------------------------------------------------
 
 
-async def main(*, quick: bool = False) -> None:
+async def main(*, quick: bool = False) -> list[Table]:
     configure_logging("WARNING")
     console = Console()
     rounds, count = (1, 2_000) if quick else (3, COUNT)
     for line in conditions():
         console.print(line)
     samples: dict[tuple[Fsync, str], list[Sample]] = {}
+    tables: list[Table] = []
     for _ in range(rounds):
         for mode in MODES:
             for name, method in METHODS.items():
@@ -223,6 +224,7 @@ async def main(*, quick: bool = False) -> None:
                 f"{statistics.median(s.server_us for s in runs):.1f}",
             )
         console.print(table)
+        tables.append(table)
     table = Table(title="guarantees (fsync always)")
     for column in ("property", "atomic batch", "fast-ingest batch (gap fail)"):
         table.add_column(column, overflow="fold")
@@ -230,3 +232,4 @@ async def main(*, quick: bool = False) -> None:
         table.add_row(*row)
     console.print(table)
     console.print(f"after: load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return [*tables, table]

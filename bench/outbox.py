@@ -281,7 +281,7 @@ def report(runs: list[Run], raw_p50: float, rounds: int) -> Table:
     return table
 
 
-async def main(*, quick: bool = False) -> None:
+async def main(*, quick: bool = False) -> list[Table]:
     configure_logging("ERROR")
     rounds = 1 if quick else 3
     counts = {1: 100 if quick else 200, 64: 640 if quick else 1280}
@@ -308,3 +308,4 @@ async def main(*, quick: bool = False) -> None:
     if missing:
         table.caption = f"{table.caption}; not installed: {', '.join(missing)} (extra bench-outbox)"
     Console(width=200).print(table)
+    return [table]

@@ -10,8 +10,8 @@ CPU for `IDLE_SECONDS`, and 64 producers in this process with the acked end, unt
 consumer process has every message.
 
 Per run: committed tx/s, NATS messages in / out per transaction, and CPU ms per transaction of
-each process (each coordinator separately): what docs/benchmarks.md "Scale-out" turns into an
-estimate for more cores and a 3-node cluster.
+each process (each coordinator separately): what bench/HISTORY.md ("What N cores and a 3-node
+cluster should give") turns into an estimate for more cores and a 3-node cluster.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ async def measure(table: Table, processes: int, partitions: int, scale: float) -
     )
 
 
-async def main(*, quick: bool = False) -> None:
+async def main(*, quick: bool = False) -> list[Table]:
     configure_logging("ERROR")
     table = Table(
         title=f"scale-out: c{WORKERS}, acked end, fsync always "
@@ -111,3 +111,4 @@ async def main(*, quick: bool = False) -> None:
     for processes, partitions in ROWS:
         await measure(table, processes, partitions, 0.1 if quick else 1.0)
     Console(width=260).print(table)
+    return [table]

@@ -143,7 +143,7 @@ def spark_runs(url: str, count: int, parallelism: int) -> dict[str, float]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-async def main(*, quick: bool = False) -> None:
+async def main(*, quick: bool = False) -> list[Table]:
     configure_logging("WARNING")
     count = 20_000 if quick else 200_000
     console = Console()
@@ -179,3 +179,4 @@ async def main(*, quick: bool = False) -> None:
     table.add_row(f"read {sample:,}: pull consumer", rate(pull, sample), "")
     table.add_row(f"read {sample:,}: direct get x64 in flight", rate(direct, sample), "")
     console.print(table)
+    return [table]

@@ -421,16 +421,17 @@ async def paced_only(report: Report, pace: float) -> None:
             await nc.close()
 
 
-async def main(*, quick: bool = False) -> None:
+async def main(*, quick: bool = False) -> list[Table]:
     configure_logging("ERROR")
     report = Report(scale=0.1 if quick else 1.0)
     if os.environ.get(PACE_ENV):
         await paced_only(report, float(os.environ[PACE_ENV]))
         Console(width=200).print(report.table)
-        return
+        return [report.table]
     acked_only = bool(os.environ.get(ACKED_ONLY_ENV))
     for setting in SETTINGS[:1] if acked_only else SETTINGS:
         await rates(report, setting)
     if not acked_only:
         await checker.checks(report.table, report.scale)
     Console(width=200).print(report.table)
+    return [report.table]

@@ -57,7 +57,7 @@ async def transfer_rate(storage: Storage, count: int, workers: int) -> tuple[flo
     return count / result.seconds, result.drained and result.reconciliation.ok
 
 
-async def main(*, quick: bool = False) -> None:
+async def main(*, quick: bool = False) -> list[Table]:
     configure_logging("ERROR")
     os.environ.pop("NATS_URL", None)  # every run on an embedded server of its own
     console = Console(width=150)
@@ -88,3 +88,4 @@ async def main(*, quick: bool = False) -> None:
         assert sqlite.directory is not None
         shutil.rmtree(sqlite.directory, ignore_errors=True)
     console.print(table)
+    return [table]

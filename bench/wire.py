@@ -273,7 +273,7 @@ def _free_port() -> int:
     return port
 
 
-async def main(*, quick: bool = False) -> None:
+async def main(*, quick: bool = False) -> list[Table]:
     configure_logging("WARNING")
     count = 640 if quick else 3200
     table = Table(title=f"bytes per transaction ({count:,} of one {len(BODY)}-byte message)")
@@ -302,3 +302,4 @@ async def main(*, quick: bool = False) -> None:
     for name, values in rows.items():
         table.add_row(name, *values, *[""] * (len(CONCURRENCY) - len(values)))
     Console(width=150).print(table)
+    return [table]

@@ -5,7 +5,7 @@ bounds of each stream, and every message in a sequence range. A range is read wi
 pull consumer (no acks, in-memory consumer state) starting at the range's first sequence,
 fetching large batches; `bench/spark.py` measured it against direct gets by sequence
 (`$JS.API.STREAM.MSG.GET`, pipelined) and it was 2-3x faster, since one fetch request
-brings a whole batch (docs/benchmarks.md).
+brings a whole batch (bench/HISTORY.md, "Spark sink backfill").
 
 Each call connects, works and closes: Spark calls these from short-lived Python workers and
 from the driver's source process, neither of which keeps an event loop between calls.

@@ -1,11 +1,11 @@
 """From a topic's msgspec Struct to Spark columns, and from committed messages to Arrow batches.
 
 The source hands Spark `pyarrow.RecordBatch`es built column by column, not Python tuples, so
-Spark does no per-value conversion of its own (docs/benchmarks.md). So this module
-knows three things in one place: which Spark type each msgspec type becomes, how a decoded
-value is turned into what pyarrow accepts for that type, and which metadata columns every table
-has. A message whose payload does not decode (or does not fit its column) becomes a *reject*
-row: metadata, the raw `payload` and the error text in `_error`, typed columns null.
+Spark does no per-value conversion of its own (bench/HISTORY.md, "Spark sink backfill"). So
+this module knows three things in one place: which Spark type each msgspec type becomes, how a
+decoded value is turned into what pyarrow accepts for that type, and which metadata columns
+every table has. A message whose payload does not decode (or does not fit its column) becomes
+a *reject* row: metadata, the raw `payload` and the error text in `_error`, typed columns null.
 """
 
 from __future__ import annotations
