@@ -288,7 +288,7 @@ async def test_a_txid_begins_once_and_its_token_is_stored_only_as_a_digest(
 async def test_a_half_stored_with_a_raw_token_is_no_longer_ended_by_it_but_is_not_lost(
     private_nc: Client,
 ) -> None:
-    """Raw stored tokens were removed in 0.x (docs/protocol.md, "Removed in 0.x"): no token
+    """Raw stored tokens were removed in 0.x (docs/protocol.md, "Removed in 0.2.0"): no token
     matches such a half, so its end is refused `forbidden`; the transaction stays open for
     its check-back or an operator, who can still commit it."""
     jetstream = private_nc.jetstream()
