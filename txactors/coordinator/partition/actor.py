@@ -49,7 +49,6 @@ from nats.js.kv import KeyValue
 from txactors.actors import Actor, ActorSystem, LocalActorRef, Request, Supervisor
 from txactors.coordinator.boundary import HEADER_RESERVE, Boundary, ends_of, prepares_of
 from txactors.coordinator.core import tokens
-from txactors.coordinator.core.config import CoordinatorConfig
 from txactors.coordinator.core.effects import (
     Acknowledge,
     Action,
@@ -116,6 +115,7 @@ from txactors.wire.protocol import (
     ShowTransaction,
     TransactionList,
 )
+from txactors.wire.rules import CoordinatorConfig
 
 log = get_logger(__name__)
 
