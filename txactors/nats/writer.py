@@ -106,6 +106,8 @@ Quarantine = Callable[[Append, str], Awaitable[None]]
 """Keeps an append JetStream refused for good (with the reason) where an operator sees it."""
 Redeclare = Callable[[Append], Awaitable[None]]
 """Declares the stream that should hold an append whose stream is gone (never raises)."""
+Report = Callable[[list[PubAck | None]], Awaitable[None]]
+"""Told a job's acks once all are settled (None: the append was quarantined)."""
 
 
 @dataclass(slots=True)
@@ -458,3 +460,39 @@ def _size(append: Append) -> int:
 
 def _atomic_disabled(error: BaseException) -> bool:
     return api_error_code(error) == ATOMIC_DISABLED
+
+
+class PartitionWriter:
+    """One partition's way into a `PipelinedWriter` shared by a process's partitions (see
+    `coordinator/writers.py`): its own quarantine, and its failures its own."""
+
+    __slots__ = ("_failed", "_quarantine", "_writer")
+
+    def __init__(
+        self,
+        writer: PipelinedWriter,
+        quarantine: Quarantine,
+        failed: Callable[[Exception], None],
+    ) -> None:
+        self._writer = writer
+        self._quarantine = quarantine
+        self._failed = failed
+
+    @property
+    def trouble(self) -> str | None:
+        """Why the stream's writes wait for a retry (None: they are going through)."""
+        return self._writer.trouble
+
+    @property
+    def retry_after(self) -> float:
+        return self._writer.retry_after
+
+    def submit(self, appends: list[Append], report: Report) -> None:
+        """`PipelinedWriter.submit`, with a report that raises failing this partition only."""
+        self._writer.submit(appends, functools.partial(self._reported, report), self._quarantine)
+
+    async def _reported(self, report: Report, acks: list[PubAck | None]) -> None:
+        try:
+            await report(acks)
+        except Exception as error:
+            self._failed(error)
