@@ -86,8 +86,8 @@ ATOMIC_MIN_MESSAGES = 16
 """Messages a write needs to go as one atomic batch; fewer go each alone, all in flight. An
 atomic batch costs nats-server (2.15) a few ms of CPU however small it is, and its ack comes
 5-10 ms later, against 0.2-0.4 ms and under 1 ms for a single publish, fsynced or not: below
-about 16 messages the singles are both cheaper and sooner (docs/benchmarks.md, issue 21's
-concurrency-1 section)."""
+about 16 messages the singles are both cheaper and sooner (docs/benchmarks.md, atomic
+batches at concurrency 1)."""
 ATOMIC_DISABLED = 10174
 """JetStream's error code for an atomic batch sent to a stream without `allow_atomic`."""
 
