@@ -51,7 +51,7 @@ from txactors.nats.link import (
     ACK_TIMEOUT,
     Ack,
     AckInbox,
-    Troubled,
+    WriteNotAcked,
     await_ack,
     link_generation,
     linked,
@@ -246,7 +246,7 @@ class PipelinedWriter:
             try:
                 for slot in job.slots:
                     await self._settle(slot)
-            except Troubled as trouble:
+            except WriteNotAcked as trouble:
                 self.trouble, self.retry_after = str(trouble), delay
                 await self._reissue(str(trouble), delay)
                 delay = backoff(delay)
@@ -344,7 +344,7 @@ class PipelinedWriter:
             return
         while slot.batch is None:  # the issuer sends it once it has lingered
             if self._gap or not self._nc.is_connected:
-                raise Troubled("not sent while the connection was down")
+                raise WriteNotAcked("not sent while the connection was down")
             self._issued = asyncio.get_running_loop().create_future()
             await until_changed(self._nc, self._issued)
         batch = slot.batch
@@ -356,7 +356,7 @@ class PipelinedWriter:
         assert future is not None
         outcome = await await_ack(self._nc, future, batch.generation, batch.issued_at)
         if outcome is Ack.LINK_LOST:
-            raise Troubled("connection lost")
+            raise WriteNotAcked("connection lost")
         if outcome is Ack.OVERDUE:
             future.cancel()
             self._open.discard(batch)
@@ -364,7 +364,7 @@ class PipelinedWriter:
             return
         self._open.discard(batch)
         if future.cancelled():
-            raise Troubled("cancelled")
+            raise WriteNotAcked("cancelled")
         error = future.exception()
         if error is None:
             ack = future.result()
@@ -392,7 +392,7 @@ class PipelinedWriter:
             await slot.quarantine(slot.append, describe(error))
             slot.settled = True
             return
-        raise Troubled(describe(error))
+        raise WriteNotAcked(describe(error))
 
     async def _one_by_one(self, batch: _Batch) -> None:
         for slot in batch.slots:
@@ -412,7 +412,7 @@ class PipelinedWriter:
             )
         except (*LINK_TROUBLE, LinkLost) as error:
             if not await self._permanent(a, error):
-                raise Troubled(describe(error)) from error
+                raise WriteNotAcked(describe(error)) from error
             await slot.quarantine(a, describe(error))
         slot.settled = True
 
