@@ -1,6 +1,7 @@
 """The layer map of docs/architecture.md ("Layout"), enforced: every import runs down a layer,
 the packages of one layer (the three roles among them) import none of each other, and no
-modules import each other in a circle.
+modules import each other in a circle; and its "Where to change what" has a line for every
+module.
 
 Read from the source with `ast`, so an import under `if TYPE_CHECKING:` or inside a function
 counts as much as one at the top: the map is about what a module needs, not when it loads it.
@@ -10,6 +11,7 @@ counts as much as one at the top: the map is about what a module needs, not when
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -161,6 +163,24 @@ def test_no_modules_import_each_other_in_a_circle() -> None:
 
 def test_every_package_is_on_the_map() -> None:
     assert {unit_of(module) for module in import_graph()} <= set(LAYER_OF)
+
+
+def test_where_to_change_what_lists_every_module() -> None:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("## Where to change what", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^- `([^`]+)`", section, re.MULTILINE))
+    modules = {
+        str(path.relative_to(ROOT / "txactors")) for path in (ROOT / "txactors").rglob("*.py")
+    }
+    required = {m for m in modules if not m.endswith(("/__init__.py", "__main__.py"))}
+    if "cli/<command>.py" in listed:
+        required = {m for m in required if not m.startswith("cli/")}
+    missing = sorted(required - listed)
+    assert not missing, f"docs/architecture.md, Where to change what, lacks: {missing}"
+    gone = sorted(listed - modules - {"cli/<command>.py"})
+    assert not gone, (
+        f"docs/architecture.md, Where to change what, lists modules that are gone: {gone}"
+    )
 
 
 def test_the_checks_catch_an_import_up_across_or_in_a_circle() -> None:
