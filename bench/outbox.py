@@ -229,7 +229,7 @@ async def ways(dep: Deployment, nc: Client) -> AsyncIterator[dict[str, Way]]:
 
         @contextlib.asynccontextmanager
         async def serial(topic: str, connections: int) -> AsyncIterator[Call]:
-            """The steps of `send_in_transaction` one after the other, as before item 6:
+            """The steps of `send_in_transaction` one after the other, not overlapped:
             the prepare's round trip, then the local transaction."""
             async with asyncpg_pool(connections) as pool:
                 txlog = logs[GROUP] = AsyncpgTxLog(pool, GROUP)
