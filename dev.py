@@ -143,6 +143,7 @@ def main(argv: list[str]) -> None:
         run([tool("ruff"), "check", "."])
         run([tool("ruff"), "format", "--check", "."])
         run([tool("mypy"), "txactors"])
+        run([tool("pytest"), "-q", "tests/unit/test_layers.py"])  # the layer map, enforced
     elif command == "bench":
         ensure_env()
         run([str(PYTHON), "-m", "bench", *rest])

@@ -1,4 +1,4 @@
-"""Atomic batches against fast-ingest batches (ADR-50) for half, op and topic writes (issue 10).
+"""Atomic batches against fast-ingest batches (ADR-50) for half, op and topic writes.
 
 The same 20,000 messages of 300 bytes (the size of a half, each with its own `Nats-Msg-Id`)
 into one file-storage stream (R1, `allow_atomic` and `allow_batched`, a dedupe window), written

@@ -1,5 +1,5 @@
 """The outbox job: insert an order row into PostgreSQL and get its message to a JetStream
-consumer, done the ways a Python user would (issue 21's "same job as an outbox" target).
+consumer, done the ways a Python user would: txactors against an outbox on the same job.
 
 On a fresh embedded nats-server with `sync_interval: always` and the test PostgreSQL
 (127.0.0.1:5432, trust, database `test`, `synchronous_commit = on`), each call is one order:
@@ -12,7 +12,7 @@ On a fresh embedded nats-server with `sync_interval: always` and the test Postgr
   call returns after the local commit and the end's publish, as an outbox's returns after
   its commit: the message is still guaranteed, the halves being stored before the commit
   and a lost end settled by the check-back); and `txactors, prepare first`, the acked calls
-  with the prepare awaited before the local transaction starts (as before issue 21's item 6);
+  with the prepare awaited before the local transaction starts (not overlapped with it);
 - `nats-outbox`, `faststream-outbox` (the optional `bench-outbox` extra, when installed): the
   row and an outbox row in one transaction, each package's relay in a process of its own.
 
@@ -229,7 +229,7 @@ async def ways(dep: Deployment, nc: Client) -> AsyncIterator[dict[str, Way]]:
 
         @contextlib.asynccontextmanager
         async def serial(topic: str, connections: int) -> AsyncIterator[Call]:
-            """The steps of `send_in_transaction` one after the other, as before item 6:
+            """The steps of `send_in_transaction` one after the other, not overlapped:
             the prepare's round trip, then the local transaction."""
             async with asyncpg_pool(connections) as pool:
                 txlog = logs[GROUP] = AsyncpgTxLog(pool, GROUP)

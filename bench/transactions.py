@@ -20,7 +20,7 @@ embedded server each (`bench.deployed`):
 - per run: commit and consumed latency, NATS messages and bytes in and out per transaction
   as the server counts them, and CPU per transaction of each process.
 
-The targets are issue 21's: at 64 in flight, committed transactions >= 100% of the baseline
+The targets: at 64 in flight, committed transactions >= 100% of the baseline
 with `sync_interval: always` (stretch 200%) and >= 33% on a lazy server; at concurrency 1,
 commit p50 <= 4x one acked publish; CPU per transaction <= 3x a raw message's, NATS messages
 <= 3 in and 3 out, bytes <= 2x.

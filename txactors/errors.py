@@ -39,7 +39,7 @@
 
 * defined beside the code that raises it (txactors.actors, the admin modules,
   txactors.coordinator, txactors.nats.client, txactors.nats.partition_count,
-  txactors.embedded.setup). Two never leave the coordinator: `nats.link.Troubled` (a
+  txactors.embedded.setup). Two never leave the coordinator: `nats.link.WriteNotAcked` (a
   write that did not land, caught by the writers) and `coordinator.boundary._Refused` are
   control flow; they derive from TxActorsError all the same.
   Nor does `producer.txlog.decide.LogUnavailable` leave the check-back: it is answered UNKNOWN.

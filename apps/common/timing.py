@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from txactors.coordinator.core.config import CoordinatorConfig
+from txactors.wire.rules import CoordinatorConfig
 
 
 @dataclass(frozen=True, slots=True)

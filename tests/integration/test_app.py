@@ -19,9 +19,8 @@ from nats.aio.client import Client
 
 from tests.support.wait import eventually
 from txactors import ConsumedMessage, PoisonMessage, TxApp
-from txactors.consumer.dlq import ensure_dlq_stream
 from txactors.consumer.message import ConsumedMessage as Message
-from txactors.nats.topics import ensure_topic_stream
+from txactors.nats.topics import ensure_dlq_stream, ensure_topic_stream
 from txactors.wire.layout import ERROR_HEADER, MSG_ID_HEADER, dlq_stream, topic_subject
 from txactors.wire.protocol import CONTENT_TYPE_HEADER, Encoding
 

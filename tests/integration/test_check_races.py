@@ -1,5 +1,5 @@
-"""Check-backs against a real coordinator: one that overtakes its own transaction (issue 9,
-item 6), and one that the instance is slow to answer (issue 31).
+"""Check-backs against a real coordinator: one that overtakes its own transaction,
+and one that the instance is slow to answer.
 
 The coordinator checks a transaction once its timeout passes without an end. Here the
 producer's local transaction outlasts that timeout, so the checks come while it runs; the

@@ -14,7 +14,6 @@ from tests.unit.test_coordinator_validation import BOUNDARY, MAX_PAYLOAD, valid_
 from txactors.actors import Request
 from txactors.coordinator.boundary import HEADER_RESERVE
 from txactors.coordinator.core import tokens
-from txactors.coordinator.core.config import CoordinatorConfig
 from txactors.coordinator.core.effects import Acknowledge
 from txactors.coordinator.core.states import TxnState
 from txactors.coordinator.core.table import TransactionTable
@@ -22,6 +21,7 @@ from txactors.coordinator.partition.answers import Answers
 from txactors.coordinator.partition.prepares import PreparesInFlight
 from txactors.coordinator.partition.store import pack_appends, read_halves
 from txactors.wire.protocol import Prepare
+from txactors.wire.rules import CoordinatorConfig
 
 
 class Sink:

@@ -196,7 +196,7 @@ async def test_transactions_stored_in_one_pack_are_rebuilt_after_a_restart(
 
 
 def old_half_headers(txid: str, index: int, token: str, *, begins: bool) -> dict[str, str]:
-    """A half's headers as written before the header diet (0.x up to issue 21): the txid and
+    """A half's headers as an earlier 0.x wrote them: the txid and
     index in headers of their own, the whole SHA-256 of the token, `Txn-Begins` always."""
     return {
         layout.MSG_ID_HEADER: f"{txid}:{index}:half",

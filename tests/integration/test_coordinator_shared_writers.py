@@ -16,9 +16,14 @@ from tests.support.wait import eventually
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.partition.store import read_raw_halves
 from txactors.coordinator.service import run_coordinator
-from txactors.coordinator.writers import Lane
 from txactors.nats.topics import ensure_topic_stream
-from txactors.nats.writer import ATOMIC_MIN_MESSAGES, Append, PipelinedWriter, _Batch
+from txactors.nats.writer import (
+    ATOMIC_MIN_MESSAGES,
+    Append,
+    PartitionWriter,
+    PipelinedWriter,
+    _Batch,
+)
 from txactors.wire import layout
 from txactors.wire.protocol import Decision, Prepared
 
@@ -155,15 +160,15 @@ async def test_a_report_that_raises_fails_its_own_partition_and_the_writer_goes_
     async def report(acks: list[PubAck | None]) -> None:
         reported.append(acks)
 
-    lanes = [Lane(writer, quarantine, failures.append) for _ in range(2)]
+    partitions = [PartitionWriter(writer, quarantine, failures.append) for _ in range(2)]
     appends = [Append("topic.shared._", b"b", {}, layout.topic_stream("shared"))]
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(writer.run)
-        lanes[0].submit(appends, broken)
-        lanes[1].submit(appends, report)
-        await eventually(lambda: len(reported) == 1, what="the other lane's report")
-        lanes[0].submit(appends, report)
-        await eventually(lambda: len(reported) == 2, what="the failed lane's next report")
+        partitions[0].submit(appends, broken)
+        partitions[1].submit(appends, report)
+        await eventually(lambda: len(reported) == 1, what="the other partition's report")
+        partitions[0].submit(appends, report)
+        await eventually(lambda: len(reported) == 2, what="the failed partition's next report")
         tasks.cancel_scope.cancel()
     assert [str(f) for f in failures] == ["a bug in one partition's completion"]
     assert all(acks[0] is not None for acks in reported)

@@ -26,7 +26,6 @@ from nats.js.kv import KeyValue
 from tests.support.txn import FAST, topic_ids
 from tests.support.wait import eventually
 from txactors.coordinator import CoordinatorOptions
-from txactors.coordinator.core.config import CoordinatorConfig
 from txactors.coordinator.partition.recovery import read_subject
 from txactors.coordinator.partition.store import read_halves
 from txactors.coordinator.service import run_coordinator
@@ -36,6 +35,7 @@ from txactors.nats.link import AckInbox
 from txactors.producer import Decision, TransactionProducer, TxMessage
 from txactors.producer.transaction import TransactionResult
 from txactors.wire import layout
+from txactors.wire.rules import CoordinatorConfig
 
 TIMES = 2
 """Calls that fail in a row: more than one, so that a retry meets the fault too."""

@@ -22,12 +22,13 @@ from nats.js import JetStreamContext
 from tests.support.txn import FAST, CoordinatorClient, message
 from tests.support.wait import eventually
 from txactors.consumer import ConsumedMessage, Consumer
-from txactors.consumer.dlq import dead_letter, ensure_dlq_stream
+from txactors.consumer.dlq import dead_letter
 from txactors.coordinator import CoordinatorConfig
 from txactors.coordinator.options import DiscardedTransaction
 from txactors.coordinator.partition.recovery import read_subject
 from txactors.coordinator.partition.store import is_pack, read_halves
 from txactors.coordinator.service import run_coordinator
+from txactors.nats.topics import ensure_dlq_stream
 from txactors.nats.writer import ATOMIC_MIN_MESSAGES
 from txactors.ops import dlq as dlq_admin
 from txactors.ops import txn as admin

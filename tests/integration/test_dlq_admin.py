@@ -13,8 +13,8 @@ from rich.console import Console
 
 from tests.support.wait import eventually
 from txactors.consumer import ConsumedMessage, Consumer
-from txactors.consumer.dlq import dead_letter, ensure_dlq_stream
-from txactors.nats.topics import ensure_topic_stream
+from txactors.consumer.dlq import dead_letter
+from txactors.nats.topics import ensure_dlq_stream, ensure_topic_stream
 from txactors.ops import dlq as dlq_admin
 from txactors.ops import dlq_views
 from txactors.wire import layout

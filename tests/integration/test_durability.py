@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from txactors.coordinator.settings import BY_NAME, ProcessSettings, load_settings
+from txactors.cli.settings import BY_NAME, ProcessSettings, load_settings
 from txactors.embedded.cluster import EmbeddedNatsCluster
 from txactors.embedded.server import (
     CONFIG_FILE_NAME,

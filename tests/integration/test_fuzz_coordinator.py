@@ -1,4 +1,4 @@
-"""Fuzzing a real coordinator process: no input from the bus may break the service (issue 9).
+"""Fuzzing a real coordinator process: no input from the bus may break the service.
 
 A coordinator runs as its own process (`python -m txactors.cli coordinator`, 3 partitions) on
 a private nats-server. Hypothesis draws batches of inputs (tests/support/fuzz_inputs.py):

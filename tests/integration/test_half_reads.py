@@ -42,8 +42,8 @@ from txactors.coordinator.partition.store import (
     read_raw_halves,
     stored_half,
 )
-from txactors.coordinator.writers import Lane, declare_topic, shared_writers
-from txactors.nats.writer import Append
+from txactors.coordinator.writers import declare_topic, shared_writers
+from txactors.nats.writer import Append, PartitionWriter
 from txactors.wire import layout
 from txactors.wire.protocol import (
     CheckedMessage,
@@ -219,7 +219,7 @@ async def test_a_check_back_of_a_half_its_pack_does_not_hold_cannot_be_made(
 
 
 @asynccontextmanager
-async def discard_lane(nc: Client) -> AsyncIterator[Lane]:
+async def discard_writer(nc: Client) -> AsyncIterator[PartitionWriter]:
     async def quarantine(append: Append, reason: str) -> None:
         raise AssertionError(f"nothing should be quarantined: {reason}")
 
@@ -227,7 +227,7 @@ async def discard_lane(nc: Client) -> AsyncIterator[Lane]:
         raise error
 
     async with shared_writers(nc, nc.jetstream(), OPTIONS) as writers:
-        yield Lane(writers.discards, quarantine, failed)
+        yield PartitionWriter(writers.discards, quarantine, failed)
 
 
 async def discarded_copies(js: JetStreamContext) -> list[Msg]:
@@ -285,9 +285,9 @@ async def test_a_discard_copies_exactly_its_halves_with_the_documented_headers(
         check_times=15,
     )
     reads = counting_reads(js)
-    async with discard_lane(private_nc) as lane:
+    async with discard_writer(private_nc) as writer:
         with anyio.fail_after(10):
-            await discard(js, lane, action, on_discard)
+            await discard(js, writer, action, on_discard)
 
     copies = await discarded_copies(js)
     assert [m.data for m in copies] == [b"t1 zero", b"t1 one"]
@@ -302,9 +302,9 @@ async def test_a_discard_copies_exactly_its_halves_with_the_documented_headers(
     left = [s for m in after for s in read_raw_halves(m) if s.txid != "t1"]
     assert sorted((s.txid, s.half.index) for s in left) == [("t2", 0), ("t2", 1), ("t3", 0)]
 
-    async with discard_lane(private_nc) as lane:  # again, as after a crash: nothing doubles
+    async with discard_writer(private_nc) as writer:  # again, as after a crash: nothing doubles
         with anyio.fail_after(10):
-            await discard(js, lane, action, None)
+            await discard(js, writer, action, None)
     assert len(await discarded_copies(js)) == 2
 
 
@@ -328,9 +328,9 @@ async def test_a_discard_copies_nothing_of_a_pack_that_does_not_hold_the_half(
         reason=DiscardReason.RETENTION,
         check_times=0,
     )
-    async with discard_lane(private_nc) as lane:
+    async with discard_writer(private_nc) as writer:
         with anyio.fail_after(10):
-            await discard(js, lane, action, on_discard)
+            await discard(js, writer, action, on_discard)
     assert [(m.headers or {})[layout.MSG_ID_HEADER] for m in await discarded_copies(js)] == [
         "t1:0:discard"
     ]
@@ -365,11 +365,11 @@ async def publishing(nc: Client, js: JetStreamContext, run: Publishing) -> Async
 
     async with shared_writers(nc, js, OPTIONS) as writers:
 
-        def lane(topic: str) -> Lane:
-            return Lane(writers.topic(topic), run.quarantine, failed)
+        def writer_of(topic: str) -> PartitionWriter:
+            return PartitionWriter(writers.topic(topic), run.quarantine, failed)
 
         clock = lambda: BORN + 10  # noqa: E731
-        yield Publisher(nc, js, lane, 0, OPTIONS, clock, run.quarantine, run.on_published)
+        yield Publisher(nc, js, writer_of, 0, OPTIONS, clock, run.quarantine, run.on_published)
 
 
 def publishes(txid: str, halves: list[StoredHalf], stored: list[Half]) -> list[Publish]:

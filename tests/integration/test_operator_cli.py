@@ -20,12 +20,12 @@ from nats.aio.client import Client
 from tests.support.txn import FAST, CoordinatorClient, message, topic_ids
 from tests.support.wait import eventually
 from txactors.consumer import ConsumedMessage
-from txactors.consumer.dlq import dead_letter, ensure_dlq_stream
+from txactors.consumer.dlq import dead_letter
 from txactors.coordinator import CoordinatorConfig
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import ConfigError
-from txactors.nats.topics import ensure_topic_stream
+from txactors.nats.topics import ensure_dlq_stream, ensure_topic_stream
 from txactors.observe.logs import LOG_FORMAT_ENV, configure_logging
 from txactors.ops import txn as admin
 from txactors.wire import layout

@@ -41,7 +41,6 @@ from tests.support.wait import eventually
 from txactors.actors import RemoteActorRef
 from txactors.consumer import ConsumedMessage, Consumer
 from txactors.coordinator.boundary import Boundary
-from txactors.coordinator.core.config import CoordinatorConfig
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.partition.tenants import TenantReplies
 from txactors.coordinator.service import run_coordinator
@@ -75,6 +74,7 @@ from txactors.wire.protocol import (
     TransactionList,
     encode,
 )
+from txactors.wire.rules import CoordinatorConfig
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 CONF = DOCS / "nats-tenants.conf"

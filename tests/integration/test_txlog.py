@@ -23,10 +23,10 @@ from hypothesis import strategies as st
 
 from tests.support.roundtrips import TurnCounter, counting_proxy
 from tests.support.txlogs import BACKENDS, PG_DSN, Backend, SqliteBackend, backend
-from txactors.coordinator.core.config import CoordinatorConfig
 from txactors.errors import RolledBackByCheck
 from txactors.producer import CheckView, Decision
 from txactors.producer.txlog import TxLog, retention_age, schedule_span
+from txactors.wire.rules import CoordinatorConfig
 
 pytestmark = [pytest.mark.postgres, pytest.mark.mariadb]  # required, never skipped
 

@@ -1,5 +1,5 @@
 """What the coordinator stores per transaction: only what a reader needs, read back whole, and
-records written in the form before the header diet read the same."""
+records an earlier 0.x wrote (longer headers) read the same."""
 
 from __future__ import annotations
 

@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from nats.js.kv import KV_DEL, KeyValue
 
 from tests.support.wait import eventually
+from txactors.cli.settings import markdown_table
 from txactors.coordinator.cluster.agreement import keep_partition_count
 from txactors.coordinator.options import CoordinatorOptions
-from txactors.coordinator.settings import markdown_table
 from txactors.errors import ConfigError
 from txactors.nats.partition_count import (
     PartitionCountInvalid,

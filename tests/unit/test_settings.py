@@ -1,6 +1,6 @@
 """Every coordinator setting is a flag, an environment variable and a config-file key.
 
-Pure tests of `txactors.coordinator.settings` (no server): the layering, and that a bad value
+Pure tests of `txactors.cli.settings` (no server): the layering, and that a bad value
 anywhere is a
 ConfigError naming where it came from. tests/integration/test_cli.py runs the real command.
 """
@@ -18,18 +18,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from txactors.cli import app
-from txactors.coordinator.core.config import CoordinatorConfig
-from txactors.coordinator.options import CoordinatorOptions
-from txactors.coordinator.settings import (
+from txactors.cli.settings import (
     BY_NAME,
     CONFIG_ENV,
     SETTINGS,
     load_settings,
     markdown_table,
 )
+from txactors.coordinator.options import CoordinatorOptions
 from txactors.errors import ConfigError
 from txactors.faults import FAULT_ENV
 from txactors.nats.config import DATA_DIR_ENV
+from txactors.wire.rules import CoordinatorConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,7 +79,7 @@ def test_docs_list_every_setting_as_it_is() -> None:
     table = markdown_table()
     assert table in operations, (
         "docs/operations.md, section Configuration, must hold exactly this table "
-        f"(txactors.coordinator.settings.markdown_table()):\n{table}"
+        f"(txactors.cli.settings.markdown_table()):\n{table}"
     )
 
 

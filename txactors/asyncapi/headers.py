@@ -64,14 +64,14 @@ def header_schemas() -> dict[str, Any]:
         layout.TXID_HEADER: committed[layout.TXID_HEADER],
         layout.TOKEN_HEADER: _header(
             "The first 16 bytes of the commit token's SHA-256, base64url without padding; never "
-            "the token. A half stored before 0.x's header diet has `sha256:<hex>` instead.",
+            "the token. A half stored by an earlier 0.x has `sha256:<hex>` instead.",
             pattern="^([A-Za-z0-9_-]{22}|sha256:[0-9a-f]{64})$",
         ),
         layout.GROUP_HEADER: committed[layout.GROUP_HEADER],
         layout.PRODUCER_HEADER: _header("The producer instance id.", **name_schema("producer")),
         layout.BEGINS_HEADER: _header(
             "`1` on the first prepare's halves, absent on a later prepare's (`0` on a half "
-            "stored before 0.x's header diet).",
+            "stored by an earlier 0.x).",
             enum=["0", "1"],
         ),
         layout.INDEX_HEADER: committed[layout.INDEX_HEADER],

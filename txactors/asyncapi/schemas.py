@@ -10,11 +10,11 @@ import msgspec
 
 from txactors.coordinator import boundary as validation
 from txactors.coordinator.core import tokens
-from txactors.coordinator.core.config import CoordinatorConfig
 from txactors.coordinator.core.records import DiscardReason
 from txactors.coordinator.core.states import TxnState
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.wire import layout, protocol
+from txactors.wire.rules import CoordinatorConfig
 
 NAME_PATTERN: Final = "^[A-Za-z0-9_-]+$"
 """`layout.name_problem`'s grammar (tests/integration/test_asyncapi.py checks that they agree)."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from txactors.actors.loop import run
-from txactors.coordinator.settings import CONFIG_ENV, SETTINGS, CoordinatorSettings, load_settings
+from txactors.cli.settings import CONFIG_ENV, SETTINGS, CoordinatorSettings, load_settings
 from txactors.errors import ConfigError
 from txactors.observe.logs import configure_logging, get_logger
 

@@ -55,12 +55,17 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from txactors.consumer.dlq import ensure_dlq_stream
 from txactors.consumer.handling import Handler, Handling
 from txactors.consumer.retry import DEFAULT_MAX_RECONSUME, DEFAULT_RETRY_DELAYS, RetryPolicy
 from txactors.errors import ConfigError, ungrouped
 from txactors.nats.client import TolerantClient, raising_connection_lost, watch_connection
-from txactors.nats.topics import DECLARE_DEADLINE, declaring, ensure_topic_stream, wait_for_stream
+from txactors.nats.topics import (
+    DECLARE_DEADLINE,
+    declaring,
+    ensure_dlq_stream,
+    ensure_topic_stream,
+    wait_for_stream,
+)
 from txactors.observe import tracing
 from txactors.observe.logs import get_logger
 from txactors.observe.metrics import ConsumerMetrics

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from nats.js import JetStreamContext
 
 from txactors.consumer.message import ConsumedMessage
-from txactors.nats.topics import DECLARE_DEADLINE, ensure_stream
 from txactors.wire.copies import copied_headers
 from txactors.wire.framing import JETSTREAM_MAX_HEADER_BYTES, header_block_bytes
 from txactors.wire.layout import (
@@ -37,25 +36,12 @@ from txactors.wire.layout import (
     ORIGIN_SEQ_HEADER,
     ORIGIN_STREAM_HEADER,
     TOPIC_HEADER,
-    dlq_filter,
-    dlq_stream,
     dlq_subject,
     topic_stream,
-    validate_name,
 )
 
 MAX_ERROR_CHARS = 1024
 """Headers travel in every copy of the message; a long traceback belongs in the logs."""
-
-
-async def ensure_dlq_stream(
-    js: JetStreamContext, group: str, *, replicas: int = 1, deadline: float = DECLARE_DEADLINE
-) -> str:
-    """Declare `DLQ_<group>` on `dlq.<group>.>` (file storage, `replicas` copies); returns
-    the stream name. Transient answers are retried for `deadline` seconds."""
-    name = dlq_stream(validate_name("group", group))
-    await ensure_stream(js, name, [dlq_filter(group)], replicas=replicas, deadline=deadline)
-    return name
 
 
 def describe_error(error: BaseException) -> str:

@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar, runtime_checkab
 
 import anyio
 
+from txactors.durability import sqlite_durable
+
 if TYPE_CHECKING:
     import aiosqlite
 
@@ -50,8 +52,6 @@ Work = Callable[[C], Awaitable[object]]
 # runs handlers concurrently.
 _sqlite_locks: weakref.WeakKeyDictionary[object, anyio.Lock] = weakref.WeakKeyDictionary()
 _sqlite_tables: weakref.WeakSet[object] = weakref.WeakSet()
-_SQLITE_FULL: Final = 2  # PRAGMA synchronous: 0 OFF, 1 NORMAL, 2 FULL, 3 EXTRA
-_SQLITE_EXTRA: Final = 3
 
 
 async def apply_once_sqlite(
@@ -67,7 +67,7 @@ async def apply_once_sqlite(
     lock = _sqlite_locks.setdefault(conn, anyio.Lock())
     async with lock:
         if not conn.in_transaction:
-            await _sqlite_durable(conn)
+            await sqlite_durable(conn)
         if conn not in _sqlite_tables:
             await conn.execute(
                 f"CREATE TABLE IF NOT EXISTS {TABLE} (consumer_group TEXT NOT NULL, "
@@ -96,21 +96,6 @@ async def apply_once_sqlite(
             raise
         await _sqlite_end(conn, nested, commit=fresh)
         return fresh
-
-
-async def _sqlite_durable(conn: aiosqlite.Connection) -> None:
-    """The least `synchronous` level at which a commit is on disk when it returns: FULL in WAL
-    mode, EXTRA with a rollback journal (see the module docstring). A higher level is kept.
-
-    Looked at on every call: it costs two pragma reads, and a connection's owner may change it.
-    """
-    cursor = await conn.execute("PRAGMA journal_mode")
-    mode = await cursor.fetchone()
-    needed = _SQLITE_FULL if mode is not None and str(mode[0]).lower() == "wal" else _SQLITE_EXTRA
-    cursor = await conn.execute("PRAGMA synchronous")
-    row = await cursor.fetchone()
-    if row is None or row[0] < needed:
-        await conn.execute(f"PRAGMA synchronous={needed}")
 
 
 async def _sqlite_end(conn: aiosqlite.Connection, nested: bool, *, commit: bool) -> None:

@@ -4,7 +4,6 @@
 the actor that drives it against JetStream feeds it events and carries out its effects.
 """
 
-from txactors.coordinator.core.config import CoordinatorConfig
 from txactors.coordinator.core.effects import (
     Acknowledge,
     Action,
@@ -34,6 +33,7 @@ from txactors.coordinator.core.states import TxnState
 from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.core.transactions import Checkpoint, Counters, TxnView
 from txactors.coordinator.options import CoordinatorOptions, DiscardedTransaction
+from txactors.wire.rules import CoordinatorConfig
 
 __all__ = [
     "Acknowledge",

@@ -301,8 +301,8 @@ class Boundary:
 
 
 def _sent_as(subject: str | None) -> str | None:
-    """The group NATS let the sender publish as (None: from this process, or on a deprecated
-    group-less subject, which only a tenant policy polices)."""
+    """The group NATS let the sender publish as (None: from this process, or on a subject that
+    names no group, which only a tenant policy polices)."""
     return layout.subject_group(subject) if subject is not None else None
 
 

@@ -1,7 +1,10 @@
 """How a coordinator process runs, and what its hooks receive.
 
-The rules of a transaction's life (timeouts, check counts) are `CoordinatorConfig`; these are
-the process's own settings: partitions and leases, timers, stream replicas.
+The coordinator's one configuration module. The rules of a transaction's life (timeouts,
+check counts) are `CoordinatorConfig` (`wire/rules.py`: producers size their logs by them);
+these are the process's own settings: partitions and leases, timers, stream replicas. How
+`txactors coordinator` reads both from flags, the environment or a TOML file is
+`cli/settings.py`.
 """
 
 from __future__ import annotations

@@ -45,7 +45,6 @@ from txactors.coordinator.cluster.agreement import (
 )
 from txactors.coordinator.cluster.balance import MemberInfo, plan
 from txactors.coordinator.cluster.leases import LEASE_TROUBLE, Leases, lease_bucket
-from txactors.coordinator.core.config import CoordinatorConfig
 from txactors.coordinator.options import Clock, CoordinatorOptions, OnDiscard
 from txactors.coordinator.partition.actor import PartitionCoordinator
 from txactors.coordinator.partition.oplog import READ_BACK_TIMEOUT, FencedOut
@@ -70,6 +69,7 @@ from txactors.wire.protocol import (
     Prepare,
     PrepareBatch,
 )
+from txactors.wire.rules import CoordinatorConfig
 
 MAILBOX_SIZE = 8192
 RENEW_FRACTION = 1 / 3

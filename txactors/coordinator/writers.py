@@ -7,15 +7,15 @@ one `PipelinedWriter` (the subjects differ, the stream is one, so they share ato
 batches), the discards through one, and each topic stream has one writer for the process.
 Submit order is still stream order, for each partition as for all.
 
-A partition reaches a shared writer through a `Lane`: its own quarantine, and a report that
-fails only its own instance (the supervisor restarts it) while the writer goes on serving
-the others. A partition that stops leaves what it submitted to be written (halves, committed
-publishes and discard copies are all safe to store late: each has its dedupe id, and its
-completion is dropped by the ended instance, see `partition/actor.py`). A stream's trouble
-is shared by design: every partition writing to it sees it. TXN_OP's writer (`ops`,
-`partition/oplog.py`) is shared the same way, each partition's messages in its batches
-fenced on their own. The partitions' followers of late halves share one look at TXN_HALF's
-end (`half_end`, `partition/late.py`).
+A partition reaches a shared writer through a `PartitionWriter` (`nats/writer.py`): its own
+quarantine, and a report that fails only its own instance (the supervisor restarts it)
+while the writer goes on serving the others. A partition that stops leaves what it
+submitted to be written (halves, committed publishes and discard copies are all safe to
+store late: each has its dedupe id, and its completion is dropped by the ended instance, see
+`partition/actor.py`). A stream's trouble is shared by design: every partition writing to it
+sees it. TXN_OP's writer (`ops`, `partition/oplog.py`) is shared the same way, each
+partition's messages in its batches fenced on their own. The partitions' followers of late
+halves share one look at TXN_HALF's end (`half_end`, `partition/late.py`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import anyio
 from anyio.abc import TaskGroup
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import PubAck
 
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.partition.late import HalfEnd
@@ -37,12 +36,10 @@ from txactors.errors import ConfigError
 from txactors.nats.link import linked
 from txactors.nats.retry import LINK_TROUBLE, LinkLost, describe
 from txactors.nats.topics import ensure_topic_stream
-from txactors.nats.writer import Append, PipelinedWriter, Quarantine
+from txactors.nats.writer import Append, PipelinedWriter
 from txactors.observe.logs import get_logger
 
 log = get_logger(__name__)
-
-Report = Callable[[list[PubAck | None]], Awaitable[None]]
 
 
 class SharedWriters:
@@ -108,38 +105,3 @@ async def shared_writers(
     async with anyio.create_task_group() as tasks:
         yield SharedWriters(nc, js, options, tasks)
         tasks.cancel_scope.cancel()
-
-
-class Lane:
-    """One partition's way into a shared writer: its quarantine, and its failures its own."""
-
-    __slots__ = ("_failed", "_quarantine", "_writer")
-
-    def __init__(
-        self,
-        writer: PipelinedWriter,
-        quarantine: Quarantine,
-        failed: Callable[[Exception], None],
-    ) -> None:
-        self._writer = writer
-        self._quarantine = quarantine
-        self._failed = failed
-
-    @property
-    def trouble(self) -> str | None:
-        """Why the stream's writes wait for a retry (None: they are going through)."""
-        return self._writer.trouble
-
-    @property
-    def retry_after(self) -> float:
-        return self._writer.retry_after
-
-    def submit(self, appends: list[Append], report: Report) -> None:
-        """`PipelinedWriter.submit`, with a report that raises failing this partition only."""
-        self._writer.submit(appends, functools.partial(self._reported, report), self._quarantine)
-
-    async def _reported(self, report: Report, acks: list[PubAck | None]) -> None:
-        try:
-            await report(acks)
-        except Exception as error:
-            self._failed(error)

@@ -301,5 +301,5 @@ def pub_ack(answer: dict[str, Any]) -> PubAck:
     return PubAck(**{name: answer[name] for name in _PUB_ACK_FIELDS if name in answer})
 
 
-class Troubled(TxActorsError):
+class WriteNotAcked(TxActorsError):
     """An ack is lost or refused for now: give up every pending ack and issue again."""

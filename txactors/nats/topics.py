@@ -4,7 +4,9 @@ Either side may run first: a consumer group can subscribe before anything was ev
 and the coordinator publishes to topics no consumer has seen. So both call
 `ensure_topic_stream`, which creates the stream or widens an existing one, and is safe to call
 from many processes at once. It never narrows what someone else declared (a shorter duplicate
-window, fewer subjects, fewer replicas), because another role may depend on it.
+window, fewer subjects, fewer replicas), because another role may depend on it. A consumer
+group's dead-letter stream is declared the same way by both (`ensure_dlq_stream`: the group's
+consumer, and a coordinator told the group's topics).
 
 Every stream txactors declares (topics, dead-letter queues, the coordinator's TXN_* streams)
 goes through `declare_stream`. Declarations happen at start-up, which on a cluster may be while
@@ -29,7 +31,7 @@ from nats.js.errors import APIError, NotFoundError
 from txactors.errors import ConfigError
 from txactors.nats.retry import PLACEMENT_CODES, api_error_code, retry_transient, transient
 from txactors.observe.logs import RateLimited, get_logger
-from txactors.wire.layout import topic_filter, topic_stream, validate_name
+from txactors.wire.layout import dlq_filter, dlq_stream, topic_filter, topic_stream, validate_name
 
 log = get_logger(__name__)
 
@@ -247,4 +249,14 @@ async def ensure_topic_stream(
         allow_atomic=True,
         deadline=deadline,
     )
+    return name
+
+
+async def ensure_dlq_stream(
+    js: JetStreamContext, group: str, *, replicas: int = 1, deadline: float = DECLARE_DEADLINE
+) -> str:
+    """Declare `DLQ_<group>` on `dlq.<group>.>` (file storage, `replicas` copies); returns
+    the stream name. Transient answers are retried for `deadline` seconds."""
+    name = dlq_stream(validate_name("group", group))
+    await ensure_stream(js, name, [dlq_filter(group)], replicas=replicas, deadline=deadline)
     return name

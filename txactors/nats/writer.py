@@ -51,7 +51,7 @@ from txactors.nats.link import (
     ACK_TIMEOUT,
     Ack,
     AckInbox,
-    Troubled,
+    WriteNotAcked,
     await_ack,
     link_generation,
     linked,
@@ -86,8 +86,8 @@ ATOMIC_MIN_MESSAGES = 16
 """Messages a write needs to go as one atomic batch; fewer go each alone, all in flight. An
 atomic batch costs nats-server (2.15) a few ms of CPU however small it is, and its ack comes
 5-10 ms later, against 0.2-0.4 ms and under 1 ms for a single publish, fsynced or not: below
-about 16 messages the singles are both cheaper and sooner (docs/benchmarks.md, issue 21's
-concurrency-1 section)."""
+about 16 messages the singles are both cheaper and sooner (docs/benchmarks.md, atomic
+batches at concurrency 1)."""
 ATOMIC_DISABLED = 10174
 """JetStream's error code for an atomic batch sent to a stream without `allow_atomic`."""
 
@@ -106,6 +106,8 @@ Quarantine = Callable[[Append, str], Awaitable[None]]
 """Keeps an append JetStream refused for good (with the reason) where an operator sees it."""
 Redeclare = Callable[[Append], Awaitable[None]]
 """Declares the stream that should hold an append whose stream is gone (never raises)."""
+Report = Callable[[list[PubAck | None]], Awaitable[None]]
+"""Told a job's acks once all are settled (None: the append was quarantined)."""
 
 
 @dataclass(slots=True)
@@ -244,7 +246,7 @@ class PipelinedWriter:
             try:
                 for slot in job.slots:
                     await self._settle(slot)
-            except Troubled as trouble:
+            except WriteNotAcked as trouble:
                 self.trouble, self.retry_after = str(trouble), delay
                 await self._reissue(str(trouble), delay)
                 delay = backoff(delay)
@@ -342,7 +344,7 @@ class PipelinedWriter:
             return
         while slot.batch is None:  # the issuer sends it once it has lingered
             if self._gap or not self._nc.is_connected:
-                raise Troubled("not sent while the connection was down")
+                raise WriteNotAcked("not sent while the connection was down")
             self._issued = asyncio.get_running_loop().create_future()
             await until_changed(self._nc, self._issued)
         batch = slot.batch
@@ -354,7 +356,7 @@ class PipelinedWriter:
         assert future is not None
         outcome = await await_ack(self._nc, future, batch.generation, batch.issued_at)
         if outcome is Ack.LINK_LOST:
-            raise Troubled("connection lost")
+            raise WriteNotAcked("connection lost")
         if outcome is Ack.OVERDUE:
             future.cancel()
             self._open.discard(batch)
@@ -362,7 +364,7 @@ class PipelinedWriter:
             return
         self._open.discard(batch)
         if future.cancelled():
-            raise Troubled("cancelled")
+            raise WriteNotAcked("cancelled")
         error = future.exception()
         if error is None:
             ack = future.result()
@@ -390,7 +392,7 @@ class PipelinedWriter:
             await slot.quarantine(slot.append, describe(error))
             slot.settled = True
             return
-        raise Troubled(describe(error))
+        raise WriteNotAcked(describe(error))
 
     async def _one_by_one(self, batch: _Batch) -> None:
         for slot in batch.slots:
@@ -410,7 +412,7 @@ class PipelinedWriter:
             )
         except (*LINK_TROUBLE, LinkLost) as error:
             if not await self._permanent(a, error):
-                raise Troubled(describe(error)) from error
+                raise WriteNotAcked(describe(error)) from error
             await slot.quarantine(a, describe(error))
         slot.settled = True
 
@@ -458,3 +460,39 @@ def _size(append: Append) -> int:
 
 def _atomic_disabled(error: BaseException) -> bool:
     return api_error_code(error) == ATOMIC_DISABLED
+
+
+class PartitionWriter:
+    """One partition's way into a `PipelinedWriter` shared by a process's partitions (see
+    `coordinator/writers.py`): its own quarantine, and its failures its own."""
+
+    __slots__ = ("_failed", "_quarantine", "_writer")
+
+    def __init__(
+        self,
+        writer: PipelinedWriter,
+        quarantine: Quarantine,
+        failed: Callable[[Exception], None],
+    ) -> None:
+        self._writer = writer
+        self._quarantine = quarantine
+        self._failed = failed
+
+    @property
+    def trouble(self) -> str | None:
+        """Why the stream's writes wait for a retry (None: they are going through)."""
+        return self._writer.trouble
+
+    @property
+    def retry_after(self) -> float:
+        return self._writer.retry_after
+
+    def submit(self, appends: list[Append], report: Report) -> None:
+        """`PipelinedWriter.submit`, with a report that raises failing this partition only."""
+        self._writer.submit(appends, functools.partial(self._reported, report), self._quarantine)
+
+    async def _reported(self, report: Report, acks: list[PubAck | None]) -> None:
+        try:
+            await report(acks)
+        except Exception as error:
+            self._failed(error)

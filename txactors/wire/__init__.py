@@ -1,1 +1,2 @@
-"""The wire: what travels on the bus, and its names. Pure: no I/O."""
+"""The wire: what travels on the bus, its names, and a transaction's rules both ends keep.
+Pure: no I/O."""

@@ -16,7 +16,6 @@ import operator
 import random
 
 from txactors.coordinator.core import admission
-from txactors.coordinator.core.config import CoordinatorConfig
 from txactors.coordinator.core.effects import (
     Acknowledge,
     CheckTarget,
@@ -60,6 +59,7 @@ from txactors.coordinator.core.states import (
 )
 from txactors.coordinator.core.transactions import Counters, Txn
 from txactors.wire.protocol import ErrorCode, Resolution
+from txactors.wire.rules import CoordinatorConfig
 
 _SEQ, _BORN = operator.attrgetter("seq"), operator.attrgetter("born")
 _IMMUNITY = operator.attrgetter("immunity")

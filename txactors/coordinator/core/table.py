@@ -50,7 +50,6 @@ import random
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, get_args
 
-from txactors.coordinator.core.config import CoordinatorConfig
 from txactors.coordinator.core.deadlines import Deadlines
 from txactors.coordinator.core.effects import Effect, PersistOp
 from txactors.coordinator.core.errors import CoordinatorStateError
@@ -97,6 +96,7 @@ from txactors.coordinator.core.transactions import (
     save,
     unparked,
 )
+from txactors.wire.rules import CoordinatorConfig
 
 K = Kind
 Move = Callable[[Replay, Txn | None, Any, float], Where | None]

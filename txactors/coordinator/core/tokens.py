@@ -4,8 +4,8 @@ A token proves that an `end` (or a later prepare) comes from whoever began the t
 TXN_HALF is readable by anyone with stream access, so it stores a digest of the token, never
 the token: the first 128 bits of its SHA-256 (as many as the token has), base64url without
 padding, 22 characters on every half. The table compares digests in constant time. Halves
-written before 0.x's header diet hold `sha256:<hex>`, the whole digest: `stored_digest` reads
-that as today's form, so their ends still match. (Halves written before tokens were hashed
+an earlier 0.x wrote hold `sha256:<hex>`, the whole digest: `stored_digest` reads that as
+today's form, so their ends still match. (Halves written before tokens were hashed
 hold the raw token; no token matches such a half and its check-back settles it.)
 """
 

@@ -49,7 +49,6 @@ from nats.js.kv import KeyValue
 from txactors.actors import Actor, ActorSystem, LocalActorRef, Request, Supervisor
 from txactors.coordinator.boundary import HEADER_RESERVE, Boundary, ends_of, prepares_of
 from txactors.coordinator.core import tokens
-from txactors.coordinator.core.config import CoordinatorConfig
 from txactors.coordinator.core.effects import (
     Acknowledge,
     Action,
@@ -91,11 +90,11 @@ from txactors.coordinator.partition.store import (
     pack_appends,
     save_checkpoint,
 )
-from txactors.coordinator.writers import Lane, SharedWriters
+from txactors.coordinator.writers import SharedWriters
 from txactors.errors import ActorError, MailboxFull
 from txactors.faults import FaultPoint, crash_if_armed
 from txactors.nats.retry import RETRY_MAX, describe, retry_transient
-from txactors.nats.writer import Append
+from txactors.nats.writer import Append, PartitionWriter
 from txactors.observe import tracing
 from txactors.observe.logs import get_logger
 from txactors.observe.metrics import CoordinatorMetrics
@@ -116,6 +115,7 @@ from txactors.wire.protocol import (
     ShowTransaction,
     TransactionList,
 )
+from txactors.wire.rules import CoordinatorConfig
 
 log = get_logger(__name__)
 
@@ -169,12 +169,12 @@ class PartitionCoordinator(Actor):
             partition, on_error=metrics.oneway(partition) if metrics else None
         )
         self._prepares = PreparesInFlight()
-        self._halves = Lane(writers.halves, self._quarantine, self._failed)
-        self._discards = Lane(writers.discards, self._quarantine, self._failed)
+        self._halves = PartitionWriter(writers.halves, self._quarantine, self._failed)
+        self._discards = PartitionWriter(writers.discards, self._quarantine, self._failed)
         self._publisher = Publisher(
             nc,
             js,
-            lambda topic: Lane(writers.topic(topic), self._quarantine, self._failed),
+            lambda topic: PartitionWriter(writers.topic(topic), self._quarantine, self._failed),
             partition,
             options,
             clock,

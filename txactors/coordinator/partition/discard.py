@@ -20,7 +20,7 @@ record costs a log line, a metric and a copy for an operator, never a partition.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import nats.errors
@@ -38,13 +38,10 @@ from txactors.coordinator.partition.store import (
 )
 from txactors.nats.link import ACK_TIMEOUT
 from txactors.nats.retry import RETRY_INITIAL, RETRY_MAX, Fault, classify, describe, retry_transient
-from txactors.nats.writer import Append
+from txactors.nats.writer import Append, PartitionWriter
 from txactors.observe.logs import get_logger
 from txactors.wire import layout
 from txactors.wire.copies import copied_headers, stored_headers
-
-if TYPE_CHECKING:  # writers.py reaches this module through late.py
-    from txactors.coordinator.writers import Lane
 
 log = get_logger(__name__)
 
@@ -54,7 +51,7 @@ MAX_REASON_CHARS = 1024
 
 
 async def discard(
-    js: JetStreamContext, writer: Lane, action: Discard, on_discard: OnDiscard | None
+    js: JetStreamContext, writer: PartitionWriter, action: Discard, on_discard: OnDiscard | None
 ) -> None:
     found = await _discarded_halves(js, action)
     appends = []

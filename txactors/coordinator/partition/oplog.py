@@ -49,7 +49,7 @@ from txactors.errors import TxActorsError
 from txactors.nats.link import (
     Ack,
     AckInbox,
-    Troubled,
+    WriteNotAcked,
     await_ack,
     link_generation,
     wait_connected,
@@ -314,7 +314,7 @@ class OpWriter:
                     return
                 level = log.error if classify(error) is Fault.PERMANENT else log.warning
                 level("op_append_refused", subject=chunk[0].log.subject, error=describe(error))
-            except (*LINK_TROUBLE, Troubled) as error:
+            except (*LINK_TROUBLE, WriteNotAcked) as error:
                 log.warning("op_append_retry", subject=chunk[0].log.subject, error=describe(error))
                 # No stream took the write (no responders: TXN_OP electing a leader), so
                 # nothing landed; otherwise its ack may be what was lost.
@@ -344,7 +344,7 @@ class OpWriter:
             if future is not None:
                 try:
                     ack = await self._await(future, generation)
-                except (nats.js.errors.APIError, *LINK_TROUBLE, Troubled):
+                except (nats.js.errors.APIError, *LINK_TROUBLE, WriteNotAcked):
                     future = None
                 else:
                     message.seq = message.log.last_seq = ack.seq
@@ -358,7 +358,7 @@ class OpWriter:
         generation = link_generation(self._nc)
         ack = await self._await(await self._issue(chunk), generation)
         if len(chunk) > 1 and ack.batch_size != len(chunk):
-            raise Troubled(f"batch ack for {ack.batch_size} of {len(chunk)} messages")
+            raise WriteNotAcked(f"batch ack for {ack.batch_size} of {len(chunk)} messages")
         return ack.seq - len(chunk) + 1
 
     async def _issue(self, chunk: list[_Message]) -> asyncio.Future[PubAck]:
@@ -388,7 +388,7 @@ class OpWriter:
         outcome = await await_ack(self._nc, future, generation, time.monotonic())
         if outcome is not Ack.SETTLED:
             future.cancel()
-            raise Troubled("connection lost" if outcome is Ack.LINK_LOST else "no ack")
+            raise WriteNotAcked("connection lost" if outcome is Ack.LINK_LOST else "no ack")
         return future.result()
 
     async def _landed(self, chunk: list[_Message]) -> bool:

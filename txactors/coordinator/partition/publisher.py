@@ -14,7 +14,7 @@ job's completion comes back as one list of `Published` events, which the partiti
 its table as one step.
 
 Each topic stream has a `PipelinedWriter` of its own, shared by the process's partitions
-(`coordinator/writers.py`, reached through a `Lane`): a topic whose stream is unavailable
+(`coordinator/writers.py`, reached through a `PartitionWriter`): a topic whose stream is unavailable
 (its leader being elected, its server down, the stream deleted) holds up only the commits
 that have a message in it, while every other topic's commits go through. This is safe
 because the decision is durable in TXN_OP before any publish: a transaction's topics may be
@@ -45,7 +45,7 @@ from txactors.coordinator.partition.store import (
     seconds_text,
 )
 from txactors.coordinator.partition.tenants import topic_stream_count
-from txactors.coordinator.writers import Lane, declare_topic
+from txactors.coordinator.writers import declare_topic
 from txactors.errors import ConfigError
 from txactors.nats.link import linked
 from txactors.nats.retry import (
@@ -56,7 +56,7 @@ from txactors.nats.retry import (
     retry_transient,
     transient,
 )
-from txactors.nats.writer import Append, Quarantine
+from txactors.nats.writer import Append, PartitionWriter, Quarantine
 from txactors.observe import tracing
 from txactors.observe.logs import get_logger
 from txactors.wire import layout
@@ -90,7 +90,7 @@ class Publisher:
         self,
         nc: Client,
         js: JetStreamContext,
-        lane: Callable[[str], Lane],
+        writer_of: Callable[[str], PartitionWriter],
         partition: int,
         options: CoordinatorOptions,
         clock: Clock,
@@ -102,8 +102,8 @@ class Publisher:
         self._options = options
         self._topics: set[str] = set()
         """Topics whose stream is known to exist."""
-        self._lane = lane
-        self._writers: dict[str, Lane] = {}
+        self._writer_of = writer_of
+        self._writers: dict[str, PartitionWriter] = {}
         """Into the writer of each topic (so of each topic stream) a publish named."""
         self._partition = partition
         self._clock = clock
@@ -161,10 +161,10 @@ class Publisher:
         )
         return NotDeclared(reason, None, ErrorCode.FORBIDDEN)
 
-    def _writer(self, topic: str) -> Lane:
+    def _writer(self, topic: str) -> PartitionWriter:
         writer = self._writers.get(topic)
         if writer is None:
-            writer = self._writers[topic] = self._lane(topic)
+            writer = self._writers[topic] = self._writer_of(topic)
         return writer
 
     def keep(self, stored: StoredHalf) -> None:

@@ -215,7 +215,7 @@ def _fixed_seconds_text(seconds: float) -> str:
 
 def half_identity(headers: Mapping[str, str]) -> tuple[str, int]:
     """(txid, index) of a stored half: from its `Nats-Msg-Id`, or from the `Txn-Id` and
-    `Txn-Index` a half written before the header diet carries. KeyError or ValueError if
+    `Txn-Index` a half written by an earlier 0.x carries. KeyError or ValueError if
     neither is there whole."""
     txid, index = headers.get(layout.TXID_HEADER), headers.get(layout.INDEX_HEADER)
     if txid is not None and index is not None:
@@ -230,7 +230,7 @@ def half_identity(headers: Mapping[str, str]) -> tuple[str, int]:
 
 
 def read_half(seq: int, headers: Mapping[str, str], body: bytes) -> StoredHalf:
-    """The half stored at `seq`, in today's form or the one before the header diet."""
+    """The half stored at `seq`, in today's form or an earlier 0.x's."""
     immunity = headers.get(layout.IMMUNITY_HEADER)
     keys = headers.get(layout.KEYS_HEADER)
     message = OutgoingMessage(

@@ -25,9 +25,8 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
-from txactors.consumer.dlq import ensure_dlq_stream
 from txactors.coordinator.options import CoordinatorOptions
-from txactors.nats.topics import ensure_topic_stream
+from txactors.nats.topics import ensure_dlq_stream, ensure_topic_stream
 from txactors.observe.logs import get_logger
 from txactors.wire import layout
 

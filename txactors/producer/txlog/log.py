@@ -44,7 +44,6 @@ from typing import ClassVar, Generic, NoReturn, Protocol, TypeVar
 
 import anyio
 
-from txactors.coordinator.core.config import CoordinatorConfig
 from txactors.errors import ConfigError, RolledBackByCheck
 from txactors.faults import FaultPoint, crash_if_armed
 from txactors.observe.logs import get_logger
@@ -56,6 +55,7 @@ from txactors.producer.txlog.decide import LogUnavailable, settle
 from txactors.producer.txlog.retention import CLOCK_MARGIN, retention_age
 from txactors.wire.layout import validate_name
 from txactors.wire.protocol import Decision
+from txactors.wire.rules import CoordinatorConfig
 
 C = TypeVar("C")
 C_co = TypeVar("C_co", covariant=True)

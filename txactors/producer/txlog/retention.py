@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from txactors.coordinator.core.config import CoordinatorConfig
+from txactors.wire.rules import CoordinatorConfig
 
 CLOCK_MARGIN: Final = 3600.0
 """Seconds added for clock disagreement between the coordinator and the producers."""

@@ -26,7 +26,7 @@ from typing import Self
 import aiosqlite
 import anyio
 
-from txactors.consumer.idempotent import _sqlite_durable
+from txactors.durability import sqlite_durable
 from txactors.observe.logs import get_logger
 from txactors.producer.txlog.decide import COMMITTED, ROLLED_BACK, LogUnavailable
 from txactors.producer.txlog.log import PRUNE_BATCH, ConnectionLocal, TxLog, duplicate_txid
@@ -60,7 +60,7 @@ class SqliteTxLog(TxLog[aiosqlite.Connection]):
         self._conn = await aiosqlite.connect(
             self.path, timeout=self._busy_timeout, isolation_level=None
         )
-        await _sqlite_durable(self._conn)
+        await sqlite_durable(self._conn)
         return self
 
     async def __aexit__(
@@ -105,7 +105,7 @@ class SqliteTxLog(TxLog[aiosqlite.Connection]):
     async def local(self) -> AsyncIterator[SqliteLocal]:
         async with self._lock:
             conn = self.connection
-            await _sqlite_durable(conn)
+            await sqlite_durable(conn)
             local = SqliteLocal(conn)
             try:
                 # IMMEDIATE: the write lock first, so two writers never deadlock on upgrade.

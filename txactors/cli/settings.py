@@ -1,10 +1,13 @@
 """Every setting of `txactors coordinator`: from flags, the environment or a TOML file.
 
-The settings are the fields of three Structs: CoordinatorConfig (a transaction's rules),
-CoordinatorOptions (how the coordinator runs) and ProcessSettings (what the command itself
-adds). They are derived from those fields, not listed again: a field added to one of them is at
-once a flag (`--check-max`), an environment variable (`TXACTORS_CHECK_MAX`) and a key of the
-config file (`check_max`), with the field's docstring as its help.
+The settings are the fields of three Structs, each beside what it governs and checking its
+own values: CoordinatorConfig (a transaction's rules, `wire/rules.py`, shared with producers),
+CoordinatorOptions (how the coordinator process runs, `coordinator/options.py`) and
+ProcessSettings (what the command itself adds, below). This module only says where a value
+comes from, which is the command's concern, not the coordinator's. The settings are derived
+from those fields, not listed again: a field added to one of them is at once a flag
+(`--check-max`), an environment variable (`TXACTORS_CHECK_MAX`) and a key of the config file
+(`check_max`), with the field's docstring as its help.
 
 Flags win over the environment, the environment over the file, the file over the default. A
 bad value is a ConfigError that says where it came from; nothing is dropped or altered.
@@ -28,11 +31,11 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 import msgspec
 
-from txactors.coordinator.core.config import CoordinatorConfig
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.embedded.setup import FsyncSetting
 from txactors.errors import ConfigError
 from txactors.observe.logs import level_number
+from txactors.wire.rules import CoordinatorConfig
 
 ENV_PREFIX = "TXACTORS_"
 CONFIG_ENV = "TXACTORS_CONFIG"

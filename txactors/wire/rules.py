@@ -1,4 +1,10 @@
-"""The coordinator's and checker's tunables, with RocketMQ 5.x defaults.
+"""A transaction's rules (`CoordinatorConfig`): how long it may stay open and how hard the
+coordinator asks about it, with RocketMQ 5.x defaults.
+
+The coordinator enforces them and a producer's transaction log is sized by them (a row must
+outlive the last check-back, `producer/txlog/retention.py`), so they sit here, below both
+roles. How a coordinator process runs is `coordinator/options.py`; where a value comes from
+(flags, environment, a TOML file) is `cli/settings.py`.
 
 Every duration is in seconds. Demos and tests shrink them; nothing else in the coordinator
 hard-codes a time. The backoff of the check-back schedule lives here too, because it is
