@@ -56,6 +56,7 @@ def connect_options(config: NatsConfig) -> dict[str, Any]:
         "name": config.name,
         "connect_timeout": config.connect_timeout,
         "reconnect_time_wait": config.reconnect_time_wait,
+        "server_watch": config.server_watch,
     }
     if config.user is not None:
         opts["user"] = config.user
@@ -123,6 +124,7 @@ async def nats_session(
             "name": config.name,
             "connect_timeout": config.connect_timeout,
             "reconnect_time_wait": config.reconnect_time_wait,
+            "server_watch": None,  # one server: nowhere to go
         }
     else:
         servers = config.servers
