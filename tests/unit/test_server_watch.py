@@ -10,18 +10,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from txactors.errors import ConfigError
-from txactors.nats.watchdog import Step, Watch, WatchPolicy
+from txactors.nats.watchdog import Step, Watch, WatchPolicy, routed
 
 POLICY = WatchPolicy(grace=3.0, probe_every=1.0, ping_every=2.0, signs_last=10.0, max_grace=20.0)
 
 
 def failing_probes(watch: Watch, start: float, until: float) -> float:
-    """Probe whenever the watch asks, every probe failing, from `start` until it says LEAVE
-    or `until`; the time it said LEAVE (or `until`)."""
+    """Judge whenever the watch asks, every judgement failing, from `start` until it says
+    LOOK_ELSEWHERE or `until`; the time it said so (or `until`)."""
     now = start
     while now < until:
         step = watch.step(now, elsewhere=True)
-        if step is Step.LEAVE:
+        if step is Step.LOOK_ELSEWHERE:
             return now
         if step is Step.PROBE:
             watch.probed(now, passed=False)
@@ -50,7 +50,7 @@ def test_a_sign_starts_the_probes_and_a_passing_probe_moves_nobody() -> None:
         watch.sign(float(t))
         if watch.step(float(t), elsewhere=True) is Step.PROBE:
             watch.probed(float(t), passed=True)
-        assert watch.step(float(t), elsewhere=True) is not Step.LEAVE
+        assert watch.step(float(t), elsewhere=True) is not Step.LOOK_ELSEWHERE
 
 
 def test_probes_failing_for_the_grace_make_the_client_leave() -> None:
@@ -74,7 +74,7 @@ def test_one_passing_probe_in_the_run_starts_it_over() -> None:
     watch.probed(1.0, passed=False)
     watch.probed(2.0, passed=True)  # an election ended
     watch.probed(3.0, passed=False)
-    assert watch.step(5.9, elsewhere=True) is not Step.LEAVE
+    assert watch.step(5.9, elsewhere=True) is not Step.LOOK_ELSEWHERE
     assert failing_probes(watch, 4.0, 60.0) == pytest.approx(3.0 + POLICY.grace)
 
 
@@ -82,7 +82,7 @@ def test_one_failed_probe_is_not_enough_however_long_ago() -> None:
     watch = Watch(POLICY, now=0.0)
     watch.sign(0.0)
     watch.probed(0.0, passed=False)
-    assert watch.step(100.0, elsewhere=True) is not Step.LEAVE
+    assert watch.step(100.0, elsewhere=True) is not Step.LOOK_ELSEWHERE
 
 
 def test_a_client_with_nowhere_to_go_never_moves_nor_asks() -> None:
@@ -94,37 +94,64 @@ def test_a_client_with_nowhere_to_go_never_moves_nor_asks() -> None:
         assert watch.step(float(t), elsewhere=False) is Step.WAIT
 
 
-def test_each_move_without_a_passing_probe_doubles_the_grace_up_to_its_bound() -> None:
-    """A cluster with no leader anywhere: every server fails the probe."""
+def test_each_look_elsewhere_without_a_pass_doubles_the_grace_up_to_its_bound() -> None:
+    """A cluster with no leader anywhere: no server passes, so the client stays, and looks
+    again later and later; a move it made that no pass followed counts the same."""
     watch = Watch(POLICY, now=0.0)
     watch.sign(0.0)
     now, graces = 0.0, []
-    for _ in range(5):
-        left = failing_probes(watch, now, now + 100)
-        graces.append(round(left - now))
-        watch.moved(left, left=True)
-        now = left
+    for moved in (False, True, False, False, False):
+        looked = failing_probes(watch, now, now + 100)
+        graces.append(round(looked - now))
+        watch.looked(looked, moved=moved)
+        now = looked
     assert graces == [3, 6, 12, 20, 20]
     watch.probed(now, passed=True)  # a server that serves again
     assert watch.grace == POLICY.grace
 
 
-def test_a_move_nats_py_made_itself_starts_the_run_over_and_probes_the_new_server() -> None:
+def test_a_move_nats_py_made_itself_starts_the_run_over_and_judges_the_new_server() -> None:
     watch = Watch(POLICY, now=0.0)
     watch.sign(0.0)
     watch.probed(0.0, passed=False)
     watch.probed(1.0, passed=False)
-    watch.moved(1.5, left=False)  # its server died: nats-py reconnected elsewhere
+    watch.moved(1.5)  # its server died: nats-py reconnected elsewhere
     assert watch.step(1.5, elsewhere=True) is Step.PROBE
     assert watch.grace == POLICY.grace
     assert failing_probes(watch, 1.5, 60.0) == pytest.approx(1.5 + POLICY.grace)
+
+
+def test_a_move_it_made_judges_the_new_server_at_once() -> None:
+    watch = Watch(POLICY, now=0.0)
+    watch.sign(0.0)
+    watch.probed(0.0, passed=False)
+    watch.probed(0.5, passed=False)
+    watch.looked(3.0, moved=True)
+    assert watch.step(3.0, elsewhere=True) is Step.PROBE
+
+
+@pytest.mark.parametrize(
+    ("peers", "cluster_size", "majority"),
+    [
+        (3, 3, True),
+        (2, 3, True),  # a node of three killed or cut: the other two still make a quorum
+        (1, 3, False),  # the node cut off: it routes to nobody
+        (2, 4, False),
+        (3, 5, True),
+        (None, 3, True),  # a server that tells of no peers (no_advertise): not judged by it
+    ],
+)
+def test_a_server_is_routed_when_it_reaches_a_majority(
+    peers: int | None, cluster_size: int, majority: bool
+) -> None:
+    assert routed(peers, cluster_size) is majority
 
 
 @given(
     st.lists(
         st.tuples(
             st.floats(0.0, 5.0),
-            st.sampled_from(["sign", "ping_ok", "ping_lost", "pass", "fail", "moved"]),
+            st.sampled_from(["sign", "ping_ok", "ping_lost", "pass", "fail", "moved", "stayed"]),
         ),
         max_size=60,
     )
@@ -144,7 +171,9 @@ def test_wake_at_is_never_now_when_the_watch_says_wait(
             case "pass" | "fail":
                 watch.probed(now, passed=event == "pass")
             case "moved":
-                watch.moved(now, left=True)
+                watch.looked(now, moved=True)
+            case "stayed":
+                watch.looked(now, moved=False)
         if watch.step(now, elsewhere=True) is Step.WAIT:
             assert watch.wake_at(now) > now
 

@@ -42,7 +42,13 @@ from nats.aio.subscription import Subscription
 from nats.protocol.command import hpub_cmd
 
 from txactors.errors import NatsConnectionLost, TxActorsError
-from txactors.nats.watchdog import DEFAULT_WATCH, PROBE_SUBJECT, WatchPolicy, watch_server
+from txactors.nats.watchdog import (
+    DEFAULT_WATCH,
+    PROBE_OPTIONS,
+    PROBE_SUBJECT,
+    WatchPolicy,
+    watch_server,
+)
 from txactors.observe.logs import get_logger
 
 MALFORMED_HEADERS: Final = "txactors malformed headers"
@@ -138,14 +144,21 @@ class TolerantClient(Client):
         self.trouble = asyncio.Event()
         """Set on each sign that the server may not reach JetStream (its watch clears it)."""
         self.probe_refused = False
-        """The server refused the watch's probe (permissions): the watch cannot judge."""
+        """The server refused the watch's probe (permissions): the probe cannot judge."""
+        self.peers: int | None = None
+        """How many client URLs the server told of last: itself and those it routes to."""
+        self.cluster_size = 0
+        """The most client URLs a server of this connection ever told of."""
+        self.probe_options: dict[str, Any] = {}
+        """Who the client is (`PROBE_OPTIONS` of its `connect`), to look at other servers."""
         self._watch: asyncio.Task[None] | None = None
 
     async def connect(
         self, *args: Any, server_watch: WatchPolicy | None = DEFAULT_WATCH, **options: Any
     ) -> None:
         """nats-py's `connect`; then, with `server_watch`, the client leaves a server that
-        cannot reach JetStream for another of its pool (`nats/watchdog.py`)."""
+        cannot reach JetStream for another of its pool that can (`nats/watchdog.py`)."""
+        self.probe_options = {k: v for k, v in options.items() if k in PROBE_OPTIONS}
         await super().connect(*args, **options)
         if server_watch is not None:
             self._watch = asyncio.get_running_loop().create_task(
@@ -174,6 +187,18 @@ class TolerantClient(Client):
             self._pings_outstanding = 0
             return
         await super()._process_pong()
+
+    async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
+        """nats-py's; a server that tells of fewer peers than before has lost routes: a sign."""
+        urls = info.get("connect_urls")
+        if isinstance(urls, list):
+            if not initial_connection and self.peers is not None and len(urls) < self.peers:
+                self.trouble.set()
+            self.peers = len(urls)
+            self.cluster_size = max(self.cluster_size, self.peers)
+        elif initial_connection:
+            self.peers = None  # a server that tells of no peers (`no_advertise`)
+        await super()._process_info(info, initial_connection)
 
     async def _process_err(self, err_msg: str) -> None:
         if PROBE_SUBJECT in err_msg and "permissions violation" in err_msg.lower():
