@@ -225,7 +225,7 @@ async def watch_server(nc: TolerantClient, policy: WatchPolicy) -> None:
         if nc.trouble.is_set():
             nc.trouble.clear()
             watch.sign(now)
-        if not nc.is_connected:  # nats-py reconnecting: nothing to judge
+        if not nc.is_connected or nc.is_draining:  # reconnecting, or closing: nothing to judge
             await asyncio.sleep(policy.probe_every)
             continue
         if nc._current_server is not server:
