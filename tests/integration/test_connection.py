@@ -187,7 +187,7 @@ def test_how_long_a_client_keeps_a_server_that_cannot_serve_comes_from_the_envir
     url = {"NATS_URL": "nats://a:4222,nats://b:4222"}
     watch = NatsConfig.from_env({**url, "TXACTORS_LEAVE_SERVER_AFTER": "5"}).server_watch
     assert watch is not None and watch.grace == 5
-    assert connect_options(NatsConfig.from_env(url))["server_watch"] == DEFAULT_WATCH
+    assert NatsConfig.from_env(url).server_watch == DEFAULT_WATCH
     assert NatsConfig.from_env({**url, "TXACTORS_LEAVE_SERVER_AFTER": "0"}).server_watch is None
     assert NatsConfig().server_watch is None
     long_grace = NatsConfig.from_env({**url, "TXACTORS_LEAVE_SERVER_AFTER": "90"}).server_watch

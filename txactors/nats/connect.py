@@ -56,7 +56,6 @@ def connect_options(config: NatsConfig) -> dict[str, Any]:
         "name": config.name,
         "connect_timeout": config.connect_timeout,
         "reconnect_time_wait": config.reconnect_time_wait,
-        "server_watch": config.server_watch,
     }
     if config.user is not None:
         opts["user"] = config.user
@@ -128,7 +127,7 @@ async def nats_session(
         }
     else:
         servers = config.servers
-        opts = connect_options(config)
+        opts = {**connect_options(config), "server_watch": config.server_watch}
     try:
         nc = await _connect(servers, config, {**opts, **connect_kwargs})
         try:
