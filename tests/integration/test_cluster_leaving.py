@@ -15,6 +15,7 @@ import anyio
 import pytest
 from nats.aio.client import Client
 
+from tests.integration.test_coordinator_recovery import capture_logs
 from tests.support.cluster import longest_election
 from tests.support.wait import eventually
 from txactors.consumer import ConsumedMessage, Consumer
@@ -23,7 +24,7 @@ from txactors.coordinator.service import run_coordinator
 from txactors.embedded.cluster import EmbeddedNatsCluster
 from txactors.errors import PrepareFailed
 from txactors.nats.client import TolerantClient, connect
-from txactors.nats.watchdog import DEFAULT_WATCH
+from txactors.nats.watchdog import DEFAULT_WATCH, WatchPolicy
 from txactors.producer import Decision, TransactionProducer, TxMessage
 
 pytestmark = pytest.mark.timeout(240)
@@ -170,3 +171,31 @@ async def test_clients_leave_a_paused_node_and_commits_go_on(
             assert nats_cluster.nodes[victim].paused
         finally:
             nats_cluster.resume(victim)
+
+
+async def test_clients_stay_where_they_are_while_the_rest_of_the_cluster_elects(
+    nats_cluster: EmbeddedNatsCluster,
+) -> None:
+    """The meta leader killed: no server answers JetStream until the other two elect, so a
+    client on one of them, though its server fails the watch, finds no better one and stays
+    (a short grace makes it look while the election runs: at least 4 s)."""
+    leader = await eventually(nats_cluster.meta_leader, until=lambda i: i is not None)
+    home = (leader + 1) % nats_cluster.size
+    quick = WatchPolicy(grace=0.5, probe_every=0.25, probe_timeout=0.5, max_grace=0.5)
+    nc = await connect([nats_cluster.nodes[home].url], reconnect_time_wait=0.2, server_watch=quick)
+    try:
+        assert on(nc) == nats_cluster.nodes[home].url
+        with capture_logs() as logs:
+            await nats_cluster.kill(leader)
+            await eventually(
+                nats_cluster.meta_leader,
+                until=lambda i: i not in (None, leader),
+                timeout=longest_election(nc.connected_server_version),
+                what="a new meta leader",
+            )
+        events = [e["event"] for e in logs if e["event"].startswith("nats_server_")]
+        assert "nats_server_kept" in events, events
+        assert "nats_server_left" not in events, events
+        assert on(nc) == nats_cluster.nodes[home].url and nc.stats["reconnects"] == 0
+    finally:
+        await nc.close()

@@ -301,20 +301,20 @@ async def _serves(
     """Whether the server at `url` routes to a majority and JetStream answers through it."""
     probe = Client()
     try:
-        await asyncio.wait_for(
-            probe.connect(
-                servers=[url],
-                allow_reconnect=False,
-                max_reconnect_attempts=1,
-                connect_timeout=timeout,  # type: ignore[arg-type]  # typed int, taken as seconds
-                error_cb=_quiet,
-                **options,
-            ),
-            2 * timeout,
-        )
-    except (TimeoutError, nats.errors.Error, OSError):
-        return False
-    try:
+        try:
+            await asyncio.wait_for(
+                probe.connect(
+                    servers=[url],
+                    allow_reconnect=False,
+                    max_reconnect_attempts=1,
+                    connect_timeout=timeout,  # type: ignore[arg-type]  # typed int, seconds
+                    error_cb=_quiet,
+                    **options,
+                ),
+                2 * timeout,
+            )
+        except (TimeoutError, nats.errors.Error, OSError):
+            return False
         urls = probe._server_info.get("connect_urls")
         peers = len(urls) if isinstance(urls, list) else None
         return routed(peers, cluster_size) and (refused or await _probe(probe, timeout))
