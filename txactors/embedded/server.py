@@ -290,6 +290,7 @@ class EmbeddedNatsServer:
         if self._proc is None or self._proc.poll() is not None:
             raise NatsServerError("nats-server is not running, so it cannot be paused")
         self._proc.send_signal(signal.SIGSTOP)
+        _wait_stopped(self._proc.pid)
         self._paused = True
         log.info("nats_server_paused", url=self.url, pid=self._proc.pid)
 
@@ -393,6 +394,24 @@ async def _wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> bool:
             return False
         await asyncio.sleep(0.02)
     return True
+
+
+def _wait_stopped(pid: int, timeout: float = 2.0) -> None:
+    """Return once every thread of the process is stopped: SIGSTOP takes effect on a thread
+    only when the kernel next runs it, and a request answered meanwhile would not look
+    paused. Linux's /proc tells; elsewhere the signal is trusted."""
+    tasks = Path(f"/proc/{pid}/task")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            states = {
+                (task / "stat").read_text().rsplit(")", 1)[1].split()[0] for task in tasks.iterdir()
+            }
+        except (OSError, IndexError):
+            return
+        if states <= {"T", "t"}:
+            return
+        time.sleep(0.001)
 
 
 def _port_in_use(host: str, port: int, detail: str = "") -> PortInUse:
