@@ -1,12 +1,14 @@
-"""What a node cut off from its cluster costs: the longest gap in confirmed commits, for the
-deployment and for a producer whose connection is on that node.
+"""What a node cut off from its cluster, or paused, costs: the longest gap in confirmed
+commits, for the deployment and for a producer whose connection is on that node.
 
-`python -m bench.cutoff [--victim follower|leader] [--cut SECONDS] [--watch on|off]`
+`python -m bench.cutoff [--fault cut|pause] [--victim follower|leader] [--cut SECONDS]
+[--watch on|off]`
 
 A 3-node cluster (R3, fsync always) whose routes go through relays; two coordinators, each on
 a node that stays up; two load producers (tests/peers/load_producer.py, 4 workers each), one
 connected to the victim node first, one to another node. Once both commit, the victim is cut
-off from the other two for `--cut` seconds (its clients stay connected to it), then healed;
+off from the other two for `--cut` seconds (its clients stay connected to it), then healed
+(`--fault pause`: SIGSTOPped for as long, then continued);
 the run ends once both producers have committed again. A coordinator that exits is
 restarted at once, as a supervisor would, and counted. `--victim leader` cuts the JetStream
 meta leader, `follower` another node. `--watch off` runs the clients without their server
@@ -61,7 +63,7 @@ class Gaps:
     def line(self, args: argparse.Namespace) -> str:
         left = "never" if self.left_after is None else f"{self.left_after:.1f} s after the cut"
         return (
-            f"victim={args.victim} watch={args.watch} cut={args.cut:g}s: longest gap in "
+            f"{args.fault} {args.victim} for {args.cut:g}s, watch {args.watch}: longest gap in "
             f"commits: deployment {self.deployment:.1f} s, producer on the victim "
             f"{self.on_victim:.1f} s (it left: {left}), producer elsewhere "
             f"{self.elsewhere:.1f} s; coordinators restarted: {self.coordinator_restarts}"
@@ -211,7 +213,8 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m bench.cutoff", description=__doc__)
+    parser.add_argument("--fault", choices=("cut", "pause"), default="cut")
     parser.add_argument("--victim", choices=("follower", "leader"), default="follower")
-    parser.add_argument("--cut", type=float, default=20.0, help="seconds the node is cut off")
+    parser.add_argument("--cut", type=float, default=20.0, help="seconds the fault lasts")
     parser.add_argument("--watch", choices=("on", "off"), default="on")
     run(main(parser.parse_args()))
