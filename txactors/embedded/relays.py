@@ -114,6 +114,10 @@ class RouteRelays:
                 ready.set()
             if not failed:
                 loop.run_forever()
+                pending = asyncio.all_tasks(loop)  # relays still winding down
+                for task in pending:
+                    task.cancel()
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.close()
 
         self._loop = loop
