@@ -14,6 +14,7 @@ from txactors.embedded.server import EmbeddedNatsServer
 from txactors.errors import ConfigError, NatsConnectError
 from txactors.nats.config import NatsConfig
 from txactors.nats.connect import connect_options, nats_session
+from txactors.nats.watchdog import DEFAULT_WATCH
 
 if TYPE_CHECKING:
     from tests.conftest import MakeNatsServer
@@ -179,3 +180,17 @@ def test_the_inbox_prefix_comes_from_the_environment() -> None:
 def test_an_inbox_prefix_no_reply_may_use_names_the_variable(prefix: str) -> None:
     with pytest.raises(ConfigError, match="NATS_INBOX_PREFIX"):
         NatsConfig.from_env({"NATS_URL": "nats://x:4222", "NATS_INBOX_PREFIX": prefix})
+
+
+def test_how_long_a_client_keeps_a_server_that_cannot_serve_comes_from_the_environment() -> None:
+    """TXACTORS_LEAVE_SERVER_AFTER (nats/watchdog.py); 0, or an embedded server, never moves."""
+    url = {"NATS_URL": "nats://a:4222,nats://b:4222"}
+    watch = NatsConfig.from_env({**url, "TXACTORS_LEAVE_SERVER_AFTER": "5"}).server_watch
+    assert watch is not None and watch.grace == 5
+    assert NatsConfig.from_env(url).server_watch == DEFAULT_WATCH
+    assert NatsConfig.from_env({**url, "TXACTORS_LEAVE_SERVER_AFTER": "0"}).server_watch is None
+    assert NatsConfig().server_watch is None
+    long_grace = NatsConfig.from_env({**url, "TXACTORS_LEAVE_SERVER_AFTER": "90"}).server_watch
+    assert long_grace is not None and long_grace.max_grace == 90
+    with pytest.raises(ConfigError, match="TXACTORS_LEAVE_SERVER_AFTER"):
+        NatsConfig.from_env({**url, "TXACTORS_LEAVE_SERVER_AFTER": "-1"})

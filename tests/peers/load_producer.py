@@ -1,7 +1,11 @@
 """A producer process under load: N workers send a mix of transactions and journal each one.
 
 Usage: python -m tests.peers.load_producer NATS_URLS JOURNAL
-           [--workers N] [--partitions P] [--topics t0,t1] [--group G] [--seed S]
+           [--workers N] [--partitions P] [--topics t0,t1] [--group G] [--seed S] [--in-order]
+
+It connects to one of NATS_URLS at random, or with `--in-order` to the first one first. It
+leaves a server that cannot reach JetStream after TXACTORS_LEAVE_SERVER_AFTER seconds (the
+default; 0: never), as a client configured by `NatsConfig` does.
 
 Each worker loops until SIGUSR1: a transaction of one or two messages (random
 topics) that ends COMMIT, ROLLBACK, or UNKNOWN; for UNKNOWN the local transaction's outcome
@@ -31,6 +35,7 @@ from typing import Any, TextIO
 
 from txactors.errors import TransactionError
 from txactors.nats.client import connect
+from txactors.nats.config import NatsConfig
 from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
 
 KINDS = (Decision.COMMIT, Decision.ROLLBACK, Decision.UNKNOWN)
@@ -115,7 +120,13 @@ async def main(args: argparse.Namespace, out: TextIO) -> None:
         # No record: the local transaction never ran (its prepare was not confirmed).
         return records.get(view.txid, Decision.ROLLBACK)
 
-    nc = await connect(args.urls.split(","), max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    nc = await connect(
+        args.urls.split(","),
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.2,
+        dont_randomize=args.in_order,
+        server_watch=NatsConfig.from_env(url=args.urls).server_watch,
+    )
     topics = args.topics.split(",")
     rng = random.Random(args.seed)
     stop_load, stopping = asyncio.Event(), asyncio.Event()
@@ -144,6 +155,7 @@ if __name__ == "__main__":
     parser.add_argument("--topics", default="orders")
     parser.add_argument("--group", default="shop")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--in-order", action="store_true")
     arguments = parser.parse_args()
     with Path(arguments.journal).open("a") as journal_file:
         asyncio.run(main(arguments, journal_file))

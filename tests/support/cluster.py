@@ -3,7 +3,9 @@
 Each node has its own store directory under the test's tmp_path and free client, route and
 monitoring ports (never 4222); the fixture returns once the cluster is ready (a meta leader
 that sees every node current). Tests kill and restart nodes through it (`kill(i)`,
-`restart(i)`), which reuse the node's ports and store, as a restarted pod would.
+`restart(i)`), which reuse the node's ports and store, as a restarted pod would; pause and
+resume them (`pause(i)`, `resume(i)`: SIGSTOP, SIGCONT); and cut one off from the others while
+its clients stay on it (`cut(i)`, `heal(i)`): its routes go through relays for that.
 
 `longest_election` bounds what a test waits for a stream to elect a leader after a kill: it
 derives from the server's raft timeout, not from how fast the machine is today.
@@ -41,5 +43,5 @@ def longest_election(server: ServerVersion) -> float:
 @pytest_asyncio.fixture
 async def nats_cluster(tmp_path: Path) -> AsyncIterator[EmbeddedNatsCluster]:
     """A started 3-node cluster, stopped (and its stores kept in tmp_path) after the test."""
-    async with EmbeddedNatsCluster(tmp_path / "cluster", size=3) as cluster:
+    async with EmbeddedNatsCluster(tmp_path / "cluster", size=3, route_relays=True) as cluster:
         yield cluster

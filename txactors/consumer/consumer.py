@@ -58,7 +58,12 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from txactors.consumer.handling import Handler, Handling
 from txactors.consumer.retry import DEFAULT_MAX_RECONSUME, DEFAULT_RETRY_DELAYS, RetryPolicy
 from txactors.errors import ConfigError, ungrouped
-from txactors.nats.client import TolerantClient, raising_connection_lost, watch_connection
+from txactors.nats.client import (
+    TolerantClient,
+    notice_trouble,
+    raising_connection_lost,
+    watch_connection,
+)
 from txactors.nats.topics import (
     DECLARE_DEADLINE,
     declaring,
@@ -300,9 +305,12 @@ class Consumer:
                 self._log.warning("consumer_pull_failed", error=repr(exc))
                 self._refused = True
             else:
-                # No end status in time means it was lost (e.g. a reconnect): just pull again.
-                with anyio.move_on_after(self._pull_expires + PULL_GRACE):
+                # No end status in time means it was lost (e.g. a reconnect, or a server
+                # that reaches no consumer leader: a sign for its watch): just pull again.
+                with anyio.move_on_after(self._pull_expires + PULL_GRACE) as lost:
                     await self._pull_done.wait()
+                if lost.cancelled_caught:
+                    notice_trouble(self._nc)
             if self._refused:
                 self._refused = False
                 await self._recover()

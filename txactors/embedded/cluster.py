@@ -5,6 +5,10 @@ one cluster name, JetStream in a store directory per node and an HTTP monitoring
 on free ports picked up front (never 4222), so a node killed or restarted comes back on its own
 ports and store. `urls` is what NATS_URL takes.
 
+For fault tests a node can also be paused (SIGSTOP) and resumed, and, with `route_relays`,
+cut off from the others while its clients stay connected to it, then healed: every route
+then goes through a relay (`embedded/relays.py`) that a cut closes.
+
 Ready means what a client needs: every running node is healthy (`/healthz`), the JetStream meta
 group has a leader that sees every running node current (`/jsz`), and every stream has a
 leader with each of its running replicas current. A fresh cluster elects within a second of its
@@ -34,6 +38,7 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import ClusterInfo
 
+from txactors.embedded.relays import RouteRelays
 from txactors.embedded.server import DEFAULT_HOST, EmbeddedNatsServer
 from txactors.embedded.setup import (
     DEFAULT_FSYNC,
@@ -71,6 +76,8 @@ class EmbeddedNatsCluster:
 
     `data_dir=None` uses a temporary directory that `stop()` removes; node `i` stores into
     `data_dir/n{i+1}`. `fsync`/`fsync_interval` apply to every node (durable by default).
+    `route_relays` routes the nodes through relays, so that `cut` and `heal` work; each route
+    byte then crosses a thread of this process.
     """
 
     def __init__(
@@ -84,6 +91,7 @@ class EmbeddedNatsCluster:
         fsync: Fsync = DEFAULT_FSYNC,
         fsync_interval: float = DEFAULT_FSYNC_INTERVAL,
         ready_timeout: float = 30.0,
+        route_relays: bool = False,
     ) -> None:
         if size < 1:
             raise NatsServerError(f"a cluster needs at least one node, got size={size}")
@@ -95,8 +103,8 @@ class EmbeddedNatsCluster:
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="txactors-cluster-"))
         ports = free_ports(host, size * 3)
         client, route, monitor = ports[:size], ports[size : 2 * size], ports[2 * size :]
-        routes = tuple(f"nats-route://{host}:{port}" for port in route)
         self._monitors = [f"{host}:{port}" for port in monitor]
+        self._relays = RouteRelays(host, route) if route_relays else None
         self.nodes = [
             EmbeddedNatsServer(
                 self.data_dir / f"n{i + 1}",
@@ -109,12 +117,18 @@ class EmbeddedNatsCluster:
                     server_name=f"n{i + 1}",
                     cluster_name=name,
                     listen=f"{host}:{route[i]}",
-                    routes=routes,
+                    routes=self._routes(i, host, route),
                     monitor=self._monitors[i],
+                    advertise=self._relays.advertise(i) if self._relays else None,
                 ),
             )
             for i in range(size)
         ]
+
+    def _routes(self, index: int, host: str, ports: list[int]) -> tuple[str, ...]:
+        if self._relays is not None:
+            return self._relays.routes(index)
+        return tuple(f"nats-route://{host}:{port}" for port in ports)
 
     # -- what clients need ---------------------------------------------------------------
 
@@ -179,6 +193,8 @@ class EmbeddedNatsCluster:
     async def start(self, indexes: Iterable[int] | None = None, *, wait: bool = True) -> None:
         """Start the nodes `indexes` (default: all that are not running); with `wait`, return
         once the cluster is ready (see `wait_ready`; only when every node runs then)."""
+        if self._relays is not None:
+            self._relays.start()
         todo = [i for i in (range(self.size) if indexes is None else indexes)]
         await asyncio.gather(*(self.nodes[i].start() for i in todo if not self.nodes[i].running))
         if wait and all(node.running for node in self.nodes):
@@ -196,10 +212,39 @@ class EmbeddedNatsCluster:
         if wait:
             await self.wait_ready()
 
+    def pause(self, index: int) -> None:
+        """SIGSTOP node `index`: its connections stay open, unanswered, until `resume`."""
+        self.nodes[index].pause()
+
+    def resume(self, index: int) -> None:
+        """SIGCONT node `index` after `pause`."""
+        self.nodes[index].resume()
+
+    async def cut(self, index: int) -> None:
+        """Cut node `index` off from the others (its clients stay connected to it): every
+        route to or from it is closed, and refused until `heal` (needs `route_relays`)."""
+        await self._relays_or_error().cut(index)
+
+    async def heal(self, index: int) -> None:
+        """Let node `index` route to the others again (they redial within a second or two)."""
+        await self._relays_or_error().heal(index)
+
+    def is_cut(self, index: int) -> bool:
+        return self._relays is not None and self._relays.is_cut(index)
+
+    def _relays_or_error(self) -> RouteRelays:
+        if self._relays is None:
+            raise NatsServerError(
+                f"cluster {self.name} routes directly: make it with route_relays=True to cut it"
+            )
+        return self._relays
+
     async def stop(self) -> None:
         """Stop every node; removes the store only if it was a temporary directory."""
         for node in self.nodes:
             await node.stop()
+        if self._relays is not None:
+            self._relays.close()
         if self._temporary:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
@@ -274,6 +319,11 @@ class EmbeddedNatsCluster:
         finally:
             await nc.close()
         return None
+
+    async def routed_to(self, index: int) -> set[str]:
+        """The names of the nodes node `index` has a route to now (its `/routez`)."""
+        _, routez = await self._monitor(index, "/routez")
+        return {route.get("remote_name", "?") for route in routez.get("routes") or ()}
 
     def _server_name(self, index: int) -> str:
         cluster = self.nodes[index].cluster

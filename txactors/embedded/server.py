@@ -147,6 +147,7 @@ class EmbeddedNatsServer:
         self.extra_args = tuple(extra_args)
         self.cluster = cluster
         self._proc: subprocess.Popen[bytes] | None = None
+        self._paused = False
         self._log_offset = 0
         self._lock: IO[str] | None = None
 
@@ -185,6 +186,11 @@ class EmbeddedNatsServer:
     @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def paused(self) -> bool:
+        """True while `pause` holds the process stopped."""
+        return self._paused and self.running
 
     @property
     def pid(self) -> int | None:
@@ -253,6 +259,7 @@ class EmbeddedNatsServer:
 
         Removes the data directory only if it was a temporary one we made.
         """
+        self.resume()  # a stopped process would take SIGTERM only once continued
         proc = self._proc
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -274,10 +281,29 @@ class EmbeddedNatsServer:
             self._kill_now()
             log.info("nats_server_killed", url=self.url)
         self._proc = None
+        self._paused = False
         self._unlock()
+
+    def pause(self) -> None:
+        """SIGSTOP, as a stalled host or a long GC pause would: for fault tests. Its sockets
+        stay open and unanswered until `resume`."""
+        if self._proc is None or self._proc.poll() is not None:
+            raise NatsServerError("nats-server is not running, so it cannot be paused")
+        self._proc.send_signal(signal.SIGSTOP)
+        _wait_stopped(self._proc.pid)
+        self._paused = True
+        log.info("nats_server_paused", url=self.url, pid=self._proc.pid)
+
+    def resume(self) -> None:
+        """SIGCONT a paused server (nothing if it is not paused)."""
+        if self._paused and self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGCONT)
+            log.info("nats_server_resumed", url=self.url, pid=self._proc.pid)
+        self._paused = False
 
     async def restart(self) -> None:
         """Stop gracefully and start again on the same port and data directory."""
+        self.resume()  # a stopped process would take SIGTERM only once continued
         if self.running and self._proc is not None:
             proc = self._proc
             with contextlib.suppress(ProcessLookupError):
@@ -368,6 +394,24 @@ async def _wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> bool:
             return False
         await asyncio.sleep(0.02)
     return True
+
+
+def _wait_stopped(pid: int, timeout: float = 2.0) -> None:
+    """Return once every thread of the process is stopped: SIGSTOP takes effect on a thread
+    only when the kernel next runs it, and a request answered meanwhile would not look
+    paused. Linux's /proc tells; elsewhere the signal is trusted."""
+    tasks = Path(f"/proc/{pid}/task")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            states = {
+                (task / "stat").read_text().rsplit(")", 1)[1].split()[0] for task in tasks.iterdir()
+            }
+        except (OSError, IndexError):
+            return
+        if states <= {"T", "t"}:
+            return
+        time.sleep(0.001)
 
 
 def _port_in_use(host: str, port: int, detail: str = "") -> PortInUse:

@@ -83,6 +83,9 @@ class ClusterNode(msgspec.Struct, frozen=True, kw_only=True):
     """`nats-route://host:port` of every node (its own included is harmless, as in the docs)."""
     monitor: str | None = None
     """`host:port` of the HTTP monitoring endpoint (`/healthz`, `/jsz`), if any."""
+    advertise: str | None = None
+    """`host:port` this node tells the others to route to (`cluster.advertise`), where that is
+    not `listen`; None: `listen`."""
 
 
 def server_config(
@@ -115,6 +118,7 @@ def server_config(
             "cluster {",
             f"  name: {_quoted(cluster.cluster_name)}",
             f"  listen: {_quoted(cluster.listen)}",
+            *([f"  advertise: {_quoted(cluster.advertise)}"] if cluster.advertise else []),
             "  routes: [",
             *(f"    {_quoted(route)}" for route in cluster.routes),
             "  ]",

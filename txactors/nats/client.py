@@ -17,6 +17,9 @@ loop itself, a loop turn sooner than through nats-py's per-subscription task, an
 sends a consumer's batch of acks as one command. On uvloop a write to a connection already
 closed raises where asyncio's loop drops it, and nats-py counts on the drop; its transport
 drops such writes on any loop (`WritesAfterClose`).
+A PONG that comes after its flush gave up is taken as nats-py 2.16 should (it kills the read
+loop). And the client leaves a server that cannot reach JetStream for another of its cluster
+(`nats/watchdog.py`): it notes the signs of trouble its watch acts on (`notice_trouble`).
 `watch_connection` is for long-lived roles handed any client: it revives a dead read loop the
 same way and raises `NatsConnectionLost` once the connection is closed for good, so the role
 exits with an error instead of staying up serving nothing.
@@ -39,6 +42,13 @@ from nats.aio.subscription import Subscription
 from nats.protocol.command import hpub_cmd
 
 from txactors.errors import NatsConnectionLost, TxActorsError
+from txactors.nats.watchdog import (
+    DEFAULT_WATCH,
+    PROBE_OPTIONS,
+    PROBE_SUBJECT,
+    WatchPolicy,
+    watch_server,
+)
 from txactors.observe.logs import get_logger
 
 MALFORMED_HEADERS: Final = "txactors malformed headers"
@@ -64,6 +74,8 @@ _BYTES_BLANKS: Final = " \t\n\r\x0b\x0c"
 """What `bytes.strip()` strips (`str.strip()` strips more: `\x1c`-`\x1f`, `\x85`, …)."""
 _valid_names: dict[str, str] = {}
 """Name as given -> as sent (stripped), for names already found valid."""
+_NO_RESPONDERS: Final = b"NATS/1.0 503"
+"""How the header block of a no-responders status begins."""
 
 log = get_logger(__name__)
 
@@ -127,6 +139,72 @@ class TolerantClient(Client):
 
     _transport = _GuardedTransport()  # type: ignore[assignment]
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.trouble = asyncio.Event()
+        """Set on each sign that the server may not reach JetStream (its watch clears it)."""
+        self.probe_refused = False
+        """The server refused the watch's probe (permissions): the probe cannot judge."""
+        self.peers: int | None = None
+        """How many client URLs the server told of last: itself and those it routes to."""
+        self.cluster_size = 0
+        """The most client URLs a server of this connection ever told of."""
+        self.probe_options: dict[str, Any] = {}
+        """Who the client is (`PROBE_OPTIONS` of its `connect`), to look at other servers."""
+        self._watch: asyncio.Task[None] | None = None
+
+    async def connect(
+        self, *args: Any, server_watch: WatchPolicy | None = DEFAULT_WATCH, **options: Any
+    ) -> None:
+        """nats-py's `connect`; then, with `server_watch`, the client leaves a server that
+        cannot reach JetStream for another of its pool that can (`nats/watchdog.py`)."""
+        self.probe_options = {k: v for k, v in options.items() if k in PROBE_OPTIONS}
+        await super().connect(*args, **options)
+        if server_watch is not None:
+            self._watch = asyncio.get_running_loop().create_task(
+                watch_server(self, server_watch), name="txactors-server-watch"
+            )
+
+    async def _close(self, status: int, do_cbs: bool = True) -> None:
+        if self._watch is not None and self._watch is not asyncio.current_task():
+            self._watch.cancel()
+        await super()._close(status, do_cbs)
+
+    async def request(self, *args: Any, **kwargs: Any) -> Msg:
+        """nats-py's; a request not answered in time is a sign of trouble."""
+        try:
+            return await super().request(*args, **kwargs)
+        except nats.errors.TimeoutError:
+            self.trouble.set()
+            raise
+
+    async def _process_pong(self) -> None:
+        """nats-py's, except that the PONG of a flush that gave up (its future cancelled) is
+        taken, where nats-py's sets its result, raises, and its read loop ends."""
+        if self._pongs and self._pongs[0].done():
+            self._pongs.pop(0)
+            self._pongs_received += 1
+            self._pings_outstanding = 0
+            return
+        await super()._process_pong()
+
+    async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
+        """nats-py's; a server that tells of fewer peers than before has lost routes: a sign."""
+        urls = info.get("connect_urls")
+        if isinstance(urls, list):
+            if not initial_connection and self.peers is not None and len(urls) < self.peers:
+                self.trouble.set()
+            self.peers = len(urls)
+            self.cluster_size = max(self.cluster_size, self.peers)
+        elif initial_connection:
+            self.peers = None  # a server that tells of no peers (`no_advertise`)
+        await super()._process_info(info, initial_connection)
+
+    async def _process_err(self, err_msg: str) -> None:
+        if PROBE_SUBJECT in err_msg and "permissions violation" in err_msg.lower():
+            self.probe_refused = True
+        await super()._process_err(err_msg)
+
     async def subscribe_direct(
         self,
         subject: str,
@@ -170,6 +248,9 @@ class TolerantClient(Client):
         await super()._process_msg(sid, subject, reply, data, headers)
 
     async def _process_headers(self, headers: Any) -> dict[str, str] | None:
+        # A no-responders status: nobody this server reaches serves the subject.
+        if headers and headers.startswith(_NO_RESPONDERS):
+            self.trouble.set()
         try:
             parsed: dict[str, str] | None = await super()._process_headers(headers)
         except Exception as error:  # nats-py's parser has no error path for this
@@ -276,6 +357,13 @@ def header_block(headers: dict[str, Any]) -> bytes | None:
             text = text.translate(_NEWLINES)
         lines.append(f"{name}: {text}\r\n")
     return b"NATS/1.0\r\n" + "".join(lines).encode() + b"\r\n"
+
+
+def notice_trouble(nc: Client) -> None:
+    """Tell `nc`'s watch that a call got no answer it should have had (a role's own request
+    timed out, a pull ended without its end status): it may be time to leave the server."""
+    if isinstance(nc, TolerantClient):
+        nc.trouble.set()
 
 
 def malformed_headers(msg: Msg) -> str | None:

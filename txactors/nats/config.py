@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import msgspec
 
 from txactors.embedded.setup import FsyncError, FsyncSetting
 from txactors.errors import ConfigError
+from txactors.nats.watchdog import DEFAULT_WATCH, WatchPolicy
 from txactors.wire.inbox import normalize_prefix
 
 DATA_DIR_ENV = "TXACTORS_DATA_DIR"
 FSYNC_ENV = "TXACTORS_FSYNC"
 FSYNC_INTERVAL_ENV = "TXACTORS_FSYNC_INTERVAL"
+LEAVE_SERVER_AFTER_ENV = "TXACTORS_LEAVE_SERVER_AFTER"
 
 # Field -> environment variable; also how error messages name a setting.
 ENV_VARS: dict[str, str] = {
@@ -37,6 +40,7 @@ ENV_VARS: dict[str, str] = {
     "data_dir": DATA_DIR_ENV,
     "fsync": FSYNC_ENV,
     "fsync_interval": FSYNC_INTERVAL_ENV,
+    "leave_server_after": LEAVE_SERVER_AFTER_ENV,
 }
 
 _SECRET_FIELDS = ("password", "token")
@@ -74,6 +78,10 @@ class NatsConfig(FsyncSetting, kw_only=True, frozen=True):
     reconnect_time_wait: float = 2.0
     # After the first connection: -1 keeps reconnecting forever, as a long-lived service wants.
     max_reconnect_attempts: int = -1
+    leave_server_after: float = DEFAULT_WATCH.grace
+    """Seconds the connected server may fail to reach JetStream (or answer nothing) before
+    the client moves to another server of the URL list or the cluster (nats/watchdog.py);
+    0 never moves. A client with one server never does."""
 
     def __post_init__(self) -> None:
         try:
@@ -99,6 +107,11 @@ class NatsConfig(FsyncSetting, kw_only=True, frozen=True):
         _not_both(self, "creds_file", "nkeys_seed")
         if self.connect_timeout <= 0:
             raise ConfigError(f"connect_timeout must be > 0 seconds, got {self.connect_timeout}")
+        if not 0 <= self.leave_server_after < float("inf"):  # NaN fails too
+            raise ConfigError(
+                f"{setting_name('leave_server_after')} must be >= 0 seconds (0: never), "
+                f"got {self.leave_server_after}"
+            )
         if self.connect_retries < 1:
             # nats-py reads a limit of 0 as "retry forever".
             raise ConfigError(f"connect_retries must be >= 1, got {self.connect_retries}")
@@ -117,6 +130,17 @@ class NatsConfig(FsyncSetting, kw_only=True, frozen=True):
     def embedded(self) -> bool:
         """True when no URL is configured, so txactors runs its own server."""
         return self.url is None
+
+    @property
+    def server_watch(self) -> WatchPolicy | None:
+        """How the client watches its server (None: it never leaves one)."""
+        if self.embedded or self.leave_server_after == 0:
+            return None
+        return replace(
+            DEFAULT_WATCH,
+            grace=self.leave_server_after,
+            max_grace=max(DEFAULT_WATCH.max_grace, self.leave_server_after),
+        )
 
     @property
     def servers(self) -> list[str]:
@@ -150,7 +174,7 @@ def setting_name(field: str) -> str:
     return f"{field} ({var})" if var else field
 
 
-_NUMBER_FIELDS = ("fsync_interval",)
+_NUMBER_FIELDS = ("fsync_interval", "leave_server_after")
 
 
 def _number(var: str, raw: str) -> float:

@@ -123,10 +123,11 @@ async def nats_session(
             "name": config.name,
             "connect_timeout": config.connect_timeout,
             "reconnect_time_wait": config.reconnect_time_wait,
+            "server_watch": None,  # one server: nowhere to go
         }
     else:
         servers = config.servers
-        opts = connect_options(config)
+        opts = {**connect_options(config), "server_watch": config.server_watch}
     try:
         nc = await _connect(servers, config, {**opts, **connect_kwargs})
         try:

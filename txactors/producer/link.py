@@ -55,6 +55,7 @@ from nats.aio.subscription import Subscription
 from nats.js.api import Header
 
 from txactors.errors import ActorDeadError, AskTimeout, CommandError
+from txactors.nats.client import notice_trouble
 from txactors.nats.link import NO_RESPONDERS
 from txactors.observe.logs import get_logger
 from txactors.wire.answers import item_answer_bytes
@@ -596,6 +597,7 @@ class PartitionLink(_Link[I], Generic[I, R]):
                     alone: R = await waiter.future
             except TimeoutError:
                 self._abandon(waiter)
+                notice_trouble(self._nc)
                 raise AskTimeout(f"{self.subject} did not answer within {timeout}s") from None
             except BaseException:
                 self._abandon(waiter)
@@ -616,7 +618,9 @@ class PartitionLink(_Link[I], Generic[I, R]):
         return reply
 
     def _expire(self, waiter: _Waiter[I], timeout: float) -> None:
-        """`waiter`'s time is up: its caller gets `AskTimeout` (and gives it up)."""
+        """`waiter`'s time is up: its caller gets `AskTimeout` (and gives it up); for the
+        client's watch, a sign that its server may reach no coordinator."""
+        notice_trouble(self._nc)
         waiter.future.set_exception(AskTimeout(f"{self.subject} did not answer within {timeout}s"))
 
     async def answered(self, request: _Request, msg: Msg) -> None:
