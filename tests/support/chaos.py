@@ -202,9 +202,9 @@ class ChaosRig:
 
     async def _node_cut(self) -> str:
         node, down = self.rng.randrange(self.cluster.size), self._span(NODE_CUT)
-        self.cluster.cut(node)
+        await self.cluster.cut(node)
         await anyio.sleep(down)
-        self.cluster.heal(node)
+        await self.cluster.heal(node)
         return f"node {node} cut off for {down}s"
 
     async def _coordinator_kill(self) -> str:
