@@ -17,6 +17,7 @@ delivered, nothing else on a topic or delivered.
 
 from __future__ import annotations
 
+import functools
 import random
 import signal
 import sqlite3
@@ -250,14 +251,21 @@ class ChaosRig:
                         f"coordinator {index} exited with {coordinator.returncode()}:\n"
                         f"{coordinator.log_tail()}"
                     )
-                    await coordinator.start(60.0)
+                    await self._restart(functools.partial(coordinator.start, 60.0))
             for peer, ready in [
                 *((p, PRODUCER_READY) for p in self.producers),
                 *((c, CONSUMER_READY) for c in self.consumers),
             ]:
                 if peer not in self._down and not peer.alive():
                     self.unexpected_exits.append(f"{peer.name} exited:\n{peer.log_tail()}")
-                    await peer.start(ready, timeout=60)
+                    await self._restart(functools.partial(peer.start, ready, timeout=60))
+
+    async def _restart(self, start: Callable[[], Awaitable[None]]) -> None:
+        """A restart that fails (the process exits again at once) is tried at the next look."""
+        try:
+            await start()
+        except AssertionError as error:
+            self.unexpected_exits.append(f"restart failed: {error}")
 
     # -- settling and the verdict ------------------------------------------------------------
 
