@@ -103,6 +103,13 @@ class PeerProcess:
         assert self._proc is not None
         self._proc.send_signal(signum)
 
+    async def kill(self) -> None:
+        """SIGKILL, as a crash: no cleanup."""
+        if self.alive():
+            assert self._proc is not None
+            self._proc.kill()
+            await anyio.to_thread.run_sync(self._proc.wait)
+
     async def stop(self) -> None:
         """SIGTERM, then SIGKILL if it does not exit within 10 s."""
         if not self.alive():
@@ -340,37 +347,8 @@ class LoadRig:
 
     async def _on_topics(self) -> dict[str, Counter[str]]:
         """Nats-Msg-Id -> how often, per topic, read from each topic stream to its end."""
-        return {topic: await self._read_topic(topic) for topic in TOPICS}
-
-    async def _read_topic(self, topic: str) -> Counter[str]:
-        """Read by an ephemeral consumer, from scratch again when a fetch fails (its interest
-        may not have reached every node yet), until it has counted every message."""
         assert self.nc is not None
-        js = self.nc.jetstream(timeout=10)
-        stream = layout.topic_stream(topic)
-        total = (await js.stream_info(stream)).state.messages
-        with anyio.fail_after(60):
-            while True:
-                sub = await js.pull_subscribe(
-                    layout.topic_filter(topic),
-                    stream=stream,
-                    config=ConsumerConfig(
-                        ack_policy=AckPolicy.NONE,
-                        deliver_policy=DeliverPolicy.ALL,
-                        num_replicas=1,
-                        mem_storage=True,
-                    ),
-                )
-                ids: Counter[str] = Counter()
-                try:
-                    while ids.total() < total:
-                        for msg in await sub.fetch(500, timeout=5):
-                            ids[(msg.headers or {}).get(layout.MSG_ID_HEADER, "?")] += 1
-                    return ids
-                except (nats.errors.Error, TimeoutError):
-                    await anyio.sleep(0.2)  # a pause before reading from scratch again
-                finally:
-                    await sub.unsubscribe()
+        return {topic: await read_msg_ids(self.nc, topic) for topic in TOPICS}
 
     async def verdict(self) -> Verdict:
         transactions = self._transactions()
@@ -420,3 +398,34 @@ def retriable(call: dict[str, Any]) -> bool:
     if call["call"] != "prepare" or call["error"] != "PrepareFailed":
         return False  # an end never raises for a retriable failure: it is unconfirmed
     return call["retry_after"] is not None or call["code"] in (None, *RETRIABLE_CODES)
+
+
+async def read_msg_ids(nc: Client, topic: str) -> Counter[str]:
+    """Nats-Msg-Id -> how often, on `topic`'s stream, read to its end by an ephemeral
+    consumer, from scratch again when a fetch fails (its interest may not have reached every
+    node yet), until it has counted every message."""
+    js = nc.jetstream(timeout=10)
+    stream = layout.topic_stream(topic)
+    total = (await js.stream_info(stream)).state.messages
+    with anyio.fail_after(60):
+        while True:
+            sub = await js.pull_subscribe(
+                layout.topic_filter(topic),
+                stream=stream,
+                config=ConsumerConfig(
+                    ack_policy=AckPolicy.NONE,
+                    deliver_policy=DeliverPolicy.ALL,
+                    num_replicas=1,
+                    mem_storage=True,
+                ),
+            )
+            ids: Counter[str] = Counter()
+            try:
+                while ids.total() < total:
+                    for msg in await sub.fetch(500, timeout=5):
+                        ids[(msg.headers or {}).get(layout.MSG_ID_HEADER, "?")] += 1
+                return ids
+            except (nats.errors.Error, TimeoutError):
+                await anyio.sleep(0.2)  # a pause before reading from scratch again
+            finally:
+                await sub.unsubscribe()
