@@ -28,17 +28,22 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import nats.errors
 
 from tests.peers.chaos_producer import READY_LINE as PRODUCER_READY
 from tests.peers.chaos_producer import STOPPED_LINE
 from tests.peers.journal_consumer import READY_LINE as CONSUMER_READY
 from tests.support.coordinator_process import CoordinatorProcess
-from tests.support.load_rig import COORDINATOR_ARGS, LEASE_TTL, PeerProcess, read_msg_ids
-from tests.support.wait import eventually
+from tests.support.load_rig import (
+    COORDINATOR_ARGS,
+    LEASE_TTL,
+    PeerProcess,
+    all_partitions_served,
+    no_transaction_open,
+    read_msg_ids,
+    wait_for,
+)
 from txactors.embedded.cluster import EmbeddedNatsCluster
 from txactors.nats.client import connect
-from txactors.ops.txn import CoordinatorUnavailable, list_transactions
 
 PARTITIONS = 4
 GROUPS = {"shop": "paid", "depot": "shipped"}
@@ -283,10 +288,7 @@ class ChaosRig:
             )
 
         async def nothing_open() -> bool:
-            try:
-                return not await list_transactions(self.nc, partitions=PARTITIONS, timeout=2)
-            except CoordinatorUnavailable:
-                return False
+            return await no_transaction_open(self.nc, PARTITIONS)
 
         await self._wait(nothing_open, timeout, "no open transaction on any partition")
         expected = await self._committed()
@@ -336,18 +338,7 @@ class ChaosRig:
         return delivered
 
     async def _wait(self, condition: Any, timeout: float, what: str) -> None:
-        await eventually(
-            condition,
-            timeout=timeout,
-            interval=0.2,
-            what=what,
-            explain=self.logs,
-            ignoring=(nats.errors.Error, TimeoutError),
-        )
+        await wait_for(condition, timeout, what, self.logs)
 
     async def _all_partitions_served(self) -> bool:
-        try:
-            await list_transactions(self.nc, partitions=PARTITIONS, timeout=2)
-        except CoordinatorUnavailable:
-            return False
-        return True
+        return await all_partitions_served(self.nc, PARTITIONS)

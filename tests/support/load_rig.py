@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -253,24 +254,11 @@ class LoadRig:
     # -- conditions ----------------------------------------------------------------------------
 
     async def wait_for(self, condition: Any, timeout: float, what: str) -> None:
-        """Poll `condition` (async, truthy when met) until it holds or `timeout` passes. A
-        poll NATS does not answer (the bucket it reads is electing a leader) is not met yet."""
-        await eventually(
-            condition,
-            timeout=timeout,
-            interval=0.2,
-            what=what,
-            explain=self.logs,
-            ignoring=(nats.errors.Error, TimeoutError),
-        )
+        await wait_for(condition, timeout, what, self.logs)
 
     async def _all_partitions_served(self) -> bool:
         assert self.nc is not None
-        try:
-            await list_transactions(self.nc, partitions=PARTITIONS, timeout=2)
-        except CoordinatorUnavailable:
-            return False
-        return True
+        return await all_partitions_served(self.nc, PARTITIONS)
 
     async def commits_after(self, since: float, count: int, timeout: float = 60) -> None:
         """Wait until `count` commits were confirmed after wall-clock `since`: the load goes on."""
@@ -299,10 +287,7 @@ class LoadRig:
 
         async def nothing_open() -> bool:
             assert self.nc is not None
-            try:
-                return not await list_transactions(self.nc, partitions=PARTITIONS, timeout=2)
-            except CoordinatorUnavailable:
-                return False
+            return await no_transaction_open(self.nc, PARTITIONS)
 
         await self.wait_for(nothing_open, timeout, "no open transaction on any partition")
         expected = self._expected()
@@ -429,3 +414,33 @@ async def read_msg_ids(nc: Client, topic: str) -> Counter[str]:
                 await anyio.sleep(0.2)  # a pause before reading from scratch again
             finally:
                 await sub.unsubscribe()
+
+
+async def wait_for(condition: Any, timeout: float, what: str, explain: Callable[[], str]) -> None:
+    """Poll `condition` (async, truthy when met) until it holds or `timeout` passes. A
+    poll NATS does not answer (the bucket it reads is electing a leader) is not met yet."""
+    await eventually(
+        condition,
+        timeout=timeout,
+        interval=0.2,
+        what=what,
+        explain=explain,
+        ignoring=(nats.errors.Error, TimeoutError),
+    )
+
+
+async def all_partitions_served(nc: Client, partitions: int) -> bool:
+    """Every partition answers an operator's list: each has a coordinator serving it."""
+    try:
+        await list_transactions(nc, partitions=partitions, timeout=2)
+    except CoordinatorUnavailable:
+        return False
+    return True
+
+
+async def no_transaction_open(nc: Client, partitions: int) -> bool:
+    """Every partition is served and none holds an open transaction."""
+    try:
+        return not await list_transactions(nc, partitions=partitions, timeout=2)
+    except CoordinatorUnavailable:
+        return False
