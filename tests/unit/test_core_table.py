@@ -1,10 +1,11 @@
 """Every (state, event) pair of the coordinator's transition table, with no I/O.
 
 For each place a transaction can be (`Where`) and each kind of event (`Kind`), the test
-puts one transaction there through the public API, fires the event and checks the
-documented outcome: the new state and the effects' types, or the one precise
-`CoordinatorStateError` with the table exactly as it was and no effect handed out, now or
-later. Replayed kinds are fired in the RECOVERING phase, where recovery meets them. The
+puts one transaction there through the public API, fires the event and checks what the
+module's `TABLE` says of the pair: the state it goes to (`EFFECTS`: the effects' types), or
+that it stays (refused, ignored or answered again), or, for a pair without a row, the one
+precise `CoordinatorStateError` with the table exactly as it was and no effect handed out,
+now or later. Replayed kinds are fired in the RECOVERING phase, where recovery meets them. The
 table also holds its moves to their rows: a move that goes to a state its row does not list
 raises, and whatever it had changed is put back.
 """
@@ -45,7 +46,7 @@ from txactors.coordinator import (
     TransactionTable,
     TxnState,
 )
-from txactors.coordinator.core.events import Kind
+from txactors.coordinator.core.events import HalvesRefused, Kind
 from txactors.coordinator.core.states import Gone, Phase, Where
 from txactors.coordinator.core.table import IGNORE, REANSWER, REFUSE, ROWS, TABLE, WHERE
 from txactors.wire.protocol import Resolution
@@ -164,6 +165,8 @@ def event_of(w: World, kind: Kind) -> Event | None:
                 begins=where is G.UNKNOWN,
                 request_id="more",
             )
+        case K.HALVES_REFUSED:
+            return HalvesRefused(txid="t", token=TOKEN)
         case K.END_COMMIT | K.END_ROLLBACK | K.END_UNKNOWN:
             decision = Decision(kind.removeprefix("end_"))
             return End(txid="t", token=TOKEN, decision=decision, request_id="end2")
@@ -222,6 +225,7 @@ def fire(w: World, kind: Kind) -> tuple[Where, list[str]] | str:
 EFFECTS = """
 where        event             effects
 prepared     halves            Acknowledge
+prepared     halves_refused    PersistOp
 prepared     end_commit        PersistOp
 prepared     end_rollback      PersistOp
 prepared     force_commit      PersistOp
@@ -229,6 +233,7 @@ prepared     force_rollback    PersistOp
 prepared     resume            Acknowledge PersistOp
 prepared     due               SendCheck
 checking     halves            Acknowledge
+checking     halves_refused    PersistOp
 checking     end_commit        PersistOp
 checking     end_rollback      PersistOp
 checking     force_commit      PersistOp
@@ -267,7 +272,7 @@ def expected(where: Where, kind: Kind) -> tuple[Where, list[str]]:
     """What `TABLE` says firing `kind` at `where` does, with this test's events."""
     target = TABLE[where][kind]
     if target is REFUSE:
-        return where, ["Refuse"]
+        return where, [] if kind is K.HALVES_REFUSED else ["Refuse"]  # nobody to answer
     if target is IGNORE:
         return where, []
     if target is REANSWER:

@@ -35,6 +35,7 @@ from txactors.coordinator.core.events import (
     CheckFailed,
     CheckFailure,
     End,
+    HalvesRefused,
     HalvesStored,
     OperatorDecided,
     Published,
@@ -147,6 +148,17 @@ class Moves(Reads):
         )
         assert refusal is not None  # a decided or finished one takes no halves
         self._refuse(event.request_id, event.txid, *refusal)
+
+    def roll_back_refused(self, txn: Txn | None, event: HalvesRefused, now: float) -> Where | None:
+        if self._refused_end(txn, event.txid, event.token, None):
+            return None
+        assert txn is not None  # admitted: an open one
+        return self._decide(txn, Decision.ROLLBACK, None, by_operator=False)
+
+    def refuse_roll_back(self, txn: Txn | None, event: HalvesRefused, now: float) -> None:
+        """Decided meanwhile (it cannot be rolled back): counted as a refusal, to nobody."""
+        if not self._refused_end(txn, event.txid, event.token, None):
+            self._refuse_decision(event.txid, Decision.ROLLBACK, None)
 
     def end(self, txn: Txn | None, event: End, now: float) -> Where | None:
         if self._refused_end(txn, event.txid, event.token, event.request_id):

@@ -109,7 +109,7 @@ Move = Callable[[Replay, Txn | None, Any, float], Where | None]
 class Stays(enum.Enum):
     """A row whose event leaves the transaction where it is, and what it does instead."""
 
-    REFUSE = "refuse"  # a request answered with an error (`Refuse`)
+    REFUSE = "refuse"  # refused and counted; a request is answered with an error (`Refuse`)
     IGNORE = "ignore"  # nothing to do (a stale answer, a duplicate ack, an old record)
     REANSWER = "reanswer"  # a request answered as the transaction stands, now or once final
 
@@ -120,6 +120,7 @@ Target = Where | frozenset[Where] | Stays
 TABLE: dict[Where, dict[Kind, Target]] = {
     PREPARED: {
         K.HALVES: PREPARED,
+        K.HALVES_REFUSED: ROLLING_BACK,
         K.END_COMMIT: COMMITTING,
         K.END_ROLLBACK: ROLLING_BACK,
         K.END_UNKNOWN: REANSWER,
@@ -138,6 +139,7 @@ TABLE: dict[Where, dict[Kind, Target]] = {
     },
     CHECKING: {
         K.HALVES: CHECKING,
+        K.HALVES_REFUSED: ROLLING_BACK,
         K.END_COMMIT: COMMITTING,
         K.END_ROLLBACK: ROLLING_BACK,
         K.END_UNKNOWN: REANSWER,
@@ -156,7 +158,8 @@ TABLE: dict[Where, dict[Kind, Target]] = {
     },
     COMMITTING: {
         K.HALVES: REFUSE,
-        K.END_COMMIT: REANSWER,
+        K.HALVES_REFUSED: REFUSE,  # decided meanwhile: what landed stays
+        K.END_COMMIT: REANSWER,  # once all is published
         K.END_ROLLBACK: REFUSE,
         K.END_UNKNOWN: REANSWER,
         K.FORCE_COMMIT: REANSWER,
@@ -174,6 +177,7 @@ TABLE: dict[Where, dict[Kind, Target]] = {
     },
     PUBLISHING: {
         K.HALVES: REFUSE,
+        K.HALVES_REFUSED: REFUSE,
         K.END_COMMIT: REANSWER,
         K.END_ROLLBACK: REFUSE,
         K.END_UNKNOWN: REANSWER,
@@ -192,6 +196,7 @@ TABLE: dict[Where, dict[Kind, Target]] = {
     },
     FINISHING: {
         K.HALVES: REFUSE,
+        K.HALVES_REFUSED: REFUSE,
         K.END_COMMIT: REANSWER,
         K.END_ROLLBACK: REFUSE,
         K.END_UNKNOWN: REANSWER,
@@ -211,6 +216,7 @@ TABLE: dict[Where, dict[Kind, Target]] = {
     },
     COMMITTED: {
         K.HALVES: REFUSE,
+        K.HALVES_REFUSED: REFUSE,
         K.END_COMMIT: REANSWER,
         K.END_ROLLBACK: REFUSE,
         K.END_UNKNOWN: REANSWER,
@@ -229,6 +235,7 @@ TABLE: dict[Where, dict[Kind, Target]] = {
     },
     ROLLING_BACK: {
         K.HALVES: REFUSE,
+        K.HALVES_REFUSED: IGNORE,
         K.END_COMMIT: REFUSE,
         K.END_ROLLBACK: REANSWER,
         K.END_UNKNOWN: REANSWER,
@@ -247,6 +254,7 @@ TABLE: dict[Where, dict[Kind, Target]] = {
     },
     ROLLED_BACK: {
         K.HALVES: REFUSE,
+        K.HALVES_REFUSED: IGNORE,
         K.END_COMMIT: REFUSE,
         K.END_ROLLBACK: REANSWER,
         K.END_UNKNOWN: REANSWER,
@@ -264,6 +272,7 @@ TABLE: dict[Where, dict[Kind, Target]] = {
     },
     DISCARDING: {
         K.HALVES: REFUSE,
+        K.HALVES_REFUSED: REFUSE,
         K.END_COMMIT: REFUSE,
         K.END_ROLLBACK: REFUSE,
         K.END_UNKNOWN: REANSWER,
@@ -282,6 +291,7 @@ TABLE: dict[Where, dict[Kind, Target]] = {
     },
     DISCARDED: {
         K.HALVES: REFUSE,
+        K.HALVES_REFUSED: REFUSE,
         K.END_COMMIT: REFUSE,
         K.END_ROLLBACK: REFUSE,
         K.END_UNKNOWN: REANSWER,
@@ -300,6 +310,7 @@ TABLE: dict[Where, dict[Kind, Target]] = {
     },
     UNKNOWN: {
         K.HALVES: PREPARED,
+        K.HALVES_REFUSED: IGNORE,  # none landed
         K.END_COMMIT: REFUSE,
         K.END_ROLLBACK: REFUSE,
         K.END_UNKNOWN: REFUSE,
@@ -317,6 +328,7 @@ TABLE: dict[Where, dict[Kind, Target]] = {
     },
     FORGOTTEN: {
         K.HALVES: REFUSE,
+        K.HALVES_REFUSED: REFUSE,
         K.END_COMMIT: REFUSE,
         K.END_ROLLBACK: REFUSE,
         K.END_UNKNOWN: REANSWER,
@@ -342,6 +354,7 @@ WHERE: tuple[Where, ...] = (*TxnState, *Gone)
 
 MOVES: dict[Kind, Move] = {
     K.HALVES: Moves.store_halves,
+    K.HALVES_REFUSED: Moves.roll_back_refused,
     K.END_COMMIT: Moves.end,
     K.END_ROLLBACK: Moves.end,
     K.END_UNKNOWN: Moves.end,
@@ -367,6 +380,8 @@ MOVES: dict[Kind, Move] = {
 
 STAYS: dict[tuple[Stays, Kind], Move] = {
     (REFUSE, K.HALVES): Moves.refuse_halves,
+    (REFUSE, K.HALVES_REFUSED): Moves.refuse_roll_back,
+    (IGNORE, K.HALVES_REFUSED): Moves.ignore,
     (REFUSE, K.END_COMMIT): Moves.refuse_end,
     (REFUSE, K.END_ROLLBACK): Moves.refuse_end,
     (REFUSE, K.END_UNKNOWN): Moves.refuse_end,
