@@ -95,6 +95,28 @@ async def test_a_pack_txn_half_refuses_for_good_fails_its_prepares_and_is_quaran
     assert [h.txid for h in stored] == ["small", "big"], "the pack copied whole"
 
 
+async def test_halves_refused_for_good_roll_back_what_landed_of_their_transaction(
+    private_nc: Client,
+) -> None:
+    """A later prepare whose halves TXN_HALF refuses for good fails, and the halves of the
+    earlier one are rolled back: nothing of the transaction may ever be delivered."""
+    js = private_nc.jetstream()
+    await js.add_stream(
+        StreamConfig(
+            name=layout.HALF_STREAM, subjects=[layout.half_subject_filter()], max_msg_size=1024
+        )
+    )
+    async with run_coordinator(private_nc):
+        client = CoordinatorClient(private_nc)
+        first = await client.prepare("t", message())
+        answer = await prepare_batch(private_nc, [item("t", b"x" * 2000, token=first.token)])
+        [result] = answer.results
+        assert isinstance(result, Error), result
+        assert "the transaction is rolled back" in result.message
+        with pytest.raises(CommandError, match=r"is roll(ing|ed)_back; it cannot commit"):
+            await client.end("t", first.token, Decision.COMMIT)
+
+
 async def test_a_restarted_partition_ignores_its_previous_checkers_messages(
     private_nc: Client,
 ) -> None:

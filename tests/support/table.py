@@ -12,7 +12,7 @@ from typing import Any
 from txactors.coordinator.core.deadlines import Deadlines
 from txactors.coordinator.core.recent import RecentOutcomes
 from txactors.coordinator.core.states import Where
-from txactors.coordinator.core.table import TABLE, Move, Row, TransactionTable
+from txactors.coordinator.core.table import ROWS, Move, Row, TransactionTable
 
 
 def everything(table: TransactionTable) -> dict[str, object]:
@@ -39,14 +39,14 @@ def everything(table: TransactionTable) -> dict[str, object]:
 def astray(victim: str, target: Where) -> Iterator[None]:
     """Meanwhile every row whose `to` does not list `target` does its work on `victim` as
     usual, then moves it to `target` all the same: a bug in a move, as the table meets it."""
-    rows = dict(TABLE)
+    rows = dict(ROWS)
     for (where, kind), row in rows.items():
         if target != where and target not in row.to:
-            TABLE[where, kind] = Row(_astray(row.move, victim, target), row.to)
+            ROWS[where, kind] = Row(_astray(row.move, victim, target), row.to)
     try:
         yield
     finally:
-        TABLE.update(rows)
+        ROWS.update(rows)
 
 
 def _astray(move: Move, victim: str, target: Where) -> Move:

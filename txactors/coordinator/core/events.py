@@ -37,6 +37,14 @@ class HalvesStored(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str | None = None
 
 
+class HalvesRefused(msgspec.Struct, frozen=True, kw_only=True):
+    """JetStream refused halves of a prepare of this transaction for good (they are
+    quarantined): nothing of it may ever be delivered, so what did land is rolled back."""
+
+    txid: str
+    token: str
+
+
 class End(msgspec.Struct, frozen=True, kw_only=True):
     """A producer ends its transaction (`request_id` identifies whom to reply to)."""
 
@@ -101,6 +109,7 @@ class OperatorDecided(msgspec.Struct, frozen=True, kw_only=True):
 
 Event = (
     HalvesStored
+    | HalvesRefused
     | End
     | OpPersisted
     | OpReplayed
@@ -115,6 +124,7 @@ class Kind(enum.StrEnum):
     """The columns of the transition table."""
 
     HALVES = "halves"  # HalvesStored
+    HALVES_REFUSED = "halves_refused"
     END_COMMIT = "end_commit"  # End(COMMIT)
     END_ROLLBACK = "end_rollback"
     END_UNKNOWN = "end_unknown"
@@ -162,12 +172,15 @@ _REPLAYED_KINDS = {
     OpKind.RESUME: Kind.RESUME_REPLAYED,
 }
 
-PerTxnEvent = HalvesStored | End | Published | CheckAnswered | CheckFailed | OperatorDecided
+PerTxnEvent = (
+    HalvesStored | HalvesRefused | End | Published | CheckAnswered | CheckFailed | OperatorDecided
+)
 """Events about one transaction (`txid`), each one column of the table."""
 
 
 _FIXED_KINDS: dict[type, Kind] = {
     HalvesStored: Kind.HALVES,
+    HalvesRefused: Kind.HALVES_REFUSED,
     Published: Kind.PUBLISHED,
     CheckAnswered: Kind.CHECK_ANSWERED,
     CheckFailed: Kind.CHECK_FAILED,
@@ -187,6 +200,8 @@ def kind_of(event: PerTxnEvent) -> Kind:
             return _OPERATOR_KINDS[event.resolution]
         case HalvesStored():
             return Kind.HALVES
+        case HalvesRefused():
+            return Kind.HALVES_REFUSED
         case Published():
             return Kind.PUBLISHED
         case CheckAnswered():

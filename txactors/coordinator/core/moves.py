@@ -1,11 +1,14 @@
 """The rows' work: what each (state, event) pair of `table.TABLE` does besides moving state.
 
-Each move takes the transaction (None when it is not in memory), the event and `now`, and
-returns the state it moves to (None: it stays). It never assigns `txn.state`; `table.py`
-does, the one place a transaction's state changes, and only to a state the row lists. A
-move checks everything that could make it fail before it changes anything; should it fail
-all the same (or return a state its row does not list), the table puts back what it
-changed.
+A row names where the transaction goes, or that it stays (`REFUSE`, `IGNORE`, `REANSWER`);
+its move does that work and nothing else: the states a move picks from are its row's, the
+refusal it words is one its row names. Each move takes the transaction (None when it is
+not in memory), the event and `now`, and returns the state it moves to (None: it stays, as
+it may on a guard its event fails: a wrong token, an answer to another check). It never
+assigns `txn.state`; `table.py` does, the one place a transaction's state changes, and
+only to a state the row names. A move checks everything that could make it fail before it
+changes anything; should it fail all the same (or return a state its row does not name),
+the table puts back what it changed.
 Moves emit effects and op records into the current step (`_emit`, `_persist`); the table
 hands them out only once the whole event succeeded.
 """
@@ -31,6 +34,7 @@ from txactors.coordinator.core.events import (
     CheckFailed,
     CheckFailure,
     End,
+    HalvesRefused,
     HalvesStored,
     OperatorDecided,
     Published,
@@ -39,19 +43,15 @@ from txactors.coordinator.core.reads import Reads
 from txactors.coordinator.core.records import Decision, DiscardReason, OpKind, OpRecord
 from txactors.coordinator.core.states import (
     CHECKING,
-    COMMIT_PATH,
     COMMITTED,
     COMMITTING,
-    DECIDABLE_BY_OPERATOR,
     DISCARDED,
     DISCARDING,
     FINAL,
     FINISHING,
     FORGOTTEN,
-    OPEN,
     PREPARED,
     PUBLISHING,
-    ROLLBACK_PATH,
     ROLLED_BACK,
     ROLLING_BACK,
     TxnState,
@@ -64,6 +64,14 @@ from txactors.wire.rules import CoordinatorConfig
 _SEQ, _BORN = operator.attrgetter("seq"), operator.attrgetter("born")
 _IMMUNITY = operator.attrgetter("immunity")
 """A half's fields, read in C by `map` (a generator resumes its frame per half)."""
+
+
+_ANSWERED_NOW = frozenset({*FINAL, FINISHING})
+"""States in which a repeated decision is acknowledged at once (FINISHING: all published)."""
+
+
+def _forced(event: OperatorDecided) -> Decision:
+    return Decision.COMMIT if event.resolution is Resolution.COMMIT else Decision.ROLLBACK
 
 
 class Moves(Reads):
@@ -129,33 +137,63 @@ class Moves(Reads):
             self._emit(Acknowledge(request_id=event.request_id, txid=txn.txid, state=txn.state))
         return target
 
-    def end(self, txn: Txn | None, event: End, now: float) -> Where | None:
-        finished = self._recent.get(event.txid)
-        refusal = admission.refuse_end(txn, finished, event.txid, event.token)
-        if refusal is not None:
-            self._refuse(event.request_id, event.txid, *refusal)
+    def refuse_halves(self, txn: Txn | None, event: HalvesStored, now: float) -> None:
+        refusal = admission.refuse_prepare(
+            txn,
+            self._recent.get(event.txid),
+            event.txid,
+            event.token,
+            event.group,
+            begins=event.begins,
+        )
+        assert refusal is not None  # a decided or finished one takes no halves
+        self._refuse(event.request_id, event.txid, *refusal)
+
+    def roll_back_refused(self, txn: Txn | None, event: HalvesRefused, now: float) -> Where | None:
+        if self._refused_end(txn, event.txid, event.token, None):
             return None
+        assert txn is not None  # admitted: an open one
+        return self._decide(txn, Decision.ROLLBACK, None, by_operator=False)
+
+    def refuse_roll_back(self, txn: Txn | None, event: HalvesRefused, now: float) -> None:
+        """Decided meanwhile (it cannot be rolled back): counted as a refusal, to nobody."""
+        if not self._refused_end(txn, event.txid, event.token, None):
+            self._refuse_decision(event.txid, Decision.ROLLBACK, None)
+
+    def end(self, txn: Txn | None, event: End, now: float) -> Where | None:
+        if self._refused_end(txn, event.txid, event.token, event.request_id):
+            return None
+        assert txn is not None  # admitted: an open one
+        return self._decide(txn, event.decision, event.request_id, by_operator=False)
+
+    def reanswer_end(self, txn: Txn | None, event: End, now: float) -> None:
+        if self._refused_end(txn, event.txid, event.token, event.request_id):
+            return
         if event.decision is Decision.UNKNOWN:
             # Not a decision: the transaction waits for the checker as it was.
-            known = txn or finished
-            assert known is not None  # admitted
             self.counters.unknown_ends += 1
-            self._emit(Acknowledge(request_id=event.request_id, txid=event.txid, state=known.state))
-            return None
-        return self._answer(txn, event.txid, event.decision, event.request_id, by_operator=False)
+            state = self.outcome(event.txid)
+            assert state is not None  # admitted: a known one
+            self._emit(Acknowledge(request_id=event.request_id, txid=event.txid, state=state))
+        else:
+            self._reanswer(txn, event.txid, event.request_id)
+
+    def refuse_end(self, txn: Txn | None, event: End, now: float) -> None:
+        if not self._refused_end(txn, event.txid, event.token, event.request_id):
+            self._refuse_decision(event.txid, event.decision, event.request_id)
 
     def force(self, txn: Txn | None, event: OperatorDecided, now: float) -> Where | None:
-        commit = event.resolution is Resolution.COMMIT
-        decision = Decision.COMMIT if commit else Decision.ROLLBACK
-        return self._answer(txn, event.txid, decision, event.request_id, by_operator=True)
+        assert txn is not None  # an undecided or discarded one
+        return self._decide(txn, _forced(event), event.request_id, by_operator=True)
+
+    def reanswer_force(self, txn: Txn | None, event: OperatorDecided, now: float) -> None:
+        self._reanswer(txn, event.txid, event.request_id)
+
+    def refuse_force(self, txn: Txn | None, event: OperatorDecided, now: float) -> None:
+        self._refuse_decision(event.txid, _forced(event), event.request_id)
 
     def resume(self, txn: Txn | None, event: OperatorDecided, now: float) -> Where | None:
-        if txn is None or txn.state not in DECIDABLE_BY_OPERATOR:
-            state = self.outcome(event.txid)
-            code = ErrorCode.NOT_FOUND if state is None else ErrorCode.CONFLICT
-            message = f"transaction {event.txid} is {state or 'unknown'}; nothing to resume"
-            self._refuse(event.request_id, event.txid, code, message)
-            return None
+        assert txn is not None  # an undecided or discarded one
         txn.next_check_at = now
         target = self._reset_checks(txn)
         self._persist(OpRecord(txid=txn.txid, kind=OpKind.RESUME))
@@ -165,17 +203,23 @@ class Moves(Reads):
         )
         return target
 
+    def refuse_resume(self, txn: Txn | None, event: OperatorDecided, now: float) -> None:
+        state = self.outcome(event.txid)
+        code = ErrorCode.NOT_FOUND if state is None else ErrorCode.CONFLICT
+        message = f"transaction {event.txid} is {state or 'unknown'}; nothing to resume"
+        self._refuse(event.request_id, event.txid, code, message)
+
     # ------------------------------------------------------------ check-backs
 
     def check_answered(self, txn: Txn | None, event: CheckAnswered, now: float) -> Where | None:
-        if txn is not None and txn.state is CHECKING and txn.check_id == event.check_id:
+        assert txn is not None  # CHECKING, or PREPARED after a check timed out
+        if txn.state is CHECKING and txn.check_id == event.check_id:
             txn.last_check = str(event.resolution)
             if event.resolution is Decision.UNKNOWN:
                 return self._inconclusive(txn, now)
             return self._checked(txn, event.resolution)
         if (
-            txn is not None
-            and txn.state is PREPARED
+            txn.state is PREPARED
             and txn.timed_out_check_id == event.check_id
             and event.resolution is not Decision.UNKNOWN
         ):
@@ -183,8 +227,12 @@ class Moves(Reads):
             self.counters.late_check_answers += 1
             txn.last_check = str(event.resolution)
             return self._checked(txn, event.resolution)
-        self.counters.unexpected_check_answers += 1
+        self.unexpected_answer(txn, event, now)
         return None
+
+    def unexpected_answer(self, txn: Txn | None, event: CheckAnswered, now: float) -> None:
+        """An answer that cannot decide (a newer check is out, or it was decided)."""
+        self.counters.unexpected_check_answers += 1
 
     def _checked(self, txn: Txn, resolution: Decision) -> TxnState:
         """Decide as a check-back answered; a rollback answered by the group (another member
@@ -194,8 +242,9 @@ class Moves(Reads):
         return self._decide(txn, resolution, None, by_operator=False)
 
     def check_failed(self, txn: Txn | None, event: CheckFailed, now: float) -> Where | None:
-        if txn is None or txn.state is not CHECKING or txn.check_id != event.check_id:
-            return None  # timed out here already, or decided meanwhile
+        assert txn is not None  # CHECKING
+        if txn.check_id != event.check_id:
+            return None  # an earlier check's, timed out here already
         return self._check_failed(txn, event.reason, now)
 
     def due(self, txn: Txn | None, event: object, now: float) -> Where | None:
@@ -260,42 +309,38 @@ class Moves(Reads):
 
     # ------------------------------------------------------------ shared steps
 
-    def _answer(
-        self,
-        txn: Txn | None,
-        txid: str,
-        decision: Decision,
-        request_id: str | None,
-        *,
-        by_operator: bool,
-    ) -> Where | None:
-        """Decide, or tell the requester how the transaction was already decided.
+    def _reanswer(self, txn: Txn | None, txid: str, request_id: str | None) -> None:
+        """A decision repeated: acknowledged now if final (or all published), else once it
+        is."""
+        if request_id is None:
+            return
+        state = self.outcome(txid)
+        if txn is not None and state not in _ANSWERED_NOW:
+            txn.waiters.append(request_id)
+        else:
+            final = COMMITTED if state is FINISHING else state
+            assert final is not None  # a known one
+            self._emit(Acknowledge(request_id=request_id, txid=txid, state=final))
 
-        A repeated decision is acknowledged (now if final, else when it becomes final); the
-        other decision is a conflict. DISCARDED is decided for producers, not for operators.
-        """
+    def _refuse_decision(self, txid: str, decision: Decision, request_id: str | None) -> None:
+        """The transaction cannot be decided so (DISCARDED is decided for producers)."""
         state = self.outcome(txid)
         if state is None:
             self._refuse(request_id, txid, ErrorCode.NOT_FOUND, f"no transaction {txid}")
-            return None
-        decidable = DECIDABLE_BY_OPERATOR if by_operator else OPEN
-        same_path = COMMIT_PATH if decision is Decision.COMMIT else ROLLBACK_PATH
-        if txn is not None and state in decidable:
-            return self._decide(txn, decision, request_id, by_operator=by_operator)
-        if state in same_path and state in (*FINAL, FINISHING):
-            if request_id is not None:
-                final = COMMITTED if state is FINISHING else state  # all published already
-                self._emit(Acknowledge(request_id=request_id, txid=txid, state=final))
-        elif txn is not None and state in same_path:
-            if request_id is not None:
-                txn.waiters.append(request_id)
         elif state is DISCARDED:
             message = f"transaction {txid} was discarded; an operator may resume or force it"
             self._refuse(request_id, txid, ErrorCode.CONFLICT, message)
         else:
             message = f"transaction {txid} is {state}; it cannot {decision}"
             self._refuse(request_id, txid, ErrorCode.CONFLICT, message)
-        return None
+
+    def _refused_end(self, txn: Txn | None, txid: str, token: str, request_id: str | None) -> bool:
+        """Whether an end is refused for its token (or an unknown transaction); if so, the
+        refusal is emitted."""
+        refusal = admission.refuse_end(txn, self._recent.get(txid), txid, token)
+        if refusal is not None:
+            self._refuse(request_id, txid, *refusal)
+        return refusal is not None
 
     def _decide(
         self, txn: Txn, decision: Decision, request_id: str | None, *, by_operator: bool

@@ -73,8 +73,5 @@ OPEN = frozenset({S.PREPARED, S.CHECKING})
 FINAL = frozenset({S.COMMITTED, S.ROLLED_BACK})
 """Nothing ever leaves these; the transaction is dropped from memory."""
 
-DECIDABLE_BY_OPERATOR = OPEN | {S.DISCARDED}
-COMMIT_PATH = frozenset({S.COMMITTING, S.PUBLISHING, S.FINISHING, S.COMMITTED})
-ROLLBACK_PATH = frozenset({S.ROLLING_BACK, S.ROLLED_BACK})
 LEAVES_MEMORY: frozenset[Where] = frozenset({*FINAL, Gone.FORGOTTEN})
 """Targets after which a transaction is kept only among the recent outcomes."""

@@ -1,15 +1,19 @@
-"""The coordinator's transition table: (state, event) → moves and effects, with no I/O.
+"""The coordinator's transition table: (state, event) → where the transaction goes, with no I/O.
 
-Everything that decides what happens to a transaction is a row of `TABLE` (h11's
-`_state.py` rule): for each `Where` a transaction can be (its `TxnState`, or not in memory)
-and each `Kind` of event, the move that does the work (`moves.py`) and the states it may
-lead to. This module is the one place a transaction's state changes (`_move_to`). A pair
-without a row is a bug in the caller: it raises `CoordinatorStateError("can't handle <kind>
-in state <where> for <txid>")` and changes nothing. A move to a state its row does not list
-is a bug in the move: it raises `CoordinatorStateError("can't move <txid> from <where> to
-<target> on <kind>")`, and what the move had changed is put back (`_fire`, `_unit`). The
-table itself has a `Phase` (`PHASES`): recovery is the RECOVERING phase, which accepts only
-replayed input and holds every effect back, not a flag checked here and there.
+`TABLE` is the table, as data (h11's `_state.py` rule), read top to bottom: for each `Where`
+a transaction can be (its `TxnState`, or not in memory) and each `Kind` of event, the state
+it goes to (or the states, of which the move picks one), or `Stays`: `REFUSE` (a request
+answered with an error), `IGNORE` (nothing to do), `REANSWER` (a request answered as the
+transaction stands). The moves (`moves.py`, `replay.py`; `MOVES`, `STAYS`) only do the work
+the row names. This module is the one place a transaction's state changes (`_move_to`). A
+pair without a row is a bug in the caller: it raises `CoordinatorStateError("can't handle
+<kind> in state <where> for <txid>")` and changes nothing. A move to a state its row does
+not name is a bug in the move: it raises `CoordinatorStateError("can't move <txid> from
+<where> to <target> on <kind>")`, and what the move had changed is put back (`_fire`,
+`_unit`). A move may always stay, on a guard its event fails (a wrong token, an answer to
+another check). The table itself has a `Phase` (`PHASES`): recovery is the RECOVERING
+phase, which accepts only replayed input and holds every effect back, not a flag checked
+here and there.
 
 Time is an argument. `now` and every `born` are wall-clock seconds (`time.time()`), because
 they outlive the process in TXN_HALF headers; a clock that jumps back only delays work.
@@ -45,6 +49,7 @@ the table only compares them, in constant time.
 
 from __future__ import annotations
 
+import enum
 import itertools
 import random
 from collections.abc import Callable, Iterable
@@ -71,17 +76,16 @@ from txactors.coordinator.core.states import (
     CHECKING,
     COMMITTED,
     COMMITTING,
-    DECIDABLE_BY_OPERATOR,
     DISCARDED,
     DISCARDING,
     FINISHING,
     FORGOTTEN,
     LEAVES_MEMORY,
-    OPEN,
     PREPARED,
     PUBLISHING,
     ROLLED_BACK,
     ROLLING_BACK,
+    UNKNOWN,
     Gone,
     Phase,
     TxnState,
@@ -102,94 +106,326 @@ K = Kind
 Move = Callable[[Replay, Txn | None, Any, float], Where | None]
 
 
+class Stays(enum.Enum):
+    """A row whose event leaves the transaction where it is, and what it does instead."""
+
+    REFUSE = "refuse"  # refused and counted; a request is answered with an error (`Refuse`)
+    IGNORE = "ignore"  # nothing to do (a stale answer, a duplicate ack, an old record)
+    REANSWER = "reanswer"  # a request answered as the transaction stands, now or once final
+
+
+REFUSE, IGNORE, REANSWER = Stays.REFUSE, Stays.IGNORE, Stays.REANSWER
+Target = Where | frozenset[Where] | Stays
+
+TABLE: dict[Where, dict[Kind, Target]] = {
+    PREPARED: {
+        K.HALVES: PREPARED,
+        K.HALVES_REFUSED: ROLLING_BACK,
+        K.END_COMMIT: COMMITTING,
+        K.END_ROLLBACK: ROLLING_BACK,
+        K.END_UNKNOWN: REANSWER,
+        K.FORCE_COMMIT: COMMITTING,
+        K.FORCE_ROLLBACK: ROLLING_BACK,
+        K.RESUME: PREPARED,
+        K.CHECK_ANSWERED: frozenset({COMMITTING, ROLLING_BACK}),  # late, to a timed-out check
+        K.CHECK_FAILED: IGNORE,
+        K.DUE: frozenset({CHECKING, DISCARDING}),
+        K.COMMIT_REPLAYED: PUBLISHING,
+        K.ROLLBACK_REPLAYED: ROLLED_BACK,
+        K.DONE_REPLAYED: IGNORE,
+        K.DISCARD_REPLAYED: DISCARDED,
+        K.CHECKED_REPLAYED: PREPARED,
+        K.RESUME_REPLAYED: PREPARED,
+    },
+    CHECKING: {
+        K.HALVES: CHECKING,
+        K.HALVES_REFUSED: ROLLING_BACK,
+        K.END_COMMIT: COMMITTING,
+        K.END_ROLLBACK: ROLLING_BACK,
+        K.END_UNKNOWN: REANSWER,
+        K.FORCE_COMMIT: COMMITTING,
+        K.FORCE_ROLLBACK: ROLLING_BACK,
+        K.RESUME: CHECKING,
+        K.CHECK_ANSWERED: frozenset({COMMITTING, ROLLING_BACK, PREPARED, DISCARDING}),
+        K.CHECK_FAILED: frozenset({PREPARED, DISCARDING, CHECKING}),  # CHECKING: ask the group
+        K.DUE: frozenset({PREPARED, DISCARDING}),
+        K.COMMIT_REPLAYED: PUBLISHING,
+        K.ROLLBACK_REPLAYED: ROLLED_BACK,
+        K.DONE_REPLAYED: IGNORE,
+        K.DISCARD_REPLAYED: DISCARDED,
+        K.CHECKED_REPLAYED: CHECKING,
+        K.RESUME_REPLAYED: CHECKING,
+    },
+    COMMITTING: {
+        K.HALVES: REFUSE,
+        K.HALVES_REFUSED: REFUSE,  # decided meanwhile: what landed stays
+        K.END_COMMIT: REANSWER,  # once all is published
+        K.END_ROLLBACK: REFUSE,
+        K.END_UNKNOWN: REANSWER,
+        K.FORCE_COMMIT: REANSWER,
+        K.FORCE_ROLLBACK: REFUSE,
+        K.RESUME: REFUSE,
+        K.CHECK_ANSWERED: IGNORE,
+        K.CHECK_FAILED: IGNORE,
+        K.COMMIT_WRITTEN: PUBLISHING,
+        K.COMMIT_REPLAYED: IGNORE,
+        K.ROLLBACK_REPLAYED: IGNORE,
+        K.DONE_REPLAYED: IGNORE,
+        K.DISCARD_REPLAYED: IGNORE,
+        K.CHECKED_REPLAYED: IGNORE,
+        K.RESUME_REPLAYED: IGNORE,
+    },
+    PUBLISHING: {
+        K.HALVES: REFUSE,
+        K.HALVES_REFUSED: REFUSE,
+        K.END_COMMIT: REANSWER,
+        K.END_ROLLBACK: REFUSE,
+        K.END_UNKNOWN: REANSWER,
+        K.FORCE_COMMIT: REANSWER,
+        K.FORCE_ROLLBACK: REFUSE,
+        K.RESUME: REFUSE,
+        K.CHECK_ANSWERED: IGNORE,
+        K.CHECK_FAILED: IGNORE,
+        K.PUBLISHED: frozenset({PUBLISHING, FINISHING}),  # FINISHING: the last of its halves
+        K.COMMIT_REPLAYED: IGNORE,
+        K.ROLLBACK_REPLAYED: IGNORE,
+        K.DONE_REPLAYED: COMMITTED,
+        K.DISCARD_REPLAYED: IGNORE,
+        K.CHECKED_REPLAYED: IGNORE,
+        K.RESUME_REPLAYED: IGNORE,
+    },
+    FINISHING: {
+        K.HALVES: REFUSE,
+        K.HALVES_REFUSED: REFUSE,
+        K.END_COMMIT: REANSWER,
+        K.END_ROLLBACK: REFUSE,
+        K.END_UNKNOWN: REANSWER,
+        K.FORCE_COMMIT: REANSWER,
+        K.FORCE_ROLLBACK: REFUSE,
+        K.RESUME: REFUSE,
+        K.CHECK_ANSWERED: IGNORE,
+        K.CHECK_FAILED: IGNORE,
+        K.PUBLISHED: IGNORE,  # the ack of a retried publish
+        K.DONE_WRITTEN: COMMITTED,
+        K.COMMIT_REPLAYED: IGNORE,
+        K.ROLLBACK_REPLAYED: IGNORE,
+        K.DONE_REPLAYED: IGNORE,
+        K.DISCARD_REPLAYED: IGNORE,
+        K.CHECKED_REPLAYED: IGNORE,
+        K.RESUME_REPLAYED: IGNORE,
+    },
+    COMMITTED: {
+        K.HALVES: REFUSE,
+        K.HALVES_REFUSED: REFUSE,
+        K.END_COMMIT: REANSWER,
+        K.END_ROLLBACK: REFUSE,
+        K.END_UNKNOWN: REANSWER,
+        K.FORCE_COMMIT: REANSWER,
+        K.FORCE_ROLLBACK: REFUSE,
+        K.RESUME: REFUSE,
+        K.CHECK_ANSWERED: IGNORE,
+        K.CHECK_FAILED: IGNORE,
+        K.PUBLISHED: IGNORE,
+        K.COMMIT_REPLAYED: IGNORE,
+        K.ROLLBACK_REPLAYED: IGNORE,
+        K.DONE_REPLAYED: IGNORE,
+        K.DISCARD_REPLAYED: IGNORE,
+        K.CHECKED_REPLAYED: IGNORE,
+        K.RESUME_REPLAYED: IGNORE,
+    },
+    ROLLING_BACK: {
+        K.HALVES: REFUSE,
+        K.HALVES_REFUSED: IGNORE,
+        K.END_COMMIT: REFUSE,
+        K.END_ROLLBACK: REANSWER,
+        K.END_UNKNOWN: REANSWER,
+        K.FORCE_COMMIT: REFUSE,
+        K.FORCE_ROLLBACK: REANSWER,
+        K.RESUME: REFUSE,
+        K.CHECK_ANSWERED: IGNORE,
+        K.CHECK_FAILED: IGNORE,
+        K.ROLLBACK_WRITTEN: ROLLED_BACK,
+        K.COMMIT_REPLAYED: IGNORE,
+        K.ROLLBACK_REPLAYED: IGNORE,
+        K.DONE_REPLAYED: IGNORE,
+        K.DISCARD_REPLAYED: IGNORE,
+        K.CHECKED_REPLAYED: IGNORE,
+        K.RESUME_REPLAYED: IGNORE,
+    },
+    ROLLED_BACK: {
+        K.HALVES: REFUSE,
+        K.HALVES_REFUSED: IGNORE,
+        K.END_COMMIT: REFUSE,
+        K.END_ROLLBACK: REANSWER,
+        K.END_UNKNOWN: REANSWER,
+        K.FORCE_COMMIT: REFUSE,
+        K.FORCE_ROLLBACK: REANSWER,
+        K.RESUME: REFUSE,
+        K.CHECK_ANSWERED: IGNORE,
+        K.CHECK_FAILED: IGNORE,
+        K.COMMIT_REPLAYED: IGNORE,
+        K.ROLLBACK_REPLAYED: IGNORE,
+        K.DONE_REPLAYED: IGNORE,
+        K.DISCARD_REPLAYED: IGNORE,
+        K.CHECKED_REPLAYED: IGNORE,
+        K.RESUME_REPLAYED: IGNORE,
+    },
+    DISCARDING: {
+        K.HALVES: REFUSE,
+        K.HALVES_REFUSED: REFUSE,
+        K.END_COMMIT: REFUSE,
+        K.END_ROLLBACK: REFUSE,
+        K.END_UNKNOWN: REANSWER,
+        K.FORCE_COMMIT: REFUSE,
+        K.FORCE_ROLLBACK: REFUSE,
+        K.RESUME: REFUSE,
+        K.CHECK_ANSWERED: IGNORE,
+        K.CHECK_FAILED: IGNORE,
+        K.DISCARD_WRITTEN: DISCARDED,
+        K.COMMIT_REPLAYED: IGNORE,
+        K.ROLLBACK_REPLAYED: IGNORE,
+        K.DONE_REPLAYED: IGNORE,
+        K.DISCARD_REPLAYED: IGNORE,
+        K.CHECKED_REPLAYED: IGNORE,
+        K.RESUME_REPLAYED: IGNORE,
+    },
+    DISCARDED: {
+        K.HALVES: REFUSE,
+        K.HALVES_REFUSED: REFUSE,
+        K.END_COMMIT: REFUSE,
+        K.END_ROLLBACK: REFUSE,
+        K.END_UNKNOWN: REANSWER,
+        K.FORCE_COMMIT: COMMITTING,
+        K.FORCE_ROLLBACK: ROLLING_BACK,
+        K.RESUME: PREPARED,
+        K.CHECK_ANSWERED: IGNORE,
+        K.CHECK_FAILED: IGNORE,
+        K.DUE: FORGOTTEN,  # at half_retention
+        K.COMMIT_REPLAYED: PUBLISHING,
+        K.ROLLBACK_REPLAYED: ROLLED_BACK,
+        K.DONE_REPLAYED: IGNORE,
+        K.DISCARD_REPLAYED: IGNORE,
+        K.CHECKED_REPLAYED: IGNORE,
+        K.RESUME_REPLAYED: PREPARED,
+    },
+    UNKNOWN: {
+        K.HALVES: PREPARED,
+        K.HALVES_REFUSED: IGNORE,  # none landed
+        K.END_COMMIT: REFUSE,
+        K.END_ROLLBACK: REFUSE,
+        K.END_UNKNOWN: REFUSE,
+        K.FORCE_COMMIT: REFUSE,
+        K.FORCE_ROLLBACK: REFUSE,
+        K.RESUME: REFUSE,
+        K.CHECK_ANSWERED: IGNORE,
+        K.CHECK_FAILED: IGNORE,
+        K.COMMIT_REPLAYED: IGNORE,
+        K.ROLLBACK_REPLAYED: IGNORE,
+        K.DONE_REPLAYED: IGNORE,
+        K.DISCARD_REPLAYED: IGNORE,
+        K.CHECKED_REPLAYED: IGNORE,
+        K.RESUME_REPLAYED: IGNORE,
+    },
+    FORGOTTEN: {
+        K.HALVES: REFUSE,
+        K.HALVES_REFUSED: REFUSE,
+        K.END_COMMIT: REFUSE,
+        K.END_ROLLBACK: REFUSE,
+        K.END_UNKNOWN: REANSWER,
+        K.FORCE_COMMIT: REFUSE,
+        K.FORCE_ROLLBACK: REFUSE,
+        K.RESUME: REFUSE,
+        K.CHECK_ANSWERED: IGNORE,
+        K.CHECK_FAILED: IGNORE,
+        K.COMMIT_REPLAYED: IGNORE,
+        K.ROLLBACK_REPLAYED: IGNORE,
+        K.DONE_REPLAYED: IGNORE,
+        K.DISCARD_REPLAYED: IGNORE,
+        K.CHECKED_REPLAYED: IGNORE,
+        K.RESUME_REPLAYED: IGNORE,
+    },
+}
+"""Where each event takes a transaction, by where it is: a state (or one of a set), or
+`Stays`. A pair without a row is a bug in the caller. A request refused by admission (its
+token, its group) and a check answer to another check than the one in flight change
+nothing whatever the row names."""
+
+WHERE: tuple[Where, ...] = (*TxnState, *Gone)
+
+MOVES: dict[Kind, Move] = {
+    K.HALVES: Moves.store_halves,
+    K.HALVES_REFUSED: Moves.roll_back_refused,
+    K.END_COMMIT: Moves.end,
+    K.END_ROLLBACK: Moves.end,
+    K.END_UNKNOWN: Moves.end,
+    K.FORCE_COMMIT: Moves.force,
+    K.FORCE_ROLLBACK: Moves.force,
+    K.RESUME: Moves.resume,
+    K.CHECK_ANSWERED: Moves.check_answered,
+    K.CHECK_FAILED: Moves.check_failed,
+    K.DUE: Moves.due,
+    K.PUBLISHED: Moves.published,
+    K.COMMIT_WRITTEN: Moves.commit_written,
+    K.ROLLBACK_WRITTEN: Moves.rollback_written,
+    K.DONE_WRITTEN: Moves.done_written,
+    K.DISCARD_WRITTEN: Moves.discard_written,
+    K.COMMIT_REPLAYED: Replay.commit_replayed,
+    K.ROLLBACK_REPLAYED: Replay.rollback_replayed,
+    K.DONE_REPLAYED: Replay.done_replayed,
+    K.DISCARD_REPLAYED: Replay.discard_replayed,
+    K.CHECKED_REPLAYED: Replay.checked_replayed,
+    K.RESUME_REPLAYED: Replay.resume_replayed,
+}
+"""The work of a row that names where the transaction goes."""
+
+STAYS: dict[tuple[Stays, Kind], Move] = {
+    (REFUSE, K.HALVES): Moves.refuse_halves,
+    (REFUSE, K.HALVES_REFUSED): Moves.refuse_roll_back,
+    (IGNORE, K.HALVES_REFUSED): Moves.ignore,
+    (REFUSE, K.END_COMMIT): Moves.refuse_end,
+    (REFUSE, K.END_ROLLBACK): Moves.refuse_end,
+    (REFUSE, K.END_UNKNOWN): Moves.refuse_end,
+    (REANSWER, K.END_COMMIT): Moves.reanswer_end,
+    (REANSWER, K.END_ROLLBACK): Moves.reanswer_end,
+    (REANSWER, K.END_UNKNOWN): Moves.reanswer_end,
+    (REFUSE, K.FORCE_COMMIT): Moves.refuse_force,
+    (REFUSE, K.FORCE_ROLLBACK): Moves.refuse_force,
+    (REANSWER, K.FORCE_COMMIT): Moves.reanswer_force,
+    (REANSWER, K.FORCE_ROLLBACK): Moves.reanswer_force,
+    (REFUSE, K.RESUME): Moves.refuse_resume,
+    (IGNORE, K.CHECK_ANSWERED): Moves.unexpected_answer,
+    (IGNORE, K.CHECK_FAILED): Moves.ignore,
+    (IGNORE, K.PUBLISHED): Moves.ignore,
+    (IGNORE, K.COMMIT_REPLAYED): Replay.skip_replayed,
+    (IGNORE, K.ROLLBACK_REPLAYED): Replay.skip_replayed,
+    (IGNORE, K.DONE_REPLAYED): Replay.skip_replayed,
+    (IGNORE, K.DISCARD_REPLAYED): Replay.skip_replayed,
+    (IGNORE, K.CHECKED_REPLAYED): Replay.skip_replayed,
+    (IGNORE, K.RESUME_REPLAYED): Replay.skip_replayed,
+}
+"""The work of a row that leaves the transaction where it is."""
+
+
 class Row(NamedTuple):
+    """A pair of `TABLE` as the table runs it."""
+
     move: Move
     to: frozenset[Where]
     """Where the move may take the transaction (besides staying where it is)."""
 
 
-WHERE: tuple[Where, ...] = (*TxnState, *Gone)
-TABLE: dict[tuple[Where, Kind], Row] = {}
+def _row(kind: Kind, target: Target) -> Row:
+    if isinstance(target, Stays):
+        return Row(STAYS[target, kind], frozenset())
+    return Row(MOVES[kind], target if isinstance(target, frozenset) else frozenset({target}))
 
 
-def _column(
-    kind: Kind, move: Move, to: dict[Where, set[Where]], *, elsewhere: Move | None = None
-) -> None:
-    """Rows of one event kind: `to` for the states it moves, `elsewhere` for the others
-    (None: no row, the pair is illegal)."""
-    for where in WHERE:
-        if where in to:
-            TABLE[where, kind] = Row(move, frozenset(to[where]))
-        elif elsewhere is not None:
-            TABLE[where, kind] = Row(elsewhere, frozenset())
-
-
-def _each(states: Iterable[Where], to: set[Where]) -> dict[Where, set[Where]]:
-    return {state: to for state in states}
-
-
-# Requests: admission answers in every state (a refusal changes nothing).
-_column(K.HALVES, Moves.store_halves, {Gone.UNKNOWN: {PREPARED}}, elsewhere=Moves.store_halves)
-_column(K.END_COMMIT, Moves.end, _each(OPEN, {COMMITTING}), elsewhere=Moves.end)
-_column(K.END_ROLLBACK, Moves.end, _each(OPEN, {ROLLING_BACK}), elsewhere=Moves.end)
-_column(K.END_UNKNOWN, Moves.end, {}, elsewhere=Moves.end)
-_BY_OPERATOR = DECIDABLE_BY_OPERATOR
-_column(K.FORCE_COMMIT, Moves.force, _each(_BY_OPERATOR, {COMMITTING}), elsewhere=Moves.force)
-_column(K.FORCE_ROLLBACK, Moves.force, _each(_BY_OPERATOR, {ROLLING_BACK}), elsewhere=Moves.force)
-_column(K.RESUME, Moves.resume, {DISCARDED: {PREPARED}}, elsewhere=Moves.resume)
-# Check-backs: an answer that cannot decide any more is counted and otherwise ignored.
-_column(
-    K.CHECK_ANSWERED,
-    Moves.check_answered,
-    {
-        CHECKING: {COMMITTING, ROLLING_BACK, PREPARED, DISCARDING},
-        PREPARED: {COMMITTING, ROLLING_BACK},  # the late answer to a timed-out check
-    },
-    elsewhere=Moves.check_answered,
-)
-_column(
-    K.CHECK_FAILED,
-    Moves.check_failed,
-    {CHECKING: {PREPARED, DISCARDING}},  # or CHECKING again: the group, at once
-    elsewhere=Moves.ignore,
-)
-_column(
-    K.DUE,
-    Moves.due,
-    {
-        PREPARED: {CHECKING, DISCARDING},
-        CHECKING: {PREPARED, DISCARDING},
-        DISCARDED: {FORGOTTEN},
-    },
-)
-# Writes done: only the state that waits for the write takes it.
-_column(K.PUBLISHED, Moves.published, {PUBLISHING: {FINISHING}})
-TABLE[FINISHING, K.PUBLISHED] = TABLE[COMMITTED, K.PUBLISHED] = Row(Moves.ignore, frozenset())
-_column(K.COMMIT_WRITTEN, Moves.commit_written, {COMMITTING: {PUBLISHING}})
-_column(K.ROLLBACK_WRITTEN, Moves.rollback_written, {ROLLING_BACK: {ROLLED_BACK}})
-_column(K.DONE_WRITTEN, Moves.done_written, {FINISHING: {COMMITTED}})
-_column(K.DISCARD_WRITTEN, Moves.discard_written, {DISCARDING: {DISCARDED}})
-# Recovery: a record applies only to the state it was written from; any other is a record
-# of an earlier, already finished incarnation (or a duplicate write), skipped and counted.
-_SKIP = Replay.skip_replayed
-_column(
-    K.COMMIT_REPLAYED, Replay.commit_replayed, _each(_BY_OPERATOR, {PUBLISHING}), elsewhere=_SKIP
-)
-_column(
-    K.ROLLBACK_REPLAYED,
-    Replay.rollback_replayed,
-    _each(_BY_OPERATOR, {ROLLED_BACK}),
-    elsewhere=_SKIP,
-)
-_column(K.DONE_REPLAYED, Replay.done_replayed, {PUBLISHING: {COMMITTED}}, elsewhere=_SKIP)
-_column(K.DISCARD_REPLAYED, Replay.discard_replayed, _each(OPEN, {DISCARDED}), elsewhere=_SKIP)
-_column(K.CHECKED_REPLAYED, Replay.checked_replayed, _each(OPEN, set()), elsewhere=_SKIP)
-_column(
-    K.RESUME_REPLAYED,
-    Replay.resume_replayed,
-    {PREPARED: set(), CHECKING: set(), DISCARDED: {PREPARED}},
-    elsewhere=_SKIP,
-)
+ROWS: dict[tuple[Where, Kind], Row] = {
+    (where, kind): _row(kind, target)
+    for where, row in TABLE.items()
+    for kind, target in row.items()
+}
+"""`TABLE` with each row's move, in one lookup a pair."""
 
 
 class PhaseRule(NamedTuple):
@@ -434,7 +670,7 @@ class TransactionTable(Replay):
         # `where` and `_row` inlined: one lookup of the transaction, five fires a transaction.
         txn = self._open.get(txid)
         where = self.where(txid) if txn is None else txn.state
-        row = TABLE.get((where, kind))
+        row = ROWS.get((where, kind))
         if row is None:
             raise CoordinatorStateError(f"can't handle {kind} in state {where} for {txid}")
         touched = self._touched
@@ -448,7 +684,7 @@ class TransactionTable(Replay):
         self._move_to(self._open[txid], target)
 
     def _row(self, txid: str, where: Where, kind: Kind) -> Row:
-        row = TABLE.get((where, kind))
+        row = ROWS.get((where, kind))
         if row is None:
             raise CoordinatorStateError(f"can't handle {kind} in state {where} for {txid}")
         return row

@@ -62,6 +62,7 @@ from txactors.coordinator.core.errors import CoordinatorStateError
 from txactors.coordinator.core.events import (
     End,
     Event,
+    HalvesRefused,
     HalvesStored,
     OperatorDecided,
     OpPersisted,
@@ -99,7 +100,6 @@ from txactors.observe import tracing
 from txactors.observe.logs import get_logger
 from txactors.observe.metrics import CoordinatorMetrics
 from txactors.wire.protocol import (
-    Decision,
     EndBatch,
     Ended,
     EndedBatch,
@@ -605,14 +605,11 @@ class PartitionCoordinator(Actor):
         stored: list[StoredHalf],
         refused: list[str],
     ) -> None:
-        """JetStream refused some halves for good: the prepare fails, and nothing of the
-        transaction may ever be delivered, so what did land is rolled back at once."""
+        """JetStream refused some halves for good: the prepare fails, and the table rolls
+        back what did land of the transaction (`HalvesRefused`)."""
         txid = prepare.txid
-        if stored:
-            self._step(halves_stored(stored))
-        if self.table.outcome(txid) is not None:
-            nobody = self._answers.wait(None, lambda state: None)
-            self._step(End(txid=txid, token=digest, decision=Decision.ROLLBACK, request_id=nobody))
+        landed: list[Event] = [halves_stored(stored)] if stored else []
+        self._step(*landed, HalvesRefused(txid=txid, token=digest))
         message = f"JetStream refused {'; '.join(refused)} of transaction {txid} (quarantined); "
         message += "the transaction is rolled back"
         self._answers.send(request, Error(ErrorCode.INTERNAL, message))
