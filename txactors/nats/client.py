@@ -46,6 +46,7 @@ from txactors.nats.watchdog import (
     DEFAULT_WATCH,
     PROBE_OPTIONS,
     PROBE_SUBJECT,
+    ServerSigns,
     WatchPolicy,
     watch_server,
 )
@@ -141,16 +142,8 @@ class TolerantClient(Client):
 
     def __init__(self) -> None:
         super().__init__()
-        self.trouble = asyncio.Event()
-        """Set on each sign that the server may not reach JetStream (its watch clears it)."""
-        self.probe_refused = False
-        """The server refused the watch's probe (permissions): the probe cannot judge."""
-        self.peers: int | None = None
-        """How many client URLs the server told of last: itself and those it routes to."""
-        self.cluster_size = 0
-        """The most client URLs a server of this connection ever told of."""
-        self.probe_options: dict[str, Any] = {}
-        """Who the client is (`PROBE_OPTIONS` of its `connect`), to look at other servers."""
+        self.signs = ServerSigns()
+        """What this connection has seen of its server: what its watch judges by."""
         self._watch: asyncio.Task[None] | None = None
 
     async def connect(
@@ -158,11 +151,11 @@ class TolerantClient(Client):
     ) -> None:
         """nats-py's `connect`; then, with `server_watch`, the client leaves a server that
         cannot reach JetStream for another of its pool that can (`nats/watchdog.py`)."""
-        self.probe_options = {k: v for k, v in options.items() if k in PROBE_OPTIONS}
+        self.signs.probe_options = {k: v for k, v in options.items() if k in PROBE_OPTIONS}
         await super().connect(*args, **options)
         if server_watch is not None:
             self._watch = asyncio.get_running_loop().create_task(
-                watch_server(self, server_watch), name="txactors-server-watch"
+                watch_server(self, self.signs, server_watch), name="txactors-server-watch"
             )
 
     async def _close(self, status: int, do_cbs: bool = True) -> None:
@@ -175,7 +168,7 @@ class TolerantClient(Client):
         try:
             return await super().request(*args, **kwargs)
         except nats.errors.TimeoutError:
-            self.trouble.set()
+            self.signs.trouble.set()
             raise
 
     async def _process_pong(self) -> None:
@@ -192,17 +185,18 @@ class TolerantClient(Client):
         """nats-py's; a server that tells of fewer peers than before has lost routes: a sign."""
         urls = info.get("connect_urls")
         if isinstance(urls, list):
-            if not initial_connection and self.peers is not None and len(urls) < self.peers:
-                self.trouble.set()
-            self.peers = len(urls)
-            self.cluster_size = max(self.cluster_size, self.peers)
+            signs = self.signs
+            if not initial_connection and signs.peers is not None and len(urls) < signs.peers:
+                signs.trouble.set()
+            signs.peers = len(urls)
+            signs.cluster_size = max(signs.cluster_size, signs.peers)
         elif initial_connection:
-            self.peers = None  # a server that tells of no peers (`no_advertise`)
+            self.signs.peers = None  # a server that tells of no peers (`no_advertise`)
         await super()._process_info(info, initial_connection)
 
     async def _process_err(self, err_msg: str) -> None:
         if PROBE_SUBJECT in err_msg and "permissions violation" in err_msg.lower():
-            self.probe_refused = True
+            self.signs.probe_refused = True
         await super()._process_err(err_msg)
 
     async def subscribe_direct(
@@ -250,7 +244,7 @@ class TolerantClient(Client):
     async def _process_headers(self, headers: Any) -> dict[str, str] | None:
         # A no-responders status: nobody this server reaches serves the subject.
         if headers and headers.startswith(_NO_RESPONDERS):
-            self.trouble.set()
+            self.signs.trouble.set()
         try:
             parsed: dict[str, str] | None = await super()._process_headers(headers)
         except Exception as error:  # nats-py's parser has no error path for this
@@ -363,7 +357,7 @@ def notice_trouble(nc: Client) -> None:
     """Tell `nc`'s watch that a call got no answer it should have had (a role's own request
     timed out, a pull ended without its end status): it may be time to leave the server."""
     if isinstance(nc, TolerantClient):
-        nc.trouble.set()
+        nc.signs.trouble.set()
 
 
 def malformed_headers(msg: Msg) -> str | None:

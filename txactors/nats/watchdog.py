@@ -34,8 +34,8 @@ import contextlib
 import enum
 import json
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from dataclasses import dataclass, field
+from typing import Any, Final
 
 import nats.errors
 from nats.aio.client import Client, Server
@@ -44,13 +44,11 @@ from txactors.errors import ConfigError
 from txactors.nats.retry import CLUSTER_TRANSIENT_CODES
 from txactors.observe.logs import get_logger
 
-if TYPE_CHECKING:
-    from txactors.nats.client import TolerantClient
-
 __all__ = [
     "DEFAULT_WATCH",
     "PROBE_OPTIONS",
     "PROBE_SUBJECT",
+    "ServerSigns",
     "Step",
     "Watch",
     "WatchPolicy",
@@ -209,8 +207,26 @@ class Watch:
         return self._failing_since + self.grace
 
 
-async def watch_server(nc: TolerantClient, policy: WatchPolicy) -> None:
-    """Run `Watch` on `nc` until it closes: ping, judge, look elsewhere and move as it says."""
+@dataclass
+class ServerSigns:
+    """What a client has seen of its server, noted by the client (`TolerantClient.signs`)
+    and judged by its watch: the watch reads this record, never the client's own class."""
+
+    trouble: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set on each sign that the server may not reach JetStream (the watch clears it)."""
+    probe_refused: bool = False
+    """The server refused the watch's probe (permissions): the probe cannot judge."""
+    peers: int | None = None
+    """How many client URLs the server told of last: itself and those it routes to."""
+    cluster_size: int = 0
+    """The most client URLs a server of this connection ever told of."""
+    probe_options: dict[str, Any] = field(default_factory=dict)
+    """Who the client is (`PROBE_OPTIONS` of its `connect`), to look at other servers."""
+
+
+async def watch_server(nc: Client, signs: ServerSigns, policy: WatchPolicy) -> None:
+    """Run `Watch` on `nc` until it closes: ping, judge, look elsewhere and move as it says,
+    from the `signs` its client notes."""
     loop = asyncio.get_running_loop()
     watch = Watch(policy, loop.time())
     server = nc._current_server
@@ -220,10 +236,10 @@ async def watch_server(nc: TolerantClient, policy: WatchPolicy) -> None:
         wait = watch.wake_at(now) - now if elsewhere else policy.ping_every
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(max(wait, 0.0)):
-                await nc.trouble.wait()
+                await signs.trouble.wait()
         now = loop.time()
-        if nc.trouble.is_set():
-            nc.trouble.clear()
+        if signs.trouble.is_set():
+            signs.trouble.clear()
             watch.sign(now)
         if not nc.is_connected or nc.is_draining:  # reconnecting, or closing: nothing to judge
             await asyncio.sleep(policy.probe_every)
@@ -235,12 +251,12 @@ async def watch_server(nc: TolerantClient, policy: WatchPolicy) -> None:
             case Step.PING:
                 watch.pinged(loop.time(), await _ping(nc, policy.probe_timeout))
             case Step.PROBE:
-                passed = routed(nc.peers, nc.cluster_size) and (
-                    nc.probe_refused or await _probe(nc, policy.probe_timeout)
+                passed = routed(signs.peers, signs.cluster_size) and (
+                    signs.probe_refused or await _probe(nc, policy.probe_timeout)
                 )
                 watch.probed(loop.time(), passed)
             case Step.LOOK_ELSEWHERE:
-                target = await _serving_elsewhere(nc, policy.probe_timeout)
+                target = await _serving_elsewhere(nc, signs, policy.probe_timeout)
                 if target is not None:
                     log.warning(
                         "nats_server_left", server=_netloc(server), to=target, after=watch.grace
@@ -281,14 +297,16 @@ async def leave_server(nc: Client, target: str) -> bool:
     return True
 
 
-async def _serving_elsewhere(nc: TolerantClient, timeout: float) -> str | None:
+async def _serving_elsewhere(nc: Client, signs: ServerSigns, timeout: float) -> str | None:
     """The first server of `nc`'s pool (but its own) that passes the watch's test, asked on a
     connection of its own; None when none does."""
     here = _netloc(nc._current_server)
     others = list(dict.fromkeys(s.uri for s in nc._server_pool if s.uri.netloc != here))
     passes = await asyncio.gather(
         *(
-            _serves(uri.geturl(), nc.probe_options, nc.cluster_size, nc.probe_refused, timeout)
+            _serves(
+                uri.geturl(), signs.probe_options, signs.cluster_size, signs.probe_refused, timeout
+            )
             for uri in others
         )
     )
