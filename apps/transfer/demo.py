@@ -382,7 +382,8 @@ async def _producer_crash(
     args = ("producer", msgspec.json.encode(plan).decode(), *storage)
     async with child_process(CRASH_MODULE, *args, env=env) as child:
         for _ in crashing:
-            transfer_id, outcome = (await child.expect("PREPARED")).split()
+            # A child starting on a loaded machine (500 in flight) may take long to import.
+            transfer_id, outcome = (await child.expect("PREPARED", timeout=60)).split()
             if outcome == "fenced":
                 faults.causes[transfer_id] = FENCED
             progress.advance(task)
