@@ -7,7 +7,7 @@ from typing import Any, Final
 
 from txactors.asyncapi.schemas import name_schema
 from txactors.coordinator.core.records import DiscardReason
-from txactors.coordinator.partition.store import PACK_VERSION
+from txactors.coordinator.partition.packs import PACK_VERSION
 from txactors.wire import layout, protocol
 
 

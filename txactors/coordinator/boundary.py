@@ -31,7 +31,7 @@ from typing import Any, Final
 from txactors.actors.remote import REPLY_HEADROOM
 from txactors.coordinator.core import tokens
 from txactors.coordinator.core.states import TxnState
-from txactors.coordinator.partition.store import seconds_text
+from txactors.coordinator.partition.halves import seconds_text
 from txactors.errors import TxActorsError
 from txactors.wire import layout
 from txactors.wire.answers import BATCH_ANSWER_BASE, item_answer_bytes

@@ -48,7 +48,7 @@ from txactors.coordinator.cluster.leases import LEASE_TROUBLE, Leases, lease_buc
 from txactors.coordinator.options import Clock, CoordinatorOptions, OnDiscard
 from txactors.coordinator.partition.actor import PartitionCoordinator
 from txactors.coordinator.partition.oplog import READ_BACK_TIMEOUT, FencedOut
-from txactors.coordinator.partition.store import ensure_streams
+from txactors.coordinator.partition.streams import ensure_streams
 from txactors.coordinator.partition.tenants import (
     TenantReplies,
     declare_consumer_streams,

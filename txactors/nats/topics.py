@@ -9,10 +9,11 @@ group's dead-letter stream is declared the same way by both (`ensure_dlq_stream`
 consumer, and a coordinator told the group's topics).
 
 Every stream txactors declares (topics, dead-letter queues, the coordinator's TXN_* streams)
-goes through `declare_stream`. Declarations happen at start-up, which on a cluster may be while
-it forms or elects: JetStream then answers "temporarily unavailable", "no suitable peers for
-placement" or nothing at all. `declaring` retries those with backoff up to a deadline instead
-of failing the process (`retry.transient` says which answers pass).
+goes through `declare_stream`, every KV bucket through `ensure_bucket`. Declarations happen at
+start-up, which on a cluster may be while it forms or elects: JetStream then answers
+"temporarily unavailable", "no suitable peers for placement" or nothing at all. `declaring`
+retries those with backoff up to a deadline instead of failing the process (`retry.transient`
+says which answers pass).
 
 A client without the right to create streams (a consumer under least privilege) uses
 `wait_for_stream` instead: it only reads the stream's info, until the coordinator made it.
@@ -25,8 +26,9 @@ from typing import Final, TypeVar
 
 import anyio
 from nats.js import JetStreamContext
-from nats.js.api import StorageType, StreamConfig
-from nats.js.errors import APIError, NotFoundError
+from nats.js.api import KeyValueConfig, StorageType, StreamConfig
+from nats.js.errors import APIError, BucketNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
 
 from txactors.errors import ConfigError
 from txactors.nats.retry import PLACEMENT_CODES, api_error_code, retry_transient, transient
@@ -226,6 +228,36 @@ async def ensure_replicas(js: JetStreamContext, name: str, replicas: int) -> Non
         if is_replicas_error(exc):
             raise replicas_error(f"stream {name}", replicas, exc) from exc
         raise
+
+
+async def ensure_bucket(
+    js: JetStreamContext, config: KeyValueConfig, *, deadline: float = DECLARE_DEADLINE
+) -> KeyValue:
+    """Open KV bucket `config.bucket`, creating it if absent; it gets `config.replicas` copies
+    at least (an existing bucket keeps an operator's other settings). Transient answers are
+    retried for `deadline` seconds (`declaring`)."""
+    return await declaring(
+        f"KV bucket {config.bucket}",
+        lambda: _ensure_bucket(js, config),
+        deadline=deadline,
+        replicas=config.replicas,
+    )
+
+
+async def _ensure_bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
+    try:
+        kv = await js.key_value(config.bucket)
+    except BucketNotFoundError:
+        try:
+            return await js.create_key_value(config)
+        except APIError as error:
+            if is_replicas_error(error):
+                raise replicas_error(
+                    f"KV bucket {config.bucket}", config.replicas, error
+                ) from error
+            raise
+    await ensure_replicas(js, f"KV_{config.bucket}", config.replicas)
+    return kv
 
 
 async def ensure_topic_stream(

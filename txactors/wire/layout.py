@@ -211,7 +211,7 @@ IMMUNITY_HEADER: Final = "Txn-Check-Immunity"
 TOKEN_HEADER: Final = "Txn-Token"
 BEGINS_HEADER: Final = "Txn-Begins"
 PACK_HEADER: Final = "Txn-Pack"
-"""On a TXN_HALF message holding a pack of halves (`coordinator/partition/store.py`): the
+"""On a TXN_HALF message holding a pack of halves (`coordinator/partition/packs.py`): the
 pack format's version, `1`. A half stored alone, with its fields as headers, has none."""
 COMMITTED_AT_HEADER: Final = "Txn-Committed-At"
 CHECK_TIMES_HEADER: Final = "Txn-Check-Times"

@@ -27,8 +27,8 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KV_DEL, KV_PURGE, VALID_KEY_RE, KeyValue
 
 from txactors.coordinator.cluster.balance import MEMBER_PREFIX, MemberInfo
-from txactors.coordinator.partition.store import ensure_bucket
 from txactors.errors import ConfigError, ungrouped
+from txactors.nats.topics import ensure_bucket
 from txactors.observe.logs import get_logger
 from txactors.wire import layout
 

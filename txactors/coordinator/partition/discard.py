@@ -29,13 +29,8 @@ from nats.js.api import PubAck
 
 from txactors.coordinator.core.effects import Discard
 from txactors.coordinator.options import DiscardedTransaction, OnDiscard
-from txactors.coordinator.partition.store import (
-    StoredHalf,
-    half_headers,
-    half_in,
-    is_pack,
-    read_halves,
-)
+from txactors.coordinator.partition.halves import StoredHalf, half_headers, half_in
+from txactors.coordinator.partition.packs import is_pack, read_halves
 from txactors.nats.link import ACK_TIMEOUT
 from txactors.nats.retry import RETRY_INITIAL, RETRY_MAX, Fault, classify, describe, retry_transient
 from txactors.nats.writer import Append, PartitionWriter

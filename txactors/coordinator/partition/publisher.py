@@ -38,12 +38,8 @@ from txactors.coordinator.core.events import Published
 from txactors.coordinator.core.states import FINAL
 from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.options import Clock, CoordinatorOptions
-from txactors.coordinator.partition.store import (
-    StoredHalf,
-    half_in,
-    read_raw_halves,
-    seconds_text,
-)
+from txactors.coordinator.partition.halves import StoredHalf, half_in, seconds_text
+from txactors.coordinator.partition.packs import read_raw_halves
 from txactors.coordinator.partition.tenants import topic_stream_count
 from txactors.coordinator.writers import declare_topic
 from txactors.errors import ConfigError
