@@ -64,6 +64,7 @@ from txactors.nats.client import (
     raising_connection_lost,
     watch_connection,
 )
+from txactors.nats.retry import LINK_TROUBLE
 from txactors.nats.topics import (
     DECLARE_DEADLINE,
     declaring,
@@ -275,13 +276,13 @@ class Consumer:
         self.metrics.lag_of(self.topic, self.group).set(info.num_pending or 0)
 
     async def _close(self, sub: Subscription) -> None:
-        with suppress(nats.errors.Error, OSError, TimeoutError):
+        with suppress(*LINK_TROUBLE):
             await sub.unsubscribe()
         while self._ready:  # taken, never started: someone else may have it now
             await self._handling.nak(self._ready.popleft())
         await self._handling.flush()
         # Acks are fire-and-forget publishes: make sure they left before we say "stopped".
-        with suppress(nats.errors.Error, OSError, TimeoutError):
+        with suppress(*LINK_TROUBLE):
             await self._nc.flush(_FLUSH_TIMEOUT)
 
     # -- pulling ----------------------------------------------------------------------------
@@ -356,7 +357,7 @@ class Consumer:
             return
         try:
             await self._declare()
-        except (nats.errors.Error, OSError, TimeoutError) as exc:
+        except LINK_TROUBLE as exc:
             self._log.warning("consumer_declare_failed", error=repr(exc))
 
     async def _drain(self) -> None:
