@@ -33,7 +33,14 @@ from nats.js.kv import KeyValue
 from txactors.errors import ConfigError
 from txactors.nats.retry import PLACEMENT_CODES, api_error_code, retry_transient, transient
 from txactors.observe.logs import RateLimited, get_logger
-from txactors.wire.layout import dlq_filter, dlq_stream, topic_filter, topic_stream, validate_name
+from txactors.wire.layout import (
+    bucket_stream,
+    dlq_filter,
+    dlq_stream,
+    topic_filter,
+    topic_stream,
+    validate_name,
+)
 
 log = get_logger(__name__)
 
@@ -217,7 +224,7 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
 
 
 async def ensure_replicas(js: JetStreamContext, name: str, replicas: int) -> None:
-    """Raise stream `name` (a KV bucket's is `KV_<bucket>`) to at least `replicas` copies."""
+    """Raise stream `name` (a KV bucket's: `bucket_stream`) to at least `replicas` copies."""
     current = (await js.stream_info(name)).config
     if (current.num_replicas or 1) >= replicas:
         return
@@ -256,7 +263,7 @@ async def _ensure_bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyVal
                     f"KV bucket {config.bucket}", config.replicas, error
                 ) from error
             raise
-    await ensure_replicas(js, f"KV_{config.bucket}", config.replicas)
+    await ensure_replicas(js, bucket_stream(config.bucket), config.replicas)
     return kv
 
 

@@ -32,11 +32,23 @@ it finds: a producer's links, a lease per partition and a txid chosen per partit
 (producer/sticky.py tries 4,096 tails) all grow with the count."""
 
 
+def bucket_stream(bucket: str) -> str:
+    """The stream that holds KV bucket `bucket`."""
+    return f"KV_{bucket}"
+
+
+def bucket_key_prefix(bucket: str) -> str:
+    """The subject prefix of KV bucket `bucket`'s keys (a key's subject is the prefix, then the
+    key)."""
+    return f"$KV.{bucket}."
+
+
 def partitions_read_subject() -> str:
     """Where any client reads the partition count: a JetStream direct get of the key's last
     value (an empty request; the answer is the value, or status 404 while none is published).
     The one JetStream subject a producer must be allowed to publish to."""
-    return f"$JS.API.DIRECT.GET.KV_{META_BUCKET}.$KV.{META_BUCKET}.{PARTITIONS_KEY}"
+    key = f"{bucket_key_prefix(META_BUCKET)}{PARTITIONS_KEY}"
+    return f"$JS.API.DIRECT.GET.{bucket_stream(META_BUCKET)}.{key}"
 
 
 def half_subject(partition: int) -> str:

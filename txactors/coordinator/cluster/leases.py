@@ -68,8 +68,8 @@ class Leases:
             raise ConfigError(f"a coordinator's owner id must be a valid KV key, got {owner!r}")
         self._js = js
         self._kv = kv
-        self._stream = f"KV_{layout.LEASE_BUCKET}"
-        self._prefix = f"$KV.{layout.LEASE_BUCKET}."
+        self._stream = layout.bucket_stream(layout.LEASE_BUCKET)
+        self._prefix = layout.bucket_key_prefix(layout.LEASE_BUCKET)
         self.owner = owner
         self.member_key = f"{MEMBER_PREFIX}{owner}"
 
