@@ -17,13 +17,14 @@ from txactors.nats.acks import ack_fields
 from txactors.wire.copies import is_server_header
 from txactors.wire.layout import (
     COMMITTED_AT_HEADER,
+    CONTENT_TYPE_HEADER,
     KEYS_HEADER,
     MSG_ID_HEADER,
     NO_TAG,
     RESERVED_HEADER_PREFIXES,
     TXID_HEADER,
 )
-from txactors.wire.protocol import CONTENT_TYPE_HEADER, Encoding
+from txactors.wire.protocol import Encoding
 
 T = TypeVar("T")
 

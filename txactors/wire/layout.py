@@ -204,6 +204,8 @@ def dlq_filter(group: str) -> str:
 
 # -- headers --------------------------------------------------------------------------------
 
+CONTENT_TYPE_HEADER: Final = "Content-Type"
+"""A command's or a committed message's encoding when it is not msgpack (`protocol.Encoding`)."""
 MSG_ID_HEADER: Final = "Nats-Msg-Id"
 """JetStream de-duplication: `<txid>:<index>` on every committed message."""
 EXPECTED_LAST_SUBJECT_SEQ_HEADER: Final = "Nats-Expected-Last-Subject-Sequence"

@@ -19,9 +19,9 @@ from typing import Any, ClassVar, Final, Generic, TypeVar
 
 import msgspec
 
-T = TypeVar("T")
+from txactors.wire.layout import CONTENT_TYPE_HEADER
 
-CONTENT_TYPE_HEADER: Final = "Content-Type"
+T = TypeVar("T")
 
 PROTOCOL_VERSION: Final = 3
 """The protocol version this code speaks (docs/protocol.md#protocol-version): 2 added the
