@@ -104,6 +104,20 @@ def encoding_of(headers: Mapping[str, str] | None) -> Encoding | Error:
         )
 
 
+def payload_is_json(headers: Mapping[str, str]) -> bool:
+    """Whether a user's payload is JSON (its producer marked it `Content-Type:
+    application/json`) rather than msgpack: the one rule every reader of a payload follows."""
+    return headers.get(CONTENT_TYPE_HEADER) == _JSON.value
+
+
+def decode_payload(body: bytes, headers: Mapping[str, str], type_: type[T]) -> T:
+    """A user's payload as `type_` (e.g. a msgspec Struct), JSON or msgpack as `headers` say
+    (`payload_is_json`). Raises msgspec.ValidationError (or DecodeError) if it does not fit."""
+    if payload_is_json(headers):
+        return msgspec.json.decode(body, type=type_)
+    return msgspec.msgpack.decode(body, type=type_)
+
+
 def headers_for(encoding: Encoding) -> dict[str, str] | None:
     """Headers announcing `encoding`; msgpack is the default and needs none."""
     return None if encoding is _MSGPACK else {CONTENT_TYPE_HEADER: encoding.value}
