@@ -87,7 +87,7 @@ _NO_HEADER_BYTES: Final = header_block_bytes({})
 _HALF_HEADER_BYTES: Final = (
     header_block_bytes(
         {
-            layout.MSG_ID_HEADER: f":{_WORST_INDEX}:half",  # after the txid
+            layout.MSG_ID_HEADER: layout.half_message_id("", _WORST_INDEX),  # after the txid
             layout.TOKEN_HEADER: _WORST_DIGEST,
             layout.GROUP_HEADER: "",
             layout.PRODUCER_HEADER: "",

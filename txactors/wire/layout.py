@@ -268,7 +268,38 @@ def is_reserved_header(name: str) -> bool:
 
 
 def message_id(txid: str, index: int) -> str:
+    """A committed message's `Nats-Msg-Id`, `<txid>:<index>`: a re-publish is dropped."""
     return f"{txid}:{index}"
+
+
+_HALF_ID_SUFFIX: Final = ":half"
+
+
+def half_message_id(txid: str, index: int) -> str:
+    """A half stored alone's `Nats-Msg-Id`, `<txid>:<index>:half`: apart from its committed
+    copy's."""
+    return f"{message_id(txid, index)}{_HALF_ID_SUFFIX}"
+
+
+def half_of_message_id(msg_id: str) -> tuple[str, int]:
+    """(txid, index) of a `half_message_id`; ValueError if `msg_id` is not one."""
+    if not msg_id.endswith(_HALF_ID_SUFFIX):
+        raise ValueError(f"{MSG_ID_HEADER} {shown(msg_id)} is not a half's")
+    txid, _, index = msg_id.removesuffix(_HALF_ID_SUFFIX).rpartition(":")
+    if not txid:
+        raise ValueError(f"{MSG_ID_HEADER} {shown(msg_id)} names no txid")
+    return txid, int(index)
+
+
+def pack_message_id(unique: str) -> str:
+    """A pack's `Nats-Msg-Id`, `<unique>:pack`: one per pack, the same when a write is
+    retried."""
+    return f"{unique}:pack"
+
+
+def discarded_message_id(txid: str, index: int) -> str:
+    """A discarded half's copy's `Nats-Msg-Id` in TXN_DISCARD, `<txid>:<index>:discard`."""
+    return f"{message_id(txid, index)}:discard"
 
 
 def partition_of(txid: str, partitions: int) -> int:

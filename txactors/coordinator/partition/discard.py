@@ -60,7 +60,7 @@ async def discard(
     appends = []
     for stored, headers in found:
         index = stored.half.index
-        headers[layout.MSG_ID_HEADER] = f"{layout.message_id(action.txid, index)}:discard"
+        headers[layout.MSG_ID_HEADER] = layout.discarded_message_id(action.txid, index)
         headers[layout.TXID_HEADER] = action.txid  # the half's own id is not copied
         headers[layout.INDEX_HEADER] = str(index)
         headers[layout.DISCARD_REASON_HEADER] = action.reason.value

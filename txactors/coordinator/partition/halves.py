@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from typing import Final
 
 import msgspec
 
@@ -15,9 +14,6 @@ from txactors.coordinator.core.events import HalvesStored
 from txactors.coordinator.core.records import Half
 from txactors.wire import layout
 from txactors.wire.protocol import CheckedMessage, OutgoingMessage
-
-_HALF_ID_SUFFIX: Final = ":half"
-"""A half's `Nats-Msg-Id` is `<txid>:<index>:half`: apart from its committed copy's."""
 
 
 class StoredHalf(msgspec.Struct, frozen=True, kw_only=True):
@@ -43,7 +39,7 @@ def half_headers(stored: StoredHalf) -> dict[str, str]:
     headers = dict(message.properties)
     headers.update(
         {
-            layout.MSG_ID_HEADER: f"{layout.message_id(txid, half.index)}{_HALF_ID_SUFFIX}",
+            layout.MSG_ID_HEADER: layout.half_message_id(txid, half.index),
             layout.TOKEN_HEADER: stored.token,
             layout.GROUP_HEADER: stored.group,
             layout.PRODUCER_HEADER: stored.producer,
@@ -95,13 +91,7 @@ def half_identity(headers: Mapping[str, str]) -> tuple[str, int]:
     txid, index = headers.get(layout.TXID_HEADER), headers.get(layout.INDEX_HEADER)
     if txid is not None and index is not None:
         return txid, int(index)
-    msg_id = headers[layout.MSG_ID_HEADER]
-    if not msg_id.endswith(_HALF_ID_SUFFIX):
-        raise ValueError(f"{layout.MSG_ID_HEADER} {layout.shown(msg_id)} is not a half's")
-    txid, _, index = msg_id.removesuffix(_HALF_ID_SUFFIX).rpartition(":")
-    if not txid:
-        raise ValueError(f"{layout.MSG_ID_HEADER} {layout.shown(msg_id)} names no txid")
-    return txid, int(index)
+    return layout.half_of_message_id(headers[layout.MSG_ID_HEADER])
 
 
 def read_half(seq: int, headers: Mapping[str, str], body: bytes) -> StoredHalf:

@@ -18,8 +18,6 @@ from txactors.wire import layout
 from txactors.wire.copies import stored_headers
 from txactors.wire.protocol import OutgoingMessage
 
-_PACK_ID_SUFFIX: Final = ":pack"
-"""A pack's `Nats-Msg-Id` is `<nuid>:pack`: one per pack, the same when a write is retried."""
 PACK_VERSION: Final = "1"
 """The `Txn-Pack` header of today's packs; a pack of another version is unreadable here."""
 
@@ -95,7 +93,7 @@ def _packed(stored: StoredHalf) -> PackedHalf:
 
 def _pack_append(partition: int, entries: list[bytes]) -> Append:
     headers = {
-        layout.MSG_ID_HEADER: _pack_ids.next().decode() + _PACK_ID_SUFFIX,
+        layout.MSG_ID_HEADER: layout.pack_message_id(_pack_ids.next().decode()),
         layout.PACK_HEADER: PACK_VERSION,
     }
     body = _array_header(len(entries)) + b"".join(entries)
