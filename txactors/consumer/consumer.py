@@ -77,6 +77,7 @@ from txactors.observe.logs import get_logger
 from txactors.observe.metrics import ConsumerMetrics
 from txactors.wire.layout import (
     dlq_stream,
+    pull_subject,
     topic_filter,
     topic_stream,
     topic_subject,
@@ -288,7 +289,7 @@ class Consumer:
     # -- pulling ----------------------------------------------------------------------------
 
     async def _pull_loop(self, sub: Subscription) -> None:
-        next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{self._stream}.{self.durable_name}"
+        next_subject = pull_subject(self._stream, self.durable_name)
         expires_ns = int(self._pull_expires * 1e9)
         while not self._stopping:
             capacity = self._concurrency - self._active

@@ -21,10 +21,12 @@ A client without the right to create streams (a consumer under least privilege) 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final, TypeVar
 
 import anyio
+from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType, StreamConfig
 from nats.js.errors import APIError, BucketNotFoundError, NotFoundError
@@ -43,6 +45,9 @@ from txactors.wire.layout import (
 )
 
 log = get_logger(__name__)
+
+_NAMES_TIMEOUT: Final = 5.0
+"""Seconds one page of `$JS.API.STREAM.NAMES` may take."""
 
 DEFAULT_DUPLICATE_WINDOW: Final = 600.0
 """Seconds JetStream remembers a `Nats-Msg-Id`: a commit replayed by a coordinator that
@@ -289,6 +294,24 @@ async def ensure_topic_stream(
         deadline=deadline,
     )
     return name
+
+
+async def topic_stream_count(nc: Client, prefix: str) -> int:
+    """How many topic streams exist whose topic starts with `prefix` (every page of
+    `$JS.API.STREAM.NAMES`, filtered here: JetStream filters by subject, not by prefix)."""
+    wanted = topic_stream(prefix)
+    count, offset = 0, 0
+    while True:
+        request = json.dumps({"offset": offset}).encode()
+        reply = await nc.request("$JS.API.STREAM.NAMES", request, _NAMES_TIMEOUT)
+        answer = json.loads(reply.data)
+        if "error" in answer:
+            APIError.from_error(answer["error"])  # raises it
+        names = answer.get("streams") or []
+        count += sum(1 for name in names if name.startswith(wanted))
+        offset += len(names)
+        if not names or offset >= answer.get("total", 0):
+            return count
 
 
 async def ensure_dlq_stream(

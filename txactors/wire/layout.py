@@ -51,6 +51,11 @@ def partitions_read_subject() -> str:
     return f"$JS.API.DIRECT.GET.{bucket_stream(META_BUCKET)}.{key}"
 
 
+def pull_subject(stream: str, consumer: str) -> str:
+    """Where a pull consumer asks JetStream for its next messages."""
+    return f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+
+
 def half_subject(partition: int) -> str:
     return f"txn.half.{partition}"
 
