@@ -36,7 +36,7 @@ from bench import raw
 from bench.workers import run_workers
 from txactors.consumer import ConsumedMessage, Consumer
 from txactors.coordinator.core.records import OpKind
-from txactors.coordinator.partition.store import decode_ops, encode_ops
+from txactors.coordinator.partition.checkpoints import decode_ops, encode_ops
 from txactors.coordinator.service import run_coordinator
 from txactors.embedded.server import EmbeddedNatsServer
 from txactors.nats.topics import ensure_topic_stream

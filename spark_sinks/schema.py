@@ -24,6 +24,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from spark_sinks.errors import SchemaError
 from txactors.wire import layout
+from txactors.wire.protocol import payload_is_json
 
 DECIMAL_PRECISION: Final = 38
 DECIMAL_SCALE: Final = 18
@@ -233,24 +234,28 @@ class BatchBuilder:
         self.arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
         self._columns = payload_columns(struct) if struct is not None else []
         self._decoder = msgspec.msgpack.Decoder(struct) if struct is not None else None
+        self._json_decoder = msgspec.json.Decoder(struct) if struct is not None else None
 
     def build(self, messages: Sequence[Committed]) -> pa.RecordBatch:
         """Metadata for every message; typed columns for those that decode, rejects for others."""
         typed: list[list[Any]] = [[] for _ in self._columns]
         payloads: list[bytes | None] = []
         errors: list[str | None] = []
-        decoder = self._decoder
+        decoder, json_decoder = self._decoder, self._json_decoder
         pairs = [
             (values, column.name, column.convert)
             for values, column in zip(typed, self._columns, strict=True)
         ]
         for message in messages:
-            if decoder is None:
+            if decoder is None or json_decoder is None:
                 payloads.append(message.data)
                 errors.append(None)
                 continue
-            try:
-                obj = decoder.decode(message.data)
+            try:  # JSON or msgpack, as a consumer decodes it (`payload_is_json`)
+                if payload_is_json(message.headers):
+                    obj = json_decoder.decode(message.data)
+                else:
+                    obj = decoder.decode(message.data)
             except (msgspec.DecodeError, ValueError) as exc:
                 for values in typed:
                     values.append(None)

@@ -191,7 +191,7 @@ class ServerExitedEarly(NatsServerError):
 @contextmanager
 def ungrouped(*alike: type[BaseException]) -> Iterator[None]:
     """Raise what a task group inside raised as the error itself, not in an `ExceptionGroup`,
-    so that a caller's `except PrepareFailed` (or `except LEASE_TROUBLE`) catches it.
+    so that a caller's `except PrepareFailed` (or `except LINK_TROUBLE`) catches it.
 
     A group holding one error (nested groups of one included) is raised as that error; a
     group of several whose every error is one of `alike` (concurrent reads failing for the

@@ -21,8 +21,14 @@ from tests.support.wait import eventually
 from txactors import ConsumedMessage, PoisonMessage, TxApp
 from txactors.consumer.message import ConsumedMessage as Message
 from txactors.nats.topics import ensure_dlq_stream, ensure_topic_stream
-from txactors.wire.layout import ERROR_HEADER, MSG_ID_HEADER, dlq_stream, topic_subject
-from txactors.wire.protocol import CONTENT_TYPE_HEADER, Encoding
+from txactors.wire.layout import (
+    CONTENT_TYPE_HEADER,
+    ERROR_HEADER,
+    MSG_ID_HEADER,
+    dlq_stream,
+    topic_subject,
+)
+from txactors.wire.protocol import Encoding
 
 
 class OrderPaid(msgspec.Struct):

@@ -24,8 +24,8 @@ from tests.support.txn import FAST, CoordinatorClient, message, topic_ids
 from tests.support.wait import eventually
 from txactors.consumer import ConsumedMessage, Consumer
 from txactors.coordinator import CoordinatorConfig, CoordinatorOptions
+from txactors.coordinator.partition.packs import read_halves
 from txactors.coordinator.partition.recovery import read_subject
-from txactors.coordinator.partition.store import read_halves
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import ActorDeadError, AskTimeout, CommandError, TxActorsError
 from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage

@@ -18,8 +18,8 @@ from txactors.coordinator.core.effects import Acknowledge
 from txactors.coordinator.core.states import TxnState
 from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.partition.answers import Answers
+from txactors.coordinator.partition.packs import pack_appends, read_halves
 from txactors.coordinator.partition.prepares import PreparesInFlight
-from txactors.coordinator.partition.store import pack_appends, read_halves
 from txactors.wire.protocol import Prepare
 from txactors.wire.rules import CoordinatorConfig
 

@@ -26,8 +26,8 @@ from tests.support.wait import eventually
 from txactors.actors import RemoteActorRef
 from txactors.actors.remote import REPLY_HEADROOM
 from txactors.coordinator.options import CoordinatorOptions
+from txactors.coordinator.partition.packs import read_halves
 from txactors.coordinator.partition.recovery import read_subject
-from txactors.coordinator.partition.store import read_halves
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import CommandError
 from txactors.observe.metrics import CoordinatorMetrics

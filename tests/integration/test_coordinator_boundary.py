@@ -24,12 +24,9 @@ from tests.support.wait import eventually
 from txactors.coordinator import CoordinatorConfig
 from txactors.coordinator.core import tokens
 from txactors.coordinator.options import CoordinatorOptions
-from txactors.coordinator.partition.store import (
-    ensure_streams,
-    half_headers,
-    read_raw_halves,
-    stored_half,
-)
+from txactors.coordinator.partition.halves import half_headers, stored_half
+from txactors.coordinator.partition.packs import read_raw_halves
+from txactors.coordinator.partition.streams import ensure_streams
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import CommandError
 from txactors.nats.topics import ensure_topic_stream

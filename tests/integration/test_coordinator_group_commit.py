@@ -21,7 +21,7 @@ from nats.js.api import Header, PubAck, StreamConfig
 
 from tests.conftest import MakeNatsServer
 from tests.support.wait import eventually
-from txactors.coordinator.partition.store import ensure_streams
+from txactors.coordinator.partition.streams import ensure_streams
 from txactors.nats.topics import ensure_topic_stream
 from txactors.nats.writer import ATOMIC_MIN_MESSAGES, Append, PipelinedWriter
 from txactors.wire import layout

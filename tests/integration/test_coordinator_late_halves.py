@@ -25,16 +25,12 @@ from txactors.coordinator import CoordinatorConfig, CoordinatorOptions
 from txactors.coordinator.core import tokens
 from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.core.transactions import Checkpoint
+from txactors.coordinator.partition.checkpoints import save_checkpoint
+from txactors.coordinator.partition.halves import StoredHalf, half_headers, stored_half
 from txactors.coordinator.partition.late import HalfEnd, LateHalves
+from txactors.coordinator.partition.packs import pack_appends
 from txactors.coordinator.partition.recovery import recover
-from txactors.coordinator.partition.store import (
-    StoredHalf,
-    ensure_streams,
-    half_headers,
-    pack_appends,
-    save_checkpoint,
-    stored_half,
-)
+from txactors.coordinator.partition.streams import ensure_streams
 from txactors.coordinator.service import run_coordinator
 from txactors.nats.current import wait_current
 from txactors.nats.writer import Append

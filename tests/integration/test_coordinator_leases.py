@@ -22,8 +22,8 @@ from txactors.coordinator.core.records import OpKind, OpRecord
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.partition import actor as partition_module
 from txactors.coordinator.partition import oplog as oplog_module
+from txactors.coordinator.partition.checkpoints import encode_ops
 from txactors.coordinator.partition.oplog import OpLog, OpWriter
-from txactors.coordinator.partition.store import encode_ops
 from txactors.coordinator.service import RunningCoordinator, run_coordinator
 from txactors.errors import ActorDeadError, AskTimeout, CommandError
 from txactors.producer import Decision, TransactionProducer, TxMessage

@@ -11,8 +11,9 @@ from nats.js.api import Header
 
 from tests.support.wait import eventually
 from txactors.coordinator.core.records import OpKind, OpRecord
+from txactors.coordinator.partition.checkpoints import decode_ops
 from txactors.coordinator.partition.oplog import FencedOut, OpLog, OpWriter
-from txactors.coordinator.partition.store import decode_ops, ensure_streams
+from txactors.coordinator.partition.streams import ensure_streams
 from txactors.nats.writer import ATOMIC_MIN_MESSAGES
 from txactors.wire import layout
 

@@ -22,8 +22,8 @@ from txactors.coordinator import CoordinatorConfig, CoordinatorOptions
 from txactors.coordinator.core import tokens
 from txactors.coordinator.core.records import OpKind, OpRecord
 from txactors.coordinator.partition import actor as partition_module
+from txactors.coordinator.partition.checkpoints import encode_ops, load_checkpoint
 from txactors.coordinator.partition.recovery import read_subject
-from txactors.coordinator.partition.store import encode_ops, load_checkpoint
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import CommandError
 from txactors.wire import layout

@@ -14,7 +14,7 @@ from nats.js.api import PubAck
 from tests.support.txn import CoordinatorClient, message
 from tests.support.wait import eventually
 from txactors.coordinator.options import CoordinatorOptions
-from txactors.coordinator.partition.store import read_raw_halves
+from txactors.coordinator.partition.packs import read_raw_halves
 from txactors.coordinator.service import run_coordinator
 from txactors.nats.topics import ensure_topic_stream
 from txactors.nats.writer import (

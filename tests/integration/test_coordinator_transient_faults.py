@@ -26,8 +26,8 @@ from nats.js.kv import KeyValue
 from tests.support.txn import FAST, topic_ids
 from tests.support.wait import eventually
 from txactors.coordinator import CoordinatorOptions
+from txactors.coordinator.partition.packs import read_halves
 from txactors.coordinator.partition.recovery import read_subject
-from txactors.coordinator.partition.store import read_halves
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import PrepareFailed
 from txactors.nats.acks import ack_fields

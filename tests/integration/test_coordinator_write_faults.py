@@ -21,8 +21,8 @@ from txactors.consumer import Consumer
 from txactors.coordinator import CoordinatorOptions
 from txactors.coordinator.core.events import CheckFailed, CheckFailure
 from txactors.coordinator.partition.checker import Checked, Due
+from txactors.coordinator.partition.packs import read_halves
 from txactors.coordinator.partition.recovery import read_subject
-from txactors.coordinator.partition.store import read_halves
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import CommandError, ConfigError
 from txactors.nats.link import AckInbox

@@ -25,8 +25,8 @@ from txactors.consumer import ConsumedMessage, Consumer
 from txactors.consumer.dlq import dead_letter
 from txactors.coordinator import CoordinatorConfig
 from txactors.coordinator.options import DiscardedTransaction
+from txactors.coordinator.partition.packs import is_pack, read_halves
 from txactors.coordinator.partition.recovery import read_subject
-from txactors.coordinator.partition.store import is_pack, read_halves
 from txactors.coordinator.service import run_coordinator
 from txactors.nats.topics import ensure_dlq_stream
 from txactors.nats.writer import ATOMIC_MIN_MESSAGES

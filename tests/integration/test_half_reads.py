@@ -32,16 +32,11 @@ from txactors.coordinator.core.records import DiscardReason, Half
 from txactors.coordinator.options import DiscardedTransaction
 from txactors.coordinator.partition.checker import ask_producer
 from txactors.coordinator.partition.discard import discard
+from txactors.coordinator.partition.halves import StoredHalf, half_headers, stored_half
+from txactors.coordinator.partition.packs import pack_appends, read_raw_halves
 from txactors.coordinator.partition.publisher import Publisher
 from txactors.coordinator.partition.recovery import read_subject
-from txactors.coordinator.partition.store import (
-    StoredHalf,
-    ensure_streams,
-    half_headers,
-    pack_appends,
-    read_raw_halves,
-    stored_half,
-)
+from txactors.coordinator.partition.streams import ensure_streams
 from txactors.coordinator.writers import declare_topic, shared_writers
 from txactors.nats.writer import Append, PartitionWriter
 from txactors.wire import layout

@@ -28,9 +28,10 @@ from txactors.errors import PrepareFailed, TransactionStateError
 from txactors.nats.partition_count import PartitionCount
 from txactors.producer import TransactionProducer, TxMessage
 from txactors.producer.client import CoordinatorClient
+from txactors.producer.dialect import RELEARN_AFTER
 from txactors.producer.failed_sends import FailedSends
 from txactors.producer.inflight import InFlight
-from txactors.producer.link import RELEARN_AFTER, REQUEST_HEADROOM
+from txactors.producer.link import REQUEST_HEADROOM
 from txactors.producer.outcomes import UnconfirmedOutcomes
 from txactors.wire.protocol import (
     OLDEST_VERSION,

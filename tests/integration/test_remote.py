@@ -18,7 +18,8 @@ from nats.aio.client import Client
 from tests.peers.echo_protocol import Add, Calculator, Fail, Greet, Reply, Request, Sum
 from txactors.actors import ActorSystem, RemoteActorRef, serve
 from txactors.errors import ActorDeadError, AskTimeout, CommandError
-from txactors.wire.protocol import CONTENT_TYPE_HEADER, Encoding, Error, encode
+from txactors.wire.layout import CONTENT_TYPE_HEADER
+from txactors.wire.protocol import Encoding, Error, encode
 
 ROOT = Path(__file__).resolve().parents[2]
 SUBJECT = "test.calculator"

@@ -9,7 +9,7 @@ import pytest
 from nats.aio.client import Client
 from nats.js.api import StorageType
 
-from txactors.coordinator.partition.store import DEDUPE_WINDOW, ensure_streams
+from txactors.coordinator.partition.streams import DEDUPE_WINDOW, ensure_streams
 from txactors.errors import ConfigError
 from txactors.nats.topics import DEFAULT_DUPLICATE_WINDOW, ensure_stream, ensure_topic_stream
 from txactors.wire import layout

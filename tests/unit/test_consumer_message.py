@@ -13,8 +13,14 @@ from nats.errors import NotJSMessageError
 from txactors.consumer import ConsumedMessage
 from txactors.consumer.message import delivered, handler_headers
 from txactors.wire.copies import copied_headers
-from txactors.wire.layout import COMMITTED_AT_HEADER, KEYS_HEADER, MSG_ID_HEADER, TXID_HEADER
-from txactors.wire.protocol import CONTENT_TYPE_HEADER, Encoding
+from txactors.wire.layout import (
+    COMMITTED_AT_HEADER,
+    CONTENT_TYPE_HEADER,
+    KEYS_HEADER,
+    MSG_ID_HEADER,
+    TXID_HEADER,
+)
+from txactors.wire.protocol import Encoding
 
 
 class Paid(msgspec.Struct):

@@ -10,16 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from txactors.coordinator.core import tokens
-from txactors.coordinator.partition.store import (
+from txactors.coordinator.partition.halves import (
     StoredHalf,
     half_headers,
     half_in,
-    is_pack,
-    pack_appends,
     read_half,
-    read_halves,
     stored_half,
 )
+from txactors.coordinator.partition.packs import is_pack, pack_appends, read_halves
 from txactors.wire import layout
 from txactors.wire.protocol import OutgoingMessage
 

@@ -12,10 +12,9 @@ from hypothesis import strategies as st
 from txactors.coordinator.boundary import half_header_bytes
 from txactors.coordinator.core import tokens
 from txactors.coordinator.core.records import DiscardReason, OpKind, OpRecord
-from txactors.coordinator.partition.store import (
+from txactors.coordinator.partition.checkpoints import decode_ops, encode_ops
+from txactors.coordinator.partition.halves import (
     StoredHalf,
-    decode_ops,
-    encode_ops,
     half_headers,
     read_half,
     seconds_text,

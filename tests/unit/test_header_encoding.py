@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from nats.aio.client import Client
 from nats.errors import BadHeaderError
 
-from txactors.nats.client import TolerantClient, header_block
+from txactors.nats.client import TolerantClient
+from txactors.wire.framing import header_block
 
 NAMES = st.sampled_from(["Nats-Msg-Id", "Txn-Id", " a", "B ", "", " ", "bad name", "é", "x:y"])
 VALUES = st.lists(

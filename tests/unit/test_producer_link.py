@@ -11,16 +11,10 @@ import msgspec
 import pytest
 
 from txactors.errors import ActorDeadError, CommandError
-from txactors.producer.link import (
-    RELEARN_AFTER,
-    Coalescer,
-    Deadlines,
-    Dialect,
-    EndVerb,
-    PrepareVerb,
-    answers,
-    chunks,
-)
+from txactors.producer.batching import Coalescer, answers, chunks
+from txactors.producer.dialect import RELEARN_AFTER, Dialect
+from txactors.producer.timeouts import CallTimeouts
+from txactors.producer.verbs import EndVerb, PrepareVerb
 from txactors.wire.protocol import (
     OLDEST_VERSION,
     PROTOCOL_VERSION,
@@ -418,7 +412,7 @@ def test_one_item_travels_as_the_single_verb_and_more_as_the_batch() -> None:
     assert decode(EndVerb().encode(ends, 3)) == EndBatch(items=ends, version=3)
 
 
-# -- Deadlines ----------------------------------------------------------------------------------
+# -- CallTimeouts -------------------------------------------------------------------------------
 
 
 class Timer:
@@ -430,7 +424,7 @@ class Timer:
 
 
 class Loop:
-    """The part of an event loop `Deadlines` uses; the test fires what is due."""
+    """The part of an event loop `CallTimeouts` uses; the test fires what is due."""
 
     def __init__(self) -> None:
         self.timers: list[Timer] = []
@@ -471,7 +465,7 @@ class Caller:
         self.name, self.future = name, Answer()
 
 
-def deadlines() -> tuple[Deadlines, Loop, list[tuple[str, float]]]:
+def deadlines() -> tuple[CallTimeouts[Any], Loop, list[tuple[str, float]]]:
     expired: list[tuple[str, float]] = []
 
     def expire(caller: Any, timeout: float) -> None:
@@ -479,7 +473,7 @@ def deadlines() -> tuple[Deadlines, Loop, list[tuple[str, float]]]:
         caller.future.answered = True  # failed with AskTimeout, in the link
         expired.append((caller.name, timeout))
 
-    return Deadlines(expire), Loop(), expired
+    return CallTimeouts(expire), Loop(), expired
 
 
 def test_each_caller_expires_at_its_own_deadline_on_one_timer() -> None:

@@ -7,7 +7,7 @@ from typing import Any, Final
 
 from txactors.asyncapi.schemas import name_schema
 from txactors.coordinator.core.records import DiscardReason
-from txactors.coordinator.partition.store import PACK_VERSION
+from txactors.coordinator.partition.packs import PACK_VERSION
 from txactors.wire import layout, protocol
 
 
@@ -21,7 +21,7 @@ def _number_header(description: str) -> dict[str, Any]:
 
 def _content_type() -> dict[str, Any]:
     return {
-        protocol.CONTENT_TYPE_HEADER: _header(
+        layout.CONTENT_TYPE_HEADER: _header(
             "The payload's encoding; absent means msgpack. The reply has the request's.",
             enum=[e.value for e in protocol.Encoding],
         )

@@ -64,6 +64,7 @@ from txactors.nats.client import (
     raising_connection_lost,
     watch_connection,
 )
+from txactors.nats.retry import LINK_TROUBLE
 from txactors.nats.topics import (
     DECLARE_DEADLINE,
     declaring,
@@ -76,6 +77,7 @@ from txactors.observe.logs import get_logger
 from txactors.observe.metrics import ConsumerMetrics
 from txactors.wire.layout import (
     dlq_stream,
+    pull_subject,
     topic_filter,
     topic_stream,
     topic_subject,
@@ -275,19 +277,19 @@ class Consumer:
         self.metrics.lag_of(self.topic, self.group).set(info.num_pending or 0)
 
     async def _close(self, sub: Subscription) -> None:
-        with suppress(nats.errors.Error, OSError, TimeoutError):
+        with suppress(*LINK_TROUBLE):
             await sub.unsubscribe()
         while self._ready:  # taken, never started: someone else may have it now
             await self._handling.nak(self._ready.popleft())
         await self._handling.flush()
         # Acks are fire-and-forget publishes: make sure they left before we say "stopped".
-        with suppress(nats.errors.Error, OSError, TimeoutError):
+        with suppress(*LINK_TROUBLE):
             await self._nc.flush(_FLUSH_TIMEOUT)
 
     # -- pulling ----------------------------------------------------------------------------
 
     async def _pull_loop(self, sub: Subscription) -> None:
-        next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{self._stream}.{self.durable_name}"
+        next_subject = pull_subject(self._stream, self.durable_name)
         expires_ns = int(self._pull_expires * 1e9)
         while not self._stopping:
             capacity = self._concurrency - self._active
@@ -356,7 +358,7 @@ class Consumer:
             return
         try:
             await self._declare()
-        except (nats.errors.Error, OSError, TimeoutError) as exc:
+        except LINK_TROUBLE as exc:
             self._log.warning("consumer_declare_failed", error=repr(exc))
 
     async def _drain(self) -> None:

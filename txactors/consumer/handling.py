@@ -28,6 +28,7 @@ from txactors.consumer.message import ConsumedMessage, delivered
 from txactors.consumer.retry import RetryPolicy
 from txactors.errors import PoisonMessage
 from txactors.nats.client import TolerantClient
+from txactors.nats.retry import LINK_TROUBLE
 from txactors.observe import tracing
 from txactors.observe.logs import get_logger
 from txactors.observe.metrics import ConsumerMetrics
@@ -145,7 +146,7 @@ class Handling:
             seq, entry = await dead_letter(
                 self._nc.jetstream(), self._group, message, error, max_payload=self._nc.max_payload
             )
-        except (nats.errors.Error, OSError, TimeoutError) as exc:
+        except LINK_TROUBLE as exc:
             retry_in = self._policy.delay(1)
             log.error("dead_letter_failed", **about, error=repr(exc), retry_in=retry_in)
             await self._settle(msg.nak(delay=retry_in), "nak")

@@ -23,7 +23,7 @@ from txactors.wire.layout import (
     RESERVED_HEADER_PREFIXES,
     TXID_HEADER,
 )
-from txactors.wire.protocol import CONTENT_TYPE_HEADER, Encoding
+from txactors.wire.protocol import decode_payload
 
 T = TypeVar("T")
 
@@ -76,9 +76,7 @@ class ConsumedMessage(msgspec.Struct, frozen=True):
         """The body as `type_` (e.g. a msgspec Struct): msgpack, or JSON when the producer
         marked it `Content-Type: application/json`. Raises msgspec.ValidationError if it
         does not fit; raised from a handler, that counts as a failure like any other."""
-        if self.headers.get(CONTENT_TYPE_HEADER) == Encoding.JSON.value:
-            return msgspec.json.decode(self.body, type=type_)
-        return msgspec.msgpack.decode(self.body, type=type_)
+        return decode_payload(self.body, self.headers, type_)
 
     @classmethod
     def from_nats(cls, msg: Msg) -> ConsumedMessage:

@@ -31,7 +31,7 @@ from typing import Any, Final
 from txactors.actors.remote import REPLY_HEADROOM
 from txactors.coordinator.core import tokens
 from txactors.coordinator.core.states import TxnState
-from txactors.coordinator.partition.store import seconds_text
+from txactors.coordinator.partition.halves import seconds_text
 from txactors.errors import TxActorsError
 from txactors.wire import layout
 from txactors.wire.answers import BATCH_ANSWER_BASE, item_answer_bytes
@@ -87,7 +87,7 @@ _NO_HEADER_BYTES: Final = header_block_bytes({})
 _HALF_HEADER_BYTES: Final = (
     header_block_bytes(
         {
-            layout.MSG_ID_HEADER: f":{_WORST_INDEX}:half",  # after the txid
+            layout.MSG_ID_HEADER: layout.half_message_id("", _WORST_INDEX),  # after the txid
             layout.TOKEN_HEADER: _WORST_DIGEST,
             layout.GROUP_HEADER: "",
             layout.PRODUCER_HEADER: "",

@@ -16,6 +16,7 @@ import msgspec
 
 from txactors.errors import ConfigError
 from txactors.nats.partition_count import check_count
+from txactors.nats.topics import DEFAULT_DUPLICATE_WINDOW
 from txactors.wire.inbox import DEFAULT_INBOX_PREFIX, normalize_prefix
 from txactors.wire.layout import name_problem
 from txactors.wire.protocol import OutgoingMessage
@@ -35,7 +36,7 @@ class CoordinatorOptions(msgspec.Struct, frozen=True, kw_only=True):
     """How often each partition records where its recovery may start reading its streams."""
     replicas: int = 1
     """Replicas of the coordinator's streams (3 on a production cluster)."""
-    topic_duplicate_window: float = 600.0
+    topic_duplicate_window: float = DEFAULT_DUPLICATE_WINDOW
     """How long a topic stream drops a re-published `Nats-Msg-Id`: must cover recovery."""
     max_messages_per_prepare: int = 1000
     """Most messages one prepare may carry; a larger one is refused."""

@@ -44,11 +44,11 @@ from txactors.coordinator.cluster.agreement import (
     meta_bucket,
 )
 from txactors.coordinator.cluster.balance import MemberInfo, plan
-from txactors.coordinator.cluster.leases import LEASE_TROUBLE, Leases, lease_bucket
+from txactors.coordinator.cluster.leases import Leases, lease_bucket
 from txactors.coordinator.options import Clock, CoordinatorOptions, OnDiscard
 from txactors.coordinator.partition.actor import PartitionCoordinator
 from txactors.coordinator.partition.oplog import READ_BACK_TIMEOUT, FencedOut
-from txactors.coordinator.partition.store import ensure_streams
+from txactors.coordinator.partition.streams import ensure_streams
 from txactors.coordinator.partition.tenants import (
     TenantReplies,
     declare_consumer_streams,
@@ -58,6 +58,7 @@ from txactors.coordinator.writers import shared_writers
 from txactors.errors import ActorError, ungrouped
 from txactors.nats.client import raising_connection_lost, watch_connection
 from txactors.nats.link import ACK_TIMEOUT
+from txactors.nats.retry import LINK_TROUBLE
 from txactors.observe.logs import get_logger
 from txactors.observe.metrics import CoordinatorMetrics
 from txactors.wire import layout
@@ -179,7 +180,7 @@ class _PartitionKeeper:
         while True:
             try:
                 await self._leases.watch_holders(self._wake)
-            except LEASE_TROUBLE as error:
+            except LINK_TROUBLE as error:
                 log.warning("lease_watch_failed", error=repr(error))
             await anyio.sleep(self._options.lease_ttl * RETRY_FRACTION)
 
@@ -190,7 +191,7 @@ class _PartitionKeeper:
         """Announce this member, then take its share of what is free."""
         try:
             await self._leases.announce(self._info)
-        except LEASE_TROUBLE as error:  # announced by the next renewal
+        except LINK_TROUBLE as error:  # announced by the next renewal
             log.warning("member_announce_failed", error=repr(error))
         await self.balance()
 
@@ -199,7 +200,7 @@ class _PartitionKeeper:
         ttl = self._options.lease_ttl
         try:
             view = await self._leases.view(timeout=ttl * RENEW_FRACTION)
-        except LEASE_TROUBLE as error:
+        except LINK_TROUBLE as error:
             log.warning("lease_view_failed", error=repr(error))
             return
         step = plan(
@@ -321,7 +322,7 @@ class _PartitionKeeper:
                     await serve(self._nc, ref, subject, accepts, replies=self._replies)
                 )
             await self._nc.flush()
-        except (ActorError, *LEASE_TROUBLE) as error:
+        except (ActorError, *LINK_TROUBLE) as error:
             log.error("partition_start_failed", partition=partition, error=repr(error))
             owned.subscriptions = subscriptions  # the stop takes them down with the actor
             if self.owned.get(partition) is owned:

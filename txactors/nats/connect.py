@@ -27,6 +27,7 @@ from txactors.embedded.server import EmbeddedNatsServer
 from txactors.errors import ConfigError, NatsConnectError
 from txactors.nats.client import TolerantClient
 from txactors.nats.config import NatsConfig, setting_name
+from txactors.nats.retry import LINK_TROUBLE
 from txactors.observe.logs import get_logger
 
 DRAIN_TIMEOUT = 5.0
@@ -174,7 +175,7 @@ async def _connect(servers: list[str], config: NatsConfig, opts: dict[str, Any])
             ),
             budget,
         )
-    except (OSError, TimeoutError, nats.errors.Error) as exc:
+    except LINK_TROUBLE as exc:
         with suppress(Exception):
             await asyncio.wait_for(nc.close(), 1.0)
         cause = _most_telling(errors) or exc
@@ -202,7 +203,7 @@ async def _close(nc: Client) -> None:
     if nc.is_connected:
         try:
             await asyncio.wait_for(nc.drain(), DRAIN_TIMEOUT)
-        except (TimeoutError, nats.errors.Error, OSError) as exc:
+        except LINK_TROUBLE as exc:
             log.warning("nats_drain_failed", error=repr(exc))
     if not nc.is_closed:
         try:

@@ -9,10 +9,11 @@ group's dead-letter stream is declared the same way by both (`ensure_dlq_stream`
 consumer, and a coordinator told the group's topics).
 
 Every stream txactors declares (topics, dead-letter queues, the coordinator's TXN_* streams)
-goes through `declare_stream`. Declarations happen at start-up, which on a cluster may be while
-it forms or elects: JetStream then answers "temporarily unavailable", "no suitable peers for
-placement" or nothing at all. `declaring` retries those with backoff up to a deadline instead
-of failing the process (`retry.transient` says which answers pass).
+goes through `declare_stream`, every KV bucket through `ensure_bucket`. Declarations happen at
+start-up, which on a cluster may be while it forms or elects: JetStream then answers
+"temporarily unavailable", "no suitable peers for placement" or nothing at all. `declaring`
+retries those with backoff up to a deadline instead of failing the process (`retry.transient`
+says which answers pass).
 
 A client without the right to create streams (a consumer under least privilege) uses
 `wait_for_stream` instead: it only reads the stream's info, until the coordinator made it.
@@ -20,20 +21,33 @@ A client without the right to create streams (a consumer under least privilege) 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final, TypeVar
 
 import anyio
+from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import StorageType, StreamConfig
-from nats.js.errors import APIError, NotFoundError
+from nats.js.api import KeyValueConfig, StorageType, StreamConfig
+from nats.js.errors import APIError, BucketNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
 
 from txactors.errors import ConfigError
 from txactors.nats.retry import PLACEMENT_CODES, api_error_code, retry_transient, transient
 from txactors.observe.logs import RateLimited, get_logger
-from txactors.wire.layout import dlq_filter, dlq_stream, topic_filter, topic_stream, validate_name
+from txactors.wire.layout import (
+    bucket_stream,
+    dlq_filter,
+    dlq_stream,
+    topic_filter,
+    topic_stream,
+    validate_name,
+)
 
 log = get_logger(__name__)
+
+_NAMES_TIMEOUT: Final = 5.0
+"""Seconds one page of `$JS.API.STREAM.NAMES` may take."""
 
 DEFAULT_DUPLICATE_WINDOW: Final = 600.0
 """Seconds JetStream remembers a `Nats-Msg-Id`: a commit replayed by a coordinator that
@@ -215,7 +229,7 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
 
 
 async def ensure_replicas(js: JetStreamContext, name: str, replicas: int) -> None:
-    """Raise stream `name` (a KV bucket's is `KV_<bucket>`) to at least `replicas` copies."""
+    """Raise stream `name` (a KV bucket's: `bucket_stream`) to at least `replicas` copies."""
     current = (await js.stream_info(name)).config
     if (current.num_replicas or 1) >= replicas:
         return
@@ -226,6 +240,36 @@ async def ensure_replicas(js: JetStreamContext, name: str, replicas: int) -> Non
         if is_replicas_error(exc):
             raise replicas_error(f"stream {name}", replicas, exc) from exc
         raise
+
+
+async def ensure_bucket(
+    js: JetStreamContext, config: KeyValueConfig, *, deadline: float = DECLARE_DEADLINE
+) -> KeyValue:
+    """Open KV bucket `config.bucket`, creating it if absent; it gets `config.replicas` copies
+    at least (an existing bucket keeps an operator's other settings). Transient answers are
+    retried for `deadline` seconds (`declaring`)."""
+    return await declaring(
+        f"KV bucket {config.bucket}",
+        lambda: _ensure_bucket(js, config),
+        deadline=deadline,
+        replicas=config.replicas,
+    )
+
+
+async def _ensure_bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
+    try:
+        kv = await js.key_value(config.bucket)
+    except BucketNotFoundError:
+        try:
+            return await js.create_key_value(config)
+        except APIError as error:
+            if is_replicas_error(error):
+                raise replicas_error(
+                    f"KV bucket {config.bucket}", config.replicas, error
+                ) from error
+            raise
+    await ensure_replicas(js, bucket_stream(config.bucket), config.replicas)
+    return kv
 
 
 async def ensure_topic_stream(
@@ -250,6 +294,24 @@ async def ensure_topic_stream(
         deadline=deadline,
     )
     return name
+
+
+async def topic_stream_count(nc: Client, prefix: str) -> int:
+    """How many topic streams exist whose topic starts with `prefix` (every page of
+    `$JS.API.STREAM.NAMES`, filtered here: JetStream filters by subject, not by prefix)."""
+    wanted = topic_stream(prefix)
+    count, offset = 0, 0
+    while True:
+        request = json.dumps({"offset": offset}).encode()
+        reply = await nc.request("$JS.API.STREAM.NAMES", request, _NAMES_TIMEOUT)
+        answer = json.loads(reply.data)
+        if "error" in answer:
+            APIError.from_error(answer["error"])  # raises it
+        names = answer.get("streams") or []
+        count += sum(1 for name in names if name.startswith(wanted))
+        offset += len(names)
+        if not names or offset >= answer.get("total", 0):
+            return count
 
 
 async def ensure_dlq_stream(

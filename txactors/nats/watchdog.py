@@ -41,7 +41,7 @@ import nats.errors
 from nats.aio.client import Client, Server
 
 from txactors.errors import ConfigError
-from txactors.nats.retry import CLUSTER_TRANSIENT_CODES
+from txactors.nats.retry import CLUSTER_TRANSIENT_CODES, LINK_TROUBLE
 from txactors.observe.logs import get_logger
 
 __all__ = [
@@ -331,13 +331,13 @@ async def _serves(
                 ),
                 2 * timeout,
             )
-        except (TimeoutError, nats.errors.Error, OSError):
+        except LINK_TROUBLE:
             return False
         urls = probe._server_info.get("connect_urls")
         peers = len(urls) if isinstance(urls, list) else None
         return routed(peers, cluster_size) and (refused or await _probe(probe, timeout))
     finally:
-        with contextlib.suppress(TimeoutError, nats.errors.Error, OSError):
+        with contextlib.suppress(*LINK_TROUBLE):
             await asyncio.wait_for(probe.close(), timeout)
 
 

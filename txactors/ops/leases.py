@@ -19,6 +19,7 @@ import msgspec
 import nats.js.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from nats.js.kv import KV_DEL, KV_OP, KV_PURGE
 from rich import box
 from rich.console import Group
 from rich.table import Table
@@ -27,11 +28,10 @@ from rich.text import Text
 from txactors.coordinator.cluster.balance import MEMBER_PREFIX, MemberInfo, shares
 from txactors.errors import ConfigError, TxActorsError
 from txactors.ops.views import human_duration
-from txactors.wire.layout import LEASE_BUCKET
+from txactors.wire.layout import LEASE_BUCKET, bucket_key_prefix, bucket_stream
 
-_KV_OPERATION = "KV-Operation"
-_STREAM = f"KV_{LEASE_BUCKET}"
-_PREFIX = f"$KV.{LEASE_BUCKET}."
+_STREAM = bucket_stream(LEASE_BUCKET)
+_PREFIX = bucket_key_prefix(LEASE_BUCKET)
 
 
 class NoLeases(TxActorsError):
@@ -124,7 +124,7 @@ async def _members(
             raw = await js.get_msg(_STREAM, subject=f"{_PREFIX}{key}")
         except nats.js.errors.NotFoundError:
             continue
-        if (raw.headers or {}).get(_KV_OPERATION) in ("DEL", "PURGE") or not raw.data:
+        if (raw.headers or {}).get(KV_OP) in (KV_DEL, KV_PURGE) or not raw.data:
             continue
         try:
             info = msgspec.json.decode(raw.data, type=MemberInfo)
@@ -145,7 +145,7 @@ async def _lease(js: JetStreamContext, key: str, ttl: float) -> LeaseInfo:
         raw = await js.get_msg(_STREAM, subject=f"{_PREFIX}{key}")
     except nats.js.errors.NotFoundError:
         return LeaseInfo(partition=partition)
-    if (raw.headers or {}).get(_KV_OPERATION) in ("DEL", "PURGE") or not raw.data:
+    if (raw.headers or {}).get(KV_OP) in (KV_DEL, KV_PURGE) or not raw.data:
         return LeaseInfo(partition=partition)
     renewed = raw.time.timestamp() if raw.time else None
     return LeaseInfo(

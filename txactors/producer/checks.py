@@ -24,7 +24,6 @@ from typing import Self, TypeVar
 
 import anyio
 import anyio.abc
-import msgspec
 import nats.errors
 import structlog
 from nats.aio.client import Client
@@ -46,6 +45,7 @@ from txactors.wire.protocol import (
     Decision,
     Error,
     ErrorCode,
+    decode_payload,
 )
 
 T = TypeVar("T")
@@ -65,8 +65,9 @@ class MessageView:
     properties: Mapping[str, str]
 
     def decode(self, type_: type[T]) -> T:
-        """The body as the msgspec Struct (or other type) it was sent as (msgpack)."""
-        return msgspec.msgpack.decode(self.body, type=type_)
+        """The body as `type_` (e.g. a msgspec Struct): msgpack, or JSON when the producer
+        marked it `Content-Type: application/json`, as a consumer decodes it."""
+        return decode_payload(self.body, self.properties, type_)
 
 
 @dataclass(frozen=True, slots=True)

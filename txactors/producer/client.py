@@ -42,19 +42,14 @@ from txactors.errors import ActorDeadError, AskTimeout, CommandError, EndRefused
 from txactors.nats.partition_count import PartitionCount, PartitionCountUnknown
 from txactors.observe import tracing
 from txactors.observe.logs import get_logger
+from txactors.producer.dialect import Dialect
 from txactors.producer.failed_sends import FailedSends
+from txactors.producer.inbox import Inbox
 from txactors.producer.inflight import InFlight
-from txactors.producer.link import (
-    DEFAULT_MAX_ITEMS,
-    Dialect,
-    EndVerb,
-    Inbox,
-    OnewayLink,
-    PartitionLink,
-    PrepareVerb,
-)
+from txactors.producer.link import DEFAULT_MAX_ITEMS, OnewayLink, PartitionLink
 from txactors.producer.outcomes import UnconfirmedOutcomes
 from txactors.producer.sticky import StickyPartitions, random_txid, txid_in
+from txactors.producer.verbs import EndVerb, PrepareVerb
 from txactors.wire.layout import end_subject, partition_of, prepare_subject
 from txactors.wire.protocol import (
     Decision,

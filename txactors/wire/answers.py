@@ -1,6 +1,6 @@
 """How many bytes an item's answer in a batch reply takes at its longest: the one rule by which
 the coordinator accepts a batch (`answerable_items` in coordinator/boundary.py) and the
-producer cuts its requests (`answer_size` in producer/link.py).
+producer cuts its requests (`answer_size` in producer/verbs.py).
 
 An item is answered with an `Error` (its message cut by `item_error`), a `Prepared` with one
 stream sequence per message, or an `Ended` whose state is at most `MAX_STATE_LENGTH` long;

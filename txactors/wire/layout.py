@@ -32,11 +32,28 @@ it finds: a producer's links, a lease per partition and a txid chosen per partit
 (producer/sticky.py tries 4,096 tails) all grow with the count."""
 
 
+def bucket_stream(bucket: str) -> str:
+    """The stream that holds KV bucket `bucket`."""
+    return f"KV_{bucket}"
+
+
+def bucket_key_prefix(bucket: str) -> str:
+    """The subject prefix of KV bucket `bucket`'s keys (a key's subject is the prefix, then the
+    key)."""
+    return f"$KV.{bucket}."
+
+
 def partitions_read_subject() -> str:
     """Where any client reads the partition count: a JetStream direct get of the key's last
     value (an empty request; the answer is the value, or status 404 while none is published).
     The one JetStream subject a producer must be allowed to publish to."""
-    return f"$JS.API.DIRECT.GET.KV_{META_BUCKET}.$KV.{META_BUCKET}.{PARTITIONS_KEY}"
+    key = f"{bucket_key_prefix(META_BUCKET)}{PARTITIONS_KEY}"
+    return f"$JS.API.DIRECT.GET.{bucket_stream(META_BUCKET)}.{key}"
+
+
+def pull_subject(stream: str, consumer: str) -> str:
+    """Where a pull consumer asks JetStream for its next messages."""
+    return f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
 
 
 def half_subject(partition: int) -> str:
@@ -192,6 +209,8 @@ def dlq_filter(group: str) -> str:
 
 # -- headers --------------------------------------------------------------------------------
 
+CONTENT_TYPE_HEADER: Final = "Content-Type"
+"""A command's or a committed message's encoding when it is not msgpack (`protocol.Encoding`)."""
 MSG_ID_HEADER: Final = "Nats-Msg-Id"
 """JetStream de-duplication: `<txid>:<index>` on every committed message."""
 EXPECTED_LAST_SUBJECT_SEQ_HEADER: Final = "Nats-Expected-Last-Subject-Sequence"
@@ -211,7 +230,7 @@ IMMUNITY_HEADER: Final = "Txn-Check-Immunity"
 TOKEN_HEADER: Final = "Txn-Token"
 BEGINS_HEADER: Final = "Txn-Begins"
 PACK_HEADER: Final = "Txn-Pack"
-"""On a TXN_HALF message holding a pack of halves (`coordinator/partition/store.py`): the
+"""On a TXN_HALF message holding a pack of halves (`coordinator/partition/packs.py`): the
 pack format's version, `1`. A half stored alone, with its fields as headers, has none."""
 COMMITTED_AT_HEADER: Final = "Txn-Committed-At"
 CHECK_TIMES_HEADER: Final = "Txn-Check-Times"
@@ -254,7 +273,38 @@ def is_reserved_header(name: str) -> bool:
 
 
 def message_id(txid: str, index: int) -> str:
+    """A committed message's `Nats-Msg-Id`, `<txid>:<index>`: a re-publish is dropped."""
     return f"{txid}:{index}"
+
+
+_HALF_ID_SUFFIX: Final = ":half"
+
+
+def half_message_id(txid: str, index: int) -> str:
+    """A half stored alone's `Nats-Msg-Id`, `<txid>:<index>:half`: apart from its committed
+    copy's."""
+    return f"{message_id(txid, index)}{_HALF_ID_SUFFIX}"
+
+
+def half_of_message_id(msg_id: str) -> tuple[str, int]:
+    """(txid, index) of a `half_message_id`; ValueError if `msg_id` is not one."""
+    if not msg_id.endswith(_HALF_ID_SUFFIX):
+        raise ValueError(f"{MSG_ID_HEADER} {shown(msg_id)} is not a half's")
+    txid, _, index = msg_id.removesuffix(_HALF_ID_SUFFIX).rpartition(":")
+    if not txid:
+        raise ValueError(f"{MSG_ID_HEADER} {shown(msg_id)} names no txid")
+    return txid, int(index)
+
+
+def pack_message_id(unique: str) -> str:
+    """A pack's `Nats-Msg-Id`, `<unique>:pack`: one per pack, the same when a write is
+    retried."""
+    return f"{unique}:pack"
+
+
+def discarded_message_id(txid: str, index: int) -> str:
+    """A discarded half's copy's `Nats-Msg-Id` in TXN_DISCARD, `<txid>:<index>:discard`."""
+    return f"{message_id(txid, index)}:discard"
 
 
 def partition_of(txid: str, partitions: int) -> int:

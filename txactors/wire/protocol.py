@@ -19,9 +19,9 @@ from typing import Any, ClassVar, Final, Generic, TypeVar
 
 import msgspec
 
-T = TypeVar("T")
+from txactors.wire.layout import CONTENT_TYPE_HEADER
 
-CONTENT_TYPE_HEADER: Final = "Content-Type"
+T = TypeVar("T")
 
 PROTOCOL_VERSION: Final = 3
 """The protocol version this code speaks (docs/protocol.md#protocol-version): 2 added the
@@ -102,6 +102,20 @@ def encoding_of(headers: Mapping[str, str] | None) -> Encoding | Error:
             f"unsupported {CONTENT_TYPE_HEADER} {value!r}; use "
             f"{Encoding.MSGPACK.value} (default) or {Encoding.JSON.value}",
         )
+
+
+def payload_is_json(headers: Mapping[str, str]) -> bool:
+    """Whether a user's payload is JSON (its producer marked it `Content-Type:
+    application/json`) rather than msgpack: the one rule every reader of a payload follows."""
+    return headers.get(CONTENT_TYPE_HEADER) == _JSON.value
+
+
+def decode_payload(body: bytes, headers: Mapping[str, str], type_: type[T]) -> T:
+    """A user's payload as `type_` (e.g. a msgspec Struct), JSON or msgpack as `headers` say
+    (`payload_is_json`). Raises msgspec.ValidationError (or DecodeError) if it does not fit."""
+    if payload_is_json(headers):
+        return msgspec.json.decode(body, type=type_)
+    return msgspec.msgpack.decode(body, type=type_)
 
 
 def headers_for(encoding: Encoding) -> dict[str, str] | None:

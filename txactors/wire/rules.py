@@ -77,9 +77,15 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     def check_delay(self, checks_done: int, rng: random.Random) -> float:
         """Delay before the next check, after `checks_done` (>= 1) inconclusive ones."""
+        base = self.backed_off_check_interval(checks_done)
+        return base * rng.uniform(1.0 - self.check_jitter, 1.0 + self.check_jitter)
+
+    def backed_off_check_interval(self, checks_done: int) -> float:
+        """The check schedule: the delay after `checks_done` (>= 1) inconclusive checks,
+        before jitter."""
         base = self.check_interval
         for _ in range(checks_done - 1):  # a loop, not `**`: a big exponent would overflow
             base = min(base * self.check_backoff, self.check_interval_max)
             if base == self.check_interval_max:
                 break
-        return base * rng.uniform(1.0 - self.check_jitter, 1.0 + self.check_jitter)
+        return base

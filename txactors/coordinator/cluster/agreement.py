@@ -23,7 +23,6 @@ from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-from txactors.coordinator.partition.store import ensure_bucket
 from txactors.nats.partition_count import (
     PartitionCountInvalid,
     PartitionCountMismatch,
@@ -31,7 +30,7 @@ from txactors.nats.partition_count import (
     where_published,
 )
 from txactors.nats.retry import LINK_TROUBLE, describe
-from txactors.nats.topics import DECLARE_DEADLINE, declaring
+from txactors.nats.topics import DECLARE_DEADLINE, declaring, ensure_bucket
 from txactors.observe.logs import get_logger
 from txactors.wire import layout
 

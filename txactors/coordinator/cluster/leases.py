@@ -27,15 +27,14 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KV_DEL, KV_PURGE, VALID_KEY_RE, KeyValue
 
 from txactors.coordinator.cluster.balance import MEMBER_PREFIX, MemberInfo
-from txactors.coordinator.partition.store import ensure_bucket
 from txactors.errors import ConfigError, ungrouped
+from txactors.nats.retry import LINK_TROUBLE
+from txactors.nats.topics import ensure_bucket
 from txactors.observe.logs import get_logger
 from txactors.wire import layout
 
 log = get_logger(__name__)
 
-LEASE_TROUBLE = (nats.errors.Error, TimeoutError, OSError)
-"""What talking to the lease bucket raises while NATS or the bucket's leader is away."""
 _GONE = (KV_DEL, KV_PURGE)
 VIEW_READS = 32
 """Gets of one view in flight at once (a bucket holds a key per partition and per member)."""
@@ -69,8 +68,8 @@ class Leases:
             raise ConfigError(f"a coordinator's owner id must be a valid KV key, got {owner!r}")
         self._js = js
         self._kv = kv
-        self._stream = f"KV_{layout.LEASE_BUCKET}"
-        self._prefix = f"$KV.{layout.LEASE_BUCKET}."
+        self._stream = layout.bucket_stream(layout.LEASE_BUCKET)
+        self._prefix = layout.bucket_key_prefix(layout.LEASE_BUCKET)
         self.owner = owner
         self.member_key = f"{MEMBER_PREFIX}{owner}"
 
@@ -80,7 +79,7 @@ class Leases:
             return await self._kv.create(str(partition), self.owner.encode())
         except nats.js.errors.KeyWrongLastSequenceError:
             return None
-        except LEASE_TROUBLE as error:
+        except LINK_TROUBLE as error:
             log.warning("lease_take_failed", partition=partition, error=repr(error))
             return None
 
@@ -107,7 +106,7 @@ class Leases:
     async def give_back(self, partition: int, revision: int) -> None:
         try:
             await self._kv.delete(str(partition), last=revision)
-        except (nats.js.errors.KeyWrongLastSequenceError, *LEASE_TROUBLE) as error:
+        except (nats.js.errors.KeyWrongLastSequenceError, *LINK_TROUBLE) as error:
             log.info("lease_not_given_back", partition=partition, error=repr(error))
 
     async def announce(self, info: MemberInfo) -> None:
@@ -118,13 +117,13 @@ class Leases:
         """Delete our member key: the others stop counting us at once (best effort)."""
         try:
             await self._kv.delete(self.member_key)
-        except LEASE_TROUBLE as error:
+        except LINK_TROUBLE as error:
             log.info("member_not_withdrawn", owner=self.owner, error=repr(error))
 
     async def view(self, timeout: float) -> LeaseView:
         """Members and holders as the bucket has them now, read within `timeout` (else
         `TimeoutError`, so that partitions left free are not kept waiting behind a bucket that
-        elects a leader). Raises on a transport problem (`LEASE_TROUBLE`, as itself).
+        elects a leader). Raises on a transport problem (`LINK_TROUBLE`, as itself).
 
         The keys come from the stream's subjects and each value from a get: both are answered
         by the bucket's leader alone, whereas a watch creates a consumer, which waits for the
@@ -138,7 +137,7 @@ class Leases:
             else:
                 limiter = anyio.CapacityLimiter(VIEW_READS)
                 # Reads failing together (the bucket electing a leader) fail the view once.
-                with ungrouped(*LEASE_TROUBLE):
+                with ungrouped(*LINK_TROUBLE):
                     async with anyio.create_task_group() as reads:
                         for subject in subjects or ():
                             key = subject.removeprefix(self._prefix)
@@ -209,5 +208,5 @@ class Leases:
 
 async def _stop(watcher: KeyValue.KeyWatcher) -> None:
     """Unsubscribe even when cancelled (an ordered consumer left behind lives for minutes)."""
-    with anyio.CancelScope(shield=True), anyio.move_on_after(1.0), suppress(*LEASE_TROUBLE):
+    with anyio.CancelScope(shield=True), anyio.move_on_after(1.0), suppress(*LINK_TROUBLE):
         await watcher.stop()  # type: ignore[no-untyped-call]

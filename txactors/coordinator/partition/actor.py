@@ -75,22 +75,17 @@ from txactors.coordinator.partition.answers import Answers
 from txactors.coordinator.partition.audit import audited
 from txactors.coordinator.partition.batches import item_requests
 from txactors.coordinator.partition.checker import Checked, Checker, CheckWork, Due
+from txactors.coordinator.partition.checkpoints import load_checkpoint, save_checkpoint
 from txactors.coordinator.partition.discard import discard, quarantine
+from txactors.coordinator.partition.halves import StoredHalf, by_transaction, halves_stored
 from txactors.coordinator.partition.late import LateHalves
 from txactors.coordinator.partition.listing import info, select
 from txactors.coordinator.partition.oneway import OneWayErrors
 from txactors.coordinator.partition.oplog import OpLog
+from txactors.coordinator.partition.packs import pack_appends
 from txactors.coordinator.partition.prepares import PreparesInFlight
 from txactors.coordinator.partition.publisher import Publisher
 from txactors.coordinator.partition.recovery import recover, take_fence
-from txactors.coordinator.partition.store import (
-    StoredHalf,
-    by_transaction,
-    halves_stored,
-    load_checkpoint,
-    pack_appends,
-    save_checkpoint,
-)
 from txactors.coordinator.writers import SharedWriters
 from txactors.errors import ActorError, MailboxFull
 from txactors.faults import FaultPoint, crash_if_armed

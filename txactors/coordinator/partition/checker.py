@@ -33,7 +33,8 @@ from txactors.coordinator.boundary import check_answer_problem
 from txactors.coordinator.core.effects import CheckTarget, SendCheck
 from txactors.coordinator.core.events import CheckAnswered, CheckFailed, CheckFailure
 from txactors.coordinator.options import Clock, MovingClock
-from txactors.coordinator.partition.store import checked_message, half_in, read_raw_halves
+from txactors.coordinator.partition.halves import checked_message, half_in
+from txactors.coordinator.partition.packs import read_raw_halves
 from txactors.errors import ActorDeadError, ActorError, AskTimeout, CommandError
 from txactors.nats.retry import describe
 from txactors.observe.logs import get_logger

@@ -29,15 +29,18 @@ from nats.js.api import PubAck
 
 from txactors.coordinator.core.effects import Discard
 from txactors.coordinator.options import DiscardedTransaction, OnDiscard
-from txactors.coordinator.partition.store import (
-    StoredHalf,
-    half_headers,
-    half_in,
-    is_pack,
-    read_halves,
-)
+from txactors.coordinator.partition.halves import StoredHalf, half_headers, half_in
+from txactors.coordinator.partition.packs import is_pack, read_halves
 from txactors.nats.link import ACK_TIMEOUT
-from txactors.nats.retry import RETRY_INITIAL, RETRY_MAX, Fault, classify, describe, retry_transient
+from txactors.nats.retry import (
+    LINK_TROUBLE,
+    RETRY_INITIAL,
+    RETRY_MAX,
+    Fault,
+    classify,
+    describe,
+    retry_transient,
+)
 from txactors.nats.writer import Append, PartitionWriter
 from txactors.observe.logs import get_logger
 from txactors.wire import layout
@@ -57,7 +60,7 @@ async def discard(
     appends = []
     for stored, headers in found:
         index = stored.half.index
-        headers[layout.MSG_ID_HEADER] = f"{layout.message_id(action.txid, index)}:discard"
+        headers[layout.MSG_ID_HEADER] = layout.discarded_message_id(action.txid, index)
         headers[layout.TXID_HEADER] = action.txid  # the half's own id is not copied
         headers[layout.INDEX_HEADER] = str(index)
         headers[layout.DISCARD_REASON_HEADER] = action.reason.value
@@ -178,7 +181,7 @@ async def quarantine(
                     headers=copy_headers,
                 )
                 return
-            except (nats.errors.Error, TimeoutError, OSError, ValueError) as error:
+            except (*LINK_TROUBLE, ValueError) as error:
                 failure = describe(error)
                 if isinstance(error, ValueError) or classify(error) is Fault.PERMANENT:
                     break  # this copy will never fit: try the smaller one

@@ -32,13 +32,9 @@ import nats.errors
 from nats.js import JetStreamContext
 
 from txactors.coordinator.core.transactions import Checkpoint
+from txactors.coordinator.partition.halves import StoredHalf, read_half
+from txactors.coordinator.partition.packs import is_pack, read_raw_halves
 from txactors.coordinator.partition.recovery import UNREADABLE, read_subject
-from txactors.coordinator.partition.store import (
-    StoredHalf,
-    is_pack,
-    read_half,
-    read_raw_halves,
-)
 from txactors.nats.acks import ack_fields
 from txactors.nats.retry import LINK_TROUBLE, RETRY_MAX, describe, retry_transient
 from txactors.observe.logs import get_logger

@@ -44,7 +44,7 @@ from nats.js.api import Header, PubAck
 from nats.nuid import NUID
 
 from txactors.coordinator.core.records import OpKind, OpRecord
-from txactors.coordinator.partition.store import encode_ops
+from txactors.coordinator.partition.checkpoints import encode_ops
 from txactors.errors import TxActorsError
 from txactors.nats.link import (
     Ack,

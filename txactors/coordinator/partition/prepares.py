@@ -13,7 +13,7 @@ from nats.js.api import PubAck
 
 from txactors.coordinator.core import tokens
 from txactors.coordinator.core.table import TransactionTable
-from txactors.coordinator.partition.store import StoredHalf, stored_half
+from txactors.coordinator.partition.halves import StoredHalf, stored_half
 from txactors.wire.protocol import ErrorCode, Prepare
 
 

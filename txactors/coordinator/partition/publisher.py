@@ -38,13 +38,8 @@ from txactors.coordinator.core.events import Published
 from txactors.coordinator.core.states import FINAL
 from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.options import Clock, CoordinatorOptions
-from txactors.coordinator.partition.store import (
-    StoredHalf,
-    half_in,
-    read_raw_halves,
-    seconds_text,
-)
-from txactors.coordinator.partition.tenants import topic_stream_count
+from txactors.coordinator.partition.halves import StoredHalf, half_in, seconds_text
+from txactors.coordinator.partition.packs import read_raw_halves
 from txactors.coordinator.writers import declare_topic
 from txactors.errors import ConfigError
 from txactors.nats.link import linked
@@ -56,6 +51,7 @@ from txactors.nats.retry import (
     retry_transient,
     transient,
 )
+from txactors.nats.topics import topic_stream_count
 from txactors.nats.writer import Append, PartitionWriter, Quarantine
 from txactors.observe import tracing
 from txactors.observe.logs import get_logger

@@ -34,14 +34,10 @@ from txactors.coordinator.core.errors import CoordinatorStateError
 from txactors.coordinator.core.events import OpReplayed
 from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.core.transactions import Checkpoint
+from txactors.coordinator.partition.checkpoints import decode_ops
 from txactors.coordinator.partition.discard import quarantine
-from txactors.coordinator.partition.store import (
-    StoredHalf,
-    by_transaction,
-    decode_ops,
-    halves_stored,
-    read_halves,
-)
+from txactors.coordinator.partition.halves import StoredHalf, by_transaction, halves_stored
+from txactors.coordinator.partition.packs import read_halves
 from txactors.nats.acks import ack_fields
 from txactors.nats.current import CURRENT_DEADLINE, wait_current
 from txactors.nats.retry import (

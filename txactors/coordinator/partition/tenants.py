@@ -11,19 +11,16 @@ they cannot see are kept here.
   into another's. A request whose reply breaks this is not executed at all.
 - **How many streams a prefix rule makes.** A rule `orders-*` lets a producer name new topics,
   each a stream the coordinator creates; `max_prefix_topics` caps the streams under each rule
-  (`topic_stream_count`, asked only when a new topic's stream would be created).
+  (`nats/topics.py`'s `topic_stream_count`, asked only when a new topic's stream would be created).
 - **The consumers' streams.** A consumer that may not create streams waits for its topic and
   dead-letter streams; `declare_consumer_streams` makes those of `consumer_groups` at start.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 
-from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.errors import APIError
 
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.nats.topics import ensure_dlq_stream, ensure_topic_stream
@@ -31,9 +28,6 @@ from txactors.observe.logs import get_logger
 from txactors.wire import layout
 
 log = get_logger(__name__)
-
-_NAMES_TIMEOUT = 5.0
-"""Seconds one page of `$JS.API.STREAM.NAMES` may take."""
 
 
 class TenantReplies:
@@ -59,24 +53,6 @@ class TenantReplies:
 def tenant_groups(options: CoordinatorOptions) -> set[str]:
     """Every group whose inbox is a tenant's: producer groups of the policy, consumer groups."""
     return {*options.group_topics, *options.consumer_groups}
-
-
-async def topic_stream_count(nc: Client, prefix: str) -> int:
-    """How many topic streams exist whose topic starts with `prefix` (every page of
-    `$JS.API.STREAM.NAMES`, filtered here: JetStream filters by subject, not by prefix)."""
-    wanted = layout.topic_stream(prefix)
-    count, offset = 0, 0
-    while True:
-        request = json.dumps({"offset": offset}).encode()
-        reply = await nc.request("$JS.API.STREAM.NAMES", request, _NAMES_TIMEOUT)
-        answer = json.loads(reply.data)
-        if "error" in answer:
-            APIError.from_error(answer["error"])  # raises it
-        names = answer.get("streams") or []
-        count += sum(1 for name in names if name.startswith(wanted))
-        offset += len(names)
-        if not names or offset >= answer.get("total", 0):
-            return count
 
 
 async def declare_consumer_streams(js: JetStreamContext, options: CoordinatorOptions) -> None:

@@ -44,8 +44,7 @@ def schedule_span(config: CoordinatorConfig) -> float:
     schedule, with every check inconclusive, every delay at its longest (jitter included)
     and the coordinator never down; never more than the half retention allows."""
     span = config.max_immunity + config.check_answer_timeout
-    delay = config.check_interval
-    for _ in range(config.check_max - 1):
+    for checks_done in range(1, config.check_max):
+        delay = config.backed_off_check_interval(checks_done)
         span += delay * (1.0 + config.check_jitter) + config.check_answer_timeout
-        delay = min(delay * config.check_backoff, config.check_interval_max)
     return min(span, config.half_retention + config.check_answer_timeout)
