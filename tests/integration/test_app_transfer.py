@@ -44,7 +44,7 @@ from apps.transfer.demo import (
 from apps.transfer.messages import Transfer
 from apps.transfer.reconcile import Books, Expectation, book_checks, reconcile
 from apps.transfer.sender import Sender, new_transfer
-from tests.conftest import MakeNatsServer
+from tests.support.servers import MakeNatsServer
 from tests.support.txn import topic_messages
 from txactors.coordinator import CoordinatorConfig
 from txactors.errors import RolledBackByCheck
