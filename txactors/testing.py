@@ -19,17 +19,23 @@ shows, and pytest-asyncio does not warn). Each is named `txactors_*`:
 - `txactors_app`: `await txactors_app(app)` runs a `TxApp`'s consumers and gives a `Received`
   of what its handlers handled.
 
-Everything started by a fixture is stopped after the test.
+Everything started by a fixture is stopped after the test. `Received.wait` waits for messages;
+for anything else, `eventually(probe)` calls a probe (sync or async) until its answer holds and
+fails the test naming it if it never does, instead of a hand-written loop of sleeps:
+
+    js = txactors_nc.jetstream()
+    await eventually(lambda: js.stream_info("TXN_DISCARD"), until=lambda i: i.state.messages)
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import anyio
 import pytest
@@ -46,15 +52,70 @@ from txactors.errors import ConfigError, TxActorsError
 from txactors.nats.client import connect
 from txactors.producer import Checker, TransactionProducer
 
-__all__ = ["MakeConsumer", "MakeProducer", "ManualClock", "Received", "RunApp"]
+__all__ = ["MakeConsumer", "MakeProducer", "ManualClock", "Received", "RunApp", "eventually"]
 
 TICK = 0.005
 """The test coordinator's tick: the unit of its clock-driven looks (late halves)."""
 PULL_EXPIRES = 0.1
 """Test consumers' pull length: a consumer stops (at teardown) within this."""
 DEFAULT_WAIT = 10.0
+POLL_INTERVAL = 0.02
+"""Seconds between two looks of `eventually` at its condition: short against any timeout."""
 
 T = TypeVar("T")
+
+
+async def eventually(
+    probe: Callable[[], T] | Callable[[], Awaitable[T]],
+    *,
+    what: str | None = None,
+    timeout: float = DEFAULT_WAIT,
+    until: Callable[[T], object] = bool,
+    ignoring: tuple[type[BaseException], ...] = (),
+    interval: float = POLL_INTERVAL,
+    explain: Callable[[], str] | None = None,
+) -> T:
+    """Call `probe` (sync or async) until `until(value)` holds, and return that value.
+
+    For a condition no event announces (a stream's count, a row in a database): a fixed
+    sleep is too short on a loaded machine and wasted on an idle one. A probe raising one of
+    `ignoring` counts as "not yet" (a stream not declared so far); any other error fails at
+    once. On timeout, raises `AssertionError` with `what` (by default the probe's name, or a
+    lambda's source), the last value (or error) seen and what `explain` says then.
+    """
+    last: object = "(no answer yet)"
+    with anyio.move_on_after(timeout):
+        while True:
+            try:
+                value = probe()
+                if inspect.isawaitable(value):
+                    value = await value
+            except ignoring as error:
+                last = error
+            else:
+                last = value
+                if until(cast(T, value)):
+                    return cast(T, value)
+            await anyio.sleep(interval)
+    awaited = what or _described(probe)
+    message = f"not within {timeout:g} s: {awaited} (last seen: {_short(last)})"
+    raise AssertionError(message if explain is None else f"{message}\n{explain()}")
+
+
+def _described(probe: Callable[..., object]) -> str:
+    """A lambda's source line, or a function's name: what a test waited for, unless it said."""
+    name = getattr(probe, "__qualname__", repr(probe))
+    if not name.endswith("<lambda>"):
+        return name
+    try:
+        return inspect.getsource(probe).strip()
+    except (OSError, TypeError):
+        return name
+
+
+def _short(value: object, limit: int = 500) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 class ManualClock:

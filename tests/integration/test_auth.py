@@ -25,7 +25,7 @@ from txactors.nats.config import NatsConfig
 from txactors.nats.connect import connect_options, nats_session
 
 if TYPE_CHECKING:
-    from tests.conftest import MakeNatsServer
+    from tests.support.servers import MakeNatsServer
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST_FAIL = {"connect_retries": 1, "reconnect_time_wait": 0.05, "connect_timeout": 0.5}
@@ -101,7 +101,9 @@ async def test_an_nkey_user_connects_and_a_wrong_seed_is_refused(
 
 
 @pytest.mark.parametrize(
-    "content", ["not a seed\n", "", Key(nkeys.PREFIX_BYTE_USER).public + "\n"], ids=str
+    "content",
+    ["not a seed\n", "", Key(nkeys.PREFIX_BYTE_USER).public + "\n"],
+    ids=["text", "empty", "a-public-key"],  # fixed: parallel workers must collect the same ids
 )
 async def test_a_seed_file_without_a_seed_names_the_setting(
     make_nats_server: MakeNatsServer, tmp_path: Path, content: str

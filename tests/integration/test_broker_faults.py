@@ -19,7 +19,7 @@ import pytest
 import structlog
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from tests.conftest import MakeNatsServer
+from tests.support.servers import MakeNatsServer
 from tests.support.txn import FAST, CoordinatorClient, message, topic_ids
 from tests.support.wait import eventually
 from txactors.consumer import ConsumedMessage, Consumer

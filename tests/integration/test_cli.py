@@ -22,7 +22,7 @@ import pytest
 from nats.aio.client import Client
 from prometheus_client import generate_latest
 
-from tests.conftest import MakeNatsServer
+from tests.support.servers import MakeNatsServer
 from tests.support.txn import CoordinatorClient, message
 from tests.support.wait import eventually, within
 from txactors.coordinator.options import CoordinatorOptions

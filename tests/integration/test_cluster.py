@@ -8,7 +8,7 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -18,6 +18,7 @@ from nats.aio.client import Client
 from nats.js.api import ClusterInfo
 from structlog.testing import capture_logs
 
+from tests.support.wait import eventually
 from txactors.consumer import ConsumedMessage, Consumer
 from txactors.coordinator import CoordinatorOptions
 from txactors.coordinator.service import run_coordinator
@@ -46,15 +47,6 @@ async def commit_checker(view: CheckView) -> Decision:
     return Decision.COMMIT
 
 
-async def wait_for(predicate: Callable[[], bool | Awaitable[bool]], timeout: float = 30) -> None:
-    with anyio.fail_after(timeout):
-        while True:
-            answer = predicate()
-            if answer if isinstance(answer, bool) else await answer:
-                return
-            await anyio.sleep(0.05)
-
-
 @asynccontextmanager
 async def txactors_on(nc: Client) -> AsyncIterator[tuple[TransactionProducer, list[str]]]:
     """A coordinator and a consumer with three replicas, and a producer, on `nc`."""
@@ -74,16 +66,15 @@ async def txactors_on(nc: Client) -> AsyncIterator[tuple[TransactionProducer, li
 async def commit(producer: TransactionProducer, received: list[str], body: bytes) -> None:
     """Commit one transaction, retrying a PrepareFailed (the documented retriable error: the
     local transaction did not run) as an application would, and wait for its delivery."""
-    with anyio.fail_after(30):
-        while True:
-            try:
-                result = await producer.send_in_transaction(
-                    TxMessage("orders", body), lambda message, arg: Decision.COMMIT
-                )
-                break
-            except PrepareFailed:
-                await anyio.sleep(0.1)
-    await wait_for(lambda: f"{result.txid}:0" in received)
+    result = await eventually(
+        lambda: producer.send_in_transaction(
+            TxMessage("orders", body), lambda message, arg: Decision.COMMIT
+        ),
+        ignoring=(PrepareFailed,),
+        timeout=30,
+        interval=0.1,
+    )
+    await eventually(lambda: f"{result.txid}:0" in received, timeout=30)
 
 
 def connected_url(nc: Client) -> str:
@@ -163,7 +154,9 @@ async def test_a_coordinator_started_before_the_cluster_formed_comes_up_and_serv
                         await anyio.sleep_forever()
 
                 tasks.start_soon(coordinate)
-                await wait_for(lambda: any(e["event"] == "declare_retry" for e in logs))
+                await eventually(
+                    lambda: any(e["event"] == "declare_retry" for e in logs), timeout=30
+                )
                 assert not up.is_set()
                 await cluster.start([1, 2])
                 with anyio.fail_after(30):

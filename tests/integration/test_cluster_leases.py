@@ -22,6 +22,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from tests.support.cluster import longest_election
+from tests.support.wait import eventually
 from txactors.coordinator import CoordinatorOptions
 from txactors.coordinator.cluster.balance import MemberInfo
 from txactors.coordinator.cluster.leases import Leases, lease_bucket
@@ -150,11 +151,20 @@ async def test_a_view_needs_no_meta_leader(nats_cluster: EmbeddedNatsCluster) ->
     assert await writer.take(0) is not None
     meta = await nats_cluster.meta_leader()
     assert meta is not None
-    with anyio.fail_after(30):  # the bucket led elsewhere: only the meta group elects
-        while (leader := await nats_cluster.stream_leader(js, stream)) == meta:
-            with suppress(nats.errors.Error):
-                await admin.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", b"", timeout=2)
-            await anyio.sleep(0.5)
+
+    async def led_elsewhere() -> int | None:
+        """The bucket's leader once it is not the meta leader; until then, asks it to step
+        down (so that, the meta leader killed, only the meta group elects)."""
+        leader = await nats_cluster.stream_leader(js, stream)
+        if leader != meta:
+            return leader
+        with suppress(nats.errors.Error):
+            await admin.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", b"", timeout=2)
+        return None
+
+    leader = await eventually(
+        led_elsewhere, until=lambda led: led is not None, timeout=30, interval=0.5
+    )
     await admin.close()
     nc = await connect([url for i, url in enumerate(nats_cluster.url_list) if i != meta])
     try:

@@ -17,7 +17,7 @@ from txactors.nats.connect import connect_options, nats_session
 from txactors.nats.watchdog import DEFAULT_WATCH
 
 if TYPE_CHECKING:
-    from tests.conftest import MakeNatsServer
+    from tests.support.servers import MakeNatsServer
 
 FAST_FAIL = {"connect_retries": 1, "reconnect_time_wait": 0.05, "connect_timeout": 0.5}
 

@@ -25,7 +25,7 @@ import structlog
 from nats.aio.client import Client
 from nats.js.api import ConsumerInfo
 
-from tests.conftest import MakeNatsServer
+from tests.support.servers import MakeNatsServer
 from tests.support.wait import eventually
 from txactors.consumer import ConsumedMessage, Consumer, apply_once_sqlite
 from txactors.nats.topics import ensure_topic_stream

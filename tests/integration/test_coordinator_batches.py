@@ -20,7 +20,7 @@ import pytest
 from nats.aio.client import Client
 from prometheus_client import CollectorRegistry
 
-from tests.conftest import MakeNatsServer
+from tests.support.servers import MakeNatsServer
 from tests.support.txn import CoordinatorClient, message, topic_ids
 from tests.support.wait import eventually
 from txactors.actors import RemoteActorRef

@@ -19,7 +19,7 @@ import structlog
 from nats.aio.client import Client
 from nats.js.api import Header, PubAck, StreamConfig
 
-from tests.conftest import MakeNatsServer
+from tests.support.servers import MakeNatsServer
 from tests.support.wait import eventually
 from txactors.coordinator.partition.streams import ensure_streams
 from txactors.nats.topics import ensure_topic_stream

@@ -64,6 +64,7 @@ async def test_a_standby_takes_over_open_transactions_when_the_owner_leaves(
         await owner_nc.close()
 
 
+@pytest.mark.serial  # a lease TTL of real time: failed beside parallel workers
 async def test_a_waiting_coordinator_takes_over_within_the_lease_ttl(private_nc: Client) -> None:
     url = private_nc.connected_url.geturl() if private_nc.connected_url else ""
     other_nc = await nats.connect(url)
@@ -113,6 +114,7 @@ async def test_coordinators_split_partitions_and_serve_them_all(private_nc: Clie
         await other_nc.close()
 
 
+@pytest.mark.serial  # a lease TTL of real time: failed beside parallel workers
 async def test_an_owner_that_lost_its_lease_stops_serving(private_nc: Client) -> None:
     async with run_coordinator(private_nc, options=QUICK, owner="owner") as owner:
         client = CoordinatorClient(private_nc)

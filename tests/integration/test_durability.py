@@ -34,7 +34,7 @@ from txactors.nats.config import NatsConfig
 from txactors.nats.connect import nats_session
 
 if TYPE_CHECKING:
-    from tests.conftest import MakeNatsServer
+    from tests.support.servers import MakeNatsServer
 
 NANOS = 1_000_000_000
 

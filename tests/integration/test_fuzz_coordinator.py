@@ -31,7 +31,6 @@ import pytest
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import MakeNatsServer
 from tests.support.coordinator_process import CoordinatorProcess
 from tests.support.fuzz_harness import (
     PROBE_TOPIC,
@@ -67,6 +66,7 @@ from tests.support.fuzz_inputs import (
     nested,
     prepare_on,
 )
+from tests.support.servers import MakeNatsServer
 from tests.support.wait import eventually
 from txactors.nats.client import connect
 from txactors.producer import Decision

@@ -15,8 +15,8 @@ import anyio
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from tests.conftest import MakeNatsServer
 from tests.support.coordinator_process import CoordinatorProcess
+from tests.support.servers import MakeNatsServer
 from tests.support.txn import topic_messages
 from tests.support.wait import eventually
 from txactors.errors import PrepareFailed, TxActorsError

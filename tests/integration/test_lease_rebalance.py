@@ -14,8 +14,8 @@ import nats
 from anyio.abc import TaskStatus
 from nats.aio.client import Client
 
-from tests.conftest import MakeNatsServer
 from tests.support.coordinator_process import CoordinatorProcess
+from tests.support.servers import MakeNatsServer
 from tests.support.wait import eventually
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.service import RunningCoordinator, run_coordinator

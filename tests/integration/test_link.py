@@ -13,7 +13,7 @@ import nats.js.errors
 import pytest
 from nats.aio.client import Client
 
-from tests.conftest import MakeNatsServer
+from tests.support.servers import MakeNatsServer
 from txactors.nats import link
 from txactors.nats.client import TolerantClient
 from txactors.nats.link import Ack, await_ack, link_generation, until_changed, wait_connected

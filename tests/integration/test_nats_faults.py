@@ -29,9 +29,9 @@ from hypothesis import strategies as st
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from tests.conftest import MakeNatsServer
 from tests.integration.test_producer import RecordingChecker, ask_instance, check_for, producer
 from tests.support.rawnats import MALFORMED_BLOCKS, raw_hpub
+from tests.support.servers import MakeNatsServer
 from tests.support.txn import CoordinatorClient, message, topic_ids
 from tests.support.wait import eventually
 from txactors.consumer import ConsumedMessage, Consumer

@@ -115,3 +115,19 @@ def test_dev_demo_runs_the_transfer_demo_unless_another_is_named() -> None:
     assert dev.demo_command(["--faults", "none"]) == ["-m", "apps.transfer", "--faults", "none"]
     assert dev.demo_command(["orders", "--orders", "5"]) == ["-m", "apps.orders", "--orders", "5"]
     assert dev.demo_command(["transfer"]) == ["-m", "apps.transfer"]
+
+
+def test_dev_test_runs_a_set_in_parallel_then_its_serial_tests_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(dev.WORKERS_ENV, "3")
+    pytest_ = dev.tool("pytest")
+    [parallel, alone] = dev.test_commands(["unit"])
+    assert parallel[0] == pytest_ and parallel[-1] == "tests/unit"
+    assert parallel[1:3] == ["-n", "3"] and parallel[5:7] == ["-m", "not serial"]
+    assert alone == [pytest_, "-m", "serial", "tests/unit"]
+    assert [cmd[-1] for cmd in dev.test_commands([])] == ["not serial", "serial"], "everything"
+    as_typed = ["tests/unit/test_wait.py", "-x"]
+    assert dev.test_commands(as_typed) == [[pytest_, *as_typed]], "a file or flags: one plain run"
+    monkeypatch.delenv(dev.WORKERS_ENV)
+    assert dev.test_commands(["unit"])[0][1:3] == ["-n", "0"], "by default: one at a time"

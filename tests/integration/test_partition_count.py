@@ -29,8 +29,8 @@ from hypothesis import strategies as st
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
-from tests.conftest import MakeNatsServer
 from tests.support.coordinator_process import CoordinatorProcess
+from tests.support.servers import MakeNatsServer
 from tests.support.txn import topic_ids
 from tests.support.wait import eventually
 from txactors.coordinator.cluster.agreement import agree_partition_count, meta_bucket

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from nats.aio.client import Client
 from prometheus_client import CollectorRegistry
 
-from tests.conftest import MakeNatsServer
 from tests.integration.test_producer import RecordingChecker, ask_instance, check_for, producer
+from tests.support.servers import MakeNatsServer
 from tests.support.txn import CoordinatorClient, message, topic_ids
 from tests.support.wait import eventually
 from txactors.actors import RemoteActorRef

@@ -21,7 +21,7 @@ from txactors.errors import (
 )
 
 if TYPE_CHECKING:
-    from tests.conftest import MakeNatsServer
+    from tests.support.servers import MakeNatsServer
 
 
 async def test_session_server_serves_core_nats(nats_server: EmbeddedNatsServer, nc: Client) -> None:

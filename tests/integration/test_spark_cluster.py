@@ -35,8 +35,8 @@ import pytest
 from spark_sinks.catalog import checkpoint_dir, default_checkpoints, store_dir
 from spark_sinks.checkpoint import offsets_of, position
 from spark_sinks.offsets import StreamPosition
-from tests.conftest import MakeNatsServer
 from tests.integration.test_spark_sink import checker, connect, publish_raw
+from tests.support.servers import MakeNatsServer
 from tests.support.spark_models import Currency, Transfer
 from tests.support.txn import topic_messages
 from txactors.coordinator.service import run_coordinator

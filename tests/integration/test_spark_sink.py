@@ -49,7 +49,7 @@ from spark_sinks.offsets import (
 from spark_sinks.schema import BatchBuilder, Committed, payload_columns, spark_schema
 from spark_sinks.session import check_java
 from spark_sinks.source import split_range
-from tests.conftest import MakeNatsServer
+from tests.support.servers import MakeNatsServer
 from tests.support.spark_models import Address, Currency, Everything, Priority, Transfer
 from tests.support.txn import topic_messages
 from tests.support.wait import eventually

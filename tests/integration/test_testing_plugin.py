@@ -21,12 +21,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 USER_TESTS = textwrap.dedent(
     """
-    import asyncio
-
     import pytest
 
     from txactors import Decision, TxMessage
     from txactors.coordinator import CoordinatorConfig
+    from txactors.testing import eventually
 
     pytestmark = pytest.mark.asyncio
 
@@ -70,10 +69,12 @@ USER_TESTS = textwrap.dedent(
             await txn.send(TxMessage("orders", b"x"))
             await txn.leave_unknown()
         js = txactors_nc.jetstream()
-        async with asyncio.timeout(10):
-            while (await js.stream_info("TXN_DISCARD")).state.messages == 0:
-                txactors_clock.advance(60)  # hours of checking, in a few ticks
-                await asyncio.sleep(0.02)  # a user's test, with nothing but the plugin: it polls
+
+        async def discarded():
+            txactors_clock.advance(60)  # hours of checking, in a few ticks
+            return (await js.stream_info("TXN_DISCARD")).state.messages
+
+        await eventually(discarded)
         assert asked == [txn.txid, txn.txid]
 
 

@@ -20,7 +20,7 @@ import msgspec
 import pytest
 from anyio.abc import Process
 
-from tests.conftest import MakeNatsServer
+from tests.support.servers import MakeNatsServer
 from tests.support.wait import eventually
 from txactors import Decision, TransactionProducer, TxMessage
 from txactors.app.worker import load_app
