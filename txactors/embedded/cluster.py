@@ -101,10 +101,13 @@ class EmbeddedNatsCluster:
         self.ready_timeout = ready_timeout
         self._temporary = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="txactors-cluster-"))
+        # The relays bind theirs first: a port picked here is free only until its node binds it.
+        self._relays = RouteRelays(host, size) if route_relays else None
         ports = free_ports(host, size * 3)
         client, route, monitor = ports[:size], ports[size : 2 * size], ports[2 * size :]
         self._monitors = [f"{host}:{port}" for port in monitor]
-        self._relays = RouteRelays(host, route) if route_relays else None
+        if self._relays is not None:
+            self._relays.forward_to(route)
         self.nodes = [
             EmbeddedNatsServer(
                 self.data_dir / f"n{i + 1}",

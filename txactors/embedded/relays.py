@@ -42,14 +42,14 @@ Pair = tuple[int, int]
 
 
 class RouteRelays:
-    """The route relays of a cluster of `size` nodes on `host`; node j takes routes on
-    `route_ports[j]` (its `cluster.listen`). Sockets are bound at construction, so the ports
-    are ours before any node is configured; `start` serves them, `close` frees them."""
+    """The route relays of a cluster of `size` nodes on `host`. Sockets are bound at
+    construction, before the nodes' own ports are picked, so that no port a node is given can
+    be taken by a relay in between; `forward_to` names the nodes' route ports (node j takes
+    routes on `route_ports[j]`, its `cluster.listen`), `start` serves, `close` frees them."""
 
-    def __init__(self, host: str, route_ports: list[int]) -> None:
+    def __init__(self, host: str, size: int) -> None:
         self.host = host
-        self._targets = list(route_ports)
-        size = len(route_ports)
+        self._targets: list[int] = []
         self._listeners: dict[Pair, socket.socket] = {}
         self._refusers: list[socket.socket] = []
         try:
@@ -64,6 +64,10 @@ class RouteRelays:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._servers: list[asyncio.Server] = []
+
+    def forward_to(self, route_ports: list[int]) -> None:
+        """Relay the routes dialled to node j to `route_ports[j]`."""
+        self._targets = list(route_ports)
 
     # -- what the nodes are configured with ------------------------------------------------
 
