@@ -49,6 +49,7 @@ from txactors.coordinator.options import Clock, CoordinatorOptions, OnDiscard
 from txactors.coordinator.partition.actor import PartitionCoordinator
 from txactors.coordinator.partition.oplog import READ_BACK_TIMEOUT, FencedOut
 from txactors.coordinator.partition.streams import ensure_streams
+from txactors.coordinator.partition.upgrade import LegacyLog
 from txactors.coordinator.partition.tenants import (
     TenantReplies,
     declare_consumer_streams,
@@ -399,9 +400,8 @@ async def run_coordinator(
     config = config or CoordinatorConfig()
     options = options or CoordinatorOptions()
     js = nc.jetstream()
-    checkpoints = await ensure_streams(
-        js, half_retention=config.half_retention, replicas=options.replicas
-    )
+    checkpoints = await ensure_streams(js, replicas=options.replicas)
+    legacy = await LegacyLog.find(js, checkpoints, config)
     meta = await meta_bucket(js, replicas=options.replicas)
     await agree_partition_count(meta, options.partitions)
     leases = Leases(
@@ -437,13 +437,14 @@ async def run_coordinator(
                     config=config,
                     options=options,
                     writers=writers,
+                    legacy=legacy,
                     clock=clock,
                     on_discard=on_discard,
                     metrics=metrics,
                 )
 
             keeper = _PartitionKeeper(
-                nc, system, leases, options, make_partition, replies, settled=writers.ops.idle
+                nc, system, leases, options, make_partition, replies, settled=writers.ops_idle
             )
             tasks.start_soon(keeper.renew)
             tasks.start_soon(keeper.watch)

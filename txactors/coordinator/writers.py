@@ -1,21 +1,25 @@
-"""One writer per stream per coordinator process, shared by every partition it serves.
+"""The process's writers: one set per partition for its own log, one per topic and the
+discards for everyone.
 
-With `sync_interval: always` the server flushes once per write, so the number of writes sets
-the pace: eight partitions each with writers of their own would make eight times as many
-smaller writes for the same load. Here the halves of every partition go to TXN_HALF through
-one `PipelinedWriter` (the subjects differ, the stream is one, so they share atomic
-batches), the discards through one, and each topic stream has one writer for the process.
-Submit order is still stream order, for each partition as for all.
+Each partition's log stands alone (`partition/streams.py`), so its writers do too
+(`PartitionWriters`): its halves' `PipelinedWriter` to TXN_HALF_<p>, its `OpWriter` to
+TXN_OP_<p>, its follower's look at TXN_HALF_<p>'s end. A stream electing a leader then holds
+up only its own partition: a writer shared by several streams gives up every pending ack on
+a fault and settles its jobs in order, so one stream's outage would stall the others' writes.
+A partition's writers are made when it is first taken and live as long as the process, so a
+write in flight outlives the instance that made it (a successor waits for it, `ops_idle`).
 
-A partition reaches a shared writer through a `PartitionWriter` (`nats/writer.py`): its own
+Each topic stream has one writer for the process, the discards one: a topic's or
+TXN_DISCARD's trouble is shared by design, every partition writing to it sees it. With
+`sync_interval: always` the server flushes once per write, so the number of writes sets the
+pace: those shared writers carry whatever every partition queued for them meanwhile.
+
+A partition reaches a writer through a `PartitionWriter` (`nats/writer.py`): its own
 quarantine, and a report that fails only its own instance (the supervisor restarts it)
 while the writer goes on serving the others. A partition that stops leaves what it
 submitted to be written (halves, committed publishes and discard copies are all safe to
 store late: each has its dedupe id, and its completion is dropped by the ended instance, see
-`partition/actor.py`). A stream's trouble is shared by design: every partition writing to it
-sees it. TXN_OP's writer (`ops`, `partition/oplog.py`) is shared the same way, each
-partition's messages in its batches fenced on their own. The partitions' followers of late
-halves share one look at TXN_HALF's end (`half_end`, `partition/late.py`).
+`partition/actor.py`). Submit order is stream order.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 import anyio
 from anyio.abc import TaskGroup
@@ -42,10 +47,19 @@ from txactors.observe.logs import get_logger
 log = get_logger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class PartitionWriters:
+    """One partition's writers to its own streams (see the module docstring)."""
+
+    halves: PipelinedWriter
+    ops: OpWriter
+    half_end: HalfEnd
+    """Where the partition's late-halves follower waits for TXN_HALF_<p> to grow."""
+
+
 class SharedWriters:
-    """The process's writers: `halves`, `discards`, `ops`, and one per topic (made on first
-    use); and `half_end`, where the partitions' late-halves followers wait for TXN_HALF to
-    grow."""
+    """The process's writers: `discards`, one per topic (made on first use), and each
+    partition's own (`of`, made when it is first taken)."""
 
     def __init__(
         self, nc: Client, js: JetStreamContext, options: CoordinatorOptions, tasks: TaskGroup
@@ -55,11 +69,24 @@ class SharedWriters:
         self._options = options
         self._tasks = tasks
         self._topics: dict[str, PipelinedWriter] = {}
-        self.halves = self._new()
+        self._partitions: dict[int, PartitionWriters] = {}
         self.discards = self._new()
-        self.ops = OpWriter(nc, js)
-        self.half_end = HalfEnd(js, tick=options.tick_interval)
-        tasks.start_soon(self.ops.run)
+
+    def of(self, partition: int) -> PartitionWriters:
+        """`partition`'s writers, made and started on first use."""
+        writers = self._partitions.get(partition)
+        if writers is None:
+            ops = OpWriter(self._nc, self._js)
+            self._tasks.start_soon(ops.run)
+            end = HalfEnd(self._js, partition, tick=self._options.tick_interval)
+            writers = self._partitions[partition] = PartitionWriters(self._new(), ops, end)
+        return writers
+
+    async def ops_idle(self, partition: int) -> None:
+        """Until no op write of `partition` (a previous instance's) is in flight."""
+        writers = self._partitions.get(partition)
+        if writers is not None:
+            await writers.ops.idle(partition)
 
     def topic(self, topic: str) -> PipelinedWriter:
         """The writer of `topic`'s stream: a topic whose stream is unavailable holds up only

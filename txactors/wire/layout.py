@@ -10,14 +10,17 @@ from __future__ import annotations
 import functools
 import re
 import zlib
-from typing import Final
+from typing import Final, NamedTuple
 
 from txactors.errors import ConfigError
 
 # -- streams and buckets --------------------------------------------------------------------
 
-HALF_STREAM: Final = "TXN_HALF"
-OP_STREAM: Final = "TXN_OP"
+LEGACY_HALF_STREAM: Final = "TXN_HALF"
+LEGACY_OP_STREAM: Final = "TXN_OP"
+"""The one-stream layout of 0.2 and before: every partition's halves (op records) in one
+stream. A coordinator upgrading a deployment finishes what they hold (`partition/upgrade.py`)
+and writes only the per-partition streams."""
 DISCARD_STREAM: Final = "TXN_DISCARD"
 CHECKPOINT_BUCKET: Final = "TXN_CHECKPOINT"
 LEASE_BUCKET: Final = "TXN_LEASE"
@@ -56,15 +59,45 @@ def pull_subject(stream: str, consumer: str) -> str:
     return f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
 
 
+def half_stream(partition: int) -> str:
+    """The stream of `partition`'s half messages: each partition's log stands alone (its own
+    raft group on a cluster, its leader on any node), so a node loss pauses only the
+    partitions whose streams it led."""
+    return f"TXN_HALF_{partition}"
+
+
+def op_stream(partition: int) -> str:
+    """The stream of `partition`'s op records (see `half_stream`)."""
+    return f"TXN_OP_{partition}"
+
+
+class LogStreams(NamedTuple):
+    """The two streams holding a partition's log: its halves, and its op records."""
+
+    half: str
+    op: str
+
+    @classmethod
+    def of(cls, partition: int) -> LogStreams:
+        return cls(half_stream(partition), op_stream(partition))
+
+    @classmethod
+    def legacy(cls) -> LogStreams:
+        """Where 0.2 kept every partition's log (`partition/upgrade.py` finishes it)."""
+        return cls(LEGACY_HALF_STREAM, LEGACY_OP_STREAM)
+
+
 def half_subject(partition: int) -> str:
     return f"txn.half.{partition}"
 
 
-def half_subject_filter() -> str:
+def legacy_half_filter() -> str:
+    """The subjects LEGACY_HALF_STREAM held: every partition's `half_subject`."""
     return "txn.half.*"
 
 
-def op_subject_filter() -> str:
+def legacy_op_filter() -> str:
+    """The subjects LEGACY_OP_STREAM held: every partition's `op_subject`."""
     return "txn.op.*"
 
 

@@ -86,6 +86,8 @@ from txactors.coordinator.partition.packs import pack_appends
 from txactors.coordinator.partition.prepares import PreparesInFlight
 from txactors.coordinator.partition.publisher import Publisher
 from txactors.coordinator.partition.recovery import recover, take_fence
+from txactors.coordinator.partition.streams import ensure_partition_streams
+from txactors.coordinator.partition.upgrade import LegacyLog
 from txactors.coordinator.writers import SharedWriters
 from txactors.errors import ActorError, MailboxFull
 from txactors.faults import FaultPoint, crash_if_armed
@@ -94,6 +96,7 @@ from txactors.nats.writer import Append, PartitionWriter
 from txactors.observe import tracing
 from txactors.observe.logs import get_logger
 from txactors.observe.metrics import CoordinatorMetrics
+from txactors.wire import layout
 from txactors.wire.protocol import (
     EndBatch,
     Ended,
@@ -135,6 +138,7 @@ class PartitionCoordinator(Actor):
         config: CoordinatorConfig,
         options: CoordinatorOptions,
         writers: SharedWriters,
+        legacy: LegacyLog | None = None,
         clock: Clock = time.time,
         on_discard: OnDiscard | None = None,
         metrics: CoordinatorMetrics | None = None,
@@ -150,6 +154,9 @@ class PartitionCoordinator(Actor):
         self.metrics = metrics
         self.table = TransactionTable(config)
         self._writers = writers
+        self._legacy = legacy
+        self._own = writers.of(partition)
+        self._streams = layout.LogStreams.of(partition)
         self.boundary = Boundary(
             partition=partition,
             partitions=options.partitions,
@@ -164,7 +171,7 @@ class PartitionCoordinator(Actor):
             partition, on_error=metrics.oneway(partition) if metrics else None
         )
         self._prepares = PreparesInFlight()
-        self._halves = PartitionWriter(writers.halves, self._quarantine, self._failed)
+        self._halves = PartitionWriter(self._own.halves, self._quarantine, self._failed)
         self._discards = PartitionWriter(writers.discards, self._quarantine, self._failed)
         self._publisher = Publisher(
             nc,
@@ -190,20 +197,28 @@ class PartitionCoordinator(Actor):
 
     async def on_start(self) -> None:
         started = time.perf_counter()
+        await ensure_partition_streams(
+            self.js,
+            self.partition,
+            half_retention=self.table.config.half_retention,
+            replicas=self.options.replicas,
+        )
+        if self._legacy is not None:  # upgrading from the one-stream layout
+            await self._legacy.carry_over(self.partition)
         checkpoint = await retry_transient(load_checkpoint, self.checkpoints, self.partition)
         recovered = await recover(
             self.js, self.table, self.partition, checkpoint, self._publisher.keep, self.clock()
         )
         if self.metrics is not None:
             self.metrics.track(self.partition, self.table)
-        await self._writers.ops.idle(self.partition)  # a predecessor's write has settled
+        await self._own.ops.idle(self.partition)  # a predecessor's write has settled
         # Never past a record the table has not applied: what landed since recovery's read
         # (that write, a leaver's last one) is applied first.
         fence = await take_fence(
             self.js, self.table, self.partition, recovered.op_end, self.clock()
         )
         appended = functools.partial(self._ops_appended, self._epoch)
-        self._oplog = self._writers.ops.open(self.partition, fence.seq, appended, self._failed)
+        self._oplog = self._own.ops.open(self.partition, fence.seq, appended, self._failed)
         log.info(
             "coordinator_recovered",
             partition=self.partition,
@@ -215,7 +230,7 @@ class PartitionCoordinator(Actor):
         )
         self._publisher.forget_finished(self.table)
         late = functools.partial(self._late_half, self._epoch)
-        end = self._writers.half_end
+        end = self._own.half_end
         self._late = LateHalves(self.js, self.partition, recovered.half_end, late, end=end)
         self.start_task(self._save_checkpoints)
         self._checker = await self.system.spawn(
@@ -405,7 +420,10 @@ class PartitionCoordinator(Actor):
                 case SendCheck():
                     self._sends.append(action)
                 case Discard():
-                    self.start_task(discard, self.js, self._discards, action, self.on_discard)
+                    half_stream = self._streams.half
+                    self.start_task(
+                        discard, self.js, self._discards, action, self.on_discard, half_stream
+                    )
         for unkept in self._publisher.publish(publishes):
             self.start_task(self._publisher.publish_from_stream, unkept)
         work = self._checker_work()

@@ -82,6 +82,7 @@ class Checker(Actor):
         self.nc = nc
         self.js = js
         self.partition = partition
+        self._stream = layout.half_stream(partition)
         self.owner = owner
         self.epoch = epoch
         self.clock = clock
@@ -131,7 +132,7 @@ class Checker(Actor):
 
     async def _check(self, send: SendCheck) -> None:
         try:
-            resolution, failure = await ask_producer(self.nc, self.js, send)
+            resolution, failure = await ask_producer(self.nc, self.js, send, self._stream)
         except Exception as error:  # JetStream, the connection or a half failed: inconclusive
             log.warning("check_back_failed", txid=send.txid, error=describe(error))
             resolution, failure = None, CheckFailure.ERROR
@@ -152,9 +153,10 @@ def _polled(clock: Clock) -> bool:
 
 
 async def ask_producer(
-    nc: Client, js: JetStreamContext, action: SendCheck
+    nc: Client, js: JetStreamContext, action: SendCheck, stream: str
 ) -> tuple[Decision | None, CheckFailure | None]:
-    """The producer's answer, or why there is none (no responders, timeout, error)."""
+    """The producer's answer, or why there is none (no responders, timeout, error); the
+    halves are read from `stream`, their partition's."""
     # The table times this check out `timeout` after it was sent; ours must end first, so
     # that its outcome, not a second check, is what follows.
     deadline = time.monotonic() + action.timeout
@@ -165,7 +167,7 @@ async def ask_producer(
     resolution: Decision | None = None
     failure: CheckFailure | None = None
     try:
-        command = await _check_command(js, action)
+        command = await _check_command(js, action, stream)
         size = len(encode(command))
         if size > nc.max_payload:
             raise CommandError(
@@ -202,11 +204,11 @@ async def ask_producer(
     return resolution, failure
 
 
-async def _check_command(js: JetStreamContext, action: SendCheck) -> CheckTransaction:
-    """The check-back, its messages read from TXN_HALF: each message there once, however
+async def _check_command(js: JetStreamContext, action: SendCheck, stream: str) -> CheckTransaction:
+    """The check-back, its messages read from `stream`: each message there once, however
     many of the transaction's halves it holds (a pack holds many, all at its sequence)."""
     messages = {
-        seq: read_raw_halves(await js.get_msg(layout.HALF_STREAM, seq))
+        seq: read_raw_halves(await js.get_msg(stream, seq))
         for seq in dict.fromkeys(h.seq for h in action.halves)
     }
     stored = [half_in(messages[h.seq], action.txid, h.index) for h in action.halves]

@@ -54,9 +54,14 @@ MAX_REASON_CHARS = 1024
 
 
 async def discard(
-    js: JetStreamContext, writer: PartitionWriter, action: Discard, on_discard: OnDiscard | None
+    js: JetStreamContext,
+    writer: PartitionWriter,
+    action: Discard,
+    on_discard: OnDiscard | None,
+    stream: str,
 ) -> None:
-    found = await _discarded_halves(js, action)
+    """Copy the action's halves (read from `stream`, their partition's) to TXN_DISCARD."""
+    found = await _discarded_halves(js, action, stream)
     appends = []
     for stored, headers in found:
         index = stored.half.index
@@ -97,7 +102,7 @@ async def discard(
 
 
 async def _discarded_halves(
-    js: JetStreamContext, action: Discard
+    js: JetStreamContext, action: Discard, stream: str
 ) -> list[tuple[StoredHalf, dict[str, str]]]:
     """The action's halves still readable, in order, each with the headers its copy keeps;
     each TXN_HALF message read once. A half gone (purged by hand?) or unreadable has nothing
@@ -105,7 +110,7 @@ async def _discarded_halves(
     messages: dict[int, tuple[list[StoredHalf], dict[str, str]]] = {}
     for seq in dict.fromkeys(h.seq for h in action.halves):
         try:
-            raw = await retry_transient(js.get_msg, layout.HALF_STREAM, seq)
+            raw = await retry_transient(js.get_msg, stream, seq)
             headers = stored_headers(raw)
             halves = read_halves(seq, headers, raw.data or b"")
         except (nats.errors.Error, ValueError, KeyError) as error:

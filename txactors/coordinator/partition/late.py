@@ -1,21 +1,22 @@
-"""Halves that show up after recovery read TXN_HALF: found, and handed to the partition.
+"""Halves that show up after recovery read TXN_HALF_<p>: found, and handed to the partition.
 
 Recovery reads a stream once it is current, but a half can still appear later than that: a
 node rebuilt from its raft log serving a read before it caught up, a predecessor's write
 that landed after the takeover. A half nobody here knows of is never checked back: its
 transaction would stay unsettled (its commit never published) until the next restart. So
-the partition keeps reading its TXN_HALF subject past the point recovery reached (headers
+the partition keeps reading its half stream past the point recovery reached (headers
 only), skips the messages it wrote itself, and hands the halves of any other to `found`; the
 partition then takes them as recovered halves, which the checker asks about like any other.
 A half stored alone is read from its headers; a pack (many halves in one message) is fetched
 whole, which only a message from an earlier owner (or one whose ack is still on its way)
 costs.
 
-At the end of its subject a follower reads on only once TXN_HALF has grown past it:
-`HalfEnd`, one per process, looks at the stream's last sequence every `FOLLOW_TICKS` ticks
-for the followers of all its partitions (one request, where each follower's own look was
-two pulls), and lets a follower read anyway after `IDLE_READ` seconds (its consumer would
-be dropped after a minute without one).
+At the end of its stream a follower reads on only once the stream has grown past it:
+`HalfEnd`, one per partition, looks at the stream's last sequence every `FOLLOW_TICKS` ticks
+while the stream grows, and half as often each time it did not, down to one look every
+`IDLE_LOOK` seconds: an idle partition costs a request every few seconds, not a loop per
+tick. It lets a follower read anyway after `IDLE_READ` seconds (its consumer would be dropped
+after a minute without one).
 
 The checkpoint never passes what has been looked at (`hold`): a restart in between reads
 those halves again, and the op records of their transactions with them.
@@ -41,13 +42,15 @@ from txactors.observe.logs import get_logger
 from txactors.wire import layout
 
 FOLLOW_TICKS: Final = 10
-"""Ticks (`tick_interval`, 0.1 s by default) between two looks at the end of TXN_HALF: a
-found half waits for its check-back (the transaction timeout) anyway, and a look a second per
-process costs little. Counted in ticks, the partition's clock, so that what stretches the
-tick (a test, `bench cpu`) stretches the looks with it."""
+"""Ticks (`tick_interval`, 0.1 s by default) between two looks at the end of a half stream
+that grows: a found half waits for its check-back (the transaction timeout) anyway, and a
+look a second costs little. Counted in ticks, the partition's clock, so that what stretches
+the tick (a test, `bench cpu`) stretches the looks with it."""
+IDLE_LOOK: Final = 8.0
+"""Seconds between two looks at most, reached while the stream does not grow."""
 IDLE_READ: Final = 30.0
-"""Seconds a follower waits at most for TXN_HALF to grow before it reads its subject anyway:
-its consumer (`inactive_threshold` 60 s) must see a pull now and then to live on."""
+"""Seconds a follower waits at most for its stream to grow before it reads anyway: its
+consumer (`inactive_threshold` 60 s) must see a pull now and then to live on."""
 
 Found = Callable[[int, list[StoredHalf]], Awaitable[None]]
 """Called with the sequence of a TXN_HALF message this partition did not write and its
@@ -57,12 +60,14 @@ log = get_logger(__name__)
 
 
 class HalfEnd:
-    """TXN_HALF's last sequence, looked at every `FOLLOW_TICKS` ticks while a follower waits
-    for it, one look for all the waiting followers of the process."""
+    """TXN_HALF_<p>'s last sequence, looked at while a follower waits for it: every
+    `FOLLOW_TICKS` ticks while it grows, less often while it does not (down to `IDLE_LOOK`)."""
 
-    def __init__(self, js: JetStreamContext, *, tick: float) -> None:
+    def __init__(self, js: JetStreamContext, partition: int, *, tick: float) -> None:
         self._js = js
-        self._every = FOLLOW_TICKS * tick
+        self._stream = layout.half_stream(partition)
+        self._often = FOLLOW_TICKS * tick
+        self._every = self._often
         self._last = 0
         self._look: anyio.Event | None = None
         """Set when the look under way (None: none) is done."""
@@ -71,11 +76,11 @@ class HalfEnd:
 
     @property
     def last(self) -> int:
-        """TXN_HALF's last sequence as last looked at (0: not yet)."""
+        """The stream's last sequence as last looked at (0: not yet)."""
         return self._last
 
     async def grown(self, past: int) -> None:
-        """Return once TXN_HALF's last sequence is beyond `past` (or the stream cannot be
+        """Return once the stream's last sequence is beyond `past` (or it cannot be
         looked at: the caller reads and sees why), or after `IDLE_READ` seconds."""
         with anyio.move_on_after(IDLE_READ):
             while self._last <= past:
@@ -93,11 +98,13 @@ class HalfEnd:
         try:
             await anyio.sleep(self._every)
             try:
-                info = await self._js.stream_info(layout.HALF_STREAM)
+                info = await self._js.stream_info(self._stream)
             except LINK_TROUBLE as error:
-                log.info("half_end_not_read", error=describe(error))
+                log.info("half_end_not_read", stream=self._stream, error=describe(error))
                 self._looked = False
             else:
+                grown = info.state.last_seq != self._last
+                self._every = self._often if grown else min(self._every * 2, IDLE_LOOK)
                 self._last, self._looked = info.state.last_seq, True
         finally:
             look, self._look = self._look, None
@@ -113,8 +120,9 @@ class LateHalves:
         self._js = js
         self._end = end
         self._read_to = after
-        """What TXN_HALF's end was when the follower last read to the end of its subject."""
+        """What the stream's end was when the follower last read to its end."""
         self._subject = layout.half_subject(partition)
+        self._stream = layout.half_stream(partition)
         self._partition = partition
         self._next = after + 1
         self._found = found
@@ -124,7 +132,7 @@ class LateHalves:
 
     @property
     def next_seq(self) -> int:
-        """The first TXN_HALF sequence not looked at yet."""
+        """The first TXN_HALF_<p> sequence not looked at yet."""
         return self._next
 
     def own(self, seqs: Iterable[int], op_floor: int) -> None:
@@ -147,7 +155,7 @@ class LateHalves:
         return msgspec.structs.replace(checkpoint, half_seq=self._next, op_seq=op_seq)
 
     async def _follow(self) -> None:
-        """Wait until TXN_HALF has grown since the last read (one that reached the end of
+        """Wait until the stream has grown since the last read (one that reached the end of
         the subject saw every half stored before it started)."""
         await self._end.grown(self._read_to)
         self._read_to = self._end.last
@@ -158,7 +166,7 @@ class LateHalves:
             try:
                 async for msg in read_subject(
                     self._js,
-                    layout.HALF_STREAM,
+                    self._stream,
                     self._subject,
                     self._next,
                     follow=self._follow,
@@ -186,7 +194,7 @@ class LateHalves:
         try:
             if not is_pack(headers):
                 return [read_half(seq, headers, b"")]
-            raw = await retry_transient(self._js.get_msg, layout.HALF_STREAM, seq)
+            raw = await retry_transient(self._js.get_msg, self._stream, seq)
             return read_raw_halves(raw)
         except (*UNREADABLE, nats.errors.Error) as error:
             problem = repr(error)

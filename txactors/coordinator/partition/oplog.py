@@ -1,22 +1,21 @@
-"""`OpWriter`: group-committed, fenced appends to TXN_OP, one writer for a process's partitions.
+"""`OpWriter`: group-committed, fenced appends to a partition's TXN_OP_<p>.
 
-Each partition appends to its own TXN_OP subject through its `OpLog`. The process's
-`OpWriter` has one write in flight at a time, carrying every op record every partition
-queued meanwhile: one message per partition as a rule. The first message of each partition
-in it carries `Nats-Expected-Last-Subject-Sequence`, so that a second coordinator writing the
-same partition is detected instead of interleaving decisions. Fewer than
-`ATOMIC_MIN_MESSAGES` messages (the usual case: a process serves a few partitions) go each
-alone, all in flight at once: nats-server spends more on a small atomic batch than on the
-same messages one by one, and answers it several ms later (see `nats/writer.py`). More go as
-an atomic batch (stored all or nothing, at consecutive sequences: one flush to disk however
-many partitions it carries; nats-server checks each message's own expectation; nothing can
-come between a partition's messages in one batch, so the later ones need none). A batch
-JetStream refuses (one partition fenced out, or any other answer) is refused whole: unless it
-was our own earlier attempt that landed (its ack lost, recognised by reading each partition's
-last message back), its messages are written again one at a time, each with its partition's
-fence, so a partition fenced out fails alone (`FencedOut`: its instance stops) and the others
-go on. A message sent alone that is refused or loses its ack is written again alone the same
-way.
+A partition appends to its op subject through its `OpLog`. Each partition has an `OpWriter`
+of its own (`coordinator/writers.py`): its stream stands alone, so a stream electing a leader
+holds up only its own partition's decisions. A writer has one write in flight at a time,
+carrying every op record its logs queued meanwhile. The first message of each log in it
+carries `Nats-Expected-Last-Subject-Sequence`, so that a second coordinator writing the same
+partition is detected instead of interleaving decisions. Fewer than `ATOMIC_MIN_MESSAGES`
+messages (the usual case: a group commit fits one message) go each alone, all in flight at
+once: nats-server spends more on a small atomic batch than on the same messages one by one,
+and answers it several ms later (see `nats/writer.py`). More go as an atomic batch (stored all
+or nothing, at consecutive sequences: one flush to disk; nats-server checks each message's
+own expectation; nothing can come between a log's messages in one batch, so the later ones
+need none). A batch JetStream refuses (fenced out, or any other answer) is refused whole:
+unless it was our own earlier attempt that landed (its ack lost, recognised by reading the
+subject's last message back), its messages are written again one at a time, each with its
+fence, so a log fenced out fails alone (`FencedOut`: its instance stops). A message sent
+alone that is refused or loses its ack is written again alone the same way.
 
 Records nobody waits for (`done`, `checked`: `DEFERRABLE`) wait up to `DEFER` for a decision
 of their partition to share its message, so that at moderate rates a commit costs one TXN_OP
@@ -105,6 +104,7 @@ class OpLog:
         "partition",
         "records",
         "since",
+        "stream",
         "subject",
         "urgent",
     )
@@ -120,6 +120,7 @@ class OpLog:
         self._writer = writer
         self.partition = partition
         self.subject = layout.op_subject(partition)
+        self.stream = layout.op_stream(partition)
         self.last_seq = last_seq
         """The subject's last sequence as far as we know: what the next write expects."""
         self._report = report
@@ -184,7 +185,8 @@ class _Message:
 
 
 class OpWriter:
-    """Group-committed, fenced appends to TXN_OP for every partition of a process.
+    """Group-committed, fenced appends to the op streams of its logs (one partition's, as
+    `coordinator/writers.py` uses it; several share one write when given several).
 
     An op record is never quarantined: the table waits for it. So a write JetStream refuses
     for good (the stream gone or sealed) is logged as an error and tried again with backoff
@@ -316,7 +318,7 @@ class OpWriter:
                 level("op_append_refused", subject=chunk[0].log.subject, error=describe(error))
             except (*LINK_TROUBLE, WriteNotAcked) as error:
                 log.warning("op_append_retry", subject=chunk[0].log.subject, error=describe(error))
-                # No stream took the write (no responders: TXN_OP electing a leader), so
+                # No stream took the write (no responders: TXN_OP_<p> electing a leader), so
                 # nothing landed; otherwise its ack may be what was lost.
                 nothing = isinstance(error, nats.js.errors.NoStreamResponseError)
                 if not nothing and await self._landed(chunk):
@@ -401,7 +403,7 @@ class OpWriter:
             await wait_connected(self._nc)
             for partition, message in lasts.items():
                 with anyio.fail_after(READ_BACK_TIMEOUT):
-                    last = await self._js.get_last_msg(layout.OP_STREAM, message.log.subject)
+                    last = await self._js.get_last_msg(message.log.stream, message.log.subject)
                 if last.seq is None or last.seq <= message.log.last_seq:
                     return False
                 if last.data != message.payload:

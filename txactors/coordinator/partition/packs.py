@@ -97,7 +97,7 @@ def _pack_append(partition: int, entries: list[bytes]) -> Append:
         layout.PACK_HEADER: PACK_VERSION,
     }
     body = _array_header(len(entries)) + b"".join(entries)
-    return Append(layout.half_subject(partition), body, headers, layout.HALF_STREAM)
+    return Append(layout.half_subject(partition), body, headers, layout.half_stream(partition))
 
 
 def _array_header(length: int) -> bytes:

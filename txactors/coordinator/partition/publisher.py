@@ -221,7 +221,7 @@ class Publisher:
         sequence all of `actions` name, once, and publish each one's half from it."""
         seq = actions[0].half_seq
         try:
-            raw = await retry_transient(self._js.get_msg, layout.HALF_STREAM, seq)
+            raw = await retry_transient(self._js.get_msg, layout.half_stream(self._partition), seq)
             halves = read_raw_halves(raw)
         except Exception as error:  # gone (purged by hand?) or unreadable: never publishable
             for action in actions:

@@ -1,4 +1,4 @@
-"""Rebuilding a partition's table on start: TXN_HALF, then TXN_OP, from the checkpoint.
+"""Rebuilding a partition's table on start: TXN_HALF_<p>, then TXN_OP_<p>, from the checkpoint.
 
 Reads only from the checkpointed offsets, so the cost follows what was still open at the
 last checkpoint, not the whole history (RocketMQ keeps the same two consume offsets).
@@ -169,8 +169,11 @@ async def recover(
     checkpoint: Checkpoint,
     remember: Callable[[StoredHalf], None],
     now: float,
+    *,
+    streams: layout.LogStreams | None = None,
 ) -> Recovered:
-    """Replay into a fresh `table`, each stream once it is current.
+    """Replay into a fresh `table`, each stream once it is current: the partition's own
+    (`streams`: others, e.g. the one-stream layout's when upgrading).
 
     `remember` sees every replayed half (the actor keeps the bodies of open transactions).
     The caller then takes the op fence with `take_fence` (which may replay more op records),
@@ -179,10 +182,11 @@ async def recover(
     table.begin_recovery(
         half_from=checkpoint.half_seq, op_from=checkpoint.op_seq, discarded=checkpoint.discarded
     )
+    half_stream, op_stream = streams or layout.LogStreams.of(partition)
     halves = 0
 
     async def half(msg: Msg) -> None:
-        """The halves of one TXN_HALF message (a pack's, or one stored alone), fed per
+        """The halves of one half-stream message (a pack's, or one stored alone), fed per
         transaction in order. A transaction the table refuses is skipped, the others of its
         pack are kept, and the message is quarantined whole once."""
         nonlocal halves
@@ -190,7 +194,7 @@ async def recover(
         try:
             stored = read_halves(ack_fields(msg).seq, msg.headers or {}, msg.data)
         except UNREADABLE as error:
-            await _unreadable(js, table, partition, msg, layout.HALF_STREAM, error)
+            await _unreadable(js, table, partition, msg, half_stream, error)
             return
         refused: Exception | None = None
         for run in by_transaction(stored):
@@ -202,13 +206,13 @@ async def recover(
             for one in run:
                 remember(one)
         if refused is not None:
-            await _unreadable(js, table, partition, msg, layout.HALF_STREAM, refused)
+            await _unreadable(js, table, partition, msg, half_stream, refused)
 
     half_subject = layout.half_subject(partition)
-    half_read = await read_whole(js, layout.HALF_STREAM, half_subject, checkpoint.half_seq, half)
-    ops = _OpReplay(js, table, partition, now)
+    half_read = await read_whole(js, half_stream, half_subject, checkpoint.half_seq, half)
+    ops = _OpReplay(js, table, partition, now, op_stream)
     op_read = await read_whole(
-        js, layout.OP_STREAM, layout.op_subject(partition), checkpoint.op_seq, ops.replay
+        js, op_stream, layout.op_subject(partition), checkpoint.op_seq, ops.replay
     )
     return Recovered(halves, ops.read, half_read.end, op_read.end)
 
@@ -237,10 +241,9 @@ async def take_fence(
     if last <= op_end:
         return Fence(last, 0)
     log.warning("recovery_op_gap", partition=partition, read_to=op_end, last=last)
-    ops = _OpReplay(js, table, partition, now)
-    read = await read_whole(
-        js, layout.OP_STREAM, layout.op_subject(partition), op_end + 1, ops.replay
-    )
+    op_stream = layout.op_stream(partition)
+    ops = _OpReplay(js, table, partition, now, op_stream)
+    read = await read_whole(js, op_stream, layout.op_subject(partition), op_end + 1, ops.replay)
     return Fence(read.fence, ops.read)
 
 
@@ -249,9 +252,10 @@ class _OpReplay:
     quarantined and skipped."""
 
     def __init__(
-        self, js: JetStreamContext, table: TransactionTable, partition: int, now: float
+        self, js: JetStreamContext, table: TransactionTable, partition: int, now: float, stream: str
     ) -> None:
         self._js, self._table, self._partition, self._now = js, table, partition, now
+        self._stream = stream
         self.read = 0
         """Op messages read."""
 
@@ -261,7 +265,7 @@ class _OpReplay:
         try:
             self._table.handle(OpReplayed(seq=seq, records=tuple(decode_ops(msg.data))), self._now)
         except UNREADABLE as error:
-            await _unreadable(self._js, self._table, self._partition, msg, layout.OP_STREAM, error)
+            await _unreadable(self._js, self._table, self._partition, msg, self._stream, error)
 
 
 async def _unreadable(
@@ -321,7 +325,7 @@ decode, or a record the table refuses (it leaves the table as it was)."""
 
 async def last_op_seq(js: JetStreamContext, partition: int) -> int:
     """The stream sequence of the partition's newest op record (0: none), from the leader."""
-    return await last_seq(js, layout.OP_STREAM, layout.op_subject(partition))
+    return await last_seq(js, layout.op_stream(partition), layout.op_subject(partition))
 
 
 async def last_seq(js: JetStreamContext, stream: str, subject: str) -> int:

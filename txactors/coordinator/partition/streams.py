@@ -1,7 +1,15 @@
-"""The coordinator's streams (DESIGN §4): TXN_HALF, TXN_OP, TXN_DISCARD and the checkpoint
-bucket, declared (or widened) on start. TXN_HALF holds the half messages (halves.py, packs.py),
-TXN_OP the op records (checkpoints.py); both are file-backed: a decision is durable when
-JetStream acknowledged it."""
+"""The coordinator's streams (DESIGN §4). Each partition's log stands alone: its halves in
+`TXN_HALF_<p>` (halves.py, packs.py), its op records in `TXN_OP_<p>` (checkpoints.py), both
+file-backed (a decision is durable when JetStream acknowledged it), declared by the
+coordinator that takes the partition (`ensure_partition_streams`). On a cluster each is a raft
+group of its own with its leader on any node, so a node loss pauses only the partitions whose
+streams it led, and the writes of many partitions go to many leaders. What every partition
+shares is declared once per process (`ensure_streams`): TXN_DISCARD and the checkpoint bucket.
+
+Halves and op records are on two streams rather than one: a half's write and a decision's
+write of the same partition then go to disk side by side instead of one behind the other, and
+the follower of late halves (late.py) wakes only when halves were written.
+"""
 
 from __future__ import annotations
 
@@ -18,43 +26,17 @@ DEDUPE_WINDOW: Final = 120.0
 """Seconds JetStream remembers a `Nats-Msg-Id`: covers a retried append after a timeout."""
 
 
+def log_retention(half_retention: float) -> float:
+    """Seconds a partition's halves and op records are kept: halves must outlive the
+    retention decision about them."""
+    return half_retention * 2
+
+
 async def ensure_streams(
-    js: JetStreamContext,
-    *,
-    half_retention: float,
-    replicas: int = 1,
-    deadline: float = DECLARE_DEADLINE,
+    js: JetStreamContext, *, replicas: int = 1, deadline: float = DECLARE_DEADLINE
 ) -> KeyValue:
-    """Create (or widen, `topics.declare_stream`) TXN_HALF, TXN_OP, TXN_DISCARD and the
-    checkpoint bucket, retrying transient answers for `deadline` seconds each."""
-    retention = half_retention * 2  # halves must outlive the retention decision about them
-    await declare_stream(
-        js,
-        StreamConfig(
-            name=layout.HALF_STREAM,
-            subjects=[layout.half_subject_filter()],
-            max_age=retention,
-            duplicate_window=DEDUPE_WINDOW,
-            allow_direct=True,
-            allow_atomic=True,  # halves queued meanwhile are written as one batch
-            storage=StorageType.FILE,
-            num_replicas=replicas,
-        ),
-        deadline=deadline,
-    )
-    await declare_stream(
-        js,
-        StreamConfig(
-            name=layout.OP_STREAM,
-            subjects=[layout.op_subject_filter()],
-            max_age=retention,
-            duplicate_window=DEDUPE_WINDOW,
-            allow_atomic=True,  # every partition's op records of a moment in one write
-            storage=StorageType.FILE,
-            num_replicas=replicas,
-        ),
-        deadline=deadline,
-    )
+    """Create (or widen, `topics.declare_stream`) TXN_DISCARD and the checkpoint bucket,
+    retrying transient answers for `deadline` seconds each."""
     await declare_stream(
         js,
         StreamConfig(
@@ -71,6 +53,45 @@ async def ensure_streams(
         js,
         KeyValueConfig(
             bucket=layout.CHECKPOINT_BUCKET, history=1, storage=StorageType.FILE, replicas=replicas
+        ),
+        deadline=deadline,
+    )
+
+
+async def ensure_partition_streams(
+    js: JetStreamContext,
+    partition: int,
+    *,
+    half_retention: float,
+    replicas: int = 1,
+    deadline: float = DECLARE_DEADLINE,
+) -> None:
+    """Create (or widen) `partition`'s TXN_HALF_<p> and TXN_OP_<p>."""
+    retention = log_retention(half_retention)
+    await declare_stream(
+        js,
+        StreamConfig(
+            name=layout.half_stream(partition),
+            subjects=[layout.half_subject(partition)],
+            max_age=retention,
+            duplicate_window=DEDUPE_WINDOW,
+            allow_direct=True,
+            allow_atomic=True,  # halves queued meanwhile are written as one batch
+            storage=StorageType.FILE,
+            num_replicas=replicas,
+        ),
+        deadline=deadline,
+    )
+    await declare_stream(
+        js,
+        StreamConfig(
+            name=layout.op_stream(partition),
+            subjects=[layout.op_subject(partition)],
+            max_age=retention,
+            duplicate_window=DEDUPE_WINDOW,
+            allow_atomic=True,  # many op records of a moment in one write
+            storage=StorageType.FILE,
+            num_replicas=replicas,
         ),
         deadline=deadline,
     )
