@@ -49,12 +49,12 @@ from txactors.coordinator.options import Clock, CoordinatorOptions, OnDiscard
 from txactors.coordinator.partition.actor import PartitionCoordinator
 from txactors.coordinator.partition.oplog import READ_BACK_TIMEOUT, FencedOut
 from txactors.coordinator.partition.streams import ensure_streams
-from txactors.coordinator.partition.upgrade import LegacyLog
 from txactors.coordinator.partition.tenants import (
     TenantReplies,
     declare_consumer_streams,
     tenant_groups,
 )
+from txactors.coordinator.partition.upgrade import LegacyLog
 from txactors.coordinator.writers import shared_writers
 from txactors.errors import ActorError, ungrouped
 from txactors.nats.client import raising_connection_lost, watch_connection
