@@ -206,7 +206,7 @@ async def test_in_flight_writes_resume_within_seconds_of_the_broker_return(
             packs = [
                 m
                 for p in range(partitions)
-                async for m in read_subject(js, layout.HALF_STREAM, layout.half_subject(p), 1)
+                async for m in read_subject(js, layout.half_stream(0), layout.half_subject(p), 1)
             ]
             ids = [(m.headers or {})[layout.MSG_ID_HEADER] for m in packs]
             assert len(ids) == len(set(ids)), "a re-issued pack was not stored twice"

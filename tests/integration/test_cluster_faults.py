@@ -101,7 +101,7 @@ async def test_killing_the_node_that_leads_the_halves(
 ) -> None:
     await rig.commits_after(0, WARM_UP)
     assert rig.nc is not None
-    victim = await rig.cluster.stream_leader(rig.nc.jetstream(), layout.HALF_STREAM)
+    victim = await rig.cluster.stream_leader(rig.nc.jetstream(), layout.half_stream(0))
     fault = time.time()
     await rig.cluster.kill(victim)
     await commit_through_then_restart(rig, victim, fault)
@@ -114,7 +114,7 @@ async def test_killing_the_node_that_leads_a_topic_stream(
     await rig.commits_after(0, WARM_UP)
     assert rig.nc is not None
     js = rig.nc.jetstream()
-    halves = await rig.cluster.stream_leader(js, layout.HALF_STREAM)
+    halves = await rig.cluster.stream_leader(js, layout.half_stream(0))
     leaders = [await rig.cluster.stream_leader(js, layout.topic_stream(t)) for t in TOPICS]
     # A topic's leader that does not also lead the halves, if there is one: this fault is
     # the topic's, the other test's the halves'.
@@ -145,7 +145,7 @@ async def test_killing_a_node_and_a_coordinator_at_once(
     await both_coordinators_hold_partitions(rig)
     await rig.commits_after(0, WARM_UP)
     assert rig.nc is not None
-    victim = await rig.cluster.stream_leader(rig.nc.jetstream(), layout.HALF_STREAM)
+    victim = await rig.cluster.stream_leader(rig.nc.jetstream(), layout.half_stream(0))
     fault = time.time()
     await rig.cluster.kill(victim)
     await rig.coordinators[0].kill()

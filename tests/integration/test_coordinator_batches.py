@@ -108,9 +108,9 @@ def codes(results: list[Any]) -> list[str]:
 
 async def halves(nc: Client) -> list[nats.aio.msg.Msg]:
     js = nc.jetstream()
-    if (await js.stream_info(layout.HALF_STREAM)).state.messages == 0:
+    if (await js.stream_info(layout.half_stream(0))).state.messages == 0:
         return []
-    return [m async for m in read_subject(js, layout.HALF_STREAM, layout.half_subject(0), 1)]
+    return [m async for m in read_subject(js, layout.half_stream(0), layout.half_subject(0), 1)]
 
 
 async def test_a_batch_of_prepares_is_one_write_and_one_answer_and_its_ends_one_more(
@@ -124,7 +124,7 @@ async def test_a_batch_of_prepares_is_one_write_and_one_answer_and_its_ends_one_
         assert [r.txid for r in receipts] == txids, "results[i] answers items[i]"
         assert all(len(r.seqs) == 1 for r in receipts)
         [pack] = await halves(private_nc)  # one TXN_HALF message, one write, one fsync
-        assert (await private_nc.jetstream().stream_info(layout.HALF_STREAM)).state.messages == 1
+        assert (await private_nc.jetstream().stream_info(layout.half_stream(0))).state.messages == 1
         seq = pack.metadata.sequence.stream
         assert [r.seqs for r in receipts] == [[seq]] * len(txids), "every half in the pack"
         assert [h.txid for h in read_halves(seq, pack.headers or {}, pack.data)] == txids

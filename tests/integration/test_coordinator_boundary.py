@@ -19,6 +19,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from tests.support.logstreams import ensure_log_streams
 from tests.support.txn import FAST, CoordinatorClient, message, topic_ids, topic_messages
 from tests.support.wait import eventually
 from txactors.coordinator import CoordinatorConfig
@@ -26,7 +27,6 @@ from txactors.coordinator.core import tokens
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.partition.halves import half_headers, stored_half
 from txactors.coordinator.partition.packs import read_raw_halves
-from txactors.coordinator.partition.streams import ensure_streams
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import CommandError
 from txactors.nats.topics import ensure_topic_stream
@@ -212,7 +212,7 @@ async def raw_request(nc: Client, verb: str, payload: bytes, encoding: Encoding)
 
 
 async def half_count(nc: Client) -> int:
-    info = await nc.jetstream().stream_info(layout.HALF_STREAM)
+    info = await nc.jetstream().stream_info(layout.half_stream(0))
     return info.state.messages
 
 
@@ -268,7 +268,7 @@ async def test_a_txid_begins_once_and_its_token_is_stored_only_as_a_digest(
             await client.prepare("once", message(body=b"second"))
         assert second.value.code == "conflict"
 
-        stored = await private_nc.jetstream().get_msg(layout.HALF_STREAM, receipt.seqs[0])
+        stored = await private_nc.jetstream().get_msg(layout.half_stream(0), receipt.seqs[0])
         [half] = read_raw_halves(stored)  # in a pack
         assert half.token == tokens.digest(receipt.token)
         assert all(receipt.token not in value for value in stored_headers(stored).values())
@@ -289,7 +289,7 @@ async def test_a_half_stored_with_a_raw_token_is_no_longer_ended_by_it_but_is_no
     matches such a half, so its end is refused `forbidden`; the transaction stays open for
     its check-back or an operator, who can still commit it."""
     jetstream = private_nc.jetstream()
-    await ensure_streams(jetstream, half_retention=3600)
+    await ensure_log_streams(jetstream, half_retention=3600)
     await ensure_topic_stream(jetstream, "orders", duplicate_window=60)  # made at its prepare
     legacy = half_headers(
         stored_half(

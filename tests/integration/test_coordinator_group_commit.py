@@ -19,9 +19,9 @@ import structlog
 from nats.aio.client import Client
 from nats.js.api import Header, PubAck, StreamConfig
 
+from tests.support.logstreams import ensure_log_streams
 from tests.support.servers import MakeNatsServer
 from tests.support.wait import eventually
-from txactors.coordinator.partition.streams import ensure_streams
 from txactors.nats.topics import ensure_topic_stream
 from txactors.nats.writer import ATOMIC_MIN_MESSAGES, Append, PipelinedWriter
 from txactors.wire import layout
@@ -256,14 +256,12 @@ async def test_existing_streams_are_updated_in_place_to_take_atomic_batches(
     private_nc: Client,
 ) -> None:
     js = private_nc.jetstream()
-    await js.add_stream(
-        StreamConfig(name=layout.HALF_STREAM, subjects=[layout.half_subject_filter()])
-    )
+    await js.add_stream(StreamConfig(name=layout.half_stream(0), subjects=[layout.half_subject(0)]))
     await js.add_stream(StreamConfig(name="TOPIC_old", subjects=["topic.old.>"]))
     await js.publish("topic.old._", b"kept")
-    await ensure_streams(js, half_retention=60)
+    await ensure_log_streams(js, half_retention=60)
     await ensure_topic_stream(js, "old")
-    assert (await js.stream_info(layout.HALF_STREAM)).config.allow_atomic
+    assert (await js.stream_info(layout.half_stream(0))).config.allow_atomic
     info = await js.stream_info("TOPIC_old")
     assert info.config.allow_atomic and info.state.messages == 1
 

@@ -19,6 +19,7 @@ from nats.js import JetStreamContext
 from nats.js.api import ClusterInfo, PeerInfo, StreamInfo
 
 from tests.integration.test_coordinator_recovery import capture_logs
+from tests.support.logstreams import ensure_log_streams
 from tests.support.txn import FAST, CoordinatorClient, message, topic_ids
 from tests.support.wait import eventually
 from txactors.coordinator import CoordinatorConfig, CoordinatorOptions
@@ -30,7 +31,6 @@ from txactors.coordinator.partition.halves import StoredHalf, half_headers, stor
 from txactors.coordinator.partition.late import HalfEnd, LateHalves
 from txactors.coordinator.partition.packs import pack_appends
 from txactors.coordinator.partition.recovery import recover
-from txactors.coordinator.partition.streams import ensure_streams
 from txactors.coordinator.service import run_coordinator
 from txactors.nats.current import wait_current
 from txactors.nats.writer import Append
@@ -106,7 +106,7 @@ class Rebuilding:
 
     async def stream_info(self, name: str, subjects_filter: str | None = None) -> StreamInfo:
         info = await self._js.stream_info(name)
-        if name != layout.HALF_STREAM:
+        if name != layout.half_stream(0):
             return info
         self.asked += 1
         if self._answers:
@@ -146,7 +146,7 @@ def written_half(txid: str, producer: str = "p1", group: str = "g") -> dict[str,
 
 async def test_recovery_reads_a_stream_only_once_it_is_current(private_nc: Client) -> None:
     js = private_nc.jetstream()
-    await ensure_streams(js, half_retention=3600)
+    await ensure_log_streams(js, half_retention=3600)
 
     async def catch_up() -> None:
         await js.publish(layout.half_subject(0), b"payload", headers=written_half("rebuilt"))
@@ -174,7 +174,7 @@ class ShortRead:
         self._written = False
 
     async def get_last_msg(self, stream: str, subject: str) -> Any:
-        if stream == layout.HALF_STREAM and not self._written:
+        if stream == layout.half_stream(0) and not self._written:
             self._written = True
             await self._js.publish(subject, b"payload", headers=written_half("gap"))
         return await self._js.get_last_msg(stream, subject)
@@ -187,7 +187,7 @@ async def test_recovery_reads_again_when_the_leader_names_a_later_half(
     private_nc: Client,
 ) -> None:
     js = private_nc.jetstream()
-    await ensure_streams(js, half_retention=3600)
+    await ensure_log_streams(js, half_retention=3600)
     await js.publish(layout.half_subject(0), b"payload", headers=written_half("first"))
     table = TransactionTable(CoordinatorConfig())
     with capture_logs() as logs:
@@ -201,13 +201,13 @@ async def test_recovery_reads_again_when_the_leader_names_a_later_half(
 
 async def test_a_stream_never_current_is_read_after_the_deadline(private_nc: Client) -> None:
     js = private_nc.jetstream()
-    await ensure_streams(js, half_retention=3600)
+    await ensure_log_streams(js, half_retention=3600)
     stuck = Rebuilding(js, None)
     stuck._answers = [LEADERLESS] * 1000
     with capture_logs() as logs:
         with anyio.fail_after(10):
             current = await wait_current(
-                cast(JetStreamContext, stuck), layout.HALF_STREAM, deadline=0.5
+                cast(JetStreamContext, stuck), layout.half_stream(0), deadline=0.5
             )
     assert not current
     [gave_up] = [e for e in logs if e["event"] == "stream_not_current_read_anyway"]
@@ -355,7 +355,7 @@ async def test_the_follower_reads_a_foreign_pack_whole_and_skips_its_own(
     private_nc: Client,
 ) -> None:
     js = private_nc.jetstream()
-    await ensure_streams(js, half_retention=3600)
+    await ensure_log_streams(js, half_retention=3600)
     legacy = await js.publish(layout.half_subject(0), b"alone", headers=written_half("alone"))
     own, foreign = written_pack("own"), written_pack("a", "b")
     acked_meanwhile = await js.publish(own.subject, own.payload, headers=own.headers)
@@ -366,7 +366,7 @@ async def test_the_follower_reads_a_foreign_pack_whole_and_skips_its_own(
         found.append((seq, [(h.txid, h.half.index, h.message.body) for h in halves]))
 
     proxy = AckedMeanwhile(js, {acked_meanwhile.seq})
-    late = LateHalves(cast(JetStreamContext, proxy), 0, 0, collect, end=HalfEnd(js, tick=0.01))
+    late = LateHalves(cast(JetStreamContext, proxy), 0, 0, collect, end=HalfEnd(js, 0, tick=0.01))
     proxy.late = late
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tasks:
@@ -383,7 +383,7 @@ async def test_the_follower_reads_a_foreign_pack_whole_and_skips_its_own(
 
 def test_the_checkpoint_never_passes_a_half_not_looked_at() -> None:
     js = cast(JetStreamContext, None)
-    late = LateHalves(js, 0, after=41, found=nothing_found, end=HalfEnd(js, tick=0.1))
+    late = LateHalves(js, 0, after=41, found=nothing_found, end=HalfEnd(js, 0, tick=0.1))
     ahead = Checkpoint(half_seq=100, op_seq=7)
     assert late.hold(ahead) == Checkpoint(half_seq=42, op_seq=7)
     behind = Checkpoint(half_seq=10, op_seq=7)

@@ -150,7 +150,7 @@ async def test_a_batch_during_a_write_outage_tells_each_item_when_to_come_back(
 
         with structlog.testing.capture_logs() as logs:
             async with (
-                unavailable(private_nc, layout.HALF_STREAM, layout.half_subject(0)),
+                unavailable(private_nc, layout.half_stream(0), layout.half_subject(0)),
                 anyio.create_task_group() as tasks,
             ):
                 tasks.start_soon(stuck)
@@ -187,7 +187,7 @@ async def test_a_prepare_during_a_write_outage_is_told_when_to_come_back(
 
         with structlog.testing.capture_logs() as logs:
             async with (
-                unavailable(private_nc, layout.HALF_STREAM, layout.half_subject(0)),
+                unavailable(private_nc, layout.half_stream(0), layout.half_subject(0)),
                 anyio.create_task_group() as tasks,
             ):
                 # The first prepare finds the outage; it waits in the halves' writer.

@@ -9,18 +9,17 @@ import anyio.lowlevel
 from nats.aio.client import Client
 from nats.js.api import Header
 
+from tests.support.logstreams import ensure_log_streams
 from tests.support.wait import eventually
 from txactors.coordinator.core.records import OpKind, OpRecord
 from txactors.coordinator.partition.checkpoints import decode_ops
 from txactors.coordinator.partition.oplog import FencedOut, OpLog, OpWriter
-from txactors.coordinator.partition.streams import ensure_streams
-from txactors.nats.writer import ATOMIC_MIN_MESSAGES
 from txactors.wire import layout
 
 
 async def test_a_done_record_waits_to_share_the_next_decisions_write(private_nc: Client) -> None:
     js = private_nc.jetstream()
-    await ensure_streams(js, half_retention=60.0)
+    await ensure_log_streams(js, half_retention=60.0)
     reported: list[tuple[list[int], int]] = []
 
     async def report(op_ids: list[int], seq: int) -> None:
@@ -39,7 +38,7 @@ async def test_a_done_record_waits_to_share_the_next_decisions_write(private_nc:
         await eventually(lambda: len(reported) >= 2, what="the second write reported")
         tg.cancel_scope.cancel()
     assert reported == [([1, 2], 1), ([3], 2)]
-    first = await js.get_msg(layout.OP_STREAM, 1)
+    first = await js.get_msg(layout.op_stream(0), 1)
     assert [(r.txid, r.kind) for r in decode_ops(first.data or b"")] == [
         ("a", OpKind.DONE),
         ("b", OpKind.COMMIT),
@@ -65,13 +64,14 @@ def commit(txid: str) -> tuple[OpRecord, ...]:
     return (OpRecord(txid=txid, kind=OpKind.COMMIT, half_seqs=(1,)),)
 
 
-async def test_two_partitions_decisions_share_one_write_each_alone_and_fenced(
+async def test_two_partitions_decisions_go_each_alone_to_its_own_stream_and_fenced(
     private_nc: Client,
 ) -> None:
     """A small write is no atomic batch: nats-server acks one of those milliseconds later
-    than the same messages sent alone (`ATOMIC_MIN_MESSAGES`), and a lone commit would wait."""
+    than the same messages sent alone (`ATOMIC_MIN_MESSAGES`), and a lone commit would wait.
+    Each partition's records are on its own stream."""
     js = private_nc.jetstream()
-    await ensure_streams(js, half_retention=60.0)
+    await ensure_log_streams(js, half_retention=60.0)
     writer, logs = OpWriter(private_nc, js), Logs()
     p0, p1 = logs.open(writer, 0), logs.open(writer, 1)
     p0.append(1, commit("a"))  # queued before the writer's first turn: one write for both
@@ -80,9 +80,9 @@ async def test_two_partitions_decisions_share_one_write_each_alone_and_fenced(
         tg.start_soon(writer.run)
         await eventually(lambda: len(logs.reported) == 2, what="both partitions reported")
         tg.cancel_scope.cancel()
-    assert logs.reported == {0: [([1], 1)], 1: [([1], 2)]}
-    for seq in (1, 2):
-        stored = await js.get_msg(layout.OP_STREAM, seq)
+    assert logs.reported == {0: [([1], 1)], 1: [([1], 1)]}
+    for partition in (0, 1):
+        stored = await js.get_msg(layout.op_stream(partition), 1)
         assert stored.headers is not None
         assert Header.BATCH_ID not in stored.headers, "each alone"
         assert stored.headers[layout.EXPECTED_LAST_SUBJECT_SEQ_HEADER] == "0"
@@ -94,7 +94,7 @@ async def test_another_partitions_decision_leaves_a_done_waiting_for_its_own(
     """A done is not taken along by another partition's decision (its flush would hold that
     decision's ack back): it still waits for a decision of its own partition to share."""
     js = private_nc.jetstream()
-    await ensure_streams(js, half_retention=60.0)
+    await ensure_log_streams(js, half_retention=60.0)
     writer, logs = OpWriter(private_nc, js), Logs()
     p0 = logs.open(writer, 0)
 
@@ -108,14 +108,14 @@ async def test_another_partitions_decision_leaves_a_done_waiting_for_its_own(
         tg.start_soon(writer.run)
         await eventually(lambda: len(logs.reported) == 2, what="both partitions reported")
         tg.cancel_scope.cancel()
-    assert logs.reported == {1: [([1], 1)], 0: [([1, 2], 2)]}, "the done shared p0's decision"
+    assert logs.reported == {1: [([1], 1)], 0: [([1, 2], 1)]}, "the done shared p0's decision"
 
 
 async def test_a_done_left_behind_is_written_while_other_decisions_keep_coming(
     private_nc: Client,
 ) -> None:
     js = private_nc.jetstream()
-    await ensure_streams(js, half_retention=60.0)
+    await ensure_log_streams(js, half_retention=60.0)
     writer, logs = OpWriter(private_nc, js), Logs()
     p0 = logs.open(writer, 0)
     decisions = itertools.count(2)
@@ -135,34 +135,37 @@ async def test_a_done_left_behind_is_written_while_other_decisions_keep_coming(
     assert op_ids == [1]
 
 
-async def test_many_partitions_records_go_as_one_atomic_batch_each_fenced(
+async def test_a_group_commit_of_several_messages_goes_as_one_atomic_batch_fenced_once(
     private_nc: Client,
 ) -> None:
+    """Records beyond `OP_BATCH_BYTES` make several messages: stored all or nothing, next to
+    each other, the first one fenced (nothing can come between them)."""
     js = private_nc.jetstream()
-    await ensure_streams(js, half_retention=60.0)
+    await ensure_log_streams(js, half_retention=60.0)
     writer, logs = OpWriter(private_nc, js), Logs()
-    partitions = range(ATOMIC_MIN_MESSAGES)
-    for partition in partitions:
-        logs.open(writer, partition).append(1, commit(f"t{partition}"))
+    records = tuple(
+        OpRecord(txid=f"t{i:06d}", kind=OpKind.COMMIT, half_seqs=(i,)) for i in range(15_000)
+    )
+    logs.open(writer, 0).append(1, records)
     async with anyio.create_task_group() as tg:
         tg.start_soon(writer.run)
-        await eventually(lambda: len(logs.reported) == len(partitions), what="all reported")
+        await eventually(lambda: 0 in logs.reported, what="the group commit reported")
         tg.cancel_scope.cancel()
-    assert logs.reported == {p: [([1], p + 1)] for p in partitions}
-    batches = set()
-    for seq in range(1, len(partitions) + 1):
-        stored = await js.get_msg(layout.OP_STREAM, seq)
-        assert stored.headers is not None
-        batches.add(stored.headers.get(Header.BATCH_ID))
-        assert stored.headers[layout.EXPECTED_LAST_SUBJECT_SEQ_HEADER] == "0"
+    [(op_ids, last)] = logs.reported[0]
+    assert op_ids == [1] and last >= 2, "several messages"
+    stored = [await js.get_msg(layout.op_stream(0), seq) for seq in range(1, last + 1)]
+    assert [r.txid for m in stored for r in decode_ops(m.data or b"")] == [r.txid for r in records]
+    batches = {(m.headers or {}).get(Header.BATCH_ID) for m in stored}
     assert len(batches) == 1 and None not in batches, "one atomic batch"
+    fences = [(m.headers or {}).get(layout.EXPECTED_LAST_SUBJECT_SEQ_HEADER) for m in stored]
+    assert fences == ["0"] + [None] * (last - 1)
 
 
 async def test_a_partition_fenced_out_fails_alone_and_the_others_records_are_stored(
     private_nc: Client,
 ) -> None:
     js = private_nc.jetstream()
-    await ensure_streams(js, half_retention=60.0)
+    await ensure_log_streams(js, half_retention=60.0)
     writer, logs = OpWriter(private_nc, js), Logs()
     p0, p1 = logs.open(writer, 0), logs.open(writer, 1)
     await js.publish(layout.op_subject(1), b"a successor's record")  # p1's fence is now stale
@@ -175,8 +178,8 @@ async def test_a_partition_fenced_out_fails_alone_and_the_others_records_are_sto
         p0.append(2, commit("d"))
         await eventually(lambda: len(logs.reported[0]) == 2, what="p0's second write")
         tg.cancel_scope.cancel()
-    assert logs.reported == {0: [([1], 2), ([2], 3)]}
+    assert logs.reported == {0: [([1], 1), ([2], 2)]}
     assert [type(error) for error in logs.failed[1]] == [FencedOut]
     assert logs.failed[0] == []
-    last = await js.get_last_msg(layout.OP_STREAM, layout.op_subject(1))
+    last = await js.get_last_msg(layout.op_stream(1), layout.op_subject(1))
     assert last.seq == 1, "nothing of the fenced partition's was stored"

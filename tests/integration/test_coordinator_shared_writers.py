@@ -50,7 +50,7 @@ class HalfWrites:
         issue = PipelinedWriter._issue
 
         async def watched(writer: PipelinedWriter, batch: _Batch) -> bool:
-            if batch.slots[0].append.stream == layout.HALF_STREAM:
+            if batch.slots[0].append.stream == layout.half_stream(0):
                 self.writer = writer
                 self.writes.append([slot.append.subject for slot in batch.slots])
                 await self.gate.wait()
@@ -135,7 +135,7 @@ async def test_stopping_one_partition_leaves_the_others_pending_writes_alone(
             ended = await clients[0].end(receipt.txid, receipt.token, Decision.COMMIT)
             assert ended.state == "committed"
         js = private_nc.jetstream()
-        last = await js.get_last_msg(layout.HALF_STREAM, layout.half_subject(1))
+        last = await js.get_last_msg(layout.half_stream(0), layout.half_subject(1))
         stopped = txid(1, "p1-queued")
         [half] = read_raw_halves(last)
         assert half.txid == stopped, "the stopped one's half went too"

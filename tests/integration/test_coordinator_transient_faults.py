@@ -102,7 +102,9 @@ LOOPS = {
     "recovery": Loop(
         JetStreamContext,
         "pull_subscribe",
-        lambda js, args, kwargs: kwargs.get("stream") in (layout.HALF_STREAM, layout.OP_STREAM),
+        lambda js, args, kwargs: (
+            kwargs.get("stream") in (layout.half_stream(0), layout.op_stream(0))
+        ),
         before_start=True,
     ),
     "recovery-checkpoint": Loop(
@@ -112,13 +114,13 @@ LOOPS = {
     "halves-writer": Loop(AckInbox, "publish", _subject("txn.half."), answered=True),
     "op-writer": Loop(AckInbox, "publish", _subject("txn.op."), answered=True),
     "topic-writer": Loop(AckInbox, "publish", _subject("topic."), answered=True),
-    "late-halves-end": Loop(JetStreamContext, "stream_info", _stream(layout.HALF_STREAM)),
+    "late-halves-end": Loop(JetStreamContext, "stream_info", _stream(layout.half_stream(0))),
     "late-halves-read": Loop(
         JetStreamContext.PullSubscription,
         "fetch",
-        lambda sub, args, kwargs: sub._stream == layout.HALF_STREAM,
+        lambda sub, args, kwargs: sub._stream == layout.half_stream(0),
     ),
-    "checker": Loop(JetStreamContext, "get_msg", _stream(layout.HALF_STREAM), checked_back=True),
+    "checker": Loop(JetStreamContext, "get_msg", _stream(layout.half_stream(0)), checked_back=True),
 }
 
 
@@ -217,7 +219,7 @@ async def test_a_half_write_answered_in_process_is_asked_again_and_never_quarant
     js = private_nc.jetstream()
     stored = [
         half.txid
-        async for msg in read_subject(js, layout.HALF_STREAM, layout.half_subject(0), 1)
+        async for msg in read_subject(js, layout.half_stream(0), layout.half_subject(0), 1)
         for half in read_halves(ack_fields(msg).seq, msg.headers or {}, msg.data)
     ]
     assert stored == [result.txid], "stored once"

@@ -69,7 +69,7 @@ async def test_a_pack_txn_half_refuses_for_good_fails_its_prepares_and_is_quaran
     # An operator's misconfiguration: TXN_HALF takes no message over 1 KiB.
     await js.add_stream(
         StreamConfig(
-            name=layout.HALF_STREAM, subjects=[layout.half_subject_filter()], max_msg_size=1024
+            name=layout.half_stream(0), subjects=[layout.half_subject(0)], max_msg_size=1024
         )
     )
     async with run_coordinator(private_nc):
@@ -103,7 +103,7 @@ async def test_halves_refused_for_good_roll_back_what_landed_of_their_transactio
     js = private_nc.jetstream()
     await js.add_stream(
         StreamConfig(
-            name=layout.HALF_STREAM, subjects=[layout.half_subject_filter()], max_msg_size=1024
+            name=layout.half_stream(0), subjects=[layout.half_subject(0)], max_msg_size=1024
         )
     )
     async with run_coordinator(private_nc):

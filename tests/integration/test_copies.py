@@ -147,7 +147,9 @@ async def test_hundreds_of_transactions_discarded_at_once_all_land_on_their_grou
         async with anyio.create_task_group() as tg:
             for i in range(LOAD):
                 tg.start_soon(prepare, i)
-        packs = [m async for m in read_subject(js, layout.HALF_STREAM, layout.half_subject(0), 1)]
+        packs = [
+            m async for m in read_subject(js, layout.half_stream(0), layout.half_subject(0), 1)
+        ]
         batches: dict[str, set[str]] = {}
         halves = 0
         for m in packs:
@@ -199,7 +201,7 @@ async def test_an_operator_resumes_or_forces_a_transaction_whose_halves_share_a_
         for txid in ("resumed", "forced"):
             receipts[txid] = await client.prepare(txid, *batched)
             [seq] = set(receipts[txid].seqs)
-            assert is_pack(await _stored(js, layout.HALF_STREAM, seq))
+            assert is_pack(await _stored(js, layout.half_stream(0), seq))
         for txid in receipts:
             await eventually(
                 lambda txid=txid: admin.show(nc, txid),

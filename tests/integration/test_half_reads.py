@@ -22,6 +22,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg
 
+from tests.support.logstreams import ensure_log_streams
 from tests.support.txn import topic_messages
 from tests.support.wait import eventually
 from txactors.coordinator import CoordinatorOptions
@@ -36,7 +37,6 @@ from txactors.coordinator.partition.halves import StoredHalf, half_headers, stor
 from txactors.coordinator.partition.packs import pack_appends, read_raw_halves
 from txactors.coordinator.partition.publisher import Publisher
 from txactors.coordinator.partition.recovery import read_subject
-from txactors.coordinator.partition.streams import ensure_streams
 from txactors.coordinator.writers import declare_topic, shared_writers
 from txactors.nats.writer import Append, PartitionWriter
 from txactors.wire import layout
@@ -98,7 +98,7 @@ def three_transactions() -> list[StoredHalf]:
 
 async def store(js: JetStreamContext, halves: list[StoredHalf], form: Form) -> list[Half]:
     """Write `halves` into TXN_HALF of partition 0 in `form`; their `Half`s, seqs set."""
-    await ensure_streams(js, half_retention=3600)
+    await ensure_log_streams(js, half_retention=3600)
     seqs: list[int] = []
     if form == "pack":
         for append, count in pack_appends(0, halves, 1 << 20):
@@ -122,7 +122,7 @@ def counting_reads(js: JetStreamContext) -> list[int]:
     get_msg = js.get_msg
 
     async def counted(stream_name: str, seq: int | None = None, **kwargs: Any) -> RawStreamMsg:
-        if stream_name == layout.HALF_STREAM and seq is not None:
+        if stream_name == layout.half_stream(0) and seq is not None:
             reads.append(seq)
         return await get_msg(stream_name, seq, **kwargs)
 
@@ -265,7 +265,9 @@ async def test_a_discard_copies_exactly_its_halves_with_the_documented_headers(
     js = private_nc.jetstream()
     halves = three_transactions()
     stored = await store(js, halves, form)
-    before = [await js.get_msg(layout.HALF_STREAM, seq) for seq in sorted({h.seq for h in stored})]
+    before = [
+        await js.get_msg(layout.half_stream(0), seq) for seq in sorted({h.seq for h in stored})
+    ]
     hooked: list[DiscardedTransaction] = []
 
     async def on_discard(discarded: DiscardedTransaction) -> None:
@@ -292,7 +294,7 @@ async def test_a_discard_copies_exactly_its_halves_with_the_documented_headers(
     [discarded] = hooked
     assert (discarded.txid, discarded.reason, discarded.check_times) == ("t1", "check_max", 15)
     assert discarded.messages == [s.message for s in halves if s.txid == "t1"]
-    after = [await js.get_msg(layout.HALF_STREAM, m.seq) for m in before]
+    after = [await js.get_msg(layout.half_stream(0), m.seq) for m in before]
     assert [(m.seq, m.data, m.hdrs) for m in after] == [(m.seq, m.data, m.hdrs) for m in before]
     left = [s for m in after for s in read_raw_halves(m) if s.txid != "t1"]
     assert sorted((s.txid, s.half.index) for s in left) == [("t2", 0), ("t2", 1), ("t3", 0)]

@@ -276,7 +276,7 @@ async def test_a_version_1_command_is_refused_with_unsupported_version_and_not_e
                 assert answer["type"] == "Error", (sent, answer)
                 assert answer["code"] == "unsupported_version", (sent, answer)
                 assert f"send version {PROTOCOL_VERSION}" in answer["message"]
-        info = await private_nc.jetstream().stream_info(layout.HALF_STREAM)
+        info = await private_nc.jetstream().stream_info(layout.half_stream(0))
         assert info.state.messages == 0, "the v1 prepare stored nothing"
     assert await topic_ids(private_nc, "orders") == []
 

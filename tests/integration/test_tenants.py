@@ -89,8 +89,8 @@ STREAMS = (
     layout.topic_stream("orders"),
     layout.topic_stream("payments"),
     layout.dlq_stream("billing"),
-    layout.HALF_STREAM,
-    layout.OP_STREAM,
+    layout.half_stream(0),
+    layout.op_stream(0),
     layout.DISCARD_STREAM,
     "KV_" + layout.LEASE_BUCKET,
     "KV_" + layout.CHECKPOINT_BUCKET,
@@ -492,7 +492,7 @@ async def test_the_consumer_can_create_change_or_delete_no_stream(tmp_path: Path
             "sources": {
                 "name": layout.topic_stream("orders"),
                 "subjects": [layout.topic_filter("orders")],
-                "sources": [{"name": layout.HALF_STREAM}, {"name": "TOPIC_payments"}],
+                "sources": [{"name": layout.half_stream(0)}, {"name": "TOPIC_payments"}],
             },
             # capture another group's prepares (their tokens) and check-backs
             "subjects": {
@@ -703,18 +703,18 @@ async def test_a_producer_cannot_touch_the_coordinators_streams_and_buckets(
     async with deployed(tmp_path) as deployment:
         orders = deployment["orders"]
         js = orders.nc.jetstream(timeout=DENIED)
-        for name in (layout.HALF_STREAM, layout.OP_STREAM, "KV_" + layout.LEASE_BUCKET):
+        for name in (layout.half_stream(0), layout.op_stream(0), "KV_" + layout.LEASE_BUCKET):
             with pytest.raises(nats.errors.TimeoutError):
                 await js.stream_info(name)
             await orders.violation(f"$JS.API.STREAM.INFO.{name}")
         with pytest.raises(nats.errors.TimeoutError):
-            await js.get_msg(layout.HALF_STREAM, 1)
+            await js.get_msg(layout.half_stream(0), 1)
         with pytest.raises(nats.errors.TimeoutError):
             await js.key_value(layout.CHECKPOINT_BUCKET)
         coordinator = deployment.coordinator.jetstream()
         before = {
             name: (await coordinator.stream_info(name)).state.messages
-            for name in (layout.HALF_STREAM, layout.OP_STREAM, "KV_" + layout.LEASE_BUCKET)
+            for name in (layout.half_stream(0), layout.op_stream(0), "KV_" + layout.LEASE_BUCKET)
         }
         for subject in (layout.half_subject(0), layout.op_subject(0), "$KV.TXN_LEASE.0"):
             await orders.nc.publish(subject, b"forged")

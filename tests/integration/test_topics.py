@@ -9,7 +9,8 @@ import pytest
 from nats.aio.client import Client
 from nats.js.api import StorageType
 
-from txactors.coordinator.partition.streams import DEDUPE_WINDOW, ensure_streams
+from tests.support.logstreams import ensure_log_streams
+from txactors.coordinator.partition.streams import DEDUPE_WINDOW
 from txactors.errors import ConfigError
 from txactors.nats.topics import DEFAULT_DUPLICATE_WINDOW, ensure_stream, ensure_topic_stream
 from txactors.wire import layout
@@ -91,13 +92,13 @@ async def test_the_coordinator_streams_are_declared_by_the_same_rules(private_nc
     """TXN_* go through `declare_stream` too: widened, never narrowed, storage checked."""
     js = private_nc.jetstream()
     await js.add_stream(
-        name=layout.HALF_STREAM, subjects=[layout.half_subject_filter()], duplicate_window=10.0
+        name=layout.half_stream(0), subjects=[layout.half_subject(0)], duplicate_window=10.0
     )
     await js.add_stream(
-        name=layout.OP_STREAM, subjects=[layout.op_subject_filter()], storage=StorageType.MEMORY
+        name=layout.op_stream(0), subjects=[layout.op_subject(0)], storage=StorageType.MEMORY
     )
     with pytest.raises(ConfigError, match="memory storage"):
-        await ensure_streams(js, half_retention=3600.0)
-    half = (await js.stream_info(layout.HALF_STREAM)).config
+        await ensure_log_streams(js, half_retention=3600.0)
+    half = (await js.stream_info(layout.half_stream(0))).config
     assert half.duplicate_window == DEDUPE_WINDOW
     assert half.allow_atomic

@@ -20,8 +20,8 @@ PACKAGES = ("txactors", "spark_sinks")
 LAYOUT = "txactors/wire/layout.py"
 STREAM_NAMES = frozenset(
     {
-        layout.HALF_STREAM,
-        layout.OP_STREAM,
+        layout.half_stream(0),
+        layout.op_stream(0),
         layout.DISCARD_STREAM,
         layout.CHECKPOINT_BUCKET,
         layout.LEASE_BUCKET,

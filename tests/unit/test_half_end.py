@@ -30,7 +30,7 @@ class FakeStream:
 
 
 def half_end(stream: FakeStream) -> HalfEnd:
-    return HalfEnd(cast(JetStreamContext, stream), tick=TICK)
+    return HalfEnd(cast(JetStreamContext, stream), 0, tick=TICK)
 
 
 async def test_eight_waiting_followers_share_each_look() -> None:

@@ -433,12 +433,14 @@ def _distinct(messages: list[_Message]) -> bool:
 
 
 def _chunks(messages: list[_Message]) -> list[list[_Message]]:
-    """The messages in order, as writes of at most BATCH_MESSAGES and BATCH_BYTES each."""
+    """The messages in order, as writes of at most BATCH_MESSAGES and BATCH_BYTES each, each
+    to one stream (an atomic batch cannot span streams)."""
     chunks: list[list[_Message]] = []
     size = 0
     for message in messages:
         if (
             not chunks
+            or chunks[-1][0].log.stream != message.log.stream
             or len(chunks[-1]) >= BATCH_MESSAGES
             or size + len(message.payload) > BATCH_BYTES
         ):
