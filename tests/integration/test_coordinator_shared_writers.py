@@ -1,4 +1,5 @@
-"""One writer per stream per coordinator process: partitions share writes, not faults.
+"""Writers of a coordinator process: each partition's log has its own, topics are shared;
+partitions share writes where they share a stream, never faults.
 
 Against a real nats-server. The halves' writes are watched (and held, to let appends queue
 behind one) where the writer issues them.
@@ -18,7 +19,6 @@ from txactors.coordinator.partition.packs import read_raw_halves
 from txactors.coordinator.service import run_coordinator
 from txactors.nats.topics import ensure_topic_stream
 from txactors.nats.writer import (
-    ATOMIC_MIN_MESSAGES,
     Append,
     PartitionWriter,
     PipelinedWriter,
@@ -40,17 +40,19 @@ def txid(partition: int, name: str) -> str:
 
 
 class HalfWrites:
-    """The subjects of every TXN_HALF write issued; a write waits at `gate` while it is shut."""
+    """The subjects of every write issued to one partition's half stream; a write waits at
+    `gate` while it is shut."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, partition: int) -> None:
         self.writes: list[list[str]] = []
         self.gate = anyio.Event()
         self.gate.set()
         self.writer: PipelinedWriter | None = None
         issue = PipelinedWriter._issue
+        stream = layout.half_stream(partition)
 
         async def watched(writer: PipelinedWriter, batch: _Batch) -> bool:
-            if batch.slots[0].append.stream == layout.half_stream(0):
+            if batch.slots[0].append.stream == stream:
                 self.writer = writer
                 self.writes.append([slot.append.subject for slot in batch.slots])
                 await self.gate.wait()
@@ -69,78 +71,78 @@ class HalfWrites:
         )
 
 
-async def test_two_partitions_halves_go_out_in_one_write(
+async def test_a_partition_whose_half_stream_holds_its_write_holds_up_no_other(
     private_nc: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    halves = HalfWrites(monkeypatch)
+    """Each partition's log stands alone: while partition 0's half stream does not answer
+    (a leader election, say), partition 1 prepares and commits on."""
+    held = HalfWrites(monkeypatch, 0)
     async with run_coordinator(private_nc, options=TWO):
         clients = [CoordinatorClient(private_nc, partition=p) for p in (0, 1)]
         for p, client in enumerate(clients):
             await client.prepare(txid(p, "warm-up"), message())  # the topic stream exists
-        halves.writes.clear()
-        halves.shut()
+        held.writes.clear()
+        held.shut()
         prepared: dict[str, Prepared] = {}
 
         async def prepare(client: CoordinatorClient, name: str) -> None:
             prepared[name] = await client.prepare(txid(client.partition, name), message())
 
-        names = [f"p{p}-{i}" for p in (0, 1) for i in range(ATOMIC_MIN_MESSAGES // 2)]
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(prepare, clients[0], "held")
-            await eventually(lambda: len(halves.writes) == 1, what="the first write held")
-            for name in names:
-                tasks.start_soon(prepare, clients[int(name[1])], name)
-            await halves.queued(len(names))
-            halves.gate.set()
-        for name in names:
-            receipt = prepared[name]
-            ended = await clients[int(name[1])].end(receipt.txid, receipt.token, Decision.COMMIT)
-            assert ended.state == "committed"
-    assert len(halves.writes) == 2, "the two partitions' halves shared the second write"
-    assert sorted(set(halves.writes[1])) == [layout.half_subject(0), layout.half_subject(1)]
-    seqs = sorted(prepared[name].seqs[0] for name in names)
-    assert seqs == list(range(seqs[0], seqs[0] + len(names))), "one atomic batch"
+            await eventually(lambda: len(held.writes) == 1, what="partition 0's write held")
+            with anyio.fail_after(10):
+                for i in range(3):
+                    receipt = await clients[1].prepare(txid(1, f"free-{i}"), message())
+                    ended = await clients[1].end(receipt.txid, receipt.token, Decision.COMMIT)
+                    assert ended.state == "committed"
+            assert "held" not in prepared, "partition 0 still waits for its stream"
+            held.gate.set()
+        receipt = prepared["held"]
+        ended = await clients[0].end(receipt.txid, receipt.token, Decision.COMMIT)
+        assert ended.state == "committed"
 
 
-async def test_stopping_one_partition_leaves_the_others_pending_writes_alone(
+async def test_stopping_a_partition_leaves_its_pending_half_to_be_written(
     private_nc: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    halves = HalfWrites(monkeypatch)
+    """Writers outlive their instance: a half queued when its partition stopped is still
+    stored (its dedupe id makes that safe), and the other partition is not held up."""
+    held = HalfWrites(monkeypatch, 1)
     async with run_coordinator(private_nc, options=TWO) as coordinator:
         clients = [CoordinatorClient(private_nc, partition=p) for p in (0, 1)]
         for p, client in enumerate(clients):
             await client.prepare(txid(p, "warm-up"), message())
-        halves.writes.clear()
-        halves.shut()
+        held.writes.clear()
+        held.shut()
         prepared: dict[str, Prepared] = {}
 
         async def prepare(client: CoordinatorClient, name: str) -> None:
             prepared[name] = await client.prepare(txid(client.partition, name), message())
 
         async with anyio.create_task_group() as abandoned:
-            async with anyio.create_task_group() as tasks:
-                tasks.start_soon(prepare, clients[0], "p0")
-                await eventually(lambda: len(halves.writes) == 1, what="p0's write held")
-                tasks.start_soon(prepare, clients[0], "p0-queued")
-                # never answered: its partition stops while the half is queued
-                abandoned.start_soon(prepare, clients[1], "p1-queued")
-                await halves.queued(2)
-                ref = coordinator.owned[1].ref
-                assert ref is not None
-                await ref.stop()
-                halves.gate.set()
-            abandoned.cancel_scope.cancel()
-        for name in ("p0", "p0-queued"):
-            receipt = prepared[name]
+            abandoned.start_soon(prepare, clients[1], "p1")
+            await eventually(lambda: len(held.writes) == 1, what="p1's write held")
+            # never answered: its partition stops while the half is queued
+            abandoned.start_soon(prepare, clients[1], "p1-queued")
+            await held.queued(1)
+            ref = coordinator.owned[1].ref
+            assert ref is not None
+            await ref.stop()
+            receipt = await clients[0].prepare(txid(0, "p0"), message())
             ended = await clients[0].end(receipt.txid, receipt.token, Decision.COMMIT)
             assert ended.state == "committed"
-        js = private_nc.jetstream()
-        last = await js.get_last_msg(layout.half_stream(0), layout.half_subject(1))
-        stopped = txid(1, "p1-queued")
-        [half] = read_raw_halves(last)
-        assert half.txid == stopped, "the stopped one's half went too"
+            held.gate.set()
+            js = private_nc.jetstream()
+            stopped = txid(1, "p1-queued")
+
+            async def stored() -> bool:
+                last = await js.get_last_msg(layout.half_stream(1), layout.half_subject(1))
+                return read_raw_halves(last)[0].txid == stopped
+
+            await eventually(stored, what="the stopped partition's queued half stored")
+            abandoned.cancel_scope.cancel()
     assert "p1-queued" not in prepared
-    assert [len(write) for write in halves.writes] == [1, 1, 1], "few: each alone"
 
 
 async def test_a_report_that_raises_fails_its_own_partition_and_the_writer_goes_on(

@@ -176,7 +176,7 @@ async def test_a_check_back_carries_exactly_its_transactions_messages(
     reads = counting_reads(js)
 
     resolution, failure = await ask_producer(
-        private_nc, js, send_check("t2", of("t2", halves, stored))
+        private_nc, js, send_check("t2", of("t2", halves, stored)), layout.half_stream(0)
     )
 
     assert (resolution, failure) == (Decision.COMMIT, None)
@@ -206,7 +206,7 @@ async def test_a_check_back_of_a_half_its_pack_does_not_hold_cannot_be_made(
     wrong = (msgspec.structs.replace(t3, index=5),)  # t3 has no half 5 in that pack
 
     with pytest.raises(KeyError, match="half 5 of t3"):
-        await ask_producer(private_nc, js, send_check("t3", wrong))
+        await ask_producer(private_nc, js, send_check("t3", wrong), layout.half_stream(0))
     assert checks == [], "nothing is asked of the producer"
 
 
@@ -284,7 +284,7 @@ async def test_a_discard_copies_exactly_its_halves_with_the_documented_headers(
     reads = counting_reads(js)
     async with discard_writer(private_nc) as writer:
         with anyio.fail_after(10):
-            await discard(js, writer, action, on_discard)
+            await discard(js, writer, action, on_discard, layout.half_stream(0))
 
     copies = await discarded_copies(js)
     assert [m.data for m in copies] == [b"t1 zero", b"t1 one"]
@@ -301,7 +301,7 @@ async def test_a_discard_copies_exactly_its_halves_with_the_documented_headers(
 
     async with discard_writer(private_nc) as writer:  # again, as after a crash: nothing doubles
         with anyio.fail_after(10):
-            await discard(js, writer, action, None)
+            await discard(js, writer, action, None, layout.half_stream(0))
     assert len(await discarded_copies(js)) == 2
 
 
@@ -327,7 +327,7 @@ async def test_a_discard_copies_nothing_of_a_pack_that_does_not_hold_the_half(
     )
     async with discard_writer(private_nc) as writer:
         with anyio.fail_after(10):
-            await discard(js, writer, action, on_discard)
+            await discard(js, writer, action, on_discard, layout.half_stream(0))
     assert [(m.headers or {})[layout.MSG_ID_HEADER] for m in await discarded_copies(js)] == [
         "t1:0:discard"
     ]

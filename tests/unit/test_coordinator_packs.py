@@ -59,7 +59,7 @@ def test_a_pack_reads_back_as_the_halves_written_at_its_sequence(
 ) -> None:
     [(append, count)] = pack_appends(3, written, 1 << 20)
     assert count == len(written)
-    assert append.subject == layout.half_subject(3) and append.stream == layout.half_stream(0)
+    assert append.subject == layout.half_subject(3) and append.stream == layout.half_stream(3)
     assert is_pack(append.headers)
     assert append.headers[layout.MSG_ID_HEADER].endswith(":pack")
     assert read_halves(seq, append.headers, append.payload) == [at(seq, h) for h in written]
