@@ -29,12 +29,12 @@ from txactors.errors import ConfigError, NatsServerError, PrepareFailed
 from txactors.nats.client import connect
 from txactors.nats.topics import ensure_topic_stream
 from txactors.producer import CheckView, Decision, TransactionProducer, TxMessage
+from txactors.wire import layout
 
 ROOT = Path(__file__).resolve().parents[2]
 NODES = {"n1", "n2", "n3"}
 REPLICATED = (
-    "TXN_HALF",
-    "TXN_OP",
+    "TXN_LOG_0",
     "TXN_DISCARD",
     "KV_TXN_CHECKPOINT",
     "KV_TXN_LEASE",
@@ -120,7 +120,7 @@ async def test_a_killed_node_restarts_and_catches_up_while_the_cluster_serves(
             # (a request in flight on a dropped connection waits out its timeout): those
             # faults are the slow tests'. Any other stream or consumer it leads elects anew.
             spared = {
-                await nats_cluster.stream_leader(js, "TXN_HALF"),
+                await nats_cluster.stream_leader(js, layout.half_stream(0)),
                 nats_cluster.url_list.index(connected_url(nc)),
             }
             victim = min({0, 1, 2} - spared)
@@ -172,7 +172,7 @@ async def test_a_coordinator_started_before_the_cluster_formed_comes_up_and_serv
                 ):
                     await commit(producer, received, b"formed")
                 tasks.cancel_scope.cancel()
-        assert (await nc.jetstream().stream_info("TXN_HALF")).config.num_replicas == 3
+        assert (await nc.jetstream().stream_info(layout.half_stream(0))).config.num_replicas == 3
     finally:
         await nc.close()
         await cluster.stop()

@@ -161,8 +161,8 @@ async def test_recovery_reads_a_stream_only_once_it_is_current(private_nc: Clien
     assert rebuilding.asked == 4, "asked until it was current"
     assert found.halves == 1 and table.show("rebuilt") is not None
     waits = [e["why"] for e in logs if e["event"] == "stream_not_current_yet"]
-    assert waits[1:] == ["stream TXN_HALF_0 has no leader", "stream TXN_HALF_0: n3 not current"]
-    assert waits[0].startswith("stream TXN_HALF_0 does not answer")
+    assert waits[1:] == ["stream TXN_LOG_0 has no leader", "stream TXN_HALF_0: n3 not current"]
+    assert waits[0].startswith("stream TXN_LOG_0 does not answer")
 
 
 class ShortRead:
@@ -211,7 +211,7 @@ async def test_a_stream_never_current_is_read_after_the_deadline(private_nc: Cli
             )
     assert not current
     [gave_up] = [e for e in logs if e["event"] == "stream_not_current_read_anyway"]
-    assert gave_up["why"] == "stream TXN_HALF_0 has no leader"
+    assert gave_up["why"] == "stream TXN_LOG_0 has no leader"
 
 
 async def test_a_half_that_appears_after_recovery_is_checked_back(private_nc: Client) -> None:

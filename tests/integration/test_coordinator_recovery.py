@@ -117,7 +117,7 @@ async def test_garbage_in_the_coordinators_own_streams_is_quarantined_not_fatal(
             assert ended.state == "committed"
     assert recovered(logs)["halves_read"] == 3
     quarantined = [e for e in logs if e["event"] == "record_quarantined"]
-    assert sorted(e["stream"] for e in quarantined) == ["TXN_HALF_0"] * 3 + ["TXN_OP_0"]
+    assert sorted(e["stream"] for e in quarantined) == ["TXN_LOG_0"] * 4
     copies = [
         m async for m in read_subject(js, layout.DISCARD_STREAM, layout.quarantine_subject(), 1)
     ]
@@ -128,7 +128,7 @@ async def test_garbage_in_the_coordinators_own_streams_is_quarantined_not_fatal(
     for copy in copies:
         headers = copy.headers or {}
         assert headers[layout.QUARANTINE_REASON_HEADER].startswith("unreadable in recovery")
-        assert headers[layout.ORIGIN_STREAM_HEADER] in ("TXN_HALF_0", "TXN_OP_0")
+        assert headers[layout.ORIGIN_STREAM_HEADER] == "TXN_LOG_0"
 
     # A second restart copies nothing twice (the copies are deduplicated by stream and seq).
     async with run_coordinator(private_nc, options=OPTIONS):

@@ -162,7 +162,7 @@ async def test_replicas_reach_every_stream_the_coordinator_and_consumer_declare(
         receipt = await client.prepare("t1", message())
         await client.end("t1", receipt.token, Decision.COMMIT)
     js = private_nc.jetstream()
-    for stream in ("TXN_HALF_0", "TXN_OP_0", "TXN_DISCARD", "KV_TXN_CHECKPOINT", "KV_TXN_LEASE"):
+    for stream in ("TXN_LOG_0", "TXN_DISCARD", "KV_TXN_CHECKPOINT", "KV_TXN_LEASE"):
         assert (await js.stream_info(stream)).config.num_replicas == 1
     assert (await js.stream_info("TOPIC_orders")).config.num_replicas == 1
     with pytest.raises(nats.js.errors.NotFoundError):

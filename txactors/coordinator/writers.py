@@ -2,8 +2,8 @@
 discards for everyone.
 
 Each partition's log stands alone (`partition/streams.py`), so its writers do too
-(`PartitionWriters`): its halves' `PipelinedWriter` to TXN_HALF_<p>, its `OpWriter` to
-TXN_OP_<p>, its follower's look at TXN_HALF_<p>'s end. A stream electing a leader then holds
+(`PartitionWriters`): its halves' `PipelinedWriter` and its `OpWriter`, both to TXN_LOG_<p>,
+and its follower's look at the log's end. A stream electing a leader then holds
 up only its own partition: a writer shared by several streams gives up every pending ack on
 a fault and settles its jobs in order, so one stream's outage would stall the others' writes.
 A partition's writers are made when it is first taken and live as long as the process, so a
@@ -54,7 +54,7 @@ class PartitionWriters:
     halves: PipelinedWriter
     ops: OpWriter
     half_end: HalfEnd
-    """Where the partition's late-halves follower waits for TXN_HALF_<p> to grow."""
+    """Where the partition's late-halves follower waits for TXN_LOG_<p> to grow."""
 
 
 class SharedWriters:

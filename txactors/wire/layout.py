@@ -18,7 +18,7 @@ from txactors.errors import ConfigError
 
 LEGACY_HALF_STREAM: Final = "TXN_HALF"
 LEGACY_OP_STREAM: Final = "TXN_OP"
-"""The one-stream layout of 0.2 and before: every partition's halves (op records) in one
+"""The shared layout of 0.2 and before: every partition's halves (op records) in one
 stream. A coordinator upgrading a deployment finishes what they hold (`partition/upgrade.py`)
 and writes only the per-partition streams."""
 DISCARD_STREAM: Final = "TXN_DISCARD"
@@ -59,20 +59,26 @@ def pull_subject(stream: str, consumer: str) -> str:
     return f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
 
 
+def log_stream(partition: int) -> str:
+    """The stream of `partition`'s log: its half messages (`half_subject`) and its op records
+    (`op_subject`). Each partition's log stands alone (its own raft group on a cluster, its
+    leader on any node), so a node loss pauses only the partitions whose logs it led."""
+    return f"TXN_LOG_{partition}"
+
+
 def half_stream(partition: int) -> str:
-    """The stream of `partition`'s half messages: each partition's log stands alone (its own
-    raft group on a cluster, its leader on any node), so a node loss pauses only the
-    partitions whose streams it led."""
-    return f"TXN_HALF_{partition}"
+    """The stream holding `partition`'s half messages: its log."""
+    return log_stream(partition)
 
 
 def op_stream(partition: int) -> str:
-    """The stream of `partition`'s op records (see `half_stream`)."""
-    return f"TXN_OP_{partition}"
+    """The stream holding `partition`'s op records: its log."""
+    return log_stream(partition)
 
 
 class LogStreams(NamedTuple):
-    """The two streams holding a partition's log: its halves, and its op records."""
+    """The streams holding a partition's halves and its op records: one, its log (two in the
+    shared layout of 0.2, where every partition shared them)."""
 
     half: str
     op: str

@@ -203,7 +203,7 @@ class PartitionCoordinator(Actor):
             half_retention=self.table.config.half_retention,
             replicas=self.options.replicas,
         )
-        if self._legacy is not None:  # upgrading from the one-stream layout
+        if self._legacy is not None:  # upgrading from the shared layout
             await self._legacy.carry_over(self.partition)
         checkpoint = await retry_transient(load_checkpoint, self.checkpoints, self.partition)
         recovered = await recover(

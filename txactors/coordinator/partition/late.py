@@ -1,4 +1,4 @@
-"""Halves that show up after recovery read TXN_HALF_<p>: found, and handed to the partition.
+"""Halves that show up after recovery read TXN_LOG_<p>: found, and handed to the partition.
 
 Recovery reads a stream once it is current, but a half can still appear later than that: a
 node rebuilt from its raft log serving a read before it caught up, a predecessor's write
@@ -60,7 +60,7 @@ log = get_logger(__name__)
 
 
 class HalfEnd:
-    """TXN_HALF_<p>'s last sequence, looked at while a follower waits for it: every
+    """TXN_LOG_<p>'s last sequence, looked at while a follower waits for it: every
     `FOLLOW_TICKS` ticks while it grows, less often while it does not (down to `IDLE_LOOK`)."""
 
     def __init__(self, js: JetStreamContext, partition: int, *, tick: float) -> None:
@@ -132,7 +132,7 @@ class LateHalves:
 
     @property
     def next_seq(self) -> int:
-        """The first TXN_HALF_<p> sequence not looked at yet."""
+        """The first TXN_LOG_<p> sequence not looked at yet."""
         return self._next
 
     def own(self, seqs: Iterable[int], op_floor: int) -> None:

@@ -1,4 +1,4 @@
-"""`OpWriter`: group-committed, fenced appends to a partition's TXN_OP_<p>.
+"""`OpWriter`: group-committed, fenced appends to a partition's TXN_LOG_<p>.
 
 A partition appends to its op subject through its `OpLog`. Each partition has an `OpWriter`
 of its own (`coordinator/writers.py`): its stream stands alone, so a stream electing a leader
@@ -318,7 +318,7 @@ class OpWriter:
                 level("op_append_refused", subject=chunk[0].log.subject, error=describe(error))
             except (*LINK_TROUBLE, WriteNotAcked) as error:
                 log.warning("op_append_retry", subject=chunk[0].log.subject, error=describe(error))
-                # No stream took the write (no responders: TXN_OP_<p> electing a leader), so
+                # No stream took the write (no responders: TXN_LOG_<p> electing a leader), so
                 # nothing landed; otherwise its ack may be what was lost.
                 nothing = isinstance(error, nats.js.errors.NoStreamResponseError)
                 if not nothing and await self._landed(chunk):

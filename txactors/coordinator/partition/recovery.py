@@ -1,4 +1,5 @@
-"""Rebuilding a partition's table on start: TXN_HALF_<p>, then TXN_OP_<p>, from the checkpoint.
+"""Rebuilding a partition's table on start: its log's halves, then its op records, from the
+checkpoint (TXN_LOG_<p>).
 
 Reads only from the checkpointed offsets, so the cost follows what was still open at the
 last checkpoint, not the whole history (RocketMQ keeps the same two consume offsets).
@@ -173,7 +174,7 @@ async def recover(
     streams: layout.LogStreams | None = None,
 ) -> Recovered:
     """Replay into a fresh `table`, each stream once it is current: the partition's own
-    (`streams`: others, e.g. the one-stream layout's when upgrading).
+    (`streams`: others, e.g. the shared layout's when upgrading).
 
     `remember` sees every replayed half (the actor keeps the bodies of open transactions).
     The caller then takes the op fence with `take_fence` (which may replay more op records),

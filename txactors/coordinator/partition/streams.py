@@ -1,14 +1,18 @@
-"""The coordinator's streams (DESIGN §4). Each partition's log stands alone: its halves in
-`TXN_HALF_<p>` (halves.py, packs.py), its op records in `TXN_OP_<p>` (checkpoints.py), both
-file-backed (a decision is durable when JetStream acknowledged it), declared by the
-coordinator that takes the partition (`ensure_partition_streams`). On a cluster each is a raft
-group of its own with its leader on any node, so a node loss pauses only the partitions whose
-streams it led, and the writes of many partitions go to many leaders. What every partition
-shares is declared once per process (`ensure_streams`): TXN_DISCARD and the checkpoint bucket.
+"""The coordinator's streams (DESIGN §4). Each partition's log stands alone: its halves
+(`txn.half.<p>`: halves.py, packs.py) and its op records (`txn.op.<p>`: checkpoints.py) in
+one stream of its own, `TXN_LOG_<p>`, file-backed (a decision is durable when JetStream
+acknowledged it), declared by the coordinator that takes the partition
+(`ensure_partition_streams`). On a cluster each log is a raft group of its own with its
+leader on any node, so a node loss pauses only the partitions whose logs it led, and the
+writes of many partitions go to many leaders. What every partition shares is declared once
+per process (`ensure_streams`): TXN_DISCARD and the checkpoint bucket.
 
-Halves and op records are on two streams rather than one: a half's write and a decision's
-write of the same partition then go to disk side by side instead of one behind the other, and
-the follower of late halves (late.py) wakes only when halves were written.
+One stream per partition, not one for its halves and one for its op records: a partition
+serves only while both have a leader, and two streams elect theirs apart, so a node loss
+would pause every partition that had either led there (up to twice as many) and a cluster
+would run twice as many raft groups. Readers filter by subject, and every sequence the
+partition keeps (checkpoint, op floor, fence) is a position in the one stream, so nothing
+else changes: the two subjects' records interleave, each read skips the other's.
 """
 
 from __future__ import annotations
@@ -66,30 +70,16 @@ async def ensure_partition_streams(
     replicas: int = 1,
     deadline: float = DECLARE_DEADLINE,
 ) -> None:
-    """Create (or widen) `partition`'s TXN_HALF_<p> and TXN_OP_<p>."""
-    retention = log_retention(half_retention)
+    """Create (or widen) `partition`'s log, TXN_LOG_<p>."""
     await declare_stream(
         js,
         StreamConfig(
-            name=layout.half_stream(partition),
-            subjects=[layout.half_subject(partition)],
-            max_age=retention,
+            name=layout.log_stream(partition),
+            subjects=[layout.half_subject(partition), layout.op_subject(partition)],
+            max_age=log_retention(half_retention),
             duplicate_window=DEDUPE_WINDOW,
             allow_direct=True,
-            allow_atomic=True,  # halves queued meanwhile are written as one batch
-            storage=StorageType.FILE,
-            num_replicas=replicas,
-        ),
-        deadline=deadline,
-    )
-    await declare_stream(
-        js,
-        StreamConfig(
-            name=layout.op_stream(partition),
-            subjects=[layout.op_subject(partition)],
-            max_age=retention,
-            duplicate_window=DEDUPE_WINDOW,
-            allow_atomic=True,  # many op records of a moment in one write
+            allow_atomic=True,  # halves (op records) queued meanwhile are written as one batch
             storage=StorageType.FILE,
             num_replicas=replicas,
         ),

@@ -1,6 +1,6 @@
-"""Upgrading from the one-stream layout (0.2): every partition's log in TXN_HALF and TXN_OP.
+"""Upgrading from the shared layout (0.2): every partition's log in TXN_HALF and TXN_OP.
 
-The per-partition streams take the same subjects (`txn.half.<p>`, `txn.op.<p>`), which
+The per-partition logs (TXN_LOG_<p>) take the same subjects (`txn.half.<p>`, `txn.op.<p>`), which
 JetStream lets only one stream hold. So a coordinator that finds the old streams first moves
 them off those subjects (`LegacyLog.find`: their messages stay, readable by their stored
 subjects), and each partition, before its first recovery on the new layout, finishes what the
@@ -68,7 +68,7 @@ def upgraded_key(partition: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class LegacyLog:
-    """The one-stream layout's streams, found in this deployment (see the module docstring)."""
+    """The shared layout's streams, found in this deployment (see the module docstring)."""
 
     js: JetStreamContext
     checkpoints: KeyValue
@@ -100,8 +100,8 @@ class LegacyLog:
             if (await retry_transient(self.checkpoints.get, marker)).value:
                 return
         js = self.js
-        for stream in layout.LogStreams.of(partition):  # an interrupted carry-over's writes
-            await retry_transient(js.purge_stream, stream)
+        # an interrupted carry-over's writes
+        await retry_transient(js.purge_stream, layout.log_stream(partition))
         checkpoint = await retry_transient(load_checkpoint, self.checkpoints, partition)
         table = TransactionTable(self.config)
         kept: dict[str, dict[int, StoredHalf]] = {}
