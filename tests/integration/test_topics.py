@@ -92,13 +92,14 @@ async def test_the_coordinator_streams_are_declared_by_the_same_rules(private_nc
     """TXN_* go through `declare_stream` too: widened, never narrowed, storage checked."""
     js = private_nc.jetstream()
     await js.add_stream(
-        name=layout.half_stream(0), subjects=[layout.half_subject(0)], duplicate_window=10.0
+        name=layout.log_stream(0), subjects=[layout.half_subject(0)], duplicate_window=10.0
     )
     await js.add_stream(
-        name=layout.op_stream(0), subjects=[layout.op_subject(0)], storage=StorageType.MEMORY
+        name=layout.log_stream(1), subjects=[layout.half_subject(1)], storage=StorageType.MEMORY
     )
     with pytest.raises(ConfigError, match="memory storage"):
-        await ensure_log_streams(js, half_retention=3600.0)
-    half = (await js.stream_info(layout.half_stream(0))).config
-    assert half.duplicate_window == DEDUPE_WINDOW
-    assert half.allow_atomic
+        await ensure_log_streams(js, half_retention=3600.0, partitions=(0, 1))
+    log = (await js.stream_info(layout.log_stream(0))).config
+    assert log.duplicate_window == DEDUPE_WINDOW
+    assert log.allow_atomic
+    assert log.subjects == [layout.half_subject(0), layout.op_subject(0)], "widened"
