@@ -41,8 +41,10 @@ from txactors.wire.protocol import (
     PrepareBatch,
     PreparedBatch,
     PrepareItem,
+    ShowTransaction,
     encode,
 )
+from txactors.wire.rules import CoordinatorConfig
 
 UNAVAILABLE = msgspec.json.encode(
     {
@@ -165,7 +167,7 @@ async def test_a_batch_during_a_write_outage_tells_each_item_when_to_come_back(
     assert isinstance(bad, Error) and bad.code == ErrorCode.BAD_REQUEST
     for refused in (first, last):
         assert isinstance(refused, Error) and refused.code == ErrorCode.INTERNAL
-        assert "TXN_HALF" in refused.message
+        assert "TXN_LOG_0" in refused.message
         assert refused.retry_after is not None and 0 < refused.retry_after < math.inf
 
 
@@ -190,7 +192,7 @@ async def test_a_prepare_during_a_write_outage_is_told_when_to_come_back(
                 unavailable(private_nc, layout.half_stream(0), layout.half_subject(0)),
                 anyio.create_task_group() as tasks,
             ):
-                # The first prepare finds the outage; it waits in the halves' writer.
+                # The first prepare finds the outage (told at once to come back, see below).
                 tasks.start_soon(stuck)
 
                 async def troubled() -> bool:
@@ -200,7 +202,7 @@ async def test_a_prepare_during_a_write_outage_is_told_when_to_come_back(
                 with pytest.raises(CommandError) as caught:
                     await client.prepare("refused", message())
                 refused = caught.value
-                assert refused.code == ErrorCode.INTERNAL and "TXN_HALF" in refused.message
+                assert refused.code == ErrorCode.INTERNAL and "TXN_LOG_0" in refused.message
                 assert refused.retry_after is not None
                 assert 0 < refused.retry_after < math.inf
 
@@ -294,3 +296,39 @@ async def test_a_restarted_partition_ignores_what_its_previous_incarnation_compl
         assert cell._instance is new and ref.is_alive
         assert len(private_nc._subs) <= subscriptions, "the old writers' ack inboxes are gone"
         assert [e["event"] for e in logs].count("actor_message_failed") == 1, "no crash loop"
+
+
+async def test_a_first_prepare_waiting_for_its_halves_is_told_to_come_back_when_the_log_stalls(
+    private_nc: Client,
+) -> None:
+    """A prepare already in the log's writer when the stream stops answering is answered
+    at once with a retry-after, not left to the producer's timeout: its producer moves on to
+    another partition. Its halves land once the stream is back, and the check-back rolls
+    the transaction back (its producer never went on with it)."""
+    config = CoordinatorConfig(transaction_timeout=0.5, check_interval=0.2)
+    async with run_coordinator(private_nc, config=config):
+        client = CoordinatorClient(private_nc)
+        await client.prepare("warm-up", message())
+
+        async def rollback(view: CheckView) -> Decision:
+            return Decision.ROLLBACK
+
+        async with TransactionProducer(private_nc, group="g", checker=rollback):
+            async with unavailable(private_nc, layout.log_stream(0), layout.half_subject(0)):
+                started = time.monotonic()
+                with pytest.raises(CommandError) as caught:
+                    await client.prepare("waiting", message())
+                assert time.monotonic() - started < 4.0, "not the producer's timeout"
+                assert caught.value.code == ErrorCode.INTERNAL
+                assert caught.value.retry_after is not None
+
+            async def where() -> str:
+                try:
+                    show = ShowTransaction(txid="waiting", version=PROTOCOL_VERSION)
+                    shown = await client.admin(show)
+                except CommandError as gone:
+                    return gone.message
+                return str(shown.state)
+
+            await eventually(where, until=lambda s: "rolled_back" in s, what="halves rolled back")
+        assert "waiting:0" not in await topic_ids(private_nc, "orders")

@@ -180,8 +180,21 @@ class PipelinedWriter:
         """A write failed to go out: nothing more is issued until the collector re-issues."""
         self.trouble: str | None = None
         """Why the oldest job waits for a retry (None: writes are going through)."""
+        self._troubled = anyio.Event()
+        """Set while in `trouble`: what waits for the next fault wakes when it begins."""
+        self._clear = anyio.Event()
+        self._clear.set()
+        """Set while not in `trouble`."""
         self.retry_after = RETRY_INITIAL
         """The wait before the next retry while in `trouble`: a hint for producers."""
+
+    async def troubled(self) -> None:
+        """Return once the writer is in `trouble` (at once if it is now)."""
+        await self._troubled.wait()
+
+    async def cleared(self) -> None:
+        """Return once the writer is out of `trouble` (at once if it is now)."""
+        await self._clear.wait()
 
     def submit(
         self,
@@ -247,12 +260,18 @@ class PipelinedWriter:
                 for slot in job.slots:
                     await self._settle(slot)
             except WriteNotAcked as trouble:
+                if self.trouble is None:
+                    self._troubled.set()
+                    self._clear = anyio.Event()
                 self.trouble, self.retry_after = str(trouble), delay
                 await self._reissue(str(trouble), delay)
                 delay = backoff(delay)
                 continue
             delay = RETRY_INITIAL
-            self.trouble = None
+            if self.trouble is not None:
+                self.trouble = None
+                self._troubled = anyio.Event()
+                self._clear.set()
             self._jobs.popleft()
             await job.report([slot.ack for slot in job.slots])
 
@@ -486,6 +505,14 @@ class PartitionWriter:
     @property
     def retry_after(self) -> float:
         return self._writer.retry_after
+
+    async def troubled(self) -> None:
+        """Return once the stream's writes are in `trouble` (at once if they are now)."""
+        await self._writer.troubled()
+
+    async def cleared(self) -> None:
+        """Return once the stream's writes go through again (at once if they do now)."""
+        await self._writer.cleared()
 
     def submit(self, appends: list[Append], report: Report) -> None:
         """`PipelinedWriter.submit`, with a report that raises failing this partition only."""

@@ -171,6 +171,8 @@ class PartitionCoordinator(Actor):
             partition, on_error=metrics.oneway(partition) if metrics else None
         )
         self._prepares = PreparesInFlight()
+        self._waiting: set[_Preparing] = set()
+        """First prepares whose halves were submitted and are not written yet."""
         self._halves = PartitionWriter(self._own.halves, self._quarantine, self._failed)
         self._discards = PartitionWriter(writers.discards, self._quarantine, self._failed)
         self._publisher = Publisher(
@@ -241,6 +243,7 @@ class PartitionCoordinator(Actor):
         )
         self._apply(self.table.finish_recovery(self.clock()))
         self.start_task(self._late.run)  # what it finds is live input: after recovery
+        self.start_task(self._give_up_waiting)
         await self._answers.flush()
 
     def _new_checker(self) -> Checker:
@@ -546,6 +549,7 @@ class PartitionCoordinator(Actor):
             counts = [count for _, count in packs]
             stored = functools.partial(self._halves_appended, self._epoch, admitted, counts)
             self._halves.submit([append for append, _ in packs], stored)
+            self._waiting.update(p for p in admitted if p.prepare.token is None)
 
     def _admissible(self, preparing: _Preparing, *, born: float | None = None) -> bool:
         """Whether the table (and the prepares in flight) admit it; if not, its refusal is
@@ -560,13 +564,35 @@ class PartitionCoordinator(Actor):
             preparing.halves = self._prepares.start(self.table, prepare, digest, born)
         return True
 
+    async def _give_up_waiting(self) -> None:
+        """Each time the log's writes run into trouble (its stream electing a leader, the
+        connection lost), tell the producers whose first prepare of a transaction waits for
+        its halves to come back later, as `_halves_trouble` tells those arriving meanwhile:
+        waiting, they would hold a worker for the whole outage; told at once, they move on
+        to another partition (`producer/sticky.py`). Their halves may still land: such a
+        transaction is one its producer never went on with, and the check-back rolls it
+        back, as after a prepare that timed out."""
+        while True:
+            await self._halves.troubled()
+            waiting = [p for p in self._waiting if not p.answered]
+            self._waiting.clear()
+            if waiting:
+                problem = f"{self._streams.half} cannot be written now ({self._halves.trouble})"
+                retry_after = min(max(self._halves.retry_after, MIN_RETRY_AFTER), RETRY_MAX)
+                for p in waiting:
+                    p.answered = True
+                    self._answers.send(p.request, Error(ErrorCode.INTERNAL, problem, retry_after))
+                await self._answers.flush()
+                log.info("prepares_told_to_come_back", partition=self.partition, count=len(waiting))
+            await self._halves.cleared()
+
     def _halves_trouble(self, prepares: list[_Preparing]) -> bool:
         """While TXN_HALF cannot be written, answer the prepares at once with a retry-after:
         queued, they would wait out the outage and the producer's timeout; told to come
         back, the producer neither wonders whether its halves were stored nor hammers."""
         if self._halves.trouble is None:
             return False
-        problem = f"TXN_HALF cannot be written now ({self._halves.trouble}); try again"
+        problem = f"{self._streams.half} cannot be written now ({self._halves.trouble}); try again"
         retry_after = min(max(self._halves.retry_after, MIN_RETRY_AFTER), RETRY_MAX)
         for p in prepares:
             self._answers.send(p.request, Error(ErrorCode.INTERNAL, problem, retry_after))
@@ -583,6 +609,7 @@ class PartitionCoordinator(Actor):
         order; an ack is None for a pack refused for good): each half has its pack's ack."""
         if self._stale(epoch, "halves"):
             return  # the producers' prepares time out; the check-back settles their halves
+        self._waiting.difference_update(prepares)
         if self._late is not None:
             # Taken in by the table just below, their transactions get this floor there too.
             self._late.own((ack.seq for ack in acks if ack is not None), self.table.op_floor())
@@ -593,6 +620,17 @@ class PartitionCoordinator(Actor):
             own_acks = half_acks[offset : offset + len(p.halves)]
             offset += len(p.halves)
             stored, refused = self._prepares.finish(p.prepare, p.digest, p.halves, own_acks)
+            if p.answered:  # its producer went on: the check-back settles what landed
+                if stored:
+                    for half in stored:
+                        self._publisher.keep(half)
+                    events.append(halves_stored(stored))
+                if refused:
+                    if events:
+                        self._step(*events)
+                        events.clear()
+                    self._step(HalvesRefused(txid=p.prepare.txid, token=p.digest))
+                continue
             if refused:
                 if events:  # the table sees halves in TXN_HALF order
                     self._step(*events)
@@ -663,7 +701,7 @@ _REQUESTS = (HalvesStored, End, OperatorDecided)
 class _Preparing:
     """A prepare on its way to TXN_HALF: its request, token, and halves once admitted."""
 
-    __slots__ = ("digest", "halves", "prepare", "request", "token")
+    __slots__ = ("answered", "digest", "halves", "prepare", "request", "token")
 
     def __init__(self, request: Request, fresh: Iterator[str]) -> None:
         """`fresh`: new tokens, one taken if the prepare begins its transaction."""
@@ -672,6 +710,8 @@ class _Preparing:
         self.token = self.prepare.token or next(fresh)
         self.digest = tokens.digest(self.token)
         self.halves: list[StoredHalf] = []
+        self.answered = False
+        """Told to come back while its halves were still being written (`_give_up_waiting`)."""
 
 
 def _ended(txid: str, state: str) -> Ended:
