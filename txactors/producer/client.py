@@ -222,12 +222,12 @@ class CoordinatorClient:
             try:
                 reply: Prepared = await self._link(partition).prepare.ask(item, self._timeout)
             except CommandError as error:
-                if error.retry_after is not None:
-                    self._avoid(partition)
-                    if retries > 0:
-                        retries -= 1
-                        await self._pause(error.retry_after, "prepare_retry", code=error.code)
-                        continue
+                if error.retry_after is not None or error.code == ErrorCode.TIMEOUT:
+                    self._avoid(partition)  # slow or stalled: new transactions go elsewhere
+                if error.retry_after is not None and retries > 0:
+                    retries -= 1
+                    await self._pause(error.retry_after, "prepare_retry", code=error.code)
+                    continue
                 log.warning("prepare_refused", code=error.code, reason=error.message)
                 raise PrepareFailed(
                     f"the coordinator refused the prepare of {txid}: {error}",

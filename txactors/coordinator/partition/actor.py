@@ -566,22 +566,26 @@ class PartitionCoordinator(Actor):
 
     async def _give_up_waiting(self) -> None:
         """Each time the log's writes run into trouble (its stream electing a leader, the
-        connection lost), tell the producers whose first prepare of a transaction waits for
-        its halves to come back later, as `_halves_trouble` tells those arriving meanwhile:
-        waiting, they would hold a worker for the whole outage; told at once, they move on
-        to another partition (`producer/sticky.py`). Their halves may still land: such a
-        transaction is one its producer never went on with, and the check-back rolls it
-        back, as after a prepare that timed out."""
+        connection lost), answer the first prepares of a transaction waiting for their halves
+        with `timeout`: waiting, they would hold a worker for the whole outage; answered at
+        once, their producers move on to another partition (`producer/sticky.py`). Unlike
+        the retry-after `_halves_trouble` gives those arriving meanwhile, this says nothing
+        of whether the halves were stored: they may still land (docs/protocol.md, "What to
+        retry": start again under a new txid), and the check-back rolls such a transaction
+        back, as after a prepare that timed out at the producer."""
         while True:
             await self._halves.troubled()
             waiting = [p for p in self._waiting if not p.answered]
             self._waiting.clear()
             if waiting:
-                problem = f"{self._streams.half} cannot be written now ({self._halves.trouble})"
-                retry_after = min(max(self._halves.retry_after, MIN_RETRY_AFTER), RETRY_MAX)
+                problem = (
+                    f"{self._streams.half} stopped answering ({self._halves.trouble}) before "
+                    "the halves were confirmed; they may still be stored: start again under "
+                    "a new txid"
+                )
                 for p in waiting:
                     p.answered = True
-                    self._answers.send(p.request, Error(ErrorCode.INTERNAL, problem, retry_after))
+                    self._answers.send(p.request, Error(ErrorCode.TIMEOUT, problem))
                 await self._answers.flush()
                 log.info("prepares_told_to_come_back", partition=self.partition, count=len(waiting))
             await self._halves.cleared()
