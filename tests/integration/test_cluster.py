@@ -108,6 +108,26 @@ async def test_every_stream_and_the_durable_consumer_have_three_replicas(
         await nc.close()
 
 
+async def test_a_consumer_told_no_replica_count_keeps_its_dead_letters_as_its_topic(
+    nats_cluster: EmbeddedNatsCluster,
+) -> None:
+    """The topic's stream has the coordinator's three copies: a consumer group's dead
+    letters get as many, though its consumer was not told a count."""
+    nc = await connect(nats_cluster.url_list)
+    try:
+        await ensure_topic_stream(nc.jetstream(), "orders", replicas=3)
+
+        async def handle(message: ConsumedMessage) -> None:
+            pass
+
+        async with Consumer(nc, "orders", "untold", handle):
+            info = await nc.jetstream().stream_info(layout.dlq_stream("untold"))
+        assert info.config.num_replicas == 3
+        assert_three_copies(layout.dlq_stream("untold"), info.cluster)
+    finally:
+        await nc.close()
+
+
 async def test_a_killed_node_restarts_and_catches_up_while_the_cluster_serves(
     nats_cluster: EmbeddedNatsCluster,
 ) -> None:

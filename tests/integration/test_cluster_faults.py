@@ -22,7 +22,15 @@ import pytest
 import pytest_asyncio
 
 from tests.support.cluster import longest_election
-from tests.support.load_rig import LEASE_TTL, TOPICS, LoadRig, Verdict
+from tests.support.coordinator_process import CoordinatorProcess
+from tests.support.load_rig import (
+    COORDINATOR_ARGS,
+    LEASE_TTL,
+    PARTITIONS,
+    TOPICS,
+    LoadRig,
+    Verdict,
+)
 from txactors.embedded.cluster import EmbeddedNatsCluster
 from txactors.wire import layout
 
@@ -179,3 +187,25 @@ async def test_the_whole_cluster_and_its_coordinators_lose_power_together(
     verdict = await rig.verdict()
     report(capsys, f"whole cluster restarted x{POWER_CUTS}", verdict, first)
     assert not verdict.problems, "\n".join(verdict.problems[:30])
+
+
+async def test_a_rolling_restart_of_the_coordinators(
+    rig: LoadRig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each coordinator in turn is replaced as an orchestrator does it: a new one joins and
+    takes its share, then the old one leaves by SIGTERM, giving its leases back (no fault at
+    all: nothing may be lost, and the load goes on)."""
+    await both_coordinators_hold_partitions(rig)
+    await rig.commits_after(0, WARM_UP)
+    started = time.time()
+    for old in list(rig.coordinators):
+        logs = rig.work / f"coordinator{len(rig.coordinators)}"
+        logs.mkdir(exist_ok=True)
+        new = CoordinatorProcess(
+            rig.cluster.urls, logs, partitions=PARTITIONS, extra_args=COORDINATOR_ARGS
+        )
+        rig.coordinators.append(new)
+        await new.start(60.0)
+        assert await old.terminate(), "the old coordinator left on SIGTERM"
+        await rig.commits_after(time.time(), AFTER_RESTART)
+    await check(rig, capsys, "rolling restart", started)

@@ -248,7 +248,12 @@ class Consumer:
         if self._declare_streams:
             # The durable consumer inherits its stream's replicas.
             self._stream = await ensure_topic_stream(js, self.topic, replicas=self._replicas)
-            await ensure_dlq_stream(js, self.group, replicas=self._replicas)
+            # Dead letters are kept as well as the messages they stand for: as many copies as
+            # the topic's stream has (a coordinator made it with its `--replicas`), even when
+            # this consumer was not told a count.
+            topic_replicas = (await js.stream_info(self._stream)).config.num_replicas or 1
+            replicas = max(self._replicas, topic_replicas)
+            await ensure_dlq_stream(js, self.group, replicas=replicas)
         else:
             self._stream = await wait_for_stream(js, topic_stream(self.topic))
             await wait_for_stream(js, dlq_stream(self.group))
