@@ -48,6 +48,7 @@ from txactors.producer.inbox import Inbox
 from txactors.producer.inflight import InFlight
 from txactors.producer.link import DEFAULT_MAX_ITEMS, OnewayLink, PartitionLink
 from txactors.producer.outcomes import UnconfirmedOutcomes
+from txactors.producer.resend import ResendTimer
 from txactors.producer.sticky import StickyPartitions, random_txid, txid_in
 from txactors.producer.verbs import EndVerb, PrepareVerb
 from txactors.wire.layout import end_subject, partition_of, prepare_subject
@@ -69,6 +70,9 @@ _UNREACHABLE = (AskTimeout, ActorDeadError, nats.errors.Error, OSError)
 #: Error codes that say the coordinator may not have applied the end; retrying (or the
 #: check-back) can still settle it. Every other code is a definite refusal.
 _RETRYABLE_CODES = frozenset({ErrorCode.INTERNAL, ErrorCode.TIMEOUT})
+
+_FIRST_ARRIVED = frozenset({ErrorCode.CONFLICT})
+"""A first prepare sent again is refused so when the first one arrived."""
 
 END_RESENDS = 2
 """Times an acknowledged end that nobody received (a partition between two owners) is sent
@@ -143,6 +147,7 @@ class CoordinatorClient:
         self._max_items = max_items
         self._clock = clock
         """What the links' dialects time their relearning by (`Dialect`)."""
+        self._resend = ResendTimer()
         self._verb = PrepareVerb(group, instance)
         self._inbox = Inbox(nc)
         self._count = 0
@@ -218,9 +223,16 @@ class CoordinatorClient:
             ) from error
         item = PrepareItem(txid=txid, messages=messages, token=token)
         retries = self._prepare_retries
+        # The first prepare of a transaction may go again: a second one is refused `conflict`
+        # if the first arrived (then its own answer counts). A later one would store twice.
+        resend_after = self._resend.after(self._timeout) if token is None else None
         while True:
             try:
-                reply: Prepared = await self._link(partition).prepare.ask(item, self._timeout)
+                sent = time.monotonic()
+                reply: Prepared = await self._link(partition).prepare.ask(
+                    item, self._timeout, resend_after=resend_after, keep_waiting_on=_FIRST_ARRIVED
+                )
+                self._resend.observe(time.monotonic() - sent)
             except CommandError as error:
                 if error.retry_after is not None or error.code == ErrorCode.TIMEOUT:
                     self._avoid(partition)  # slow or stalled: new transactions go elsewhere
@@ -265,7 +277,11 @@ class CoordinatorClient:
         resends = END_RESENDS
         while True:
             try:
-                reply: Ended = await self._link(partition).end.ask(item, self._timeout)
+                sent = time.monotonic()
+                reply: Ended = await self._link(partition).end.ask(
+                    item, self._timeout, resend_after=self._resend.after(self._timeout)
+                )
+                self._resend.observe(time.monotonic() - sent)
             except CommandError as error:
                 if error.code not in _RETRYABLE_CODES:
                     log.error(

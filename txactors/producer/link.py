@@ -21,6 +21,15 @@ A caller that gives up (cancelled, timed out) while its item is queued takes the
 it is never sent; after it was sent, its answer is dropped, and once every caller of a
 request gave up, that request no longer holds the window.
 
+A caller may ask for its item to go again (`resend_after`) when no answer came that soon, far
+sooner than its timeout: a request or its reply is lost with the connection of the
+coordinator it was on its way to (a node killed, cut off), and waiting out the timeout would
+hold the caller seconds after the coordinator reconnected. The copy goes at once, alone and
+outside the rounds (the window may be held by the very request that was lost); the caller
+takes the first answer of either, except an answer of the copy's that says only that the
+first one arrived (`keep_waiting_on`: a prepare's `conflict`), after which it waits on for
+the first one's answer until its own deadline. Only idempotent items are sent again.
+
 A command refused whole for what it is executed nothing, so its items go again alone: a
 coordinator that does not serve batches (`unknown_command`) or protocol version 3
 (`unsupported_version`) gets single verbs, in the version it speaks (`Dialect`, shared by the
@@ -47,7 +56,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import Header
 
-from txactors.errors import ActorDeadError, AskTimeout
+from txactors.errors import ActorDeadError, AskTimeout, CommandError
 from txactors.nats.client import notice_trouble
 from txactors.nats.link import NO_RESPONDERS
 from txactors.observe.logs import get_logger
@@ -79,13 +88,16 @@ R = TypeVar("R", Prepared, Ended)
 class _Waiter(Generic[I]):
     """One caller's item, and where its answer goes."""
 
-    __slots__ = ("future", "item", "request")
+    __slots__ = ("deadline", "future", "item", "keep_waiting_on", "request")
 
     def __init__(self, item: I, future: asyncio.Future[Any]) -> None:
         self.item: I = item
         self.future = future
         self.request: _Request | None = None
         """The request that carries it, once sent."""
+        self.deadline = 0.0
+        self.keep_waiting_on: frozenset[str] = frozenset()
+        """Error codes of a copy's answer that leave the caller waiting for the first's."""
 
 
 class _Round:
@@ -176,11 +188,20 @@ class PartitionLink(_Link[I], Generic[I, R]):
         self._inbox = inbox
         self._coalescer: Coalescer[_Waiter[I]] = Coalescer()
         self._deadlines: CallTimeouts[_Waiter[I]] = CallTimeouts(self._expire)
+        self._resends: CallTimeouts[_Waiter[I]] = CallTimeouts(self._resend)
 
-    async def ask(self, item: I, timeout: float) -> R:
+    async def ask(
+        self,
+        item: I,
+        timeout: float,
+        *,
+        resend_after: float | None = None,
+        keep_waiting_on: frozenset[str] = frozenset(),
+    ) -> R:
         """`item`'s answer; raises `CommandError` for its `Error`, `AskTimeout` when none came
         within `timeout` of this call, `ActorDeadError` when nobody serves the subject, or the
-        client's error when the request could not be sent."""
+        client's error when the request could not be sent. With `resend_after`, an item not
+        answered by then goes again (see the module docstring): only for idempotent items."""
         loop = asyncio.get_running_loop()
         waiter: _Waiter[I] = _Waiter(item, loop.create_future())
         deadline = loop.time() + timeout
@@ -202,6 +223,9 @@ class PartitionLink(_Link[I], Generic[I, R]):
         # awaited directly (not through `wait_for`, which wakes the caller a turn later): a
         # caller its answer woke calls again in time to join the round that answer opened.
         self._deadlines.add(loop, deadline, waiter, timeout)
+        if resend_after is not None and resend_after < timeout:
+            waiter.deadline, waiter.keep_waiting_on = deadline, keep_waiting_on
+            self._resends.add(loop, loop.time() + resend_after, waiter, resend_after)
         try:
             if self._coalescer.submit(waiter):
                 self._open_if(True)
@@ -216,6 +240,40 @@ class PartitionLink(_Link[I], Generic[I, R]):
         client's watch, a sign that its server may reach no coordinator."""
         notice_trouble(self._nc)
         waiter.future.set_exception(AskTimeout(f"{self.subject} did not answer within {timeout}s"))
+
+    def _resend(self, waiter: _Waiter[I], after: float) -> None:
+        """No answer to `waiter` within `after` seconds: its item goes again, alone."""
+        loop = waiter.future.get_loop()
+        copy: _Waiter[I] = _Waiter(waiter.item, loop.create_future())
+        self._deadlines.add(loop, waiter.deadline, copy, waiter.deadline - loop.time())
+        log.info("request_sent_again", subject=self.subject, after=round(after, 3))
+
+        def settled(answer: asyncio.Future[Any]) -> None:
+            """The copy's answer, if it is the item's: a result, or the coordinator's refusal
+            of the item itself. Not what only says the copy went nowhere (no answer, nobody
+            serving, not sent) or was not taken now (`retry_after`), nor `keep_waiting_on`:
+            the first one may still have been received, and its own answer or deadline
+            decides."""
+            if answer.cancelled() or waiter.future.done():
+                return
+            error = answer.exception()
+            if error is None:
+                waiter.future.set_result(answer.result())
+            elif (
+                isinstance(error, CommandError)
+                and error.retry_after is None
+                and error.code not in waiter.keep_waiting_on
+            ):
+                waiter.future.set_exception(error)
+
+        def first_settled(_: asyncio.Future[Any]) -> None:
+            if not copy.future.done():
+                self._abandon(copy)
+
+        copy.future.add_done_callback(settled)
+        waiter.future.add_done_callback(first_settled)
+        version = self._dialect.version
+        _spawn(self._tasks, self._issue([copy], None, self._encode([copy], version), version))
 
     async def answered(self, request: _Request, msg: Msg) -> None:
         """`msg` answers `request`: settle its callers, and open a round of what queued
