@@ -232,7 +232,7 @@ class CoordinatorClient:
                 reply: Prepared = await self._link(partition).prepare.ask(
                     item, self._timeout, resend_after=resend_after, keep_waiting_on=_FIRST_ARRIVED
                 )
-                self._resend.observe(time.monotonic() - sent)
+                self._resend.observe(time.monotonic() - sent, resend_after)
             except CommandError as error:
                 if error.retry_after is not None or error.code == ErrorCode.TIMEOUT:
                     self._avoid(partition)  # slow or stalled: new transactions go elsewhere
@@ -277,11 +277,11 @@ class CoordinatorClient:
         resends = END_RESENDS
         while True:
             try:
-                sent = time.monotonic()
+                sent, resend_after = time.monotonic(), self._resend.after(self._timeout)
                 reply: Ended = await self._link(partition).end.ask(
-                    item, self._timeout, resend_after=self._resend.after(self._timeout)
+                    item, self._timeout, resend_after=resend_after
                 )
-                self._resend.observe(time.monotonic() - sent)
+                self._resend.observe(time.monotonic() - sent, resend_after)
             except CommandError as error:
                 if error.code not in _RETRYABLE_CODES:
                     log.error(

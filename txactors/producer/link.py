@@ -88,13 +88,15 @@ R = TypeVar("R", Prepared, Ended)
 class _Waiter(Generic[I]):
     """One caller's item, and where its answer goes."""
 
-    __slots__ = ("deadline", "future", "item", "keep_waiting_on", "request")
+    __slots__ = ("deadline", "future", "item", "keep_waiting_on", "released", "request")
 
     def __init__(self, item: I, future: asyncio.Future[Any]) -> None:
         self.item: I = item
         self.future = future
         self.request: _Request | None = None
         """The request that carries it, once sent."""
+        self.released = False
+        """Nobody waits for its request's answer any more (`_release`, once)."""
         self.deadline = 0.0
         self.keep_waiting_on: frozenset[str] = frozenset()
         """Error codes of a copy's answer that leave the caller waiting for the first's."""
@@ -265,6 +267,9 @@ class PartitionLink(_Link[I], Generic[I, R]):
                 and error.code not in waiter.keep_waiting_on
             ):
                 waiter.future.set_exception(error)
+            else:
+                return
+            self._release(waiter)  # its own request, maybe lost, must not hold the window
 
         def first_settled(_: asyncio.Future[Any]) -> None:
             if not copy.future.done():
@@ -388,6 +393,13 @@ class PartitionLink(_Link[I], Generic[I, R]):
         """Its caller gave up: a queued item is never sent; a request nobody waits for any
         more stops holding the window."""
         waiter.future.cancel()
+        self._release(waiter)
+
+    def _release(self, waiter: _Waiter[I]) -> None:
+        """Nobody waits for `waiter`'s answer any more (given up, or answered by a copy)."""
+        if waiter.released:
+            return
+        waiter.released = True
         request = waiter.request
         if request is None:
             self._coalescer.withdraw(waiter)

@@ -32,8 +32,13 @@ class ResendTimer:
     def __init__(self) -> None:
         self._average = START
 
-    def observe(self, seconds: float) -> None:
-        """An answer came `seconds` after its request was sent."""
+    def observe(self, seconds: float, waited: float | None = None) -> None:
+        """An answer came `seconds` after its request was sent, which went again after
+        `waited` if it had none by then: counted as `waited` at most. A request lost and
+        answered through its copy says nothing of how long answers take; answers all slower
+        than the wait still raise the average, by steps, until it is above them."""
+        if waited is not None:
+            seconds = min(seconds, waited)
         self._average += WEIGHT * (seconds - self._average)
 
     def after(self, timeout: float) -> float:
