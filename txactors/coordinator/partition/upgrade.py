@@ -120,7 +120,13 @@ class LegacyLog:
         )
         carried = 0
         for view in table.transactions():
-            halves = kept.get(view.txid) or await self._read_back(view.txid, view.half_seqs)
+            # Only the halves the table still holds: a commit names the ones to publish.
+            seqs = set(view.half_seqs)
+            halves = {
+                index: stored
+                for index, stored in kept.get(view.txid, {}).items()
+                if stored.half.seq in seqs
+            } or await self._read_back(view.txid, view.half_seqs)
             if not halves:
                 log.error("legacy_transaction_unreadable", partition=partition, txid=view.txid)
                 continue
