@@ -5,15 +5,18 @@ step is tests/integration/test_chain_kill.py."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiosqlite
+import anyio
 import msgspec
 import pytest
 import pytest_asyncio
 
+from tests.support.txlogs import backend
 from tests.support.txn import topic_ids
 from tests.support.wait import eventually
 from txactors import (
@@ -240,3 +243,54 @@ async def test_sends_something_else_is_refused_at_start(
     with pytest.raises(ConfigError, match="sends= takes a TxLog"):
         async with app.running(txactors_nc):
             pass
+
+
+@pytest.mark.postgres
+@pytest.mark.mariadb
+@pytest.mark.parametrize("backend_name", ["asyncpg", "psycopg", "mariadb"])
+async def test_two_deliveries_handled_at_once_apply_once_and_send_once(
+    backend_name: str,
+    tmp_path: Path,
+    txactors_nc: Any,
+    txactors_coordinator: Any,
+    txactors_producer: Any,
+) -> None:
+    """Delivery 2 comes while delivery 1 still runs (its ack wait passed): the second's apply
+    record waits on the first's row, then finds it taken; one change, one message."""
+    db = backend(backend_name, tmp_path)
+    group = f"logistics-{uuid.uuid4().hex[:8]}"
+    try:
+        txlog = await db.instance(group)
+        await txlog.create_applied_table()
+        producer = await txactors_producer(group, txlog.check)
+        first_working, release = anyio.Event(), anyio.Event()
+
+        async def work(conn: Any, out: Outbox[Any]) -> None:
+            await db.write(conn, out.txid)
+            await out.send(TxMessage("shipments", b"booked"))
+            if out.txid == chained_txid(group, "o:9", 1):
+                first_working.set()
+                await release.wait()
+
+        results: dict[int, bool] = {}
+
+        async def handle(deliveries: int) -> None:
+            message = delivery("o:9", deliveries)
+            results[deliveries] = await apply_and_send(txlog, producer, group, message, work)
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(handle, 1)
+            await first_working.wait()
+            tasks.start_soon(handle, 2)
+            await anyio.sleep(0.3)  # the second is waiting on the first's apply record
+            assert 2 not in results
+            release.set()
+        assert results == {1: True, 2: False}
+        attempts = [chained_txid(group, "o:9", n) for n in (1, 2)]
+        assert [await db.committed(txid) for txid in attempts] == [True, False]
+        await eventually(
+            lambda: topic_ids(txactors_nc, "shipments"), until=lambda ids: len(ids) == 1
+        )
+        assert await topic_ids(txactors_nc, "shipments") == [f"{attempts[0]}:0"]
+    finally:
+        await db.close()
