@@ -25,13 +25,16 @@ from txactors import (
     ConsumedMessage,
     Decision,
     Outbox,
+    PrepareFailed,
     TxApp,
     TxMessage,
     apply_and_send,
 )
 from txactors.app.chain import chained_txid
+from txactors.ops.txn import list_transactions
 from txactors.producer.txlog.sqlite import SqliteTxLog
 from txactors.testing import ManualClock
+from txactors.wire.protocol import ErrorCode
 
 
 class OrderPaid(msgspec.Struct):
@@ -294,3 +297,39 @@ async def test_two_deliveries_handled_at_once_apply_once_and_send_once(
         assert await topic_ids(txactors_nc, "shipments") == [f"{attempts[0]}:0"]
     finally:
         await db.close()
+
+
+async def test_a_delivery_whose_txid_the_coordinator_holds_is_refused_with_nothing_done(
+    txlog: SqliteTxLog,
+    txactors_nc: Any,
+    txactors_clock: ManualClock,
+    txactors_coordinator: Any,
+    txactors_producer: Any,
+) -> None:
+    """Delivery numbers start again only if the group's durable consumer was deleted and
+    made anew: then an attempt's derived txid may be one the coordinator holds. Its prepare
+    is refused (`conflict`), the local transaction rolls back (no apply record, no log row,
+    no change), and the next delivery prepares a txid of its own and commits."""
+    await txlog.create_table()
+    await txlog.create_applied_table()
+    producer = await txactors_producer("logistics", txlog.check)
+    held = chained_txid("logistics", "o:4", 1)
+    async with producer.begin(txid=held) as txn:  # an attempt of the earlier consumer
+        await txn.send(TxMessage("shipments", b"booked 4, earlier"))
+        await txn.leave_unknown()
+
+    async def work(conn: aiosqlite.Connection, out: Outbox[aiosqlite.Connection]) -> None:
+        await conn.execute("INSERT INTO shipments VALUES (4, ?)", (out.txid,))
+        await out.send(TxMessage("shipments", b"booked 4"))
+
+    with pytest.raises(PrepareFailed, match=f"transaction {held} exists already") as refused:
+        await apply_and_send(txlog, producer, "logistics", delivery("o:4", 1), work)
+    assert refused.value.code == ErrorCode.CONFLICT
+    assert await shipments(txlog) == []
+    assert await txlog.lookup(held) is None
+    assert await apply_and_send(txlog, producer, "logistics", delivery("o:4", 2), work)
+    txactors_clock.advance(6)  # the held one's check-back: a failed send here, ROLLBACK
+    second = chained_txid("logistics", "o:4", 2)
+    await eventually(lambda: list_transactions(txactors_nc), until=lambda found: not found)
+    assert await topic_ids(txactors_nc, "shipments") == [f"{second}:0"]
+    assert await shipments(txlog) == [(4, second)]
