@@ -333,3 +333,25 @@ async def test_a_delivery_whose_txid_the_coordinator_holds_is_refused_with_nothi
     await eventually(lambda: list_transactions(txactors_nc), until=lambda found: not found)
     assert await topic_ids(txactors_nc, "shipments") == [f"{second}:0"]
     assert await shipments(txlog) == [(4, second)]
+
+
+async def test_sends_from_several_tasks_of_one_handler_are_one_transaction(
+    txlog: SqliteTxLog,
+    txactors_nc: Any,
+    txactors_coordinator: Any,
+    txactors_producer: Any,
+) -> None:
+    await txlog.create_table()
+    await txlog.create_applied_table()
+    producer = await txactors_producer("logistics", txlog.check)
+
+    async def work(conn: aiosqlite.Connection, out: Outbox[aiosqlite.Connection]) -> None:
+        async with anyio.create_task_group() as tasks:
+            for n in range(3):
+                tasks.start_soon(out.send, TxMessage("shipments", f"part {n}".encode()))
+
+    assert await apply_and_send(txlog, producer, "logistics", delivery("o:5", 1), work)
+    txid = chained_txid("logistics", "o:5", 1)
+    assert await txlog.lookup(txid) == "committed"
+    await eventually(lambda: topic_ids(txactors_nc, "shipments"), until=lambda ids: len(ids) == 3)
+    assert sorted(await topic_ids(txactors_nc, "shipments")) == [f"{txid}:{n}" for n in range(3)]

@@ -81,6 +81,9 @@ class Outbox(Generic[C]):
         self._connection = connection
         self._txn = txn
         self._sending: list[asyncio.Task[tuple[int, ...]]] = []
+        self._recorded = False
+        self._recording = asyncio.Lock()
+        """Sends from several tasks of one handler record the txid once."""
 
     @property
     def txid(self) -> str:
@@ -96,9 +99,12 @@ class Outbox(Generic[C]):
         """Prepare `message` (one or several, any topics) as part of this handling; it is
         published if and only if the handler's local transaction commits. The prepare goes
         out now and is awaited before the commit; a failed one rolls the handling back."""
-        if not self._sending:  # in the local transaction before any half can be checked
-            await self._txlog.record(self._connection, self._txn.txid)
-            crash_if_armed(FaultPoint.AFTER_TXLOG_RECORD)
+        if not self._recorded:  # in the local transaction before any half can be checked
+            async with self._recording:
+                if not self._recorded:
+                    await self._txlog.record(self._connection, self._txn.txid)
+                    self._recorded = True
+                    crash_if_armed(FaultPoint.AFTER_TXLOG_RECORD)
         self._sending.append(self._txn.start_send(message))
 
     async def stored(self) -> None:
