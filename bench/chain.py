@@ -12,12 +12,13 @@ group, 64 handlers at a time, whose handler writes one row in its own database p
   not waited for (`end_mode="oneway"`; a lost end is committed by its check-back, the log
   row being committed): the input is acked one round trip sooner.
 
-A run lasts from the consumer's start until every input was handled; in the second, every
-message sent on is then committed on its topic (checked). On SQLite (a file in WAL mode,
-`synchronous=FULL`) and on PostgreSQL (asyncpg, the test server on 127.0.0.1:5432,
-`synchronous_commit = on`, a pool of 16), the server with `sync_interval: always`, the
-coordinator in a process of its own (the CLI, as deployed). CPU is this process's (consumer
-and producer) and the coordinator's, per input.
+A run lasts from the consumer's start until every input was handled; after a run that sends
+on, every message sent is checked committed on its topic. On SQLite (a file in WAL mode,
+`synchronous=FULL`, one writer) and on PostgreSQL (asyncpg, the test server on
+127.0.0.1:5432, `synchronous_commit = on`, a pool of 64: a connection per handler, since a
+hop holds its connection while its prepare travels), the server with `sync_interval:
+always`, the coordinator in a process of its own (the CLI, as deployed). CPU is this
+process's (consumer and producer) and the coordinator's, per input.
 
 Run `python -m bench chain`.
 """
@@ -56,7 +57,7 @@ from txactors.wire import layout
 
 PG_DSN = os.environ.get("TXBENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 CONCURRENCY = 64
-PG_POOL = 16
+PG_POOL = 64
 ROWS = "txbench_chain_rows"
 SENT_ON = "apply once + send on"
 INPUT, OUTPUT = "chainin", "chainout"
