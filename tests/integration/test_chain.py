@@ -355,3 +355,27 @@ async def test_sends_from_several_tasks_of_one_handler_are_one_transaction(
     assert await txlog.lookup(txid) == "committed"
     await eventually(lambda: topic_ids(txactors_nc, "shipments"), until=lambda ids: len(ids) == 3)
     assert sorted(await topic_ids(txactors_nc, "shipments")) == [f"{txid}:{n}" for n in range(3)]
+
+
+async def test_a_producer_of_your_own_sends_with_its_log_as_idempotent(
+    txlog: SqliteTxLog,
+    txactors_coordinator: Any,
+    txactors_producer: Any,
+    txactors_consumer: Any,
+    txactors_app: Any,
+) -> None:
+    """`sends=producer, idempotent=txlog`: the app starts no producer of its own."""
+    booked = await txactors_consumer("shipments", "notifications")
+    mine = await txactors_producer("logistics", txlog.check)
+    app = TxApp("logistics")
+
+    @app.consumer("orders", sends=lambda: mine, idempotent=txlog)
+    async def book(order: OrderPaid, out: Outbox[Any]) -> None:
+        await out.send(TxMessage("shipments", msgspec.msgpack.encode(ShipmentBooked(1, out.txid))))
+
+    await txactors_app(app)
+    shop = await txactors_producer("shop", lambda view: Decision.COMMIT)
+    await pay(shop, 1)
+    [message] = await booked.wait(1)
+    assert message.decode(ShipmentBooked).txid == message.txid
+    assert not app._producers  # none of its own
