@@ -6,6 +6,7 @@ The names most programs need are here; each role's module has the rest
 """
 
 from txactors.actors import Actor, ActorSystem, RemoteActorRef, serve
+from txactors.app.chain import Outbox, apply_and_send
 from txactors.app.txapp import TxApp
 from txactors.consumer import ConsumedMessage, Consumer, apply_once_postgres, apply_once_sqlite
 from txactors.coordinator import CoordinatorConfig
@@ -60,6 +61,7 @@ __all__ = [
     "NatsConnectionLost",
     "NatsServerError",
     "NatsServerNotFound",
+    "Outbox",
     "PoisonMessage",
     "PortInUse",
     "PrepareFailed",
@@ -71,6 +73,7 @@ __all__ = [
     "TxActorsError",
     "TxApp",
     "TxMessage",
+    "apply_and_send",
     "apply_once_postgres",
     "apply_once_sqlite",
     "nats_session",

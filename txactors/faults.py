@@ -25,7 +25,10 @@ class FaultPoint(enum.StrEnum):
     AFTER_LOCAL_WORK = "after_local_work"
     """Producer (`TxLog.send_in_transaction`): the work done, the local commit not yet sent."""
     AFTER_LOCAL_COMMIT = "after_local_commit"
-    """Producer (`TxLog.send_in_transaction`): the local transaction committed, no end sent."""
+    """Producer (`TxLog.send_in_transaction`, a chained handler): the local transaction
+    committed, no end sent."""
+    AFTER_END = "after_end"
+    """Chained handler (`txactors.app.chain`): its transaction ended, the input not acked."""
 
 
 _armed = os.environ.get(FAULT_ENV)

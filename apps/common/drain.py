@@ -1,6 +1,6 @@
 """Is a demo's pipeline empty? Waiting for it before reconciling, and proving it after.
 
-Drained means: no transaction of the demo's producer group is open at the coordinator
+Drained means: no transaction of the demo's producer groups is open at the coordinator
 (every one committed, rolled back or discarded; a committed one's messages are on their
 topics before that) and every consumer group has acked everything on its topic (nothing
 pending, nothing awaiting an ack or a retry). Only then do the databases say everything they
@@ -57,19 +57,25 @@ async def wait_drained(
     groups: Sequence[tuple[str, str]],
     *,
     timeout: float,
-    producer_group: str | None = None,
+    producer_group: str | Sequence[str] | None = None,
     also: Callable[[], Awaitable[bool]] | None = None,
     poll: float = 0.1,
     partitions: int | None = None,
 ) -> bool:
     """Wait until drained (see the module docstring) for every `(topic, consumer group)`
-    and `producer_group` (None: every group), and `also()` is true; False if that did not
-    happen within `timeout` seconds. A coordinator that does not serve yet (just restarted,
-    waiting for its old lease to expire) is not drained yet, not an error."""
+    and `producer_group` (None: every group; several: each), and `also()` is true; False if
+    that did not happen within `timeout` seconds. A coordinator that does not serve yet (just
+    restarted, waiting for its old lease to expire) is not drained yet, not an error. Groups
+    are read in the order given, transactions first: a consumer group whose handler sends
+    (a chain) goes before the group its messages reach, so no message can appear behind a
+    count already read."""
+    producer_groups = [producer_group] if isinstance(producer_group, str | None) else producer_group
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            still_open = await open_transactions(nc, producer_group, partitions=partitions)
+            still_open = 0
+            for group in producer_groups:
+                still_open += await open_transactions(nc, group, partitions=partitions)
         except CoordinatorUnavailable:  # restarted, not serving yet (a lease still expiring)
             still_open = None
         if still_open == 0:
@@ -81,24 +87,29 @@ async def wait_drained(
 
 
 async def pipeline_checks(
-    nc: Client, producer_group: str, groups: Sequence[tuple[str, str]]
+    nc: Client, producer_group: str | Sequence[str], groups: Sequence[tuple[str, str]]
 ) -> list[Check]:
     """The reconciliation's "pipeline" rows: nothing open, discarded, unhandled or
-    dead-lettered (a run that did not drain shows here as a mismatch)."""
-    checks = [
-        Check(
-            section="pipeline",
-            name="transactions still open",
-            expected=0,
-            actual=await open_transactions(nc, producer_group),
-        ),
-        Check(
-            section="pipeline",
-            name="transactions discarded",
-            expected=0,
-            actual=await discarded_transactions(nc, producer_group),
-        ),
-    ]
+    dead-lettered (a run that did not drain shows here as a mismatch), for each producer
+    group (named in its rows when there are several)."""
+    producer_groups = [producer_group] if isinstance(producer_group, str) else producer_group
+    checks = []
+    for producer in producer_groups:
+        of = f"{producer}: " if len(producer_groups) > 1 else ""
+        checks += [
+            Check(
+                section="pipeline",
+                name=f"{of}transactions still open",
+                expected=0,
+                actual=await open_transactions(nc, producer),
+            ),
+            Check(
+                section="pipeline",
+                name=f"{of}transactions discarded",
+                expected=0,
+                actual=await discarded_transactions(nc, producer),
+            ),
+        ]
     for topic, group in groups:
         checks.append(
             Check(

@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import signal
 import sys
+from contextlib import AsyncExitStack
 
 import anyio
 import msgspec
+from nats.aio.client import Client
 
 from apps.common.db import Storage
 from apps.common.faults import child_process
 from apps.common.timing import Timing
-from apps.orders.consumers import GroupHandler
-from apps.orders.events import PAID_TAG, PRODUCER_GROUP, TOPIC
+from apps.orders.consumers import GroupHandler, open_chain_log
+from apps.orders.events import LOGISTICS, PAID_TAG, PRODUCER_GROUP, TOPIC
 from apps.orders.service import OrderService
 from txactors.actors.loop import run_anyio
 from txactors.consumer import ConsumedMessage, Consumer
@@ -119,6 +121,15 @@ async def consume(config: ChildConfig, group: str) -> None:
         await anyio.sleep_forever()  # inside the open database transaction
 
     handler = GroupHandler(group, db, mid_apply=hold)
+    async with AsyncExitStack() as stack:
+        if group == LOGISTICS:  # its handler sends: killed with its shipment.booked prepared
+            txlog = await open_chain_log(db)
+            producer = TransactionProducer(nc, LOGISTICS, txlog.check)
+            handler.chain = (txlog, await stack.enter_async_context(producer))
+        await _consume(nc, group, handler, config)
+
+
+async def _consume(nc: Client, group: str, handler: GroupHandler, config: ChildConfig) -> None:
     async with Consumer(
         nc,
         TOPIC,

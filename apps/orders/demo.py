@@ -1,7 +1,8 @@
 """The whole order demo in one call: seed, pay with faults, drain, reconcile.
 
 `run_demo` is what `python -m apps.orders` and the tests run. It starts the coordinator,
-one order-service producer and the three consumer groups in this process, spawns the
+one order-service producer, the three consumer groups (logistics sending `shipment.booked`
+with a producer of its own) and notifications in this process, spawns the
 child processes the faults need, and returns the reconciliation (plus how each order's
 payment went) once every group has caught up with the order database, or the drain
 timeout passed.
@@ -34,14 +35,18 @@ from apps.orders.child import (
     kill_consumer_mid_apply,
     kill_producer_after_prepare,
 )
-from apps.orders.consumers import GroupHandler, add_to_cart, create_schema
+from apps.orders.consumers import GroupHandler, add_to_cart, create_schema, open_chain_log
 from apps.orders.events import (
+    ALL_GROUPS,
+    BOOKED_TAG,
     CART,
     CONSUMER_GROUPS,
     LOGISTICS,
+    NOTIFICATIONS,
     ORDERS_DB,
     PAID_TAG,
     PRODUCER_GROUP,
+    SHIPMENTS_TOPIC,
     TOPIC,
     OrderItem,
     OrderPaid,
@@ -55,7 +60,10 @@ from txactors.errors import PrepareFailed
 from txactors.producer import TransactionProducer
 
 CATALOG = {"book": 1_250, "mug": 899, "lamp": 4_500, "pen": 199, "desk": 25_000, "tea": 650}
-DATABASES = (ORDERS_DB, *CONSUMER_GROUPS)
+DATABASES = (ORDERS_DB, *ALL_GROUPS)
+GROUP_TOPICS = {**{group: (TOPIC, PAID_TAG) for group in CONSUMER_GROUPS},
+                NOTIFICATIONS: (SHIPMENTS_TOPIC, BOOKED_TAG)}  # fmt: skip
+"""Each group's topic and tag: the three of `order.paid`, and the hop after logistics."""
 
 PAID = "paid"
 DECLINED = "declined (rolled back)"
@@ -160,21 +168,23 @@ async def run_demo(
         plan = FaultPlan.draw(order_ids, faults, rng)
         service = OrderService(dbs[ORDERS_DB], charge=_declining(plan.declined))
         await service.create_schema()
-        for group in CONSUMER_GROUPS:
+        for group in ALL_GROUPS:
             await create_schema(group, dbs[group])
+        logistics_log = await open_chain_log(dbs[LOGISTICS])
         await _seed(service, dbs[CART], order_ids, rng, progress)
         report.handlers = {
             group: GroupHandler(group, dbs[group], lose_first_ack=plan.lose_first_ack)
-            for group in CONSUMER_GROUPS
+            for group in ALL_GROUPS
         }
 
         def consumer(group: str) -> Consumer:
+            topic, tag = GROUP_TOPICS[group]
             return Consumer(
                 nc,
-                TOPIC,
+                topic,
                 group,
                 report.handlers[group],
-                tags=[PAID_TAG],
+                tags=[tag],
                 concurrency=concurrency,
                 ack_wait=timing.ack_wait,
                 retry_delays=timing.retry_delays,
@@ -184,14 +194,20 @@ async def run_demo(
         async with (
             run_coordinator(nc, config=timing.coordinator),
             TransactionProducer(nc, PRODUCER_GROUP, service.txlog.check) as producer,
+            TransactionProducer(nc, LOGISTICS, logistics_log.check) as logistics_producer,
             AsyncExitStack() as consumers,
         ):
+            await start_clean(nc, producer_group=LOGISTICS, topics=[], consumer_groups=[])
             await start_clean(
-                nc, producer_group=PRODUCER_GROUP, topics=[TOPIC], consumer_groups=CONSUMER_GROUPS
+                nc,
+                producer_group=PRODUCER_GROUP,
+                topics=[TOPIC, SHIPMENTS_TOPIC],
+                consumer_groups=ALL_GROUPS,
             )
             service.attach(producer)
+            report.handlers[LOGISTICS].chain = (logistics_log, logistics_producer)
             late = {LOGISTICS} if plan.consumer_killed else set()
-            for group in CONSUMER_GROUPS:
+            for group in ALL_GROUPS:
                 if group not in late:
                     await consumers.enter_async_context(consumer(group))
             async with anyio.create_task_group() as tg:
@@ -232,7 +248,7 @@ async def run_demo(
             )
             report.reconciliation = await reconcile(
                 dbs[ORDERS_DB],
-                {group: dbs[group] for group in CONSUMER_GROUPS},
+                {group: dbs[group] for group in ALL_GROUPS},
                 nc,
                 expectations=expectations,
                 tallies=tallies,
@@ -345,8 +361,8 @@ async def _drain(nc: Client, report: DemoReport, timing: Timing, progress: Progr
 
     drained = await wait_drained(
         nc,
-        [(TOPIC, group) for group in CONSUMER_GROUPS],
-        producer_group=PRODUCER_GROUP,
+        [(GROUP_TOPICS[group][0], group) for group in ALL_GROUPS],  # logistics before the hop
+        producer_group=[PRODUCER_GROUP, LOGISTICS],
         timeout=timing.drain_timeout,
         also=show_progress,
     )

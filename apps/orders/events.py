@@ -1,4 +1,4 @@
-"""What travels between the order service and its three consumer groups.
+"""What travels between the order service, its three consumer groups, and the next hop.
 
 One place for the topic, the tag, the group names and the event body, so the producer, the
 consumers, the child processes and the reconciliation cannot disagree about them.
@@ -20,6 +20,12 @@ CART: Final = "cart"
 CONSUMER_GROUPS: Final = (LOGISTICS, POINTS, CART)
 ORDERS_DB: Final = "orders"
 """The order service's own database, next to one per consumer group."""
+SHIPMENTS_TOPIC: Final = "shipments"
+BOOKED_TAG: Final = "booked"
+"""`shipment.booked`: sent by logistics' handler, in its own transaction, as it books one."""
+NOTIFICATIONS: Final = "notifications"
+"""The group told of each booked shipment (one hop after logistics); its own database."""
+ALL_GROUPS: Final = (*CONSUMER_GROUPS, NOTIFICATIONS)
 
 
 class OrderItem(msgspec.Struct, frozen=True):
@@ -42,3 +48,11 @@ class OrderPaid(msgspec.Struct, frozen=True, kw_only=True):
 def points_for(amount_cents: int) -> int:
     """Loyalty points earned by a payment: one per whole unit of currency."""
     return amount_cents // 100
+
+
+class ShipmentBooked(msgspec.Struct, frozen=True, kw_only=True):
+    """`shipment.booked`: logistics booked the shipment of a paid order."""
+
+    order_id: str
+    user_id: str
+    quantity: int

@@ -9,7 +9,11 @@ alone follows what every other place must hold, and each check counts what is re
 - points: each user's balance is the points of their paid orders;
 - cart: each user's cart holds exactly the items of their unpaid orders (every order was
   placed from the cart; paying takes its items out);
-- each group applied as many messages as there are paid orders (its `message_apply` rows).
+- topic `shipments`: exactly one `shipment.booked` per paid order, sent by logistics'
+  handler in the transaction that booked it, none for an unpaid one;
+- notifications: exactly one notice per paid order, none for unpaid ones;
+- each group applied as many messages as there are paid orders (its `message_apply` rows;
+  logistics, whose handler sends, in `txactors_applied`).
 
 A demo adds what it intended (`Expectation`s: which orders must end paid, which never) and
 the common pipeline rows (nothing open, unhandled or dead-lettered); how its payments ended
@@ -28,10 +32,22 @@ from nats.aio.client import Client
 from apps.common.db import Database
 from apps.common.drain import pipeline_checks
 from apps.common.report import Check, Reconciliation, Tally
-from apps.orders.events import CART, LOGISTICS, POINTS, PRODUCER_GROUP, TOPIC, OrderPaid, points_for
+from apps.orders.events import (
+    CART,
+    LOGISTICS,
+    NOTIFICATIONS,
+    POINTS,
+    PRODUCER_GROUP,
+    SHIPMENTS_TOPIC,
+    TOPIC,
+    OrderPaid,
+    ShipmentBooked,
+    points_for,
+)
 from apps.orders.service import PAID
 from txactors.consumer.idempotent import TABLE as APPLY_TABLE
 from txactors.coordinator.partition.recovery import read_subject
+from txactors.producer.txlog.schema import APPLIED_TABLE
 from txactors.wire import layout
 
 APP = "orders"
@@ -79,16 +95,20 @@ async def reconcile(
 ) -> Reconciliation:
     truth = await Truth.read(orders_db)
     announced = await read_topic(nc)
+    booked = await read_bookings(nc)
     checks = [
         *check_topic(announced, truth),
         *await check_logistics(group_dbs[LOGISTICS], truth),
         *await check_points(group_dbs[POINTS], truth),
         *await check_cart(group_dbs[CART], truth),
+        *check_bookings(booked, truth),
+        *await check_notifications(group_dbs[NOTIFICATIONS], truth),
     ]
     for group, db in group_dbs.items():
         checks.append(await check_applied(group, db, truth))
     checks += check_scenarios(expectations, announced, truth)
-    checks += await pipeline_checks(nc, PRODUCER_GROUP, [(TOPIC, group) for group in group_dbs])
+    topics = [(SHIPMENTS_TOPIC if group == NOTIFICATIONS else TOPIC, group) for group in group_dbs]
+    checks += await pipeline_checks(nc, [PRODUCER_GROUP, LOGISTICS], topics)
     return Reconciliation(app=APP, checks=checks, tallies=[*tallies])
 
 
@@ -100,6 +120,42 @@ async def read_topic(nc: Client) -> dict[str, list[str | None]]:
         event = msgspec.msgpack.decode(msg.data, type=OrderPaid)
         announced.setdefault(event.order_id, []).append((msg.headers or {}).get(layout.TXID_HEADER))
     return announced
+
+
+async def read_bookings(nc: Client) -> Counter[str]:
+    """How many `shipment.booked` are on their topic, by order id."""
+    booked: Counter[str] = Counter()
+    js = nc.jetstream()
+    stream, subjects = layout.topic_stream(SHIPMENTS_TOPIC), layout.topic_filter(SHIPMENTS_TOPIC)
+    async for msg in read_subject(js, stream, subjects, 1):
+        booked[msgspec.msgpack.decode(msg.data, type=ShipmentBooked).order_id] += 1
+    return booked
+
+
+def check_bookings(booked: Counter[str], truth: Truth) -> list[Check]:
+    section = f"topic {SHIPMENTS_TOPIC}"
+    return [
+        Check(
+            section=section,
+            name="paid orders' shipments booked once (sent by logistics' handler)",
+            expected=len(truth.paid),
+            actual=sum(booked[order] == 1 for order in truth.paid),
+        ),
+        *_never_twice_never_unpaid(section, "booked", booked, truth),
+    ]
+
+
+async def check_notifications(db: Database, truth: Truth) -> list[Check]:
+    notified = Counter(order for (order,) in await db.fetch("SELECT order_id FROM notifications"))
+    return [
+        Check(
+            section=NOTIFICATIONS,
+            name="paid orders notified once",
+            expected=len(truth.paid),
+            actual=sum(notified[order] == 1 for order in truth.paid),
+        ),
+        *_never_twice_never_unpaid(NOTIFICATIONS, "notified", notified, truth),
+    ]
 
 
 def check_topic(announced: Mapping[str, list[str | None]], truth: Truth) -> list[Check]:
@@ -182,8 +238,9 @@ async def check_cart(db: Database, truth: Truth) -> list[Check]:
 
 async def check_applied(group: str, db: Database, truth: Truth) -> Check:
     applied = 0
-    if await _has_table(db, APPLY_TABLE):  # created by the first apply
-        rows = await db.fetch(f"SELECT COUNT(*) FROM {APPLY_TABLE} WHERE consumer_group = ?", group)
+    table = APPLIED_TABLE if group == LOGISTICS else APPLY_TABLE  # logistics' handler sends
+    if await _has_table(db, table):  # created by the first apply
+        rows = await db.fetch(f"SELECT COUNT(*) FROM {table} WHERE consumer_group = ?", group)
         applied = int(rows[0][0])
     return Check(
         section="exactly once",

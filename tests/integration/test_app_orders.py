@@ -36,7 +36,15 @@ from apps.orders.demo import (
     payment_tallies,
     run_demo,
 )
-from apps.orders.events import CONSUMER_GROUPS, LOGISTICS, ORDERS_DB, POINTS, OrderItem, OrderPaid
+from apps.orders.events import (
+    ALL_GROUPS,
+    CONSUMER_GROUPS,
+    LOGISTICS,
+    ORDERS_DB,
+    POINTS,
+    OrderItem,
+    OrderPaid,
+)
 from apps.orders.reconcile import reconcile
 from apps.orders.service import (
     AlreadyPaid,
@@ -100,9 +108,11 @@ async def test_every_paid_order_reaches_every_group_once(
 ) -> None:
     report = await demo(private_nc, storage)
     assert report.payments == {"paid": 12}
+    assert set(report.handlers) == {*CONSUMER_GROUPS, "notifications"}
     for handler in report.handlers.values():
         assert (handler.applied, handler.absorbed) == (12, 0)
     assert len(await topic_ids(private_nc, "orders")) == 12
+    assert len(await topic_ids(private_nc, "shipments")) == 12  # the hop: sent by logistics
 
 
 async def test_declined_payment_is_rolled_back_and_delivers_nothing(
@@ -136,9 +146,13 @@ async def test_lost_end_is_committed_by_the_check_back(
 async def test_consumer_killed_mid_apply_is_redelivered_and_applied_once(
     private_nc: Client, storage: Storage
 ) -> None:
+    """Logistics' handler is killed with its `shipment.booked` prepared: that transaction is
+    rolled back by its check-back, and the redelivery books and sends once."""
     report = await demo(private_nc, storage, Fault.CONSUMER_CRASH)
     assert report.consumer_killed_at is not None
     assert report.handlers[LOGISTICS].applied == 12
+    assert report.handlers["notifications"].applied == 12
+    assert len(await topic_ids(private_nc, "shipments")) == 12
 
 
 async def test_duplicate_deliveries_are_absorbed(private_nc: Client, storage: Storage) -> None:
@@ -201,7 +215,7 @@ async def test_reconciliation_sees_a_double_apply(private_nc: Client, storage: S
             ["INSERT INTO shipments SELECT * FROM shipments WHERE order_id = 'order-00001'"]
         )
         await dbs[POINTS].script(["UPDATE user_points SET points = points - 1"])
-        groups = {g: dbs[g] for g in CONSUMER_GROUPS}
+        groups = {g: dbs[g] for g in ALL_GROUPS}
         async with run_coordinator(private_nc, config=CoordinatorConfig(**FAST)):
             result = await reconcile(dbs[ORDERS_DB], groups, private_nc)
     assert not result.ok

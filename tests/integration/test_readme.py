@@ -56,6 +56,7 @@ def test_every_readme_python_block_is_run() -> None:
     """The tests below run the API example, `shop.py` and `test_shop.py`: nothing else."""
     run = [b for b in python_blocks() if "anyio.run(main)" in b]
     run += [block_named("shop.py"), block_named("test_shop.py")]
+    run += [block_named("logistics.py"), block_named("test_logistics.py")]
     assert sorted(run) == sorted(python_blocks()), "a new python block needs a test that runs it"
 
 
@@ -210,11 +211,17 @@ def test_readme_api_example_runs(tmp_path: Path) -> None:
     assert logged == [(txid, "committed")], "the payment and its log row committed together"
 
 
-def test_readme_handler_and_its_test_pass_under_pytest(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("module", "printed"),
+    [("shop", "shipping order 42 of transaction"), ("logistics", "")],
+)
+def test_readme_handler_and_its_test_pass_under_pytest(
+    tmp_path: Path, module: str, printed: str
+) -> None:
     """A user's project: their two files and the README's pytest settings, no conftest,
     pytest-asyncio in strict mode; any warning (a deprecation, say) fails it."""
-    (tmp_path / "shop.py").write_text(block_named("shop.py"))
-    (tmp_path / "test_shop.py").write_text(block_named("test_shop.py"))
+    (tmp_path / f"{module}.py").write_text(block_named(f"{module}.py"))
+    (tmp_path / f"test_{module}.py").write_text(block_named(f"test_{module}.py"))
     (tmp_path / "pyproject.toml").write_text(toml_block_named("pyproject.toml"))
     result = subprocess.run(
         [
@@ -238,5 +245,5 @@ def test_readme_handler_and_its_test_pass_under_pytest(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 passed" in result.stdout
-    assert "shipping order 42 of transaction" in result.stdout, "the app's handler ran"
+    assert printed in result.stdout, "the app's handler ran"
     assert "warning" not in (result.stdout + result.stderr).lower(), result.stdout + result.stderr

@@ -148,17 +148,24 @@ class TransactionProducer:
             await self._client.close()
         log.info("producer_stopped", group=self.group, instance=self.instance)
 
-    def begin(self, *, end_mode: EndMode | str | None = None) -> Transaction:
+    def begin(
+        self, *, end_mode: EndMode | str | None = None, txid: str | None = None
+    ) -> Transaction:
         """A new transaction: `async with producer.begin() as txn: await txn.send(...)`.
 
-        `end_mode` overrides the producer's for this transaction."""
+        `end_mode` overrides the producer's for this transaction. `txid` is for a caller
+        that derives it (a chained handler, `txactors.app.chain`): it must be new to the
+        coordinator, whose first prepare of a txid it holds already is refused (`CONFLICT`);
+        by default the producer picks a random one in the partition it fills."""
         if not self._running:
             raise ActorDeadError(
                 f"{self!r} is not running (it could not answer check-backs); "
                 "use `async with TransactionProducer(...)`"
             )
         mode = self.end_mode if end_mode is None else _end_mode(end_mode)
-        return Transaction(self._client, end_mode=mode)
+        if txid is not None:
+            validate_name("txid", txid)
+        return Transaction(self._client, txid, end_mode=mode)
 
     async def send_in_transaction(
         self,

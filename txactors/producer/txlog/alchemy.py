@@ -42,11 +42,13 @@ from txactors.producer.txlog.log import (
     duplicate_txid,
     unavailable_raised,
 )
-from txactors.producer.txlog.postgres import DDL_LOCK, durable_insert
+from txactors.producer.txlog.postgres import DDL_LOCK, durable_applied_insert, durable_insert
 from txactors.producer.txlog.schema import (
+    APPLIED_TABLE,
     DECISION_LENGTH,
     GROUP_LENGTH,
     INDEX,
+    MSG_ID_LENGTH,
     TABLE,
     TXID_LENGTH,
 )
@@ -64,6 +66,17 @@ table: Final = sa.Table(
     sa.Index(INDEX, "producer_group", "recorded_at"),
 )
 """The same table as `schema.CREATE_TABLE`, for `metadata.create_all` or Alembic."""
+applied_table: Final = sa.Table(
+    APPLIED_TABLE,
+    metadata,
+    sa.Column("consumer_group", sa.String(GROUP_LENGTH), primary_key=True),
+    sa.Column("msg_id", sa.String(MSG_ID_LENGTH), primary_key=True),
+    sa.Column("applied_at", sa.Double(), nullable=False),
+)
+"""The same table as `schema.CREATE_APPLIED_TABLE`."""
+_DURABLE_PG_APPLIED: Final = sa.text(
+    durable_applied_insert(":consumer_group, :msg_id, :applied_at")
+)
 _DURABLE_PG_INSERT: Final = sa.text(
     durable_insert(":producer_group, :txid, :decision, :recorded_at")
 )
@@ -83,11 +96,27 @@ class SqlAlchemyTxLog(TxLog[AsyncConnection]):
         self._insert: sa.Executable = (
             _DURABLE_PG_INSERT if engine.dialect.name == "postgresql" else table.insert()
         )
+        self._applied: sa.Executable = (
+            _DURABLE_PG_APPLIED if engine.dialect.name == "postgresql" else applied_table.insert()
+        )
 
     async def create_table(self) -> None:
         async with self._engine.connect() as conn, _ddl_lock(conn):
             await conn.run_sync(metadata.create_all, tables=[table])
             await conn.commit()
+
+    async def create_applied_table(self) -> None:
+        async with self._engine.connect() as conn, _ddl_lock(conn):
+            await conn.run_sync(metadata.create_all, tables=[applied_table])
+            await conn.commit()
+
+    async def mark_applied(self, conn: AsyncConnection, consumer_group: str, msg_id: str) -> bool:
+        row = {"consumer_group": consumer_group, "msg_id": msg_id, "applied_at": time.time()}
+        try:
+            await conn.execute(self._applied, row)
+        except IntegrityError:
+            return False  # the caller rolls the transaction back
+        return True
 
     async def record(self, conn: AsyncConnection, txid: str) -> None:
         try:

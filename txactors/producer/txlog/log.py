@@ -118,6 +118,20 @@ class TxLog(ABC, Generic[C]):
         its commit durable)."""
 
     @abstractmethod
+    async def create_applied_table(self) -> None:
+        """Create the table of inputs chained handlers applied (`schema.APPLIED_TABLE`) if it
+        is missing: a consumer that sends (`txactors.app.chain`) keeps its apply records
+        here, so that one local transaction holds them, the log row and the handler's
+        change."""
+
+    @abstractmethod
+    async def mark_applied(self, conn: C, consumer_group: str, msg_id: str) -> bool:
+        """Record, on `conn` inside the caller's open local transaction, that
+        `consumer_group` applied the input `msg_id`: False when it had already (committed
+        by another attempt; a concurrent one is waited for), and the transaction must then
+        roll back. Its commit is durable, as `record`'s is."""
+
+    @abstractmethod
     async def lookup(self, txid: str) -> str | None:
         """The recorded decision for `txid`, in a transaction of its own."""
 

@@ -23,14 +23,16 @@ from txactors.producer.txlog.log import PRUNE_BATCH, TxLog, duplicate_txid, unav
 from txactors.producer.txlog.postgres import (
     DDL_LOCK,
     UNIQUE_VIOLATION,
+    durable_applied_insert,
     durable_insert,
     is_transient,
 )
-from txactors.producer.txlog.schema import CREATE_INDEX, CREATE_TABLE, TABLE
+from txactors.producer.txlog.schema import CREATE_APPLIED_TABLE, CREATE_INDEX, CREATE_TABLE, TABLE
 
 log = get_logger(__name__)
 
 _INSERT = durable_insert("$1, $2, $3, $4")
+_APPLIED = durable_applied_insert("$1, $2, $3")
 
 
 class AsyncpgLocal:
@@ -62,6 +64,20 @@ class AsyncpgTxLog(TxLog[Any]):
     def pool_exhausted(self) -> bool:
         pool = self._pool
         return bool(pool.get_idle_size() == 0 and pool.get_size() >= pool.get_max_size())
+
+    async def create_applied_table(self) -> None:
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", DDL_LOCK)
+            await conn.execute(CREATE_APPLIED_TABLE)
+
+    async def mark_applied(self, conn: Any, consumer_group: str, msg_id: str) -> bool:
+        try:
+            await conn.execute(_APPLIED, consumer_group, msg_id, time.time())
+        except Exception as error:
+            if getattr(error, "sqlstate", None) == UNIQUE_VIOLATION:
+                return False  # the transaction is aborted: the caller rolls it back
+            raise
+        return True
 
     async def record(self, conn: Any, txid: str) -> None:
         try:

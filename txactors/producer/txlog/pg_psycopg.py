@@ -27,13 +27,19 @@ from txactors.producer.txlog.log import (
     duplicate_txid,
     unavailable_raised,
 )
-from txactors.producer.txlog.postgres import DDL_LOCK, durable_insert, is_transient
-from txactors.producer.txlog.schema import CREATE_INDEX, CREATE_TABLE, TABLE
+from txactors.producer.txlog.postgres import (
+    DDL_LOCK,
+    durable_applied_insert,
+    durable_insert,
+    is_transient,
+)
+from txactors.producer.txlog.schema import CREATE_APPLIED_TABLE, CREATE_INDEX, CREATE_TABLE, TABLE
 
 log = get_logger(__name__)
 
 Connection = psycopg.AsyncConnection[Any]
 _INSERT = durable_insert("%s, %s, %s, %s")
+_APPLIED = durable_applied_insert("%s, %s, %s")
 
 
 class PsycopgPool(Protocol):
@@ -63,6 +69,19 @@ class PsycopgTxLog(TxLog[Connection]):
         return stats.get("pool_available", 1) == 0 and stats.get("pool_size", 0) >= stats.get(
             "pool_max", 0
         )
+
+    async def create_applied_table(self) -> None:
+        async with self._pool.connection() as conn:
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (DDL_LOCK,))
+            await conn.execute(CREATE_APPLIED_TABLE)
+            await conn.commit()
+
+    async def mark_applied(self, conn: Connection, consumer_group: str, msg_id: str) -> bool:
+        try:
+            await conn.execute(_APPLIED, (consumer_group, msg_id, time.time()))
+        except psycopg.errors.UniqueViolation:
+            return False  # the transaction is aborted: the caller rolls it back
+        return True
 
     async def record(self, conn: Connection, txid: str) -> None:
         try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import zlib
 from typing import Final
 
-from txactors.producer.txlog.schema import TABLE
+from txactors.producer.txlog.schema import APPLIED_TABLE, TABLE
 
 DDL_LOCK: Final = zlib.crc32(b"txactors." + TABLE.encode())
 """Advisory lock serializing CREATE TABLE IF NOT EXISTS, which races with itself across
@@ -43,5 +43,15 @@ def durable_insert(values: str) -> str:
     return (
         "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true)) "
         f"INSERT INTO {TABLE} (producer_group, txid, decision, recorded_at) "
+        f"SELECT {values} FROM durable"
+    )
+
+
+def durable_applied_insert(values: str) -> str:
+    """The INSERT of an apply record from `values` (the driver's three placeholders), durable
+    as `durable_insert`'s (a chained handler that sends nothing writes no log row)."""
+    return (
+        "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true)) "
+        f"INSERT INTO {APPLIED_TABLE} (consumer_group, msg_id, applied_at) "
         f"SELECT {values} FROM durable"
     )

@@ -29,3 +29,18 @@ CREATE_TABLE: Final = (
     "PRIMARY KEY (producer_group, txid))"
 )
 CREATE_INDEX: Final = f"CREATE INDEX IF NOT EXISTS {INDEX} ON {TABLE} (producer_group, recorded_at)"
+
+APPLIED_TABLE: Final = "txactors_applied"
+"""Inputs a chained handler applied (`TxLog.mark_applied`): the consumer's apply record,
+kept beside the log so that one local transaction holds both (`txactors.app.chain`). A table
+of its own, not `apply_once_*`'s `message_apply`, whose PostgreSQL form (a timestamp column)
+differs: one portable definition serves every database here."""
+MSG_ID_LENGTH: Final = 255
+
+CREATE_APPLIED_TABLE: Final = (
+    f"CREATE TABLE IF NOT EXISTS {APPLIED_TABLE} ("
+    f"consumer_group VARCHAR({GROUP_LENGTH}) NOT NULL, "
+    f"msg_id VARCHAR({MSG_ID_LENGTH}) NOT NULL, "
+    "applied_at DOUBLE PRECISION NOT NULL, "
+    "PRIMARY KEY (consumer_group, msg_id))"
+)

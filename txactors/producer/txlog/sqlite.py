@@ -30,7 +30,13 @@ from txactors.durability import sqlite_durable
 from txactors.observe.logs import get_logger
 from txactors.producer.txlog.decide import COMMITTED, ROLLED_BACK, LogUnavailable
 from txactors.producer.txlog.log import PRUNE_BATCH, ConnectionLocal, TxLog, duplicate_txid
-from txactors.producer.txlog.schema import CREATE_INDEX, CREATE_TABLE, TABLE
+from txactors.producer.txlog.schema import (
+    APPLIED_TABLE,
+    CREATE_APPLIED_TABLE,
+    CREATE_INDEX,
+    CREATE_TABLE,
+    TABLE,
+)
 
 log = get_logger(__name__)
 
@@ -55,7 +61,8 @@ class SqliteTxLog(TxLog[aiosqlite.Connection]):
         self._conn: aiosqlite.Connection | None = None
         self._lock = anyio.Lock()
 
-    async def __aenter__(self) -> Self:
+    async def open(self) -> Self:
+        """Connect (what `async with` does on entry; for an app's `on_startup` hook)."""
         # isolation_level=None: every transaction is begun here, none behind our back.
         self._conn = await aiosqlite.connect(
             self.path, timeout=self._busy_timeout, isolation_level=None
@@ -63,15 +70,22 @@ class SqliteTxLog(TxLog[aiosqlite.Connection]):
         await sqlite_durable(self._conn)
         return self
 
+    async def close(self) -> None:
+        """Disconnect (what `async with` does on exit)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.close()
+
+    async def __aenter__(self) -> Self:
+        return await self.open()
+
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            await conn.close()
+        await self.close()
 
     @property
     def connection(self) -> aiosqlite.Connection:
@@ -90,6 +104,27 @@ class SqliteTxLog(TxLog[aiosqlite.Connection]):
                     await self.connection.rollback()
                 raise
             await self.connection.commit()
+
+    async def create_applied_table(self) -> None:
+        async with self._lock:
+            await self.connection.execute("BEGIN IMMEDIATE")
+            try:
+                await self.connection.execute(CREATE_APPLIED_TABLE)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await self.connection.rollback()
+                raise
+            await self.connection.commit()
+
+    async def mark_applied(
+        self, conn: aiosqlite.Connection, consumer_group: str, msg_id: str
+    ) -> bool:
+        cursor = await conn.execute(
+            f"INSERT INTO {APPLIED_TABLE} (consumer_group, msg_id, applied_at) "
+            "VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+            (consumer_group, msg_id, time.time()),
+        )
+        return cursor.rowcount == 1
 
     async def record(self, conn: aiosqlite.Connection, txid: str) -> None:
         try:
