@@ -9,6 +9,7 @@ from pathlib import Path
 from bench import (
     actors,
     atomic,
+    cluster,
     consumer,
     cpu,
     fsync,
@@ -38,6 +39,7 @@ BENCHMARKS = {
     "wire": wire.main,
     "outbox": outbox.main,
     "atomic": atomic.main,
+    "cluster": cluster.main,
 }
 
 
