@@ -526,7 +526,9 @@ async def on_cluster(site: Site, options: Options, lone: Options, results: Resul
         results.runs.append(Run(site.partitions, count, raw, tx))
         if raw1 is not None and tx1 is not None:
             results.lone.append(Run(site.partitions, count, raw1, tx1))
-        print(f"{results.runs[-1].label}: {tx.rate:,.0f} tx/s, raw {raw.rate:,.0f} msg/s")
+        print(
+            f"{results.runs[-1].label}: {tx.rate:,.0f} tx/s, raw {raw.rate:,.0f} msg/s", flush=True
+        )
 
 
 async def measure(options: Options) -> Results:
