@@ -44,7 +44,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -112,13 +112,15 @@ def die_with_parent() -> None:
 
 @dataclass
 class Network:
+    """The hosts, the delay line's process, and what it said it carried once stopped."""
+
     plan: netns.Plan
     delay_line: asyncio.subprocess.Process
     report: dict[str, Any] = field(default_factory=dict)
 
 
 @contextlib.contextmanager
-def exclusive() -> Any:
+def exclusive() -> Iterator[None]:
     """One run of the benchmark at a time on a machine (the namespaces have fixed names)."""
     netns.LOCK.parent.mkdir(parents=True, exist_ok=True)
     with netns.LOCK.open("a+") as lock:
@@ -436,10 +438,13 @@ async def load(site: Site, kind: str, options: Options, roles: dict[str, list[in
             assert process.stdin is not None
             process.stdin.write(f"go {options.seconds}\n".encode())
         results = []
-        for process in processes:
+        for i, process in enumerate(processes):
             assert process.stdout is not None
             async with asyncio.timeout(options.seconds + START_TIMEOUT):
-                results.append(json.loads(await process.stdout.readline()))
+                line = await process.stdout.readline()
+            if not line.strip():
+                raise RuntimeError(f"load {kind} {i + 1} exited (its log is in {logs})")
+            results.append(json.loads(line))
         after, node_after = cpu_of(pids), cpu_of({n: [p] for n, p in nodes.items()})
     finally:
         for process in processes:
@@ -452,6 +457,8 @@ async def load(site: Site, kind: str, options: Options, roles: dict[str, list[in
             except TimeoutError:
                 process.kill()
                 await process.wait()
+    if not sum(r["count"] for r in results):
+        raise RuntimeError(f"no {kind} operation finished in {options.seconds:g} s")
     return Measured(
         count=sum(r["count"] for r in results),
         seconds=max(r["seconds"] for r in results),
