@@ -68,4 +68,10 @@ async def test_a_short_run_commits_through_the_delay_and_cleans_up() -> None:
         rates["rows"][0][0] == one_at_a_time["rows"][0][0] == "1 partition, 1 coordinator process"
     )
     assert float(cpu["rows"][0][cpu["columns"].index("coordinators")]) > 0
+    all_nodes, each = cpu["rows"][0][
+        cpu["columns"].index("nats-servers: all (n1 / n2 / n3)")
+    ].split(" ", 1)
+    assert sum(map(float, each.strip("()").split(" / "))) == pytest.approx(
+        float(all_nodes), abs=0.003
+    )
     assert [row[0] for row in model["rows"]] == ["3", "5", "9"]
