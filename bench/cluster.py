@@ -17,7 +17,8 @@ namespaces.
   acks in all), then the same processes as `TransactionProducer`s with as many transactions
   in flight, against coordinators started by the CLI (`txactors coordinator --replicas 3
   --partitions P`), coordinator k on node k's host (connected to its own node), as one per
-  host is deployed. Each run loads `--warmup` seconds, then is measured for `--seconds`.
+  host is deployed. Each run loads `--warmup` seconds, then is measured for `--seconds`;
+  `--rounds` rounds of every configuration, interleaved, and the rates are their medians.
 - Measured: commits (acked publishes) per second, latency, and CPU seconds of every process
   by role over the measured window, per transaction. The wire's own CPU (the delay line) is
   shown apart and charged to no role.
@@ -80,13 +81,16 @@ PR_SET_PDEATHSIG = 1
 class Options:
     rtt_ms: float = 0.5
     """Round trip between any two hosts, half of it each way (a data center: 0.2 to 1 ms)."""
-    seconds: float = 15.0
-    warmup: float = 3.0
+    seconds: float = 10.0
+    warmup: float = 2.0
     in_flight: int = 64
     """Transactions (raw: publishes) in flight in all, split over the producer processes."""
     producers: int = 2
     partitions: tuple[int, ...] = (1, 8)
     coordinators: tuple[int, ...] = (1, 2)
+    rounds: int = 3
+    """Rounds of every configuration, interleaved: the rates are their medians (a shared
+    machine's load moves a single run's rate by tens of percent)."""
 
     def args(self, base: Options | None = None) -> list[str]:
         """The command-line flags that give these options from `base` (default: the
@@ -101,7 +105,7 @@ class Options:
         return out
 
 
-QUICK = Options(seconds=3.0, warmup=1.0)
+QUICK = Options(seconds=3.0, warmup=1.0, rounds=1)
 
 
 def die_with_parent() -> None:
@@ -482,14 +486,25 @@ async def round_trip(nc: Client, times: int = 200) -> float:
     return statistics.median(samples)
 
 
-@dataclass(frozen=True)
+def pooled(runs: Sequence[Measured]) -> Measured:
+    """Several runs as one: their operations, seconds, latencies and CPU added up."""
+    return Measured(
+        count=sum(m.count for m in runs),
+        seconds=sum(m.seconds for m in runs),
+        latencies=[x for m in runs for x in m.latencies],
+        cpu={role: sum(m.cpu.get(role, 0.0) for m in runs) for role in runs[0].cpu},
+        nodes={node: sum(m.nodes[node] for m in runs) for node in runs[0].nodes},
+    )
+
+
+@dataclass
 class Run:
-    """Raw JetStream and txactors with one configuration of the coordinators."""
+    """Raw JetStream and txactors with one configuration of the coordinators, round by round
+    (raw just before txactors in each)."""
 
     partitions: int
     coordinators: int
-    raw: Measured
-    tx: Measured
+    rounds: list[tuple[Measured, Measured]] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -497,6 +512,24 @@ class Run:
             f"{plural(self.partitions, 'partition')}, "
             f"{plural(self.coordinators, 'coordinator process')}"
         )
+
+    @property
+    def raw(self) -> Measured:
+        """Every round's raw run as one (latencies, CPU)."""
+        return pooled([raw for raw, _ in self.rounds])
+
+    @property
+    def tx(self) -> Measured:
+        """Every round's txactors run as one (latencies, CPU)."""
+        return pooled([tx for _, tx in self.rounds])
+
+    def rate(self, which: int) -> float:
+        """The median over the rounds of the raw (0) or txactors (1) rate."""
+        return statistics.median(pair[which].rate for pair in self.rounds)
+
+    def ratios(self) -> list[float]:
+        """Each round's txactors rate over its raw rate."""
+        return [tx.rate / raw.rate for raw, tx in self.rounds]
 
 
 @dataclass
@@ -507,7 +540,8 @@ class Results:
     runs: list[Run] = field(default_factory=list)
     lone: list[Run] = field(default_factory=list)
     """One transaction (publish) at a time, with the most coordinators of each partition
-    count: the latency of a commit without queueing, for the model's in-flight figure."""
+    count, in the last round: the latency of a commit without queueing, for the model's
+    in-flight figure."""
     wire: dict[str, Any] = field(default_factory=dict)
 
 
@@ -525,21 +559,27 @@ async def prepare(site: Site) -> float:
 
 
 async def on_cluster(site: Site, options: Options, lone: Options, results: Results) -> None:
-    """Raw, then txactors, per number of coordinator processes; with the most, one
-    transaction (publish) at a time too."""
-    for count in options.coordinators:
-        last = count == options.coordinators[-1]
-        raw = await site.load("raw", options)
-        raw1 = await site.load("raw", lone) if last else None
-        async with coordinators(site, count) as pids:
-            tx = await site.load("tx", options, pids)
-            tx1 = await site.load("tx", lone, pids) if last else None
-        results.runs.append(Run(site.partitions, count, raw, tx))
-        if raw1 is not None and tx1 is not None:
-            results.lone.append(Run(site.partitions, count, raw1, tx1))
-        print(
-            f"{results.runs[-1].label}: {tx.rate:,.0f} tx/s, raw {raw.rate:,.0f} msg/s", flush=True
-        )
+    """`options.rounds` rounds, each with every number of coordinator processes in turn, raw
+    just before txactors; in the last round, with the most processes, one transaction (one
+    publish) at a time too."""
+    runs = {count: Run(site.partitions, count) for count in options.coordinators}
+    results.runs += runs.values()
+    for round_ in range(options.rounds):
+        for count in options.coordinators:
+            last = round_ == options.rounds - 1 and count == options.coordinators[-1]
+            raw = await site.load("raw", options)
+            raw1 = await site.load("raw", lone) if last else None
+            async with coordinators(site, count) as pids:
+                tx = await site.load("tx", options, pids)
+                tx1 = await site.load("tx", lone, pids) if last else None
+            runs[count].rounds.append((raw, tx))
+            if raw1 is not None and tx1 is not None:
+                results.lone.append(Run(site.partitions, count, [(raw1, tx1)]))
+            print(
+                f"round {round_ + 1}, {runs[count].label}: {tx.rate:,.0f} tx/s, "
+                f"raw {raw.rate:,.0f} msg/s",
+                flush=True,
+            )
 
 
 async def measure(options: Options) -> Results:
@@ -584,26 +624,28 @@ def rates_table(results: Results) -> Table:
         title=f"3-node cluster (R3, fsync always), {o.rtt_ms:g} ms round trip between hosts "
         f"(measured {results.rtt * 1e3:.2f} ms), {o.in_flight} in flight from "
         f"{plural(o.producers, 'producer process')}; raw JetStream: acked R3 publishes, same "
-        "processes, just before each run"
+        f"processes, just before each run; medians of {plural(o.rounds, 'round')} "
+        f"of {o.seconds:g} s"
     )
     for column in (
         "partitions, coordinators",
         "txactors tx/s",
         "raw msg/s",
-        "ratio",
+        "ratio (rounds)",
         "commit p50 / p99 ms",
         "raw ack p50 / p99 ms",
     ):
         table.add_column(column, justify="left" if column.startswith("part") else "right")
     for run in results.runs:
-        raw, tx = run.raw, run.tx
+        ratios = run.ratios()
+        spread = f" ({min(ratios):.0%} to {max(ratios):.0%})" if len(ratios) > 1 else ""
         table.add_row(
             run.label,
-            f"{tx.rate:,.0f}",
-            f"{raw.rate:,.0f}",
-            f"{tx.rate / raw.rate:.0%}",
-            tx.p50_p99(),
-            raw.p50_p99(),
+            f"{run.rate(1):,.0f}",
+            f"{run.rate(0):,.0f}",
+            f"{statistics.median(ratios):.0%}{spread}",
+            run.tx.p50_p99(),
+            run.raw.p50_p99(),
         )
     return table
 
@@ -761,7 +803,8 @@ def parse(argv: Sequence[str] | None = None) -> tuple[Options, bool, Path | None
     parser.add_argument("--producers", type=int, default=None, help="default 2")
     parser.add_argument("--partitions", type=numbers, default=None, help="default 1,8")
     parser.add_argument("--coordinators", type=numbers, default=None, help="default 1,2")
-    parser.add_argument("--quick", action="store_true", help="3 s runs after 1 s warm-up")
+    parser.add_argument("--rounds", type=int, default=None, help="default 3 (--quick: 1)")
+    parser.add_argument("--quick", action="store_true", help="one round of 3 s runs")
     parser.add_argument("--json", type=Path, metavar="DIR", help="also write DIR/cluster.json")
     args = parser.parse_args(argv)
     base = QUICK if args.quick else default
@@ -769,6 +812,8 @@ def parse(argv: Sequence[str] | None = None) -> tuple[Options, bool, Path | None
         f.name: getattr(args, f.name) for f in fields(Options) if getattr(args, f.name) is not None
     }
     options = replace(base, **given)
+    if options.rounds < 1:
+        parser.error("--rounds must be at least 1")
     if options.producers < 1 or options.in_flight < options.producers:
         parser.error("--in-flight must be at least --producers, which must be at least 1")
     return options, args.quick, args.json

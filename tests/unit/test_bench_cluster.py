@@ -153,12 +153,39 @@ def test_the_model_refuses_a_cost_it_cannot_divide_by() -> None:
 def test_the_command_line_gives_the_options_and_the_command_reproduces_them() -> None:
     assert cluster.parse([]) == (cluster.Options(), False, None)
     options, quick, directory = cluster.parse(["--quick", "--rtt-ms", "1", "--partitions", "4"])
-    assert options == cluster.Options(rtt_ms=1.0, seconds=3.0, warmup=1.0, partitions=(4,))
+    assert options == cluster.Options(
+        rtt_ms=1.0, seconds=3.0, warmup=1.0, partitions=(4,), rounds=1
+    )
     assert quick and directory is None
     assert cluster.command(cluster.Options(), quick=False) == "python3 dev.py bench cluster"
     assert cluster.command(cluster.QUICK, quick=True) == "python3 dev.py bench cluster --quick"
     assert cluster.command(options, quick=True) == (
         "PYTHONPATH=. .venv/bin/python -m bench.cluster --quick --rtt-ms 1.0 --partitions 4"
     )
+    assert cluster.command(cluster.Options(rounds=5), quick=False).endswith("cluster --rounds 5")
     with pytest.raises(SystemExit):
         cluster.parse(["--in-flight", "1", "--producers", "2"])
+    with pytest.raises(SystemExit):
+        cluster.parse(["--rounds", "0"])
+
+
+def measured(count: int, seconds: float, coordinator: float = 0.0) -> cluster.Measured:
+    return cluster.Measured(
+        count, seconds, [0.001] * count, {"coordinator": coordinator}, {"n1": 0.1, "n2": 0.2}
+    )
+
+
+def test_rounds_give_median_rates_and_pooled_costs() -> None:
+    run = cluster.Run(8, 2)
+    run.rounds += [
+        (measured(300, 1.0), measured(100, 1.0, 0.02)),  # 33%
+        (measured(200, 1.0), measured(100, 1.0, 0.02)),  # 50%
+        (measured(400, 2.0), measured(500, 2.0, 0.10)),  # 125%: a round the load spared
+    ]
+    assert run.rate(0) == 200 and run.rate(1) == 100
+    assert run.ratios() == pytest.approx([1 / 3, 1 / 2, 5 / 4])
+    tx = run.tx
+    assert tx.count == 700 and tx.seconds == 4.0 and len(tx.latencies) == 700
+    assert tx.per_op("coordinator") == pytest.approx(0.14 / 700)
+    assert tx.nodes == pytest.approx({"n1": 0.3, "n2": 0.6})
+    assert run.label == "8 partitions, 2 coordinator processes"
