@@ -72,6 +72,7 @@ MONITOR_PORT = 18222
 RAW_TOPIC = "clusterraw"
 TX_TOPIC = "clustertx"
 START_TIMEOUT = 60.0
+STOP_TIMEOUT = 15.0
 LONE_SECONDS = 5.0
 """Seconds of the one-at-a-time runs at most (their latency settles fast)."""
 PR_SET_PDEATHSIG = 1
@@ -306,7 +307,12 @@ async def coordinators(site: Site, count: int) -> AsyncIterator[list[int]]:
             with contextlib.suppress(ProcessLookupError):
                 process.terminate()
         for process in processes:
-            await process.wait()
+            try:
+                async with asyncio.timeout(STOP_TIMEOUT):
+                    await process.wait()
+            except TimeoutError:  # it stops within two seconds when well: a hung one goes
+                process.kill()
+                await process.wait()
 
 
 def evenly_split(owners: Sequence[str | None], processes: int) -> bool:
