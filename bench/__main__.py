@@ -10,6 +10,7 @@ from bench import (
     actors,
     atomic,
     chain,
+    cluster,
     consumer,
     cpu,
     fsync,
@@ -40,6 +41,7 @@ BENCHMARKS = {
     "outbox": outbox.main,
     "atomic": atomic.main,
     "chain": chain.main,
+    "cluster": cluster.main,
 }
 
 
