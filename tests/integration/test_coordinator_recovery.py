@@ -21,8 +21,9 @@ from tests.support.wait import eventually
 from txactors.coordinator import CoordinatorConfig, CoordinatorOptions
 from txactors.coordinator.core import tokens
 from txactors.coordinator.core.records import OpKind, OpRecord
+from txactors.coordinator.core.transactions import Checkpoint
 from txactors.coordinator.partition import actor as partition_module
-from txactors.coordinator.partition.checkpoints import encode_ops, load_checkpoint
+from txactors.coordinator.partition.checkpoints import encode_ops, load_checkpoint, save_checkpoint
 from txactors.coordinator.partition.recovery import read_subject
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import CommandError
@@ -337,3 +338,20 @@ async def test_a_decision_that_lands_after_recoverys_read_is_applied_before_serv
         await subscription.unsubscribe()
     assert landed, "the predecessor's record was written in the window"
     assert checks == [], "a committed transaction is never checked back"
+
+
+async def test_a_checkpoint_under_the_shared_layouts_key_never_steers_the_logs_recovery(
+    private_nc: Client,
+) -> None:
+    """A 0.2 coordinator left running writes its checkpoint under key `<p>`, in positions of
+    TXN_HALF and TXN_OP: the partition's own log is read from its own checkpoint (`log.<p>`),
+    so an open transaction is never skipped for it."""
+    async with run_coordinator(private_nc, options=OPTIONS):
+        client = CoordinatorClient(private_nc)
+        receipt = await client.prepare("open", message())
+    kv = await private_nc.jetstream().key_value(layout.CHECKPOINT_BUCKET)
+    await save_checkpoint(kv, 0, Checkpoint(half_seq=1000, op_seq=1000), legacy=True)
+    async with run_coordinator(private_nc, options=OPTIONS):
+        client = CoordinatorClient(private_nc)
+        ended = await client.end("open", receipt.token, Decision.COMMIT)
+        assert ended.state == "committed"

@@ -235,7 +235,7 @@ async def leave_as_0_2_did(js: JetStreamContext) -> Left:
     checkpoint = Checkpoint(
         half_info.state.last_seq + 1, op_info.state.last_seq + 1, discarded=(parked_txn,)
     )
-    await save_checkpoint(kv, 0, checkpoint)
+    await save_checkpoint(kv, 0, checkpoint, legacy=True)
 
     ended: dict[str, Decision] = {other[0].txid: Decision.COMMIT}
     checked: list[str] = []

@@ -26,13 +26,22 @@ def decode_ops(data: bytes) -> list[OpRecord]:
     return _op_decoder.decode(data)
 
 
-async def load_checkpoint(kv: KeyValue, partition: int) -> Checkpoint:
+def checkpoint_key(partition: int, *, legacy: bool = False) -> str:
+    """The bucket key of `partition`'s checkpoint: `log.<p>`, positions in its own log. The
+    shared layout of 0.2 kept them under `<p>`, positions in TXN_HALF and TXN_OP: a 0.2
+    coordinator left running still writes there, and must not steer the new log's reads."""
+    return str(partition) if legacy else f"log.{partition}"
+
+
+async def load_checkpoint(kv: KeyValue, partition: int, *, legacy: bool = False) -> Checkpoint:
     with contextlib.suppress(nats.js.errors.KeyNotFoundError):
-        entry = await kv.get(str(partition))
+        entry = await kv.get(checkpoint_key(partition, legacy=legacy))
         if entry.value:
             return _checkpoint_decoder.decode(entry.value)
     return Checkpoint(1, 1)
 
 
-async def save_checkpoint(kv: KeyValue, partition: int, checkpoint: Checkpoint) -> None:
-    await kv.put(str(partition), msgspec.json.encode(checkpoint))
+async def save_checkpoint(
+    kv: KeyValue, partition: int, checkpoint: Checkpoint, *, legacy: bool = False
+) -> None:
+    await kv.put(checkpoint_key(partition, legacy=legacy), msgspec.json.encode(checkpoint))

@@ -31,7 +31,11 @@ from txactors.coordinator.core.records import OpKind, OpRecord
 from txactors.coordinator.core.states import TxnState
 from txactors.coordinator.core.table import TransactionTable
 from txactors.coordinator.core.transactions import TxnView
-from txactors.coordinator.partition.checkpoints import encode_ops, load_checkpoint
+from txactors.coordinator.partition.checkpoints import (
+    checkpoint_key,
+    encode_ops,
+    load_checkpoint,
+)
 from txactors.coordinator.partition.halves import StoredHalf
 from txactors.coordinator.partition.packs import pack_appends, read_raw_halves
 from txactors.coordinator.partition.recovery import recover
@@ -102,7 +106,8 @@ class LegacyLog:
         js = self.js
         # an interrupted carry-over's writes
         await retry_transient(js.purge_stream, layout.log_stream(partition))
-        checkpoint = await retry_transient(load_checkpoint, self.checkpoints, partition)
+        load = functools.partial(load_checkpoint, legacy=True)
+        checkpoint = await retry_transient(load, self.checkpoints, partition)
         table = TransactionTable(self.config)
         kept: dict[str, dict[int, StoredHalf]] = {}
 
@@ -132,8 +137,8 @@ class LegacyLog:
                 continue
             await self._write(partition, view, halves)
             carried += 1
-        # The old checkpoint's sequences are the old streams': the new log starts at 1.
-        await retry_transient(self.checkpoints.delete, str(partition))
+        # Tidy: the new log's checkpoint has a key of its own (`checkpoint_key`).
+        await retry_transient(self.checkpoints.delete, checkpoint_key(partition, legacy=True))
         await retry_transient(self.checkpoints.put, marker, b"1")
         log.warning("legacy_log_finished", partition=partition, transactions=carried)
 
