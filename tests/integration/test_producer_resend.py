@@ -143,3 +143,46 @@ async def test_a_first_prepare_merely_slow_is_answered_though_its_copy_was_refus
 
 async def _commit(message: Any, arg: Any) -> Decision:
     return Decision.COMMIT
+
+
+async def test_a_first_prepare_overtaken_by_its_copy_is_answered_with_the_copys_receipt(
+    clients: tuple[Client, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first prepare, delayed on its way, arrives after its copy was stored: refused
+    `conflict` (the copy arrived), the caller takes the copy's answer."""
+    private_nc, producer_nc = clients
+    async with run_coordinator(private_nc):
+        async with TransactionProducer(
+            producer_nc, "shop", rollback, request_timeout=TIMEOUT
+        ) as producer:
+            await producer.send_in_transaction(TxMessage("orders", b"warm-up"), _commit)
+            publish = producer_nc.publish
+            delayed: list[tuple[str, bytes, Any, Any]] = []
+            copied = anyio.Event()
+
+            async def overtaken(subject: str, payload: bytes = b"", *a: Any, **k: Any) -> None:
+                if subject.startswith("txn.coord.0.prepare.") and not delayed:
+                    delayed.append((subject, payload, a, k))  # goes once its copy is answered
+                    return
+                await publish(subject, payload, *a, **k)
+                if subject.startswith("txn.coord.0.prepare."):
+                    copied.set()
+
+            monkeypatch.setattr(producer_nc, "publish", overtaken)
+            async with anyio.create_task_group() as tasks:
+                results: list[Any] = []
+
+                async def send() -> None:
+                    results.append(
+                        await producer.send_in_transaction(TxMessage("orders", b"late"), _commit)
+                    )
+
+                tasks.start_soon(send)
+                await copied.wait()
+                await anyio.sleep(0.2)  # the copy's halves are stored by now, most likely
+                subject, payload, a, k = delayed[0]
+                await publish(subject, payload, *a, **k)
+        [result] = results
+        assert result.state == "committed"
+        ids = await eventually(lambda: topic_ids(private_nc, "orders"), until=lambda i: len(i) == 2)
+        assert f"{result.txid}:0" in ids

@@ -26,9 +26,9 @@ sooner than its timeout: a request or its reply is lost with the connection of t
 coordinator it was on its way to (a node killed, cut off), and waiting out the timeout would
 hold the caller seconds after the coordinator reconnected. The copy goes at once, alone and
 outside the rounds (the window may be held by the very request that was lost); the caller
-takes the first answer of either, except an answer of the copy's that says only that the
-first one arrived (`keep_waiting_on`: a prepare's `conflict`), after which it waits on for
-the first one's answer until its own deadline. Only idempotent items are sent again.
+takes the first answer of either, except an answer that says only that the other one arrived
+(`keep_waiting_on`: a prepare's `conflict`), after which it waits on for the other's answer
+until its own deadline. Only idempotent items are sent again.
 
 A command refused whole for what it is executed nothing, so its items go again alone: a
 coordinator that does not serve batches (`unknown_command`) or protocol version 3
@@ -88,7 +88,16 @@ R = TypeVar("R", Prepared, Ended)
 class _Waiter(Generic[I]):
     """One caller's item, and where its answer goes."""
 
-    __slots__ = ("deadline", "future", "item", "keep_waiting_on", "released", "request")
+    __slots__ = (
+        "copy",
+        "deadline",
+        "future",
+        "held",
+        "item",
+        "keep_waiting_on",
+        "released",
+        "request",
+    )
 
     def __init__(self, item: I, future: asyncio.Future[Any]) -> None:
         self.item: I = item
@@ -99,7 +108,12 @@ class _Waiter(Generic[I]):
         """Nobody waits for its request's answer any more (`_release`, once)."""
         self.deadline = 0.0
         self.keep_waiting_on: frozenset[str] = frozenset()
-        """Error codes of a copy's answer that leave the caller waiting for the first's."""
+        """Error codes that, once a copy went, say only that the other request arrived: the
+        caller waits for the other's answer."""
+        self.copy: _Waiter[I] | None = None
+        """The copy sent again (`_resend`), once sent."""
+        self.held: BaseException | None = None
+        """Its own answer held back while the copy's may still come (`keep_waiting_on`)."""
 
 
 class _Round:
@@ -261,11 +275,11 @@ class PartitionLink(_Link[I], Generic[I, R]):
             error = answer.exception()
             if error is None:
                 waiter.future.set_result(answer.result())
-            elif (
-                isinstance(error, CommandError)
-                and error.retry_after is None
-                and error.code not in waiter.keep_waiting_on
-            ):
+            elif isinstance(error, CommandError) and error.code in waiter.keep_waiting_on:
+                if waiter.held is None:
+                    return  # the first one arrived: its answer decides
+                waiter.future.set_exception(waiter.held)  # each says the other came: neither
+            elif isinstance(error, CommandError) and error.retry_after is None:
                 waiter.future.set_exception(error)
             else:
                 return
@@ -277,6 +291,7 @@ class PartitionLink(_Link[I], Generic[I, R]):
 
         copy.future.add_done_callback(settled)
         waiter.future.add_done_callback(first_settled)
+        waiter.copy = copy
         version = self._dialect.version
         _spawn(self._tasks, self._issue([copy], None, self._encode([copy], version), version))
 
@@ -447,9 +462,18 @@ class OnewayLink(_Link[EndItem]):
 
 
 def _hand_out(waiters: Sequence[_Waiter[Any]], outcomes: Sequence[object]) -> None:
-    """Each waiter its outcome (a result or an exception), but for those who gave up."""
+    """Each waiter its outcome (a result or an exception), but for those who gave up, and
+    but an answer that says only that its copy arrived first (the copy's answer decides)."""
     for waiter, outcome in zip(waiters, outcomes, strict=True):
         if waiter.future.done():
+            continue
+        if (
+            waiter.copy is not None
+            and not waiter.copy.future.done()
+            and getattr(outcome, "code", None) in waiter.keep_waiting_on
+            and isinstance(outcome, BaseException)
+        ):
+            waiter.held = outcome
             continue
         if isinstance(outcome, BaseException):
             waiter.future.set_exception(outcome)
