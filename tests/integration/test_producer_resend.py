@@ -148,25 +148,34 @@ async def _commit(message: Any, arg: Any) -> Decision:
 async def test_a_first_prepare_overtaken_by_its_copy_is_answered_with_the_copys_receipt(
     clients: tuple[Client, Client], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The first prepare, delayed on its way, arrives after its copy was stored: refused
-    `conflict` (the copy arrived), the caller takes the copy's answer."""
+    """The first prepare, delayed on its way, arrives while its copy's halves are being
+    written: refused `conflict` at once (the copy arrived), the caller waits for, and takes,
+    the copy's answer."""
     private_nc, producer_nc = clients
+    gate = anyio.Event()
+    held: list[int] = []
+    issue = PipelinedWriter._issue
+
+    async def holding(writer: PipelinedWriter, batch: _Batch) -> bool:
+        if batch.slots[0].append.stream == layout.log_stream(0) and not held:
+            held.append(1)
+            await gate.wait()
+        return await issue(writer, batch)
+
     async with run_coordinator(private_nc):
         async with TransactionProducer(
             producer_nc, "shop", rollback, request_timeout=TIMEOUT
         ) as producer:
             await producer.send_in_transaction(TxMessage("orders", b"warm-up"), _commit)
+            monkeypatch.setattr(PipelinedWriter, "_issue", holding)
             publish = producer_nc.publish
             delayed: list[tuple[str, bytes, Any, Any]] = []
-            copied = anyio.Event()
 
             async def overtaken(subject: str, payload: bytes = b"", *a: Any, **k: Any) -> None:
                 if subject.startswith("txn.coord.0.prepare.") and not delayed:
-                    delayed.append((subject, payload, a, k))  # goes once its copy is answered
+                    delayed.append((subject, payload, a, k))  # sent once its copy is held
                     return
                 await publish(subject, payload, *a, **k)
-                if subject.startswith("txn.coord.0.prepare."):
-                    copied.set()
 
             monkeypatch.setattr(producer_nc, "publish", overtaken)
             async with anyio.create_task_group() as tasks:
@@ -178,10 +187,13 @@ async def test_a_first_prepare_overtaken_by_its_copy_is_answered_with_the_copys_
                     )
 
                 tasks.start_soon(send)
-                await copied.wait()
-                await anyio.sleep(0.2)  # the copy's halves are stored by now, most likely
+                await eventually(lambda: held, what="the copy's halves held in the writer")
                 subject, payload, a, k = delayed[0]
-                await publish(subject, payload, *a, **k)
+                await publish(subject, payload, *a, **k)  # refused: its copy is in flight
+                await private_nc.flush()
+                await producer_nc.flush()
+                await anyio.sleep(0.3)  # its `conflict` is back by now (and must not count)
+                gate.set()
         [result] = results
         assert result.state == "committed"
         ids = await eventually(lambda: topic_ids(private_nc, "orders"), until=lambda i: len(i) == 2)
