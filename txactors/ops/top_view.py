@@ -55,6 +55,12 @@ def render_top(
             )
         )
     parts.extend(Text(problem, style="bold red") for problem in current.problems)
+    owner_of = owners(current)
+    parts.extend(  # a partition with an owner that does not answer: say what was wrong
+        Text(f"partition {view.partition}: {view.error}", style="bold red")
+        for view in current.views
+        if view.error is not None and owner_of.get(view.partition) is not None
+    )
     return Group(*parts)
 
 
