@@ -161,6 +161,12 @@ class Query:
         if not self.series:
             yield "names no series"
 
+    def output_labels(self, known: dict[str, frozenset[str]]) -> set[str]:
+        """The labels a result may carry: what it is grouped by, else its series' labels."""
+        if self.grouping:
+            return set(self.grouping)
+        return {label for name, _ in self.series for label in known.get(name, ())}
+
 
 def dashboard_queries() -> Iterator[tuple[str, str]]:
     """(where, expr) of every query of the dashboard: panels, rows' panels, variables."""
@@ -206,6 +212,26 @@ def test_the_alert_rules_name_only_exported_series_and_labels() -> None:
     queries = list(rule_queries())
     assert len(queries) > 10
     assert problems_of(iter(queries)) == []
+
+
+def test_legends_and_annotations_name_labels_their_queries_keep() -> None:
+    """`{{partition}}` in a legend, `$labels.group` in an alert's text: a label the query
+    aggregated away would show empty."""
+    known = exported()
+    dashboard = json.loads(DASHBOARD.read_text())
+    wrong = []
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            used = set(re.findall(r"{{\s*(\w+)\s*}}", target.get("legendFormat", "")))
+            kept = Query(target["expr"]).output_labels(known)
+            wrong += [f"{panel['title']}: {label}" for label in sorted(used - kept)]
+    for group in yaml.safe_load(RULES.read_text())["groups"]:
+        for rule in group["rules"]:
+            text = " ".join(rule.get("annotations", {}).values())
+            used = set(re.findall(r"\$labels\.(\w+)", text))
+            kept = Query(rule["expr"]).output_labels(known)
+            wrong += [f"{rule['alert']}: {label}" for label in sorted(used - kept)]
+    assert wrong == []
 
 
 def test_the_dashboard_covers_every_coordinator_and_consumer_series() -> None:
