@@ -12,6 +12,10 @@ test *ARGS:
 lint:
     python3 dev.py lint
 
+# promtool (Debian's prometheus package, the binary alone), for the alert rules' test
+promtool:
+    bash .ci/promtool
+
 bench *ARGS:
     python3 dev.py bench {{ARGS}}
 

@@ -13,7 +13,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from spark_sinks import commands as sink
-from txactors.cli import coordinator, dlq, lease, partitions, protocol, run, server, txn
+from txactors.cli import coordinator, dlq, lease, partitions, protocol, run, server, top, txn
 from txactors.cli.exits import run_cli
 from txactors.cli.flags import show_flags_without_a_type
 from txactors.observe.logs import LOG_FORMAT_ENV, LogFormat
@@ -74,6 +74,7 @@ app.add_typer(partitions.app, name="partitions")
 app.add_typer(protocol.app, name="protocol")
 app.add_typer(sink.app, name="sink")
 app.command()(run.run)
+app.command()(top.top)
 
 
 def main() -> NoReturn:
