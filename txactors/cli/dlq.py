@@ -38,14 +38,13 @@ def dlq_list(
     url: NatsUrlOption = None,
 ) -> None:
     """List a group's dead letters, oldest first (or, without GROUP, the groups that have some)."""
-    from txactors.ops import dlq as dlq_admin
+    from txactors import ops as dlq_admin
     from txactors.ops import dlq_views
-    from txactors.ops import views as admin_views
 
     if group is None:
         summaries = admin_call(url, dlq_admin.dlq_summaries)
         if as_json:
-            typer.echo(admin_views.to_json(summaries))
+            typer.echo(dlq_admin.to_json(summaries))
         elif summaries:
             print_rich(dlq_views.render_summaries(summaries))
         else:
@@ -55,7 +54,7 @@ def dlq_list(
         url, lambda nc: dlq_admin.list_dead_letters(nc, group, start=start, limit=limit)
     )
     if as_json:
-        typer.echo(admin_views.to_json(page))
+        typer.echo(dlq_admin.to_json(page))
     elif page.entries:
         print_rich(dlq_views.render_list(page))
     else:
@@ -70,7 +69,7 @@ def dlq_show(
     url: NatsUrlOption = None,
 ) -> None:
     """Show one dead letter in full: the error, every header and the body."""
-    from txactors.ops import dlq as dlq_admin
+    from txactors import ops as dlq_admin
     from txactors.ops import dlq_views
 
     entry = admin_call(url, lambda nc: dlq_admin.show_dead_letter(nc, group, seq))
@@ -96,9 +95,8 @@ def dlq_replay(
     repeated soon after (the entry was not deleted) is dropped by the topic stream. Exit 1 if
     any entry could not be replayed (it stays in the DLQ).
     """
-    from txactors.ops import dlq as dlq_admin
+    from txactors import ops as dlq_admin
     from txactors.ops import dlq_views
-    from txactors.ops import views as admin_views
 
     if bool(seqs) == replay_all:
         raise typer.BadParameter("give the DLQ sequences to replay, or --all (not both)")
@@ -117,7 +115,7 @@ def dlq_replay(
         wanted = list(seqs or [])
     results = admin_call(url, lambda nc: dlq_admin.replay(nc, group, wanted))
     if as_json:
-        typer.echo(admin_views.to_json(results))
+        typer.echo(dlq_admin.to_json(results))
     else:
         for result in results:
             if result.error is None:

@@ -32,11 +32,15 @@ NatsUrlOption = Annotated[
 
 def admin_call(url: str | None, work: Callable[[Client], Awaitable[T]]) -> T:
     """One exchange with the coordinator; exit 1 when it refuses, 2 when it cannot be asked."""
-    from txactors.errors import CommandError, ConfigError, NatsConnectError
-    from txactors.ops.dlq import DeadLetterError
-    from txactors.ops.leases import NoLeases
-    from txactors.ops.partitions import CoordinatorsRunning
-    from txactors.ops.txn import CoordinatorUnavailable, admin_session
+    from txactors.errors import ConfigError, NatsConnectError
+    from txactors.ops import (
+        CommandError,
+        CoordinatorsRunning,
+        CoordinatorUnavailable,
+        DeadLetterError,
+        NoLeases,
+        admin_session,
+    )
 
     # Operator output stays clean; connection trouble is reported once, below.
     configure_logging(default="ERROR")
@@ -67,7 +71,7 @@ def ask_yes(question: str) -> bool:
 
 def print_one(value: S, as_json: bool, render: Callable[[S], object]) -> None:
     """One thing found: its JSON for scripts, else `render`'s view of it."""
-    from txactors.ops.views import to_json
+    from txactors.ops import to_json
 
     if as_json:
         typer.echo(to_json(value))

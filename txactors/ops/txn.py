@@ -11,7 +11,6 @@ Only a configured NATS server makes sense here: an embedded one would be fresh a
 from __future__ import annotations
 
 import asyncio
-import functools
 import secrets
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
@@ -77,6 +76,7 @@ __all__ = [
     "rollback",
     "show",
     "to_json",
+    "transaction_filter",
 ]
 
 R = TypeVar("R")
@@ -167,6 +167,26 @@ async def _ask_owner(
     return await _ask(nc, layout.partition_of(txid, count), command, reply_type, timeout)
 
 
+def transaction_filter(
+    *,
+    states: Iterable[str] = (),
+    group: str | None = None,
+    topic: str | None = None,
+    older_than: float | None = None,
+    limit: int | None = None,
+) -> ListTransactions:
+    """The query `find_transactions` sends (see `list_transactions` for the filters), in the
+    protocol version this client speaks."""
+    return ListTransactions(
+        states=[str(state) for state in states],
+        group=group,
+        topic=topic,
+        older_than=older_than,
+        limit=limit,
+        version=PROTOCOL_VERSION,
+    )
+
+
 async def find_transactions(
     nc: Client,
     where: ListTransactions,
@@ -198,13 +218,22 @@ async def find_transactions(
 async def list_transactions(
     nc: Client,
     *,
-    partitions: int | None = None,
     states: Iterable[str] = (),
+    group: str | None = None,
+    topic: str | None = None,
+    older_than: float | None = None,
+    limit: int | None = None,
+    partitions: int | None = None,
     timeout: float = ADMIN_TIMEOUT,
 ) -> list[TransactionInfo]:
-    """Open and discarded transactions of every partition (optionally only in `states`),
-    oldest first. Finished (committed, rolled back) ones are not kept, so never listed."""
-    where = ListTransactions(states=list(states), version=PROTOCOL_VERSION)
+    """Open and discarded transactions of every partition, oldest first; every filter given
+    must hold: `states` (any of them, e.g. `TxnState.DISCARDED`), `group`, `topic` (one of its
+    messages goes there), `older_than` (seconds since its first half), and at most `limit`
+    (`find_transactions` also counts those left out). Finished (committed, rolled back) ones
+    are not kept, so never listed."""
+    where = transaction_filter(
+        states=states, group=group, topic=topic, older_than=older_than, limit=limit
+    )
     found = await find_transactions(nc, where, partitions=partitions, timeout=timeout)
     return found.transactions
 
@@ -234,9 +263,25 @@ async def decide(
     return await _ask_owner(nc, txid, command, Ended, partitions, timeout)
 
 
-resume = functools.partial(decide, resolution=Resolution.RESUME)
-commit = functools.partial(decide, resolution=Resolution.COMMIT)
-rollback = functools.partial(decide, resolution=Resolution.ROLLBACK)
+async def resume(
+    nc: Client, txid: str, *, partitions: int | None = None, timeout: float = ADMIN_TIMEOUT
+) -> Ended:
+    """`decide(..., Resolution.RESUME)`: back to PREPARED with a fresh check count."""
+    return await decide(nc, txid, Resolution.RESUME, partitions=partitions, timeout=timeout)
+
+
+async def commit(
+    nc: Client, txid: str, *, partitions: int | None = None, timeout: float = ADMIN_TIMEOUT
+) -> Ended:
+    """`decide(..., Resolution.COMMIT)`: answered once every message is on its topic."""
+    return await decide(nc, txid, Resolution.COMMIT, partitions=partitions, timeout=timeout)
+
+
+async def rollback(
+    nc: Client, txid: str, *, partitions: int | None = None, timeout: float = ADMIN_TIMEOUT
+) -> Ended:
+    """`decide(..., Resolution.ROLLBACK)`: none of its messages is ever delivered."""
+    return await decide(nc, txid, Resolution.ROLLBACK, partitions=partitions, timeout=timeout)
 
 
 # -- bulk -----------------------------------------------------------------------------------
