@@ -339,3 +339,30 @@ async def _first_log_line_on_a_tty(*args: str) -> str:
         process.send_signal(signal.SIGTERM)
         await process.wait()
         os.close(controller)
+
+
+async def test_lease_list_exits_as_txn_list_does_where_no_coordinator_ran(
+    private_nc: Client,
+) -> None:
+    """The same situation, the same exit code: nothing to ask (2), not a refusal (1)."""
+    url = _url(private_nc)
+    (lease, _, lease_err), (txn, _, txn_err) = await asyncio.gather(
+        _cli("lease", "list", "--url", url), _cli("txn", "list", "--url", url)
+    )
+    assert (lease, txn) == (2, 2), lease_err + txn_err
+    assert "no coordinator" in lease_err and lease_err.count("\n") == 1, lease_err
+
+
+async def test_dlq_errors_name_the_dead_letters_server_not_a_coordinator() -> None:
+    """`dlq` needs no coordinator, so its errors do not send the operator looking for one;
+    `txn`'s still do."""
+    unreachable = "nats://127.0.0.1:1"
+    (unset, _, unset_err), (down, _, down_err), (txn, _, txn_err) = await asyncio.gather(
+        _cli("dlq", "list"),
+        _cli("dlq", "list", "--url", unreachable),
+        _cli("txn", "list", "--url", unreachable),
+    )
+    assert unset == 2 and "dead-letter streams" in unset_err, unset_err
+    assert down == 2 and "dead-letter streams" in down_err, down_err
+    assert "coordinator" not in unset_err + down_err
+    assert txn == 2 and "the coordinators (`txactors coordinator`) run on" in txn_err, txn_err

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
@@ -18,12 +19,24 @@ from txactors.cli.operator import (
     print_rich,
 )
 
+if TYPE_CHECKING:
+    from nats.aio.client import Client
+
+T = TypeVar("T")
+
 app = typer.Typer(
     help="Inspect and replay dead letters: messages a consumer group gave up on (DLQ_<group>).",
     no_args_is_help=True,
 )
 
 GroupArgument = Annotated[str, typer.Argument(help="The consumer group.", show_default=False)]
+
+
+def _call(url: str | None, work: Callable[[Client], Awaitable[T]]) -> T:
+    """`admin_call`, naming the DLQ streams' server in errors: no coordinator is involved."""
+    from txactors.ops.dlq import DLQ_SERVER
+
+    return admin_call(url, work, server=DLQ_SERVER)
 
 
 @app.command("list")
@@ -42,7 +55,7 @@ def dlq_list(
     from txactors.ops import dlq_views
 
     if group is None:
-        summaries = admin_call(url, dlq_admin.dlq_summaries)
+        summaries = _call(url, dlq_admin.dlq_summaries)
         if as_json:
             typer.echo(dlq_admin.to_json(summaries))
         elif summaries:
@@ -50,9 +63,7 @@ def dlq_list(
         else:
             typer.echo("no dead-letter streams on this server")
         return
-    page = admin_call(
-        url, lambda nc: dlq_admin.list_dead_letters(nc, group, start=start, limit=limit)
-    )
+    page = _call(url, lambda nc: dlq_admin.list_dead_letters(nc, group, start=start, limit=limit))
     if as_json:
         typer.echo(dlq_admin.to_json(page))
     elif page.entries:
@@ -72,7 +83,7 @@ def dlq_show(
     from txactors import ops as dlq_admin
     from txactors.ops import dlq_views
 
-    entry = admin_call(url, lambda nc: dlq_admin.show_dead_letter(nc, group, seq))
+    entry = _call(url, lambda nc: dlq_admin.show_dead_letter(nc, group, seq))
     print_one(entry, as_json, dlq_views.render_detail)
 
 
@@ -101,7 +112,7 @@ def dlq_replay(
     if bool(seqs) == replay_all:
         raise typer.BadParameter("give the DLQ sequences to replay, or --all (not both)")
     if replay_all:
-        wanted = admin_call(url, lambda nc: dlq_admin.all_sequences(nc, group))
+        wanted = _call(url, lambda nc: dlq_admin.all_sequences(nc, group))
         if not wanted:
             typer.echo(f"no dead letters of group {group}: nothing to replay", err=True)
             if as_json:
@@ -113,7 +124,7 @@ def dlq_replay(
             raise typer.Exit(1)
     else:
         wanted = list(seqs or [])
-    results = admin_call(url, lambda nc: dlq_admin.replay(nc, group, wanted))
+    results = _call(url, lambda nc: dlq_admin.replay(nc, group, wanted))
     if as_json:
         typer.echo(dlq_admin.to_json(results))
     else:

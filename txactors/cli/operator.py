@@ -30,8 +30,12 @@ NatsUrlOption = Annotated[
 ]
 
 
-def admin_call(url: str | None, work: Callable[[Client], Awaitable[T]]) -> T:
-    """One exchange with the coordinator; exit 1 when it refuses, 2 when it cannot be asked."""
+def admin_call(
+    url: str | None, work: Callable[[Client], Awaitable[T]], *, server: str | None = None
+) -> T:
+    """One exchange with the server (and the coordinators, for `txn`); exit 1 when it
+    refuses, 2 when it cannot be asked. `server` names the server in errors (default: the
+    coordinators')."""
     from txactors.errors import ConfigError, NatsConnectError
     from txactors.ops import (
         CommandError,
@@ -41,12 +45,13 @@ def admin_call(url: str | None, work: Callable[[Client], Awaitable[T]]) -> T:
         NoLeases,
         admin_session,
     )
+    from txactors.ops.txn import COORDINATORS_SERVER
 
     # Operator output stays clean; connection trouble is reported once, below.
     configure_logging(default="ERROR")
 
     async def run() -> T:
-        async with admin_session(url) as nc:
+        async with admin_session(url, server=server or COORDINATORS_SERVER) as nc:
             return await work(nc)
 
     try:
@@ -54,10 +59,10 @@ def admin_call(url: str | None, work: Callable[[Client], Awaitable[T]]) -> T:
     except CommandError as exc:
         say_error(exc.message, exc.code)
         raise typer.Exit(1) from exc
-    except (DeadLetterError, NoLeases, CoordinatorsRunning) as exc:
+    except (DeadLetterError, CoordinatorsRunning) as exc:
         say_error(str(exc))
         raise typer.Exit(1) from exc
-    except (ConfigError, NatsConnectError, CoordinatorUnavailable) as exc:
+    except (ConfigError, NatsConnectError, CoordinatorUnavailable, NoLeases) as exc:
         say_error(str(exc))
         raise typer.Exit(2) from exc
 

@@ -92,10 +92,20 @@ class CoordinatorUnavailable(TxActorsError):
 # -- connecting -----------------------------------------------------------------------------
 
 
-def admin_config(url: str | None = None, environ: Mapping[str, str] | None = None) -> NatsConfig:
+COORDINATORS_SERVER: Final = "the server the coordinators (`txactors coordinator`) run on"
+"""Which server an operator names, in errors: the default, right for transactions, leases
+and partitions; dead letters need no coordinator and say their own (`server=`)."""
+
+
+def admin_config(
+    url: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    server: str = COORDINATORS_SERVER,
+) -> NatsConfig:
     """The NATS settings for admin commands: `url` (else NATS_URL) plus auth from the environment.
 
-    Raises ConfigError when no server is configured: the coordinator's server must be named.
+    Raises ConfigError when no server is configured: `server` says which one to name.
     """
     # One quick retry: an operator at a prompt wants "unreachable" in a second, not in five.
     config = NatsConfig.from_env(
@@ -104,17 +114,20 @@ def admin_config(url: str | None = None, environ: Mapping[str, str] | None = Non
     if config.embedded:
         raise ConfigError(
             f"no NATS server given: pass --url nats://host:4222 or set {ENV_VARS['url']} "
-            "to the server the coordinator (`txactors coordinator`) runs on"
+            f"to {server}"
         )
     return config
 
 
 @asynccontextmanager
 async def admin_session(
-    url: str | None = None, environ: Mapping[str, str] | None = None
+    url: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    server: str = COORDINATORS_SERVER,
 ) -> AsyncIterator[Client]:
     """A connection to the configured server (never an embedded one); see `admin_config`."""
-    config = admin_config(url, environ)
+    config = admin_config(url, environ, server=server)
     try:
         async with nats_session(config) as session:
             yield session.nc
@@ -123,8 +136,8 @@ async def admin_session(
         # is wrong here: keep its diagnosis (the first sentence), give the admin advice instead.
         diagnosis = str(exc).split(". Check that", 1)[0]
         raise NatsConnectError(
-            f"{diagnosis}. Check --url / {ENV_VARS['url']} (the coordinator's server), that it "
-            "is reachable, and the credentials"
+            f"{diagnosis}. Check --url / {ENV_VARS['url']} ({server}), that it is reachable, "
+            "and the credentials"
         ) from exc
 
 
