@@ -366,3 +366,9 @@ async def test_dlq_errors_name_the_dead_letters_server_not_a_coordinator() -> No
     assert down == 2 and "dead-letter streams" in down_err, down_err
     assert "coordinator" not in unset_err + down_err
     assert txn == 2 and "the coordinators (`txactors coordinator`) run on" in txn_err, txn_err
+
+
+async def test_a_url_whose_port_is_no_number_is_refused_before_connecting() -> None:
+    code, out, err = await _cli("txn", "list", "--url", "nats://host:4223x")
+    assert (code, out) == (2, ""), err
+    assert err.startswith("error: url (NATS_URL)='nats://host:4223x' is not a NATS URL: its port")
