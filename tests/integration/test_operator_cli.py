@@ -372,3 +372,25 @@ async def test_a_url_whose_port_is_no_number_is_refused_before_connecting() -> N
     code, out, err = await _cli("txn", "list", "--url", "nats://host:4223x")
     assert (code, out) == (2, ""), err
     assert err.startswith("error: url (NATS_URL)='nats://host:4223x' is not a NATS URL: its port")
+
+
+async def test_a_bad_number_is_told_in_our_words_not_pydantics() -> None:
+    """typer checks `min=`/`max=` and types with pydantic; its "Input should be greater than
+    or equal to 1" is said as the coordinator's settings say it."""
+    answers = await asyncio.gather(
+        _cli("txn", "list", "--limit", "x"),
+        _cli("txn", "list", "--limit", "0"),
+        _cli("txn", "list", "--limit", "1000000"),
+        _cli("dlq", "show", "g", "0"),
+    )
+    said = []
+    for code, out, err in answers:
+        assert (code, out) == (2, ""), err
+        assert "Input should" not in err and err.count("\n") == 1, err
+        said.append(err.split(" (see ")[0])
+    assert said == [
+        "error: Invalid value for '--limit': expected a whole number, got 'x'",
+        "error: Invalid value for '--limit': must be >= 1, got 0",
+        "error: Invalid value for '--limit': must be <= 100000, got 1000000",
+        "error: Invalid value for 'seq': must be >= 1, got 0",
+    ]
