@@ -85,7 +85,8 @@ def print_one(value: S, as_json: bool, render: Callable[[S], object]) -> None:
 
 
 def print_rich(renderable: object) -> None:
-    """Print to a terminal at its width; into a pipe or file, wide enough not to wrap rows."""
-    from rich.console import Console
+    """Print to a terminal at its width; into a pipe or file, wide enough not to wrap rows
+    (`consoles.py`)."""
+    from txactors.cli.consoles import console
 
-    Console(width=None if sys.stdout.isatty() else 200).print(renderable)
+    console().print(renderable)

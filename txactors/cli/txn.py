@@ -3,11 +3,11 @@ holds (the work is in txactors/ops/txn.py; these functions parse, confirm and pr
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from txactors.cli.consoles import console
 from txactors.cli.exits import say_error
 from txactors.cli.operator import JsonOption, YesOption, admin_call, ask_yes, print_one, print_rich
 
@@ -225,8 +225,6 @@ def txn_resolve(
 
     At least one filter is required. Exit 1 if any of them failed (the others are done).
     """
-    from rich.console import Console
-
     from txactors import ops as admin
     from txactors.ops import views as admin_views
 
@@ -251,9 +249,7 @@ def txn_resolve(
         if as_json:
             typer.echo("[]")
         return
-    Console(stderr=True, width=None if sys.stderr.isatty() else 200).print(
-        admin_views.render_list(found.transactions)
-    )
+    console(stderr=True).print(admin_views.render_list(found.transactions))
     if found.more:
         typer.echo(f"{found.more} more match beyond --limit {limit}: not touched", err=True)
     count = len(found.transactions)
@@ -304,8 +300,6 @@ def _decide(
 
 def _confirm(url: str | None, txid: str, partitions: int | None, action: str, effect: str) -> None:
     """Show what is about to be decided (on stderr, so --json output stays clean) and ask."""
-    from rich.console import Console
-
     from txactors import ops as admin
     from txactors.ops import CommandError
     from txactors.ops import views as admin_views
@@ -320,7 +314,7 @@ def _confirm(url: str | None, txid: str, partitions: int | None, action: str, ef
     if isinstance(found, str):
         typer.echo(f"note: {found}", err=True)
     else:
-        Console(stderr=True).print(admin_views.render_detail(found))
+        console(stderr=True).print(admin_views.render_detail(found))
     if not ask_yes(f"{action.capitalize()} transaction {txid}? This {effect} [y/N] "):
         typer.echo(f"not done: {txid} was left as it is", err=True)
         raise typer.Exit(1)
