@@ -205,15 +205,15 @@ async def run_demo(config: DemoConfig, console: Console | None = None) -> DemoRe
     """Run the demo; `console` shows progress (None: quiet, e.g. in a benchmark)."""
     plan = make_plan(config.transfers, config.faults, config.accounts, random.Random(config.seed))
     storage = config.storage
+    if console is not None:  # before opening: a database that cannot be opened is named here
+        console.print(f"  alipay: {storage.describe(ALIPAY)}")
+        console.print(f"  yuebao: {storage.describe(YUEBAO)}")
     alipay = Bank(await storage.open(ALIPAY, fresh=True))
     try:
         yuebao = Bank(await storage.open(YUEBAO, fresh=True))
         try:
             await alipay.seed(plan.alipay)
             await yuebao.seed(plan.yuebao)
-            if console is not None:
-                console.print(f"  alipay: {storage.describe(ALIPAY)}")
-                console.print(f"  yuebao: {storage.describe(YUEBAO)}")
             return await _run(config, plan, alipay, yuebao, console)
         finally:
             await yuebao.db.close()
