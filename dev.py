@@ -12,6 +12,7 @@ The justfile and `.ci/run` call this script, so there is one way to do each thin
 from __future__ import annotations
 
 import ctypes.util
+import difflib
 import hashlib
 import json
 import os
@@ -88,9 +89,17 @@ def ensure_env(extras: Collection[str] = EVERYTHING) -> None:
 
 
 def demo_command(args: list[str]) -> list[str]:
-    """`python -m <demo module> flags…` for `dev.py demo [name] flags…`."""
+    """`python -m <demo module> flags…` for `dev.py demo [name] flags…`; ValueError for a
+    name that is no demo (`order`), suggesting the closest (`orders`)."""
     if args and args[0] in DEMOS:
         return ["-m", DEMOS[args[0]], *args[1:]]
+    if args and not args[0].startswith("-"):
+        close = difflib.get_close_matches(args[0], DEMOS, n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        raise ValueError(
+            f"no demo named '{args[0]}'; {hint}the demos: {', '.join(DEMOS)} "
+            "(python3 dev.py demo [name] [flags])"
+        )
     return ["-m", DEMOS["transfer"], *args]
 
 
@@ -148,8 +157,12 @@ def main(argv: list[str]) -> None:
     if command == "setup":
         ensure_env()
     elif command == "demo":
+        try:
+            demo = demo_command(rest)
+        except ValueError as error:  # before building .venv: a typo costs no install
+            sys.exit(f"error: {error}")
         ensure_env(DEMO_EXTRAS)
-        run([str(PYTHON), *demo_command(rest)])
+        run([str(PYTHON), *demo])
     elif command == "sink":
         ensure_env(SINK_EXTRAS)
         run(sink_command(rest))
