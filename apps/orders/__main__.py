@@ -29,6 +29,7 @@ from apps.common.options import (
     Seed,
     faults_option,
     storage_of,
+    where_nats,
 )
 from apps.common.report import progress_bar, show
 from apps.common.timing import Timing
@@ -74,8 +75,7 @@ async def _run(
     for name in DATABASES:
         console.print(f"  {name}: {storage.describe(name)}")
     async with nats_session() as session:
-        where = "embedded nats-server" if session.server else "NATS"
-        console.print(f"  {where} at {session.url}; coordinator in this process")
+        console.print(f"  {where_nats(session)}")
         with progress_bar(console) as progress:
             report = await run_demo(
                 session.nc,

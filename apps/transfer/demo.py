@@ -40,7 +40,7 @@ from apps.common.db import Storage
 from apps.common.drain import wait_drained
 from apps.common.faults import Child, Fault, FaultLog, child_process
 from apps.common.fresh import start_clean
-from apps.common.options import DEFAULT_CONCURRENCY, DEFAULT_SEED
+from apps.common.options import DEFAULT_CONCURRENCY, DEFAULT_SEED, where_nats
 from apps.common.report import Reconciliation, Tally, progress_bar, publish
 from apps.common.timing import Timing
 from apps.transfer.bank import ALIPAY, YUEBAO, Bank, InsufficientFunds
@@ -242,8 +242,7 @@ async def _run(
             nc, producer_group=SENDER_GROUP, topics=[TOPIC], consumer_groups=[RECEIVER_GROUP]
         )
         if console is not None:
-            where = "embedded nats-server" if session.server else "NATS"
-            console.print(f"  {where} at {session.url}; coordinator in this process")
+            console.print(f"  {where_nats(session)}")
         env = {ENV_VARS["url"]: session.url}
         storage = config.storage.to_args()
         consumer = receiver.consumer(
