@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """One entry point for a fresh machine: needs only Python 3.11+.
 
-`python3 dev.py demo [orders]`, `python3 dev.py sink …` (`txactors sink …`) and `python3 dev.py
-test` create `.venv`, install the project with the extras that command needs, then run. The
+`python3 dev.py demo [orders]`, `python3 dev.py example` (the README's test of its handler),
+`python3 dev.py sink …` (`txactors sink …`) and `python3 dev.py test` create `.venv`, install
+the project with the extras that command needs, then run. The
 venv remembers which extras it holds and for which pyproject.toml: a command whose extras are
 already there (a `demo` after a `test`) installs nothing, and a missing one is added to what is
 there, never swapped for it.
@@ -12,6 +13,7 @@ The justfile and `.ci/run` call this script, so there is one way to do each thin
 from __future__ import annotations
 
 import ctypes.util
+import difflib
 import hashlib
 import json
 import os
@@ -43,6 +45,11 @@ NO_TESTS = 5
 """pytest's exit code when it collected nothing: fine for the `serial` run of a set that has
 none (unit)."""
 DEMOS = {"transfer": "apps.transfer", "orders": "apps.orders"}
+EXAMPLE = ROOT / "examples" / "shop"
+"""`python3 dev.py example`: the README's handler and its test, as a project of its own (its
+own pytest settings, the README's, not this project's), run by pytest."""
+EXAMPLE_EXTRAS = ("testing",)
+"""The example's test needs pytest and pytest-asyncio, and the txactors plugin: `testing`."""
 """`python3 dev.py demo [name] [flags]`: the bank transfer unless another one is named."""
 
 
@@ -88,10 +95,24 @@ def ensure_env(extras: Collection[str] = EVERYTHING) -> None:
 
 
 def demo_command(args: list[str]) -> list[str]:
-    """`python -m <demo module> flags…` for `dev.py demo [name] flags…`."""
+    """`python -m <demo module> flags…` for `dev.py demo [name] flags…`; ValueError for a
+    name that is no demo (`order`), suggesting the closest (`orders`)."""
     if args and args[0] in DEMOS:
         return ["-m", DEMOS[args[0]], *args[1:]]
+    if args and not args[0].startswith("-"):
+        close = difflib.get_close_matches(args[0], DEMOS, n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        raise ValueError(
+            f"no demo named '{args[0]}'; {hint}the demos: {', '.join(DEMOS)} "
+            "(python3 dev.py demo [name] [flags])"
+        )
     return ["-m", DEMOS["transfer"], *args]
+
+
+def example_command(args: list[str]) -> list[str]:
+    """The pytest run of `dev.py example [pytest flags…]`, from the clone's root: pytest takes
+    examples/shop/pyproject.toml as its configuration, the directory as its root."""
+    return [tool("pytest"), str(EXAMPLE.relative_to(ROOT)), *args]
 
 
 def sink_command(args: list[str]) -> list[str]:
@@ -148,8 +169,15 @@ def main(argv: list[str]) -> None:
     if command == "setup":
         ensure_env()
     elif command == "demo":
+        try:
+            demo = demo_command(rest)
+        except ValueError as error:  # before building .venv: a typo costs no install
+            sys.exit(f"error: {error}")
         ensure_env(DEMO_EXTRAS)
-        run([str(PYTHON), *demo_command(rest)])
+        run([str(PYTHON), *demo])
+    elif command == "example":
+        ensure_env(EXAMPLE_EXTRAS)
+        run(example_command(rest))
     elif command == "sink":
         ensure_env(SINK_EXTRAS)
         run(sink_command(rest))
@@ -171,7 +199,7 @@ def main(argv: list[str]) -> None:
         run([str(PYTHON), "-m", "bench", *rest])
     else:
         print(
-            "usage: python3 dev.py {setup|demo [transfer|orders]|sink [run|query]"
+            "usage: python3 dev.py {setup|demo [transfer|orders]|example|sink [run|query]"
             "|test [unit|integration]|lint|bench}"
             " [args...]"
         )

@@ -6,6 +6,9 @@ setup:
 demo *ARGS:
     python3 dev.py demo {{ARGS}}
 
+example *ARGS:
+    python3 dev.py example {{ARGS}}
+
 test *ARGS:
     python3 dev.py test {{ARGS}}
 

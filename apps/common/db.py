@@ -23,11 +23,13 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 import aiosqlite
 import anyio
 
 from txactors.consumer import apply_once_postgres, apply_once_sqlite
+from txactors.errors import ConfigError
 from txactors.producer.txlog import TxLog
 from txactors.producer.txlog.pg_asyncpg import AsyncpgTxLog
 from txactors.producer.txlog.sqlite import SqliteTxLog
@@ -225,7 +227,7 @@ class PostgresDatabase(Database):
     ) -> PostgresDatabase:
         import asyncpg  # type: ignore[import-untyped]  # the `postgres` extra only
 
-        conn = await asyncpg.connect(dsn)
+        conn = await pg_connect(dsn)
         try:
             await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{pg_schema(schema)}"')
         finally:
@@ -270,10 +272,32 @@ def pg_schema(schema: str) -> str:
     return schema
 
 
-async def drop_pg_schema(dsn: str, schema: str) -> None:
+async def pg_connect(dsn: str) -> Any:
+    """A connection to `dsn`; one that cannot be made is a ConfigError naming the DSN (which
+    may be the default, not given by the user) and the flag that changes it."""
     import asyncpg
 
-    conn = await asyncpg.connect(dsn)
+    try:
+        return await asyncpg.connect(dsn)
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+        reason = str(error) or type(error).__name__
+        raise ConfigError(
+            f"PostgreSQL at {shown_dsn(dsn)} cannot be used ({reason}); start it, or name "
+            "another database with --pg-dsn postgresql://user@host:port/db"
+        ) from None
+
+
+def shown_dsn(dsn: str) -> str:
+    """`dsn` with its password masked, for messages and the demos' headers."""
+    parts = urlsplit(dsn)
+    if parts.password is None:
+        return dsn
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit(parts._replace(netloc=user + parts.netloc.rpartition("@")[2]))
+
+
+async def drop_pg_schema(dsn: str, schema: str) -> None:
+    conn = await pg_connect(dsn)
     try:
         await conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema(schema)}" CASCADE')
     finally:
@@ -304,7 +328,9 @@ class Storage:
     def describe(self, name: str) -> str:
         if self.kind == "sqlite":
             return str(self._path(name))
-        return f"schema {self.prefix}{name} of {self.dsn}"
+        assert self.dsn is not None
+        default = " (the default: --pg-dsn names another)" if self.dsn == DEFAULT_PG_DSN else ""
+        return f"schema {self.prefix}{name} of {shown_dsn(self.dsn)}{default}"
 
     async def open(self, name: str, *, fresh: bool = False) -> Database:
         """Open `name`'s database; `fresh` first deletes whatever it held."""

@@ -20,6 +20,8 @@ import typer
 
 from apps.common.db import DEFAULT_PG_DSN, Storage
 from apps.common.faults import DEFAULT_FAULTS, Fault, parse_faults
+from txactors.nats.config import DATA_DIR_ENV
+from txactors.nats.connect import NatsSession
 
 DEFAULT_CONCURRENCY = 16
 DEFAULT_SEED = 7
@@ -40,7 +42,8 @@ Db = Annotated[Backend, typer.Option(help="Where every service keeps its databas
 DataDir = Annotated[
     Path | None,
     typer.Option(
-        help="SQLite: directory of the database files.",
+        help="SQLite: directory of the database files (TXACTORS_DATA_DIR is the embedded "
+        "NATS server's store, not theirs).",
         show_default="~/.local/share/txactors/<demo>",
     ),
 ]
@@ -60,6 +63,16 @@ def default_data_dir(demo: str, environ: Mapping[str, str] = os.environ) -> Path
     base = environ.get("XDG_DATA_HOME", "")
     root = Path(base) if os.path.isabs(base) else Path.home() / ".local" / "share"
     return root / "txactors" / demo
+
+
+def where_nats(session: NatsSession) -> str:
+    """The demos' line about NATS: where it runs, and for an embedded server where its store
+    is (TXACTORS_DATA_DIR, or a temporary one), which is not where the databases are."""
+    if session.server is None:
+        return f"NATS at {session.url}; coordinator in this process"
+    given = os.environ.get(DATA_DIR_ENV, "").strip()
+    store = f"store {session.server.data_dir} ({DATA_DIR_ENV})" if given else "temporary store"
+    return f"embedded nats-server at {session.url}, {store}; coordinator in this process"
 
 
 def storage_of(
@@ -97,4 +110,5 @@ __all__ = [
     "PgPrefix",
     "Seed",
     "storage_of",
+    "where_nats",
 ]

@@ -11,7 +11,6 @@ the topic or any consumer group's database disagrees with the order database.
 from __future__ import annotations
 
 import typer
-from rich.console import Console
 
 from apps.common.db import Storage
 from apps.common.faults import Fault
@@ -30,12 +29,14 @@ from apps.common.options import (
     Seed,
     faults_option,
     storage_of,
+    where_nats,
 )
 from apps.common.report import progress_bar, show
 from apps.common.timing import Timing
 from apps.orders.demo import DATABASES, DemoReport, run_demo
 from txactors.actors.loop import run_anyio
 from txactors.cli import run_cli
+from txactors.cli.consoles import console as wide_console
 from txactors.nats.connect import nats_session
 from txactors.observe.logs import configure_logging
 
@@ -65,7 +66,7 @@ def main(
 async def _run(
     storage: Storage, orders: int, concurrency: int, faults: frozenset[Fault], seed: int
 ) -> DemoReport:
-    console = Console()
+    console = wide_console()
     timing = Timing()
     console.print(
         f"[bold]txactors orders[/]: {orders} orders paid, {concurrency} at a time; "
@@ -74,8 +75,7 @@ async def _run(
     for name in DATABASES:
         console.print(f"  {name}: {storage.describe(name)}")
     async with nats_session() as session:
-        where = "embedded nats-server" if session.server else "NATS"
-        console.print(f"  {where} at {session.url}; coordinator in this process")
+        console.print(f"  {where_nats(session)}")
         with progress_bar(console) as progress:
             report = await run_demo(
                 session.nc,

@@ -11,12 +11,12 @@ import time
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 from txactors.actors import Actor, ActorSystem, RemoteActorRef, serve
 from txactors.actors.loop import run_anyio
+from txactors.cli.consoles import console as wide_console
 from txactors.nats.connect import nats_session
 from txactors.observe.logs import configure_logging
 from txactors.wire.protocol import Message
@@ -75,7 +75,7 @@ def main(count: int = typer.Option(2000, min=1, help="How many pings to send."))
 
 
 async def play(count: int) -> None:
-    console = Console()
+    console = wide_console()
     async with nats_session() as session, ActorSystem() as system:
         where = "embedded nats-server" if session.server else "NATS"
         console.print(f"[bold]txactors ping-pong[/] on {where} at {session.url}")

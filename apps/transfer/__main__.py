@@ -17,7 +17,6 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from apps.common.db import Storage
 from apps.common.drain import wait_drained
@@ -47,6 +46,7 @@ from apps.transfer.reconcile import reconcile
 from apps.transfer.sender import Sender, new_transfer
 from txactors.actors.loop import run_anyio
 from txactors.cli import run_cli
+from txactors.cli.consoles import console as wide_console
 from txactors.coordinator.service import run_coordinator
 from txactors.errors import RolledBackByCheck
 from txactors.nats.connect import nats_session
@@ -59,7 +59,7 @@ BAD_INPUT = 2
 MISMATCH = 1
 
 app = typer.Typer(add_completion=False, help=__doc__.split("\n\n")[0])
-console = Console()
+console = wide_console()
 
 
 def banks(db: Backend, data_dir: Path | None, pg_dsn: str, pg_prefix: str | None) -> Storage:
@@ -67,7 +67,7 @@ def banks(db: Backend, data_dir: Path | None, pg_dsn: str, pg_prefix: str | None
 
 
 def fail(message: str, code: int = BAD_INPUT) -> typer.Exit:
-    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}")
+    wide_console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}")
     return typer.Exit(code)
 
 

@@ -40,7 +40,7 @@ from apps.common.db import Storage
 from apps.common.drain import wait_drained
 from apps.common.faults import Child, Fault, FaultLog, child_process
 from apps.common.fresh import start_clean
-from apps.common.options import DEFAULT_CONCURRENCY, DEFAULT_SEED
+from apps.common.options import DEFAULT_CONCURRENCY, DEFAULT_SEED, where_nats
 from apps.common.report import Reconciliation, Tally, progress_bar, publish
 from apps.common.timing import Timing
 from apps.transfer.bank import ALIPAY, YUEBAO, Bank, InsufficientFunds
@@ -205,15 +205,15 @@ async def run_demo(config: DemoConfig, console: Console | None = None) -> DemoRe
     """Run the demo; `console` shows progress (None: quiet, e.g. in a benchmark)."""
     plan = make_plan(config.transfers, config.faults, config.accounts, random.Random(config.seed))
     storage = config.storage
+    if console is not None:  # before opening: a database that cannot be opened is named here
+        console.print(f"  alipay: {storage.describe(ALIPAY)}")
+        console.print(f"  yuebao: {storage.describe(YUEBAO)}")
     alipay = Bank(await storage.open(ALIPAY, fresh=True))
     try:
         yuebao = Bank(await storage.open(YUEBAO, fresh=True))
         try:
             await alipay.seed(plan.alipay)
             await yuebao.seed(plan.yuebao)
-            if console is not None:
-                console.print(f"  alipay: {storage.describe(ALIPAY)}")
-                console.print(f"  yuebao: {storage.describe(YUEBAO)}")
             return await _run(config, plan, alipay, yuebao, console)
         finally:
             await yuebao.db.close()
@@ -242,8 +242,7 @@ async def _run(
             nc, producer_group=SENDER_GROUP, topics=[TOPIC], consumer_groups=[RECEIVER_GROUP]
         )
         if console is not None:
-            where = "embedded nats-server" if session.server else "NATS"
-            console.print(f"  {where} at {session.url}; coordinator in this process")
+            console.print(f"  {where_nats(session)}")
         env = {ENV_VARS["url"]: session.url}
         storage = config.storage.to_args()
         consumer = receiver.consumer(

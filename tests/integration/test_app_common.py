@@ -14,6 +14,7 @@ from apps.common.db import DEFAULT_PG_DSN, Database, Storage, Tx, pg_schema
 from apps.common.faults import Fault, parse_faults
 from apps.common.options import Backend, default_data_dir, storage_of
 from apps.common.report import Check, Reconciliation
+from txactors.errors import ConfigError
 
 
 def test_parse_faults_accepts_all_none_and_lists() -> None:
@@ -41,6 +42,24 @@ def test_the_default_sqlite_directory_is_the_users_own(
     assert default_data_dir("orders", {"XDG_DATA_HOME": "relative"}).is_relative_to(
         tmp_path / "alice"
     ), "a relative XDG_DATA_HOME is ignored, as the XDG spec says"
+
+
+def test_the_postgres_storage_says_which_dsn_it_uses_default_or_not() -> None:
+    """`--db postgres` without `--pg-dsn` runs on a default DSN: the header says so."""
+    default = storage_of("orders", Backend.POSTGRES).describe("cart")
+    said = f"schema orders_cart of {DEFAULT_PG_DSN} (the default: --pg-dsn names another)"
+    assert default == said
+    given = storage_of("orders", Backend.POSTGRES, pg_dsn="postgresql://me:pw@db:5433/shop")
+    assert given.describe("cart") == "schema orders_cart of postgresql://me:***@db:5433/shop"
+
+
+async def test_a_postgres_that_cannot_be_used_is_named_with_the_flag_to_change_it() -> None:
+    storage = Storage.postgres("postgresql://postgres:secret@127.0.0.1:1/test", prefix="t_")
+    with pytest.raises(ConfigError) as refused:
+        await storage.open("alipay", fresh=True)
+    said = str(refused.value)
+    assert said.startswith("PostgreSQL at postgresql://postgres:***@127.0.0.1:1/test cannot be")
+    assert "--pg-dsn" in said and "secret" not in said
 
 
 def test_schema_names_are_plain_identifiers() -> None:

@@ -267,3 +267,23 @@ async def test_two_coordinators_in_one_process_each_have_their_metrics(
 def scrape(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
         return str(reply.read().decode())
+
+
+async def test_a_demo_into_a_pipe_keeps_each_row_on_one_line(tmp_path: Path) -> None:
+    """`python3 dev.py demo | tee run.log`: the tables as wide as they are, not wrapped at 80."""
+    env = {k: v for k, v in clean_env().items() if k != "COLUMNS"}
+    env["TXACTORS_DATA_DIR"] = str(tmp_path / "nats")
+    args = ("-m", "apps.transfer", "--transfers", "5", "--faults", "none")
+    with anyio.fail_after(120):
+        done = await anyio.run_process(
+            [sys.executable, *args, "--data-dir", str(tmp_path / "db")], env=env, cwd=ROOT,
+            check=False,
+        )  # fmt: skip
+    out = done.stdout.decode()
+    assert done.returncode == 0, out + done.stderr.decode()
+    # TXACTORS_DATA_DIR is NATS's store, not the databases': the header says where each is.
+    assert f"  alipay: {tmp_path / 'db' / 'alipay.db'}" in out.splitlines(), out
+    assert f", store {tmp_path / 'nats'} (TXACTORS_DATA_DIR); coordinator" in out, out
+    rows = [line for line in out.splitlines() if "alipay: money out = recorded transfers" in line]
+    assert len(rows) == 1 and "✓" in rows[0], out
+    assert max(map(len, out.splitlines())) > 80

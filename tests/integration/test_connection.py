@@ -62,6 +62,9 @@ def test_from_env_reads_every_variable() -> None:
         ({"NATS_TOKEN": "t", "NATS_USER": "u", "NATS_PASSWORD": "p"}, "both set"),
         ({"NATS_CREDS": "c", "NATS_NKEY": "n"}, "both set"),
         ({"NATS_URL": "http://example.com"}, r"url \(NATS_URL\)='http://example.com' is not a"),
+        ({"NATS_URL": "nats://host:4223x"}, r"its port '4223x' is not a number from 1 to 65535"),
+        ({"NATS_URL": "nats://a:4222,b:70000"}, r"its port '70000' is not a number"),
+        ({"NATS_URL": "nats://:4222"}, "it names no host"),
     ],
 )
 def test_bad_settings_name_the_variable(env: dict[str, str], message: str) -> None:

@@ -339,3 +339,58 @@ async def _first_log_line_on_a_tty(*args: str) -> str:
         process.send_signal(signal.SIGTERM)
         await process.wait()
         os.close(controller)
+
+
+async def test_lease_list_exits_as_txn_list_does_where_no_coordinator_ran(
+    private_nc: Client,
+) -> None:
+    """The same situation, the same exit code: nothing to ask (2), not a refusal (1)."""
+    url = _url(private_nc)
+    (lease, _, lease_err), (txn, _, txn_err) = await asyncio.gather(
+        _cli("lease", "list", "--url", url), _cli("txn", "list", "--url", url)
+    )
+    assert (lease, txn) == (2, 2), lease_err + txn_err
+    assert "no coordinator" in lease_err and lease_err.count("\n") == 1, lease_err
+
+
+async def test_dlq_errors_name_the_dead_letters_server_not_a_coordinator() -> None:
+    """`dlq` needs no coordinator, so its errors do not send the operator looking for one;
+    `txn`'s still do."""
+    unreachable = "nats://127.0.0.1:1"
+    (unset, _, unset_err), (down, _, down_err), (txn, _, txn_err) = await asyncio.gather(
+        _cli("dlq", "list"),
+        _cli("dlq", "list", "--url", unreachable),
+        _cli("txn", "list", "--url", unreachable),
+    )
+    assert unset == 2 and "dead-letter streams" in unset_err, unset_err
+    assert down == 2 and "dead-letter streams" in down_err, down_err
+    assert "coordinator" not in unset_err + down_err
+    assert txn == 2 and "the coordinators (`txactors coordinator`) run on" in txn_err, txn_err
+
+
+async def test_a_url_whose_port_is_no_number_is_refused_before_connecting() -> None:
+    code, out, err = await _cli("txn", "list", "--url", "nats://host:4223x")
+    assert (code, out) == (2, ""), err
+    assert err.startswith("error: url (NATS_URL)='nats://host:4223x' is not a NATS URL: its port")
+
+
+async def test_a_bad_number_is_told_in_our_words_not_pydantics() -> None:
+    """typer checks `min=`/`max=` and types with pydantic; its "Input should be greater than
+    or equal to 1" is said as the coordinator's settings say it."""
+    answers = await asyncio.gather(
+        _cli("txn", "list", "--limit", "x"),
+        _cli("txn", "list", "--limit", "0"),
+        _cli("txn", "list", "--limit", "1000000"),
+        _cli("dlq", "show", "g", "0"),
+    )
+    said = []
+    for code, out, err in answers:
+        assert (code, out) == (2, ""), err
+        assert "Input should" not in err and err.count("\n") == 1, err
+        said.append(err.split(" (see ")[0])
+    assert said == [
+        "error: Invalid value for '--limit': expected a whole number, got 'x'",
+        "error: Invalid value for '--limit': must be >= 1, got 0",
+        "error: Invalid value for '--limit': must be <= 100000, got 1000000",
+        "error: Invalid value for 'seq': must be >= 1, got 0",
+    ]

@@ -117,6 +117,24 @@ def test_dev_demo_runs_the_transfer_demo_unless_another_is_named() -> None:
     assert dev.demo_command(["transfer"]) == ["-m", "apps.transfer"]
 
 
+def test_dev_demo_given_no_demo_name_suggests_the_closest_one() -> None:
+    """`dev.py demo order` ran the transfer demo with a stray `order`: now it says `orders`,
+    before any install."""
+    with pytest.raises(ValueError, match=r"no demo named 'order'; did you mean 'orders'\?"):
+        dev.demo_command(["order", "--orders", "5"])
+    with pytest.raises(ValueError, match="the demos: transfer, orders"):
+        dev.demo_command(["pingpang"])
+    result = subprocess.run(
+        [sys.executable, "dev.py", "demo", "order"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.startswith("error: no demo named 'order'; did you mean 'orders'?")
+
+
 def test_dev_test_runs_a_set_in_parallel_then_its_serial_tests_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

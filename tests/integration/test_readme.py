@@ -26,6 +26,8 @@ NOT_RUN = {
     "python3 dev.py test": "the whole test suite, of which this test is part",
     "python3 dev.py demo orders": "builds a fresh .venv first, like `dev.py demo`; the demo it "
     "runs is `python -m apps.orders`, run end to end by tests/integration/test_app_orders.py",
+    "python3 dev.py example": "builds a fresh .venv first, like `dev.py demo`; the pytest run it "
+    "makes (`dev.example_command`) is run by test_dev_example_runs_the_readme_project_as_its_own",
 }
 """README shell commands this file does not run, and why."""
 
@@ -247,3 +249,30 @@ def test_readme_handler_and_its_test_pass_under_pytest(
     assert "1 passed" in result.stdout
     assert printed in result.stdout, "the app's handler ran"
     assert "warning" not in (result.stdout + result.stderr).lower(), result.stdout + result.stderr
+
+
+def test_the_example_project_is_the_readmes() -> None:
+    """examples/shop, which `dev.py example` runs, holds the README's three files as written."""
+    import dev
+
+    for name in ("shop.py", "test_shop.py"):
+        assert (dev.EXAMPLE / name).read_text() == block_named(name), name
+    assert (dev.EXAMPLE / "pyproject.toml").read_text() == toml_block_named("pyproject.toml")
+
+
+def test_dev_example_runs_the_readme_project_as_its_own() -> None:
+    """From the clone's root, as `dev.py example` runs it (this interpreter's venv for the
+    clone's .venv): pytest takes the example's settings, not the clone's (whose `timeout`
+    needs the `dev` extra: "Unknown config option" with only `testing` installed)."""
+    import dev
+
+    command = dev.example_command(["-p", "no:cacheprovider"])
+    assert command[0] == dev.tool("pytest")
+    command[0] = str(Path(sys.executable).parent / "pytest")
+    result = subprocess.run(
+        command, cwd=ROOT, env=user_env(), capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"configfile: {Path('pyproject.toml')}" in result.stdout
+    assert f"rootdir: {dev.EXAMPLE}" in result.stdout
+    assert "1 passed" in result.stdout

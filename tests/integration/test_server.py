@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -181,3 +183,53 @@ async def test_cli_server_runs_in_the_foreground(tmp_path: Path) -> None:
         proc.terminate()
         _, err = await asyncio.wait_for(proc.communicate(), timeout=10)
     assert proc.returncode == 0, err.decode()
+
+
+async def test_a_failed_start_leaves_no_temporary_data_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The temporary store of a server that never came up is removed; a given one is kept."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    bad_config = tmp_path / "bad.conf"
+    bad_config.write_text("jetstream {{{\n")
+    server = EmbeddedNatsServer(None, extra_args=["-c", str(bad_config)])
+    with pytest.raises(ServerExitedEarly, match="temporary data directory is removed") as info:
+        await server.start()
+    assert "Parse error" in info.value.log_tail
+    assert sorted(os.listdir(tmp_path)) == ["bad.conf"]
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        with pytest.raises(PortInUse):
+            await EmbeddedNatsServer(None, port=blocker.getsockname()[1]).start()
+        assert sorted(os.listdir(tmp_path)) == ["bad.conf"]
+        given = tmp_path / "given"
+        with pytest.raises(PortInUse):
+            await EmbeddedNatsServer(given, port=blocker.getsockname()[1]).start()
+        assert given.is_dir(), "a data directory given is the user's: kept"
+
+
+async def test_a_failed_cli_server_removes_its_temporary_folder(tmp_path: Path) -> None:
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "txactors.cli",
+            "server",
+            "--port",
+            str(blocker.getsockname()[1]),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={
+                **{k: v for k, v in os.environ.items() if not k.startswith("TXACTORS_")},
+                "TMPDIR": str(temp),
+            },
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=30)
+    assert (proc.returncode, out) == (1, b""), err.decode()
+    assert "already in use" in err.decode()
+    assert list(temp.iterdir()) == []

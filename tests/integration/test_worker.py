@@ -169,3 +169,119 @@ def test_load_app_says_what_is_wrong_with_the_target(tmp_path: Path) -> None:
     finally:
         os.chdir(cwd)
         sys.path.remove(str(tmp_path))
+
+
+LEAKY_APP = textwrap.dedent(
+    """
+    import aiosqlite
+    import msgspec
+
+    from txactors import TxApp
+
+
+    class Job(msgspec.Struct):
+        n: int
+
+
+    app = TxApp("workers")
+    db = None
+
+
+    @app.on_startup
+    async def open_db() -> None:
+        global db
+        db = await aiosqlite.connect("jobs.db")  # and no on_shutdown closes it
+
+
+    @app.consumer("jobs")
+    async def work(job: Job) -> None:
+        pass
+    """
+)
+
+
+@pytest.mark.parametrize("signals", [1, 2])
+async def test_a_thread_the_app_left_running_neither_holds_the_worker_nor_makes_it_143(
+    make_nats_server: MakeNatsServer, tmp_path: Path, signals: int
+) -> None:
+    """aiosqlite's connection thread, never closed: Python would wait for it at exit until a
+    SIGKILL, and a second SIGTERM found the default handler (143). The worker gives it
+    THREAD_GRACE seconds, exits 0 naming it; a second signal meanwhile exits 130."""
+    from txactors.app.worker import FORCED_EXIT, THREAD_GRACE
+
+    server = await make_nats_server()
+    (tmp_path / "leaky_app.py").write_text(LEAKY_APP)
+    env = {**os.environ, "NATS_URL": server.url, "PYTHONPATH": str(ROOT)}
+    stderr_path = tmp_path / "stderr"
+    with stderr_path.open("wb") as stderr:
+        worker = await anyio.open_process(
+            [sys.executable, "-m", "txactors.cli", "run", "leaky_app:app"],
+            cwd=tmp_path,
+            env=env,
+            stdout=None,
+            stderr=stderr,
+        )
+    try:
+        await eventually(
+            lambda: "workers: 1 consumer on" in stderr_path.read_text(),
+            timeout=30,
+            what="the worker running",
+        )
+        worker.send_signal(signal.SIGTERM)
+        if signals == 2:
+            await eventually(
+                lambda: "worker_waiting_for_threads" in stderr_path.read_text(),
+                timeout=30,
+                what="the worker waiting for the app's thread",
+            )
+            worker.send_signal(signal.SIGTERM)
+        with anyio.fail_after(THREAD_GRACE + 20):
+            code = await worker.wait()
+        said = stderr_path.read_text()
+        assert code == (0 if signals == 1 else FORCED_EXIT), said
+        if signals == 1:
+            assert "worker_exit_past_threads" in said and "_connection_worker_thread" in said
+            assert "@app.on_shutdown" in said
+    finally:
+        if worker.returncode is None:
+            worker.kill()
+        await worker.aclose()
+
+
+async def test_the_documented_on_shutdown_example_stops_without_waiting(
+    make_nats_server: MakeNatsServer, tmp_path: Path
+) -> None:
+    """docs/operations.md's worker, which closes in on_shutdown what on_startup opened: exit 0
+    at once, no thread left to wait for."""
+    import re
+
+    section = (ROOT / "docs" / "operations.md").read_text().split("## Running a worker")[1]
+    [example] = re.findall(r"```python\n(# shipping.py.*?)```", section, flags=re.DOTALL)
+    server = await make_nats_server()
+    (tmp_path / "shipping.py").write_text(example)
+    env = {**os.environ, "NATS_URL": server.url, "PYTHONPATH": str(ROOT)}
+    stderr_path = tmp_path / "stderr"
+    with stderr_path.open("wb") as stderr:
+        worker = await anyio.open_process(
+            [sys.executable, "-m", "txactors.cli", "run", "shipping:app"],
+            cwd=tmp_path,
+            env=env,
+            stdout=None,
+            stderr=stderr,
+        )
+    try:
+        await eventually(
+            lambda: "shipping: 1 consumer on" in stderr_path.read_text(),
+            timeout=30,
+            what="the worker running",
+        )
+        worker.send_signal(signal.SIGTERM)
+        with anyio.fail_after(10):
+            code = await worker.wait()
+        said = stderr_path.read_text()
+        assert code == 0, said
+        assert "worker_waiting_for_threads" not in said, said
+    finally:
+        if worker.returncode is None:
+            worker.kill()
+        await worker.aclose()

@@ -121,6 +121,9 @@ BAD = [
     ({}, {}, "chek_max = 3\n", "'chek_max'; did you mean 'check_max'"),
     ({}, {}, "check_max = \n", "not valid TOML"),
     ({"check_interval": "10"}, {"TXACTORS_CHECK_INTERVAL_MAX": "5"}, "", "--check-interval"),
+    ({"transaction_timeout": "6x"}, {}, "", "--transaction-timeout: '6x' is not a duration"),
+    ({"check_backoff": "2s"}, {}, "", "--check-backoff: expected a number, got '2s'"),
+    ({}, {}, 'lease_ttl = "soon"\n', "lease_ttl: 'soon' is not a duration"),
 ]
 
 
@@ -153,3 +156,38 @@ def test_an_empty_variable_counts_as_unset() -> None:
     settings = load_settings({}, {"TXACTORS_CHECK_MAX": " "})
     assert settings.config.check_max == CoordinatorConfig().check_max
     assert settings.source("check_max") == "the default"
+
+
+def test_times_take_a_unit_as_older_than_does(tmp_path: Path) -> None:
+    """`--transaction-timeout 6s` as `txn list --older-than 10m`: flags, variables, the file."""
+    path = tmp_path / "coordinator.toml"
+    path.write_text('half_retention = "3d"\ncheck_interval = 45\n')
+    settings = load_settings(
+        {"transaction_timeout": "6s", "lease_ttl": "1m 30s"},
+        {"TXACTORS_CHECK_INTERVAL_MAX": "1h30m", "TXACTORS_CHECK_ANSWER_TIMEOUT": "2.5"},
+        path,
+    )
+    config, options = settings.config, settings.options
+    assert (config.transaction_timeout, options.lease_ttl) == (6.0, 90.0)
+    assert (config.check_interval_max, config.check_answer_timeout) == (5400.0, 2.5)
+    assert (config.half_retention, config.check_interval) == (3 * 86400.0, 45.0)
+
+
+def test_every_number_but_the_factors_is_a_time() -> None:
+    """A new `float` setting is a time unless named a factor: this list says which are."""
+    times = {setting.name for setting in SETTINGS if setting.is_duration}
+    assert times == {
+        "transaction_timeout",
+        "max_immunity",
+        "check_interval",
+        "check_interval_max",
+        "check_answer_timeout",
+        "half_retention",
+        "tick_interval",
+        "checkpoint_interval",
+        "topic_duplicate_window",
+        "lease_ttl",
+        "write_linger",
+        "fsync_interval",
+    }
+    assert {BY_NAME[name].metavar for name in times} == {"DURATION"}

@@ -5,15 +5,25 @@ finish and ack (each consumer waits up to its `stop_timeout`), the app's shutdow
 and the process exits 0, so a deploy or a scale-down loses no work and redelivers none. A
 second signal stops at once: running handlers are cancelled and their messages naked for
 another instance (exit 130).
+
+A thread the app started and never stopped (an aiosqlite connection opened in `on_startup`
+and never closed: aiosqlite keeps one thread per connection) would hold the process after
+all this, Python waiting for it at exit until a SIGKILL. `settle_threads` gives such threads
+`THREAD_GRACE` seconds, then exits past them, naming them; a signal meanwhile exits 130.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
+import logging
 import os
 import signal
 import sys
+import threading
+import time
+from typing import Final, NoReturn
 
 from txactors.app.txapp import TxApp
 from txactors.errors import ConfigError
@@ -21,6 +31,8 @@ from txactors.observe.logs import get_logger
 
 FORCED_EXIT = 130
 """Exit code after a second signal cut the graceful stop short (as a shell reports SIGINT)."""
+THREAD_GRACE: Final = 5.0
+"""Seconds a stopped worker waits for threads the app left running before it exits past them."""
 
 log = get_logger(__name__)
 
@@ -84,3 +96,49 @@ async def run_worker(app: TxApp) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
     return 0
+
+
+def settle_threads(code: int, *, grace: float = THREAD_GRACE) -> None:
+    """Once the worker stopped with `code`: return if no thread but daemons is left, else wait
+    up to `grace` seconds for those the app left running and exit with `code` past the ones
+    still there (none after a forced stop). SIGTERM or SIGINT meanwhile exits FORCED_EXIT.
+    """
+    left = _threads_left()
+    if not left:
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the loop's handlers are gone: not 143
+        signal.signal(sig, _exit_forced)
+    if code != FORCED_EXIT:
+        log.info("worker_waiting_for_threads", threads=[t.name for t in left], seconds=grace)
+        deadline = time.monotonic() + grace
+        for thread in left:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        left = _threads_left()
+        if not left:
+            return
+    log.warning(
+        "worker_exit_past_threads",
+        threads=[t.name for t in left],
+        hint="the app left them running (a database connection opened in on_startup and "
+        "never closed?): stop them in an @app.on_shutdown hook",
+    )
+    _exit(code)
+
+
+def _threads_left() -> list[threading.Thread]:
+    """Threads Python would wait for at exit (not daemons, not this one)."""
+    main = threading.main_thread()
+    return [t for t in threading.enumerate() if t is not main and not t.daemon and t.is_alive()]
+
+
+def _exit_forced(signum: int, frame: object) -> None:
+    _exit(FORCED_EXIT)
+
+
+def _exit(code: int) -> NoReturn:
+    """Exit now, without waiting for threads (their work is the app's, and abandoned)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)

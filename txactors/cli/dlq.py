@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
@@ -18,12 +19,24 @@ from txactors.cli.operator import (
     print_rich,
 )
 
+if TYPE_CHECKING:
+    from nats.aio.client import Client
+
+T = TypeVar("T")
+
 app = typer.Typer(
     help="Inspect and replay dead letters: messages a consumer group gave up on (DLQ_<group>).",
     no_args_is_help=True,
 )
 
 GroupArgument = Annotated[str, typer.Argument(help="The consumer group.", show_default=False)]
+
+
+def _call(url: str | None, work: Callable[[Client], Awaitable[T]]) -> T:
+    """`admin_call`, naming the DLQ streams' server in errors: no coordinator is involved."""
+    from txactors.ops.dlq import DLQ_SERVER
+
+    return admin_call(url, work, server=DLQ_SERVER)
 
 
 @app.command("list")
@@ -38,24 +51,21 @@ def dlq_list(
     url: NatsUrlOption = None,
 ) -> None:
     """List a group's dead letters, oldest first (or, without GROUP, the groups that have some)."""
-    from txactors.ops import dlq as dlq_admin
+    from txactors import ops as dlq_admin
     from txactors.ops import dlq_views
-    from txactors.ops import views as admin_views
 
     if group is None:
-        summaries = admin_call(url, dlq_admin.dlq_summaries)
+        summaries = _call(url, dlq_admin.dlq_summaries)
         if as_json:
-            typer.echo(admin_views.to_json(summaries))
+            typer.echo(dlq_admin.to_json(summaries))
         elif summaries:
             print_rich(dlq_views.render_summaries(summaries))
         else:
             typer.echo("no dead-letter streams on this server")
         return
-    page = admin_call(
-        url, lambda nc: dlq_admin.list_dead_letters(nc, group, start=start, limit=limit)
-    )
+    page = _call(url, lambda nc: dlq_admin.list_dead_letters(nc, group, start=start, limit=limit))
     if as_json:
-        typer.echo(admin_views.to_json(page))
+        typer.echo(dlq_admin.to_json(page))
     elif page.entries:
         print_rich(dlq_views.render_list(page))
     else:
@@ -70,10 +80,10 @@ def dlq_show(
     url: NatsUrlOption = None,
 ) -> None:
     """Show one dead letter in full: the error, every header and the body."""
-    from txactors.ops import dlq as dlq_admin
+    from txactors import ops as dlq_admin
     from txactors.ops import dlq_views
 
-    entry = admin_call(url, lambda nc: dlq_admin.show_dead_letter(nc, group, seq))
+    entry = _call(url, lambda nc: dlq_admin.show_dead_letter(nc, group, seq))
     print_one(entry, as_json, dlq_views.render_detail)
 
 
@@ -96,14 +106,13 @@ def dlq_replay(
     repeated soon after (the entry was not deleted) is dropped by the topic stream. Exit 1 if
     any entry could not be replayed (it stays in the DLQ).
     """
-    from txactors.ops import dlq as dlq_admin
+    from txactors import ops as dlq_admin
     from txactors.ops import dlq_views
-    from txactors.ops import views as admin_views
 
     if bool(seqs) == replay_all:
         raise typer.BadParameter("give the DLQ sequences to replay, or --all (not both)")
     if replay_all:
-        wanted = admin_call(url, lambda nc: dlq_admin.all_sequences(nc, group))
+        wanted = _call(url, lambda nc: dlq_admin.all_sequences(nc, group))
         if not wanted:
             typer.echo(f"no dead letters of group {group}: nothing to replay", err=True)
             if as_json:
@@ -115,9 +124,9 @@ def dlq_replay(
             raise typer.Exit(1)
     else:
         wanted = list(seqs or [])
-    results = admin_call(url, lambda nc: dlq_admin.replay(nc, group, wanted))
+    results = _call(url, lambda nc: dlq_admin.replay(nc, group, wanted))
     if as_json:
-        typer.echo(admin_views.to_json(results))
+        typer.echo(dlq_admin.to_json(results))
     else:
         for result in results:
             if result.error is None:

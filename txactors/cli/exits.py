@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import sys
 from contextvars import ContextVar
-from typing import NoReturn
+from typing import Final, NoReturn
 
 import typer
 
@@ -69,6 +69,7 @@ def _operator_error(error: BaseException) -> tuple[str, int] | None:
     if isinstance(error, _ParserError):
         context = getattr(error, "ctx", None)  # a UsageError knows its command
         hint = f" (see {context.command_path} --help)" if context is not None else ""
+        _in_our_words(error)
         message: str = error.format_message()  # type: ignore[attr-defined]
         return f"{message}{hint}", getattr(error, "exit_code", 2)
     if isinstance(error, ConfigError):
@@ -78,6 +79,43 @@ def _operator_error(error: BaseException) -> tuple[str, int] | None:
     if isinstance(error, nats.errors.Error):
         return f"NATS: {error}", 1
     return None
+
+
+_EXPECTED: Final = {
+    "int_parsing": "a whole number",
+    "int_from_float": "a whole number",
+    "float_parsing": "a number",
+    "bool_parsing": "true or false",
+}
+_BOUNDS: Final = {
+    "greater_than_equal": ">=",
+    "greater_than": ">",
+    "less_than_equal": "<=",
+    "less_than": "<",
+}
+
+
+def _in_our_words(error: Exception) -> None:
+    """typer checks a value (a type, `min=`, `max=`) with pydantic, and its BadParameter says
+    what pydantic said ("Input should be greater than or equal to 1"). Say it as our settings
+    do (`expected a whole number, got 'x'`, `must be >= 1, got 0`)."""
+    cause = error.__cause__
+    errors = getattr(cause, "errors", None)
+    if not callable(errors) or not hasattr(error, "message"):
+        return
+    try:
+        first = errors()[0]
+        kind, given = first["type"], first.get("input")
+    except (IndexError, KeyError, TypeError):
+        return
+    bounds = first.get("ctx") or {}
+    if kind in _EXPECTED:
+        error.message = f"expected {_EXPECTED[kind]}, got {given!r}"
+    elif kind in _BOUNDS and len(bounds) == 1:
+        [limit] = bounds.values()
+        error.message = f"must be {_BOUNDS[kind]} {limit}, got {given}"
+    elif isinstance(first.get("msg"), str):  # anything else: the gist, not pydantic's voice
+        error.message = first["msg"].replace("Input should be", "must be")
 
 
 def _fail(message: str, code: int) -> NoReturn:

@@ -30,19 +30,28 @@ NatsUrlOption = Annotated[
 ]
 
 
-def admin_call(url: str | None, work: Callable[[Client], Awaitable[T]]) -> T:
-    """One exchange with the coordinator; exit 1 when it refuses, 2 when it cannot be asked."""
-    from txactors.errors import CommandError, ConfigError, NatsConnectError
-    from txactors.ops.dlq import DeadLetterError
-    from txactors.ops.leases import NoLeases
-    from txactors.ops.partitions import CoordinatorsRunning
-    from txactors.ops.txn import CoordinatorUnavailable, admin_session
+def admin_call(
+    url: str | None, work: Callable[[Client], Awaitable[T]], *, server: str | None = None
+) -> T:
+    """One exchange with the server (and the coordinators, for `txn`); exit 1 when it
+    refuses, 2 when it cannot be asked. `server` names the server in errors (default: the
+    coordinators')."""
+    from txactors.errors import ConfigError, NatsConnectError
+    from txactors.ops import (
+        CommandError,
+        CoordinatorsRunning,
+        CoordinatorUnavailable,
+        DeadLetterError,
+        NoLeases,
+        admin_session,
+    )
+    from txactors.ops.txn import COORDINATORS_SERVER
 
     # Operator output stays clean; connection trouble is reported once, below.
     configure_logging(default="ERROR")
 
     async def run() -> T:
-        async with admin_session(url) as nc:
+        async with admin_session(url, server=server or COORDINATORS_SERVER) as nc:
             return await work(nc)
 
     try:
@@ -50,10 +59,10 @@ def admin_call(url: str | None, work: Callable[[Client], Awaitable[T]]) -> T:
     except CommandError as exc:
         say_error(exc.message, exc.code)
         raise typer.Exit(1) from exc
-    except (DeadLetterError, NoLeases, CoordinatorsRunning) as exc:
+    except (DeadLetterError, CoordinatorsRunning) as exc:
         say_error(str(exc))
         raise typer.Exit(1) from exc
-    except (ConfigError, NatsConnectError, CoordinatorUnavailable) as exc:
+    except (ConfigError, NatsConnectError, CoordinatorUnavailable, NoLeases) as exc:
         say_error(str(exc))
         raise typer.Exit(2) from exc
 
@@ -67,7 +76,7 @@ def ask_yes(question: str) -> bool:
 
 def print_one(value: S, as_json: bool, render: Callable[[S], object]) -> None:
     """One thing found: its JSON for scripts, else `render`'s view of it."""
-    from txactors.ops.views import to_json
+    from txactors.ops import to_json
 
     if as_json:
         typer.echo(to_json(value))
@@ -76,7 +85,8 @@ def print_one(value: S, as_json: bool, render: Callable[[S], object]) -> None:
 
 
 def print_rich(renderable: object) -> None:
-    """Print to a terminal at its width; into a pipe or file, wide enough not to wrap rows."""
-    from rich.console import Console
+    """Print to a terminal at its width; into a pipe or file, wide enough not to wrap rows
+    (`consoles.py`)."""
+    from txactors.cli.consoles import console
 
-    Console(width=None if sys.stdout.isatty() else 200).print(renderable)
+    console().print(renderable)

@@ -18,10 +18,9 @@ app = typer.Typer(
 @app.command("show")
 def partitions_show(as_json: JsonOption = False, url: NatsUrlOption = None) -> None:
     """Print the published partition count (every producer and operator command uses it)."""
-    from txactors.nats.partition_count import read_published
-    from txactors.ops.txn import ADMIN_TIMEOUT
+    from txactors import ops
 
-    count = admin_call(url, lambda nc: read_published(nc, ADMIN_TIMEOUT))
+    count = admin_call(url, ops.partition_count)
     if as_json:
         typer.echo("null" if count is None else str(count))
     elif count is None:
@@ -42,7 +41,7 @@ def partitions_set(
     then stop the coordinators, run this, and start them with the new --partitions. Needs
     credentials that may write the coordinators' TXN_META bucket.
     """
-    from txactors.ops.partitions import change_partition_count
+    from txactors import ops
 
     if not yes and not ask_yes(
         f"Set the partition count to {partitions}? Transactions still open stay where the old "
@@ -50,6 +49,6 @@ def partitions_set(
     ):
         typer.echo("not done: the count was left as it is", err=True)
         raise typer.Exit(1)
-    before = admin_call(url, lambda nc: change_partition_count(nc, partitions))
+    before = admin_call(url, lambda nc: ops.change_partition_count(nc, partitions))
     was = "none" if before is None else str(before)
     typer.echo(f"partition count {partitions} (was {was}): start the coordinators with it")

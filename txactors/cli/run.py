@@ -29,7 +29,7 @@ def run(
     A signal stops them gracefully: running handlers finish and ack, then exit 0. A second
     signal stops at once (their messages are redelivered).
     """
-    from txactors.app.worker import load_app, run_worker
+    from txactors.app.worker import load_app, run_worker, settle_threads
     from txactors.observe.metrics import serve_metrics
 
     configure_logging()
@@ -41,4 +41,5 @@ def run(
         if http is not None:
             http.shutdown()
             http.server_close()
+    settle_threads(code)  # or exits past threads the app left running
     raise typer.Exit(code)

@@ -35,6 +35,7 @@ from txactors.coordinator.options import CoordinatorOptions
 from txactors.embedded.setup import FsyncSetting
 from txactors.errors import ConfigError
 from txactors.observe.logs import level_number
+from txactors.ops.views import parse_duration
 from txactors.wire.rules import CoordinatorConfig
 
 ENV_PREFIX = "TXACTORS_"
@@ -69,6 +70,9 @@ _KINDS: dict[Any, str] = {
     bool: "true or false",
 }
 _METAVARS: dict[Any, str] = {int: "INTEGER", float: "NUMBER", str: "TEXT", bool: "BOOLEAN"}
+NOT_DURATIONS: frozenset[str] = frozenset({"check_backoff", "check_jitter"})
+"""The number settings that are factors; every other `float` one is a time, in seconds, and
+takes a unit as `txn list --older-than` does (`6s`, `10m`, `1h30m`, `3d`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +94,13 @@ class Setting:
         return ENV_PREFIX + self.name.upper()
 
     @property
+    def is_duration(self) -> bool:
+        return self.type is float and self.name not in NOT_DURATIONS
+
+    @property
     def metavar(self) -> str:
+        if self.is_duration:
+            return "DURATION"
         return " | ".join(_metavar(kind) for kind in _kinds_of(self.type))
 
     @property
@@ -102,17 +112,22 @@ class Setting:
         return str(self.default)
 
     def from_text(self, text: str, where: str) -> Any:
-        """A value given as text (a flag, an environment variable): "15", "0.5", "nan"…; a
-        table (`group_topics`) as JSON."""
+        """A value given as text (a flag, an environment variable): "15", "0.5", "nan"…, a
+        time with a unit ("6s", "10m"); a table (`group_topics`) as JSON."""
         if get_origin(self.type) is dict:
             try:
                 return self._checked(msgspec.json.decode(text), where, strict=True)
             except msgspec.DecodeError:
                 raise ConfigError(f"{where}: expected a JSON object, got {text!r}") from None
+        if self.is_duration and _has_a_unit(text):
+            return self._checked(_seconds(text, where), where, strict=False)
         return self._checked(text, where, strict=False)
 
     def from_file(self, value: Any, where: str) -> Any:
-        """A value of a TOML file, which is typed already: 15, 0.5, nan, "INFO"."""
+        """A value of a TOML file, which is typed already: 15, 0.5, nan, "INFO"; a time may be
+        a string with a unit ("3d")."""
+        if self.is_duration and isinstance(value, str):
+            return self._checked(_seconds(value, where), where, strict=True)
         return self._checked(value, where, strict=True)
 
     def _checked(self, raw: Any, where: str, *, strict: bool) -> Any:
@@ -129,6 +144,22 @@ class Setting:
             if value < 0:
                 raise ConfigError(f"{where}: must not be negative, got {raw!r}")
         return value
+
+
+def _has_a_unit(text: str) -> bool:
+    """Not a plain number ("6", "0.5", "nan", "1e999" keep the number's own checks)."""
+    try:
+        float(text)
+    except ValueError:
+        return True
+    return False
+
+
+def _seconds(text: str, where: str) -> float:
+    try:
+        return parse_duration(text)
+    except ConfigError as error:
+        raise ConfigError(f"{where}: {error}") from None
 
 
 def _kinds_of(annotation: Any) -> list[Any]:

@@ -3,18 +3,18 @@ holds (the work is in txactors/ops/txn.py; these functions parse, confirm and pr
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from txactors.cli.consoles import console
 from txactors.cli.exits import say_error
 from txactors.cli.operator import JsonOption, YesOption, admin_call, ask_yes, print_one, print_rich
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
 
-    from txactors.wire.protocol import Ended, ListTransactions, Resolution, TransactionInfo
+    from txactors.ops import Ended, ListTransactions, Resolution, TransactionInfo
 
 app = typer.Typer(
     help="Inspect and resolve transactions held by a running coordinator (`txactors coordinator`).",
@@ -65,10 +65,9 @@ def _filters(
     limit: int,
 ) -> ListTransactions:
     """The coordinator's query for these options; a bad one is a usage error naming it."""
-    from txactors.coordinator.core.states import TxnState
+    from txactors.ops import TxnState, transaction_filter
     from txactors.ops import views as admin_views
     from txactors.wire import layout
-    from txactors.wire.protocol import PROTOCOL_VERSION, ListTransactions
 
     states = state or []
     known = [s.value for s in TxnState]
@@ -85,14 +84,7 @@ def _filters(
         age = None if older_than is None else admin_views.parse_duration(older_than)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--older-than") from None
-    return ListTransactions(
-        states=states,
-        group=group,
-        topic=topic,
-        older_than=age,
-        limit=limit,
-        version=PROTOCOL_VERSION,
-    )
+    return transaction_filter(states=states, group=group, topic=topic, older_than=age, limit=limit)
 
 
 def _described(where: ListTransactions) -> str:
@@ -122,13 +114,13 @@ def txn_list(
 
     Filters (--state, --group, --topic, --older-than) are applied by the coordinator.
     """
-    from txactors.ops import txn as admin
+    from txactors import ops as admin
     from txactors.ops import views as admin_views
 
     where = _filters(state, group, topic, older_than, limit)
     found = admin_call(url, lambda nc: admin.find_transactions(nc, where, partitions=partitions))
     if as_json:
-        typer.echo(admin_views.to_json(found.transactions))
+        typer.echo(admin.to_json(found.transactions))
     elif found.transactions:
         print_rich(admin_views.render_list(found.transactions))
     else:
@@ -145,7 +137,7 @@ def txn_show(
     url: UrlOption = None,
 ) -> None:
     """Show everything about one open or discarded transaction."""
-    from txactors.ops import txn as admin
+    from txactors import ops as admin
     from txactors.ops import views as admin_views
 
     info = admin_call(url, lambda nc: admin.show(nc, txid, partitions=partitions))
@@ -163,7 +155,7 @@ def txn_resume(
 
     The checker then asks its producer again; nothing is published by this command.
     """
-    from txactors.wire.protocol import Resolution
+    from txactors.ops import Resolution
 
     _decide(Resolution.RESUME, url, txid, partitions, True, as_json)  # decides nothing: no question
 
@@ -180,7 +172,7 @@ def txn_commit(
 
     Commit only what the producer's local transaction committed (check its database first).
     """
-    from txactors.wire.protocol import Resolution
+    from txactors.ops import Resolution
 
     _decide(Resolution.COMMIT, url, txid, partitions, yes, as_json)
 
@@ -194,7 +186,7 @@ def txn_rollback(
     url: UrlOption = None,
 ) -> None:
     """Roll a transaction back by hand: none of its messages is ever delivered."""
-    from txactors.wire.protocol import Resolution
+    from txactors.ops import Resolution
 
     _decide(Resolution.ROLLBACK, url, txid, partitions, yes, as_json)
 
@@ -233,9 +225,7 @@ def txn_resolve(
 
     At least one filter is required. Exit 1 if any of them failed (the others are done).
     """
-    from rich.console import Console
-
-    from txactors.ops import txn as admin
+    from txactors import ops as admin
     from txactors.ops import views as admin_views
 
     flags = {
@@ -259,9 +249,7 @@ def txn_resolve(
         if as_json:
             typer.echo("[]")
         return
-    Console(stderr=True, width=None if sys.stderr.isatty() else 200).print(
-        admin_views.render_list(found.transactions)
-    )
+    console(stderr=True).print(admin_views.render_list(found.transactions))
     if found.more:
         typer.echo(f"{found.more} more match beyond --limit {limit}: not touched", err=True)
     count = len(found.transactions)
@@ -277,7 +265,7 @@ def txn_resolve(
     )
     failed = [r for r in results if r.error is not None]
     if as_json:
-        typer.echo(admin_views.to_json(results))
+        typer.echo(admin.to_json(results))
     else:
         for result in results:
             if result.error is None:
@@ -302,7 +290,7 @@ def _decide(
     as_json: bool,
 ) -> None:
     """Resolve one transaction by hand, once the operator said yes (or --yes)."""
-    from txactors.ops import txn as admin
+    from txactors import ops as admin
 
     if not yes:
         _confirm(url, txid, partitions, *_DECIDING_ONE[resolution])
@@ -312,10 +300,8 @@ def _decide(
 
 def _confirm(url: str | None, txid: str, partitions: int | None, action: str, effect: str) -> None:
     """Show what is about to be decided (on stderr, so --json output stays clean) and ask."""
-    from rich.console import Console
-
-    from txactors.errors import CommandError
-    from txactors.ops import txn as admin
+    from txactors import ops as admin
+    from txactors.ops import CommandError
     from txactors.ops import views as admin_views
 
     async def find(nc: Client) -> TransactionInfo | str:
@@ -328,13 +314,13 @@ def _confirm(url: str | None, txid: str, partitions: int | None, action: str, ef
     if isinstance(found, str):
         typer.echo(f"note: {found}", err=True)
     else:
-        Console(stderr=True).print(admin_views.render_detail(found))
+        console(stderr=True).print(admin_views.render_detail(found))
     if not ask_yes(f"{action.capitalize()} transaction {txid}? This {effect} [y/N] "):
         typer.echo(f"not done: {txid} was left as it is", err=True)
         raise typer.Exit(1)
 
 
 def _print_ended(ended: Ended, as_json: bool) -> None:
-    from txactors.ops.views import to_json
+    from txactors.ops import to_json
 
     typer.echo(to_json(ended) if as_json else f"{ended.txid}: {ended.state}")

@@ -245,6 +245,7 @@ class EmbeddedNatsServer:
         except BaseException:
             self._kill_now()
             self._unlock()
+            self._remove_temporary_data_dir()  # a failed start leaves nothing behind
             raise
         log.info(
             "nats_server_started",
@@ -271,6 +272,10 @@ class EmbeddedNatsServer:
             log.info("nats_server_stopped", url=self.url, returncode=proc.returncode)
         self._proc = None
         self._unlock()
+        self._remove_temporary_data_dir()
+
+    def _remove_temporary_data_dir(self) -> None:
+        """Remove the data directory if it is a temporary one we made (never a given one)."""
         if self._given_data_dir is None and self._data_dir is not None:
             shutil.rmtree(self._data_dir, ignore_errors=True)
             self._data_dir = None
@@ -368,10 +373,15 @@ class EmbeddedNatsServer:
         lowered = text.lower()
         if any(marker in lowered for marker in _PORT_TAKEN_MARKERS):
             raise _port_in_use(self._host, self._port, detail=_tail(text, 3))
+        kept = (
+            f"the full log is {self.data_dir / LOG_FILE_NAME}"
+            if self._given_data_dir is not None
+            else "its temporary data directory is removed: give a data directory "
+            "(--data-dir, TXACTORS_DATA_DIR) to keep the full log"
+        )
         raise ServerExitedEarly(
             f"nats-server exited with code {proc.returncode} before it was ready "
-            f"(command: {' '.join(cmd)}). Fix what its log below reports; "
-            f"the full log is {self.data_dir / LOG_FILE_NAME}.",
+            f"(command: {' '.join(cmd)}). Fix what its log below reports; {kept}.",
             _tail(text),
         )
 

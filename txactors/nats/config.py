@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -90,11 +91,12 @@ class NatsConfig(FsyncSetting, kw_only=True, frozen=True):
             raise ConfigError(f"{exc} (the {setting_name(exc.field)} setting)") from None
         if self.url is not None:
             for server in self.servers:
-                scheme, sep, _ = server.partition("://")
-                if not server or (sep and scheme not in _URL_SCHEMES):
+                problem = _server_problem(server)
+                if problem is not None:
                     raise ConfigError(
-                        f"{setting_name('url')}={self.url!r} is not a NATS URL; expected e.g. "
-                        "nats://host:4222 (schemes: nats, tls, ws, wss; commas between servers)"
+                        f"{setting_name('url')}={self.url!r} is not a NATS URL{problem}; "
+                        "expected e.g. nats://host:4222 (schemes: nats, tls, ws, wss; commas "
+                        "between servers)"
                     )
         if self.inbox_prefix is not None:
             try:
@@ -166,6 +168,26 @@ class NatsConfig(FsyncSetting, kw_only=True, frozen=True):
             return cls(**values)
         except TypeError as exc:
             raise ConfigError(f"bad NatsConfig setting: {exc}") from exc
+
+
+def _server_problem(server: str) -> str | None:
+    """What is wrong with one server of a URL list (`: port ...`, or "" for no detail), or
+    None. A server without a scheme is nats-py's `nats://`, without a port 4222; a port that
+    is no number would otherwise fail only at connect time, as "no servers available"."""
+    scheme, sep, _ = server.partition("://")
+    if not server or (sep and scheme not in _URL_SCHEMES):
+        return ""
+    parts = urlsplit(server if sep else f"nats://{server}")
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or beyond 65535
+        port = 0
+    if port == 0:
+        shown = parts.netloc.rpartition(":")[2]
+        return f": its port {shown!r} is not a number from 1 to 65535"
+    if not parts.hostname:
+        return ": it names no host"
+    return None
 
 
 def setting_name(field: str) -> str:

@@ -65,6 +65,9 @@ DLQ_ONLY_HEADERS: Final = frozenset(
 """Headers the dead letter (or an earlier replay) added: not carried into the replayed copy,
 nor any of the server's (`copies.copied_headers`: JetStream would act on them again)."""
 DEFAULT_LIMIT: Final = 100
+DLQ_SERVER: Final = "the server the consumer groups' dead-letter streams (DLQ_<group>) are on"
+"""Which server `txactors dlq` names in its errors (`admin_session(server=...)`): dead
+letters need no coordinator."""
 
 
 class DeadLetterError(TxActorsError):

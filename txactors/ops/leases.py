@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from typing import Final
 
 import msgspec
 import nats.js.errors
@@ -27,9 +28,12 @@ from rich.text import Text
 
 from txactors.coordinator.cluster.balance import MEMBER_PREFIX, MemberInfo, shares
 from txactors.errors import ConfigError, TxActorsError
+from txactors.nats.partition_count import agreed_count, read_published
 from txactors.ops.views import human_duration
 from txactors.wire.layout import LEASE_BUCKET, bucket_key_prefix, bucket_stream
 
+READ_TIMEOUT: Final = 10.0
+"""Seconds to wait for the published partition count."""
 _STREAM = bucket_stream(LEASE_BUCKET)
 _PREFIX = bucket_key_prefix(LEASE_BUCKET)
 
@@ -70,6 +74,16 @@ class LeaseTable(msgspec.Struct, kw_only=True):
     """The bucket's TTL: the coordinators' `--lease-ttl`."""
     leases: list[LeaseInfo]
     members: list[Member] = msgspec.field(default_factory=list)
+
+
+async def lease_table(
+    nc: Client, *, partitions: int | None = None, timeout: float = READ_TIMEOUT
+) -> LeaseTable:
+    """`txactors lease list`: a row for every partition of the count the coordinators
+    publish, free ones included (`partitions`, if given, must equal it: ConfigError if not;
+    while none is published it is used as it is, and without it the bucket's keys are)."""
+    published = await read_published(nc, timeout)
+    return await list_leases(nc, partitions=agreed_count(published, partitions))
 
 
 async def list_leases(nc: Client, *, partitions: int | None = None) -> LeaseTable:

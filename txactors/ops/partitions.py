@@ -13,13 +13,24 @@ import nats.js.errors
 from nats.aio.client import Client
 
 from txactors.errors import ConfigError, TxActorsError
-from txactors.nats.partition_count import PartitionCountInvalid, check_count, parse_count
-from txactors.ops.leases import NoLeases, list_leases
+from txactors.nats.partition_count import (
+    PartitionCountInvalid,
+    check_count,
+    parse_count,
+    read_published,
+)
+from txactors.ops.leases import READ_TIMEOUT, NoLeases, list_leases
 from txactors.wire import layout
 
 
 class CoordinatorsRunning(TxActorsError):
     """The partition count cannot change while a coordinator runs (or its lease lives on)."""
+
+
+async def partition_count(nc: Client, *, timeout: float = READ_TIMEOUT) -> int | None:
+    """The partition count the coordinators publish; None while none is (no coordinator has
+    run here). PartitionCountUnknown (a ConfigError) when it cannot be read in `timeout`."""
+    return await read_published(nc, timeout)
 
 
 async def live_coordinators(nc: Client) -> set[str]:

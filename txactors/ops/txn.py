@@ -11,7 +11,6 @@ Only a configured NATS server makes sense here: an embedded one would be fresh a
 from __future__ import annotations
 
 import asyncio
-import functools
 import secrets
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
@@ -77,6 +76,7 @@ __all__ = [
     "rollback",
     "show",
     "to_json",
+    "transaction_filter",
 ]
 
 R = TypeVar("R")
@@ -92,10 +92,20 @@ class CoordinatorUnavailable(TxActorsError):
 # -- connecting -----------------------------------------------------------------------------
 
 
-def admin_config(url: str | None = None, environ: Mapping[str, str] | None = None) -> NatsConfig:
+COORDINATORS_SERVER: Final = "the server the coordinators (`txactors coordinator`) run on"
+"""Which server an operator names, in errors: the default, right for transactions, leases
+and partitions; dead letters need no coordinator and say their own (`server=`)."""
+
+
+def admin_config(
+    url: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    server: str = COORDINATORS_SERVER,
+) -> NatsConfig:
     """The NATS settings for admin commands: `url` (else NATS_URL) plus auth from the environment.
 
-    Raises ConfigError when no server is configured: the coordinator's server must be named.
+    Raises ConfigError when no server is configured: `server` says which one to name.
     """
     # One quick retry: an operator at a prompt wants "unreachable" in a second, not in five.
     config = NatsConfig.from_env(
@@ -104,17 +114,20 @@ def admin_config(url: str | None = None, environ: Mapping[str, str] | None = Non
     if config.embedded:
         raise ConfigError(
             f"no NATS server given: pass --url nats://host:4222 or set {ENV_VARS['url']} "
-            "to the server the coordinator (`txactors coordinator`) runs on"
+            f"to {server}"
         )
     return config
 
 
 @asynccontextmanager
 async def admin_session(
-    url: str | None = None, environ: Mapping[str, str] | None = None
+    url: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    server: str = COORDINATORS_SERVER,
 ) -> AsyncIterator[Client]:
     """A connection to the configured server (never an embedded one); see `admin_config`."""
-    config = admin_config(url, environ)
+    config = admin_config(url, environ, server=server)
     try:
         async with nats_session(config) as session:
             yield session.nc
@@ -123,8 +136,8 @@ async def admin_session(
         # is wrong here: keep its diagnosis (the first sentence), give the admin advice instead.
         diagnosis = str(exc).split(". Check that", 1)[0]
         raise NatsConnectError(
-            f"{diagnosis}. Check --url / {ENV_VARS['url']} (the coordinator's server), that it "
-            "is reachable, and the credentials"
+            f"{diagnosis}. Check --url / {ENV_VARS['url']} ({server}), that it is reachable, "
+            "and the credentials"
         ) from exc
 
 
@@ -167,6 +180,26 @@ async def _ask_owner(
     return await _ask(nc, layout.partition_of(txid, count), command, reply_type, timeout)
 
 
+def transaction_filter(
+    *,
+    states: Iterable[str] = (),
+    group: str | None = None,
+    topic: str | None = None,
+    older_than: float | None = None,
+    limit: int | None = None,
+) -> ListTransactions:
+    """The query `find_transactions` sends (see `list_transactions` for the filters), in the
+    protocol version this client speaks."""
+    return ListTransactions(
+        states=[str(state) for state in states],
+        group=group,
+        topic=topic,
+        older_than=older_than,
+        limit=limit,
+        version=PROTOCOL_VERSION,
+    )
+
+
 async def find_transactions(
     nc: Client,
     where: ListTransactions,
@@ -198,13 +231,22 @@ async def find_transactions(
 async def list_transactions(
     nc: Client,
     *,
-    partitions: int | None = None,
     states: Iterable[str] = (),
+    group: str | None = None,
+    topic: str | None = None,
+    older_than: float | None = None,
+    limit: int | None = None,
+    partitions: int | None = None,
     timeout: float = ADMIN_TIMEOUT,
 ) -> list[TransactionInfo]:
-    """Open and discarded transactions of every partition (optionally only in `states`),
-    oldest first. Finished (committed, rolled back) ones are not kept, so never listed."""
-    where = ListTransactions(states=list(states), version=PROTOCOL_VERSION)
+    """Open and discarded transactions of every partition, oldest first; every filter given
+    must hold: `states` (any of them, e.g. `TxnState.DISCARDED`), `group`, `topic` (one of its
+    messages goes there), `older_than` (seconds since its first half), and at most `limit`
+    (`find_transactions` also counts those left out). Finished (committed, rolled back) ones
+    are not kept, so never listed."""
+    where = transaction_filter(
+        states=states, group=group, topic=topic, older_than=older_than, limit=limit
+    )
     found = await find_transactions(nc, where, partitions=partitions, timeout=timeout)
     return found.transactions
 
@@ -234,9 +276,25 @@ async def decide(
     return await _ask_owner(nc, txid, command, Ended, partitions, timeout)
 
 
-resume = functools.partial(decide, resolution=Resolution.RESUME)
-commit = functools.partial(decide, resolution=Resolution.COMMIT)
-rollback = functools.partial(decide, resolution=Resolution.ROLLBACK)
+async def resume(
+    nc: Client, txid: str, *, partitions: int | None = None, timeout: float = ADMIN_TIMEOUT
+) -> Ended:
+    """`decide(..., Resolution.RESUME)`: back to PREPARED with a fresh check count."""
+    return await decide(nc, txid, Resolution.RESUME, partitions=partitions, timeout=timeout)
+
+
+async def commit(
+    nc: Client, txid: str, *, partitions: int | None = None, timeout: float = ADMIN_TIMEOUT
+) -> Ended:
+    """`decide(..., Resolution.COMMIT)`: answered once every message is on its topic."""
+    return await decide(nc, txid, Resolution.COMMIT, partitions=partitions, timeout=timeout)
+
+
+async def rollback(
+    nc: Client, txid: str, *, partitions: int | None = None, timeout: float = ADMIN_TIMEOUT
+) -> Ended:
+    """`decide(..., Resolution.ROLLBACK)`: none of its messages is ever delivered."""
+    return await decide(nc, txid, Resolution.ROLLBACK, partitions=partitions, timeout=timeout)
 
 
 # -- bulk -----------------------------------------------------------------------------------
