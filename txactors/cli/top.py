@@ -5,11 +5,11 @@ txactors/ops/top_view.py), refreshed in place until Ctrl-C; `--once` prints one 
 from __future__ import annotations
 
 import asyncio
-import sys
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from txactors.cli import consoles
 from txactors.cli.operator import NatsUrlOption, admin_call
 
 if TYPE_CHECKING:
@@ -47,12 +47,10 @@ def top(
 ) -> None:
     """Watch partitions, owners, open and discarded transactions, commits and check-backs
     per second, and dead letters, live."""
-    from rich.console import Console
-
     if not interval > 0:
         raise typer.BadParameter(f"must be above 0, got {interval:g}", param_hint="--interval")
     endpoints = list(metrics or ())
-    console = Console(width=None if sys.stdout.isatty() else 200)
+    console = consoles.console()
     try:
         admin_call(url, lambda nc: _watch(nc, console, endpoints, interval, once, partitions))
     except KeyboardInterrupt:
