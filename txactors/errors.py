@@ -24,7 +24,7 @@
     ├── DeadLetterError*          a dead letter cannot be read or replayed (txactors.ops.dlq)
     ├── NoLeases*                 no coordinator has run on this server (txactors.ops.leases)
     ├── CoordinatorsRunning*      the partition count cannot change now (txactors.ops.partitions)
-    ├── ScrapeFailed*             a coordinator's metrics endpoint could not be read (txactors.ops.top)
+    ├── ScrapeFailed*             a metrics endpoint could not be read (txactors.ops.top)
     ├── CoordinatorStateError*    the coordinator's table was fed an impossible event (a bug)
     ├── FencedOut*                another coordinator wrote this partition's op log: stop
     ├── LinkLost*                 the connection dropped while a JetStream call waited
