@@ -24,6 +24,9 @@ class MemberInfo(msgspec.Struct, frozen=True, kw_only=True):
     partitions: int
     """Its `--partitions` (members should agree; `txactors lease list` shows it)."""
     max_partitions: int
+    server: str | None = None
+    """The NATS server it is connected to, as of its last renewal (`txactors partitions
+    list` compares it with its logs' leaders); None from a coordinator older than the field."""
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True):
