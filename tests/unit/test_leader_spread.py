@@ -11,6 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from txactors.coordinator.cluster.leaders import Move, leader_cap, plan_moves
+from txactors.coordinator.cluster.placement import (
+    LogPlacement,
+    Replica,
+    leader_counts,
+    plan_spread,
+)
 
 NODES = ("n1", "n2", "n3")
 
@@ -113,3 +119,30 @@ def test_the_plan_is_as_even_and_as_short_as_brute_force_finds(
     assert max(after.values(), default=0) <= cap
     assert len(moves) == fewest
     assert plan_moves(leaders, eligible, nodes) == moves  # deterministic
+
+
+def placement(partition: int, leader: str | None, behind: str | None = None) -> LogPlacement:
+    followers = sorted(set(NODES) - {leader})
+    return LogPlacement(
+        partition=partition,
+        stream=f"TXN_LOG_{partition}",
+        leader=leader,
+        replicas=[Replica(name=name, current=name != behind) for name in followers],
+    )
+
+
+def test_nothing_is_planned_while_a_log_has_a_replica_behind_or_no_leader() -> None:
+    piled = [placement(p, "n1") for p in range(5)]
+    moves, waiting = plan_spread([*piled, placement(5, "n1", behind="n3")])
+    assert moves == [] and waiting is not None and "TXN_LOG_5" in waiting
+    moves, waiting = plan_spread([*piled, placement(5, None)])
+    assert moves == [] and waiting is not None and "TXN_LOG_5" in waiting
+    moves, waiting = plan_spread([*piled, placement(5, "n1")])
+    assert waiting is None and len(moves) == 4
+
+
+def test_logs_not_created_yet_and_single_replica_logs_are_left_out() -> None:
+    missing = LogPlacement(partition=1, stream="TXN_LOG_1", missing=True)
+    alone = LogPlacement(partition=2, stream="TXN_LOG_2", leader="n1")
+    assert plan_spread([placement(0, "n1"), missing, alone]) == ([], None)
+    assert leader_counts([placement(0, "n1"), missing, alone]) == {"n1": 2, "n2": 0, "n3": 0}
