@@ -115,7 +115,7 @@ async def test_partitions_balance_spreads_leaders_piled_on_one_node(
         assert len(json.loads(out)["planned"]) == 4
         assert set((await leaders(nc)).values()) == {"n2"}, "a dry run moves nothing"
         code, out, err = await _cli("partitions", "balance", "--url", nats_cluster.urls)
-        assert code == 0, err
+        assert code == 0, out + err
         assert out.count("moved TXN_LOG_") == 4, out
         assert await spread_evenly(nc)
         code, out, _ = await _cli("partitions", "balance", "--url", nats_cluster.urls)
@@ -127,8 +127,13 @@ async def test_the_coordinator_spreads_piled_leaders_on_its_own(
 ) -> None:
     async with coordinating(nats_cluster, interval=0.5) as nc:
         await eventually(lambda: spread_evenly(nc), timeout=30, what="spread from the start")
-        await pile_on(nc, "n3")
-        await eventually(lambda: spread_evenly(nc), timeout=30, what="spread again")
+    admin = await connect(nats_cluster.url_list)
+    try:
+        await pile_on(admin, "n3")  # while no coordinator runs, which would spread them
+        async with coordinating(nats_cluster, interval=0.5):
+            await eventually(lambda: spread_evenly(admin), timeout=30, what="spread again")
+    finally:
+        await admin.close()
 
 
 @pytest.mark.slow
@@ -147,3 +152,39 @@ async def test_after_a_node_returns_the_coordinator_hands_it_back_its_share(
         assert Counter(found.values())["n3"] == 0
         await nats_cluster.restart(2)  # returns once every stream caught up
         await eventually(lambda: spread_evenly(nc), timeout=60, what="n3 leads its share again")
+
+
+async def test_a_coordinator_keeps_the_partitions_whose_log_its_server_leads(
+    nats_cluster: EmbeddedNatsCluster,
+) -> None:
+    """Two coordinators, on n1 and on n2, split six partitions whose logs n2 leads (0-2) and
+    n1 leads (3-5): each ends up owning those its own server leads."""
+    async with coordinating(nats_cluster):  # creates the six logs, then leaves
+        pass
+    admin = await connect(nats_cluster.url_list)
+    first = await connect(nats_cluster.nodes[0].url)
+    second = await connect(nats_cluster.nodes[1].url)
+    options = CoordinatorOptions(partitions=PARTITIONS, replicas=3, leader_balance_interval=0)
+    try:
+        for partition in range(PARTITIONS):
+            stream, wanted = layout.log_stream(partition), "n2" if partition < 3 else "n1"
+            if (await leaders(admin))[stream] != wanted:
+                await step_down(admin, stream, wanted)
+        async with run_coordinator(first, options=options, owner="on-n1") as a:
+            await eventually(lambda: len(a.partitions) == PARTITIONS, timeout=60)
+            async with run_coordinator(second, options=options, owner="on-n2") as b:
+                await eventually(
+                    lambda: (a.partitions, b.partitions),
+                    until=lambda split: len(split[0]) == len(split[1]) == 3,
+                    timeout=60,
+                    what="three partitions each",
+                )
+                assert (a.partitions, b.partitions) == ([3, 4, 5], [0, 1, 2])
+                table = await eventually(
+                    lambda: list_partitions(admin),
+                    until=lambda table: all(row.owner_server for row in table.rows),
+                )
+                assert not any(row.apart for row in table.rows)
+    finally:
+        for nc in (admin, first, second):
+            await nc.close()

@@ -46,7 +46,11 @@ from txactors.coordinator.cluster.agreement import (
 )
 from txactors.coordinator.cluster.balance import MemberInfo, plan
 from txactors.coordinator.cluster.leases import Leases, lease_bucket
-from txactors.coordinator.cluster.placement import connected_server, spread_leaders
+from txactors.coordinator.cluster.placement import (
+    connected_server,
+    log_leaders,
+    spread_leaders,
+)
 from txactors.coordinator.options import Clock, CoordinatorOptions, OnDiscard
 from txactors.coordinator.partition.actor import PartitionCoordinator
 from txactors.coordinator.partition.oplog import READ_BACK_TIMEOUT, FencedOut
@@ -88,6 +92,9 @@ SELF_FENCE_FRACTION = 0.8
 HANDOVER_BATCH = 2
 """Partitions a coordinator above its share hands over in one step; the next step waits until
 they are taken, so all but a few partitions keep serving while the load moves."""
+NEAR_READ_TIMEOUT = 0.25
+"""Seconds a rebalancing step spends at most finding which partitions' logs our server leads
+(to take those first and give them last)."""
 LEADER_MOVES_PER_ROUND = 2
 """Log leaders moved at most per `leader_balance_interval`: each move pauses one partition's
 writes for a leader handover, so a spread after a node's return is done over a few rounds."""
@@ -216,6 +223,15 @@ class _PartitionKeeper:
                     left=len(report.planned) - len(report.moved),
                 )
 
+    async def _near(self, partitions: set[int]) -> frozenset[int]:
+        """Those of `partitions` whose log is led by the server we are connected to (what
+        answers within NEAR_READ_TIMEOUT: a takeover waits no longer for it)."""
+        server = connected_server(self._nc)
+        if server is None or self._options.replicas < 2:
+            return frozenset()
+        leaders = await log_leaders(self._nc.jetstream(), sorted(partitions), NEAR_READ_TIMEOUT)
+        return frozenset(p for p, leader in leaders.items() if leader == server)
+
     def _member_info(self) -> MemberInfo:
         """What the member key says: our caps, and the server we are connected to now."""
         return msgspec.structs.replace(self._info, server=connected_server(self._nc))
@@ -247,6 +263,18 @@ class _PartitionKeeper:
             owned=frozenset(self.owned),
             batch=HANDOVER_BATCH,
         )
+        if step.give or (step.take and len(self.owned) < step.share):
+            near = await self._near({*self.owned, *step.take} if step.give else set(step.take))
+            if near:  # the same shares; which partitions go or come
+                step = plan(
+                    me=self._leases.owner,
+                    partitions=self._options.partitions,
+                    members={**view.members, self._leases.owner: self._info},
+                    holders=view.holders,
+                    owned=frozenset(self.owned),
+                    batch=HANDOVER_BATCH,
+                    near=near,
+                )
         for partition in step.give:
             log.info("partition_handed_over", partition=partition, share=step.share)
             await self._stop(partition, give_back=True)

@@ -39,6 +39,10 @@ STEPDOWN_TIMEOUT: Final = 5.0
 READS: Final = 32
 """Stream infos in flight at once."""
 _POLL: Final = 0.05
+POLL_TIMEOUT: Final = 0.5
+"""Seconds one look at the stream waits after a stepdown: a request that reached the old
+leader as it handed over is never answered, and must not hold up the next look (measured:
+the new leader leads within 0.4 s; an info request lost in the handover waited its full 5 s)."""
 _API_PREFIX: Final = "$JS.API"
 
 log = get_logger(__name__)
@@ -89,7 +93,8 @@ class SpreadReport(msgspec.Struct, kw_only=True):
 
 def connected_server(nc: Client) -> str | None:
     """The name of the server `nc` is connected to now (as stream infos name leaders)."""
-    name = nc._server_info.get("server_name")  # nats-py keeps the server's INFO here
+    info = getattr(nc, "_server_info", None) or {}  # nats-py keeps the server's INFO here
+    name = info.get("server_name")
     return name if isinstance(name, str) and name else None
 
 
@@ -132,6 +137,30 @@ async def _placement(js: JetStreamContext, partition: int) -> LogPlacement:
     )
 
 
+async def log_leaders(
+    js: JetStreamContext, partitions: Iterable[int], timeout: float
+) -> dict[int, str]:
+    """The leaders of the partitions' logs that answer within `timeout` (a log whose leader
+    died answers nothing until its election: it is left out rather than waited for)."""
+    found: dict[int, str] = {}
+    limiter = anyio.CapacityLimiter(READS)
+
+    async def one(partition: int) -> None:
+        async with limiter:
+            try:
+                placement = await _placement(js, partition)
+            except LINK_TROUBLE:  # unknown: not near
+                return
+        if placement.leader is not None:
+            found[partition] = placement.leader
+
+    with anyio.move_on_after(timeout):
+        async with anyio.create_task_group() as reads:
+            for partition in partitions:
+                reads.start_soon(one, partition)
+    return found
+
+
 def plan_spread(placements: Iterable[LogPlacement]) -> tuple[list[Move], str | None]:
     """The moves that spread these logs' leaders, or why none may be planned now."""
     found = [p for p in placements if not p.missing]
@@ -169,15 +198,21 @@ async def step_down(nc: Client, stream: str, preferred: str) -> None:
     if error or not answer.get("success"):
         raise StepdownRefused((error or {}).get("description") or f"refused: {answer}")
     deadline = time.monotonic() + STEPDOWN_TIMEOUT
+    seen: str | None = None
+    polling = nc.jetstream(timeout=POLL_TIMEOUT)
     while time.monotonic() < deadline:
         try:
-            info = await js.stream_info(stream)
+            info = await polling.stream_info(stream)
         except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError):
             info = None
-        if info is not None and info.cluster is not None and info.cluster.leader == preferred:
+        seen = info.cluster.leader if info is not None and info.cluster is not None else None
+        if seen == preferred:
             return
         await anyio.sleep(_POLL)
-    raise StepdownRefused(f"{preferred} did not take over {stream} within {STEPDOWN_TIMEOUT:g}s")
+    raise StepdownRefused(
+        f"{preferred} did not take over {stream} within {STEPDOWN_TIMEOUT:g}s "
+        f"(its leader: {seen or 'none'})"
+    )
 
 
 async def spread_leaders(
