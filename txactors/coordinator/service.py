@@ -93,8 +93,11 @@ HANDOVER_BATCH = 2
 """Partitions a coordinator above its share hands over in one step; the next step waits until
 they are taken, so all but a few partitions keep serving while the load moves."""
 NEAR_READ_TIMEOUT = 0.25
-"""Seconds a rebalancing step spends at most finding which partitions' logs our server leads
-(to take those first and give them last)."""
+"""Seconds a step that takes partitions spends at most finding which of them have their log
+led by our server (to take those first): a takeover after a failure waits no longer."""
+HANDOVER_NEAR_TIMEOUT = 2.0
+"""The same for a step that hands partitions over (to give last those whose log our server
+leads): nothing waits for a handover, so it may look longer, and not guess on a busy server."""
 LEADER_MOVES_PER_ROUND = 2
 """Log leaders moved at most per `leader_balance_interval`: each move pauses one partition's
 writes for a leader handover, so a spread after a node's return is done over a few rounds."""
@@ -223,13 +226,13 @@ class _PartitionKeeper:
                     left=len(report.planned) - len(report.moved),
                 )
 
-    async def _near(self, partitions: set[int]) -> frozenset[int]:
-        """Those of `partitions` whose log is led by the server we are connected to (what
-        answers within NEAR_READ_TIMEOUT: a takeover waits no longer for it)."""
+    async def _near(self, partitions: set[int], timeout: float) -> frozenset[int]:
+        """Those of `partitions` whose log is led by the server we are connected to (of
+        those that answer within `timeout`)."""
         server = connected_server(self._nc)
         if server is None or self._options.replicas < 2:
             return frozenset()
-        leaders = await log_leaders(self._nc.jetstream(), sorted(partitions), NEAR_READ_TIMEOUT)
+        leaders = await log_leaders(self._nc.jetstream(), sorted(partitions), timeout)
         return frozenset(p for p, leader in leaders.items() if leader == server)
 
     def _member_info(self) -> MemberInfo:
@@ -264,7 +267,11 @@ class _PartitionKeeper:
             batch=HANDOVER_BATCH,
         )
         if step.give or (step.take and len(self.owned) < step.share):
-            near = await self._near({*self.owned, *step.take} if step.give else set(step.take))
+            near = await (
+                self._near(set(self.owned), HANDOVER_NEAR_TIMEOUT)
+                if step.give
+                else self._near(set(step.take), NEAR_READ_TIMEOUT)
+            )
             if near:  # the same shares; which partitions go or come
                 step = plan(
                     me=self._leases.owner,
