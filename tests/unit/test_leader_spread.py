@@ -16,6 +16,7 @@ from txactors.coordinator.cluster.placement import (
     Replica,
     leader_counts,
     plan_spread,
+    takes_preferred,
 )
 
 NODES = ("n1", "n2", "n3")
@@ -146,3 +147,8 @@ def test_logs_not_created_yet_and_single_replica_logs_are_left_out() -> None:
     alone = LogPlacement(partition=2, stream="TXN_LOG_2", leader="n1")
     assert plan_spread([placement(0, "n1"), missing, alone]) == ([], None)
     assert leader_counts([placement(0, "n1"), missing, alone]) == {"n1": 2, "n2": 0, "n3": 0}
+
+
+def test_only_a_server_that_takes_a_preferred_leader_is_asked_to_move_one() -> None:
+    assert takes_preferred(2, 11) and takes_preferred(2, 15) and takes_preferred(3, 0)
+    assert not takes_preferred(2, 10) and not takes_preferred(0, 0)  # 0.0: unknown

@@ -206,6 +206,7 @@ class _PartitionKeeper:
         interval = self._options.leader_balance_interval
         if interval <= 0 or self._options.replicas < 2:
             return
+        waiting: str | None = None
         while True:
             await anyio.sleep(interval)
             first = self.owned.get(0)
@@ -218,7 +219,11 @@ class _PartitionKeeper:
             except (TimeoutError, *LINK_TROUBLE) as error:
                 log.warning("log_leaders_not_read", error=repr(error))
                 continue
-            if report.planned:
+            if report.waiting != waiting:  # said once, not every round
+                waiting = report.waiting
+                if waiting is not None:
+                    log.info("log_leaders_not_spread", reason=waiting)
+            if report.moved or report.failed:
                 log.info(
                     "log_leaders_spread",
                     leaders=report.leaders,

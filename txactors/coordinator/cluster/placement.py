@@ -36,6 +36,7 @@ from txactors.wire import layout
 
 STEPDOWN_TIMEOUT: Final = 5.0
 """Seconds a stepdown request, then the new leader's taking over, may take."""
+PREFERRED_SINCE: Final = (2, 11)
 READS: Final = 32
 """Stream infos in flight at once."""
 _POLL: Final = 0.05
@@ -89,6 +90,12 @@ class SpreadReport(msgspec.Struct, kw_only=True):
     """Stream -> why its move failed."""
     waiting: str | None = None
     """Why nothing was planned (a log without a leader, or with a replica not current)."""
+
+
+def takes_preferred(major: int, minor: int) -> bool:
+    """Whether a nats-server of this version hands a stream's leadership to the server a
+    stepdown names (`placement.preferred`, since 2.11); an older one ignores it."""
+    return (major, minor) >= PREFERRED_SINCE
 
 
 def connected_server(nc: Client) -> str | None:
@@ -193,7 +200,12 @@ async def step_down(nc: Client, stream: str, preferred: str) -> None:
     reply = await nc.request(
         f"{prefix}.STREAM.LEADER.STEPDOWN.{stream}", body, timeout=STEPDOWN_TIMEOUT
     )
-    answer = json.loads(reply.data or b"{}")
+    try:
+        answer = json.loads(reply.data or b"{}")
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise StepdownRefused(f"not a stepdown answer: {reply.data[:200]!r}")
     error = answer.get("error")
     if error or not answer.get("success"):
         raise StepdownRefused((error or {}).get("description") or f"refused: {answer}")
@@ -229,7 +241,13 @@ async def spread_leaders(
     report = SpreadReport(leaders=leader_counts(placements))
     planned, report.waiting = plan_spread(placements)
     report.planned = planned
-    if dry_run:
+    version = nc.connected_server_version
+    if planned and not takes_preferred(version.major, version.minor):
+        report.waiting = (
+            f"nats-server {version.major}.{version.minor} does not take a preferred leader "
+            f"(2.11 and later do): a stepdown would elect any replica"
+        )
+    if dry_run or report.waiting:
         return report
     for move in planned if limit is None else planned[:limit]:
         try:
