@@ -71,21 +71,28 @@ def test_no_nodes_no_moves() -> None:
 
 
 def brute_force(
-    leaders: dict[str, str], eligible: dict[str, tuple[str, ...]], nodes: tuple[str, ...]
-) -> tuple[int, int]:
-    """(the lowest cap any assignment meets, the fewest moves that meet it)."""
+    leaders: dict[str, str],
+    eligible: dict[str, tuple[str, ...]],
+    nodes: tuple[str, ...],
+    owners: dict[str, str] | None = None,
+) -> tuple[int, int, int]:
+    """(the lowest cap any assignment meets, the fewest moves that meet it, the fewest
+    streams then led away from their owners' node)."""
+    owners = owners or {}
     streams = sorted(leaders)
     choices = [
         sorted((set(eligible[s]) | {leaders[s]}) & set(nodes)) or [leaders[s]] for s in streams
     ]
     counted = sum(1 for s in streams if leaders[s] in nodes)
-    best: tuple[int, int] | None = None
+    best: tuple[int, int, int] | None = None
     for assignment in itertools.product(*choices):
         load = Counter(n for n in assignment if n in nodes)
         cap = max(leader_cap(counted, len(nodes)), *load.values(), 0)
-        moved = sum(1 for s, n in zip(streams, assignment, strict=True) if n != leaders[s])
-        if best is None or (cap, moved) < best:
-            best = (cap, moved)
+        pairs = list(zip(streams, assignment, strict=True))
+        moved = sum(1 for s, n in pairs if n != leaders[s])
+        away = sum(1 for s, n in pairs if owners.get(s, n) != n)
+        if best is None or (cap, moved, away) < best:
+            best = (cap, moved, away)
     assert best is not None
     return best
 
@@ -115,11 +122,35 @@ def test_the_plan_is_as_even_and_as_short_as_brute_force_finds(
     moves = plan_moves(leaders, eligible, nodes)
     for move in moves:
         assert move.target in set(eligible[move.stream]) | {leaders[move.stream]}
-    cap, fewest = brute_force(leaders, eligible, nodes)
+    cap, fewest, _ = brute_force(leaders, eligible, nodes)
     after = loads(leaders, moves)
     assert max(after.values(), default=0) <= cap
     assert len(moves) == fewest
     assert plan_moves(leaders, eligible, nodes) == moves  # deterministic
+
+
+@settings(max_examples=300, deadline=None)
+@given(views, st.data())
+def test_among_the_fewest_moves_the_plan_leaves_the_most_logs_on_their_owners_node(
+    view: tuple[tuple[str, ...], list[tuple[str, set[str]]]], data: st.DataObject
+) -> None:
+    nodes, rows = view
+    leaders = {f"S{i}": leader for i, (leader, _) in enumerate(rows)}
+    eligible = {f"S{i}": tuple(sorted(others)) for i, (_, others) in enumerate(rows)}
+    owners = {s: data.draw(st.sampled_from(nodes)) for s in leaders}
+    moves = plan_moves(leaders, eligible, nodes, owners)
+    cap, fewest, away = brute_force(leaders, eligible, nodes, owners)
+    after = dict(leaders) | {m.stream: m.target for m in moves}
+    assert max(loads(leaders, moves).values(), default=0) <= cap
+    assert len(moves) == fewest
+    assert sum(1 for s, node in after.items() if owners[s] != node) == away
+
+
+def test_the_leaders_handed_to_a_returning_node_are_of_the_partitions_owned_there() -> None:
+    leaders = {f"TXN_LOG_{p}": ("n1", "n2")[p % 2] for p in range(6)}
+    owners = {"TXN_LOG_2": "n3", "TXN_LOG_5": "n3"} | {f"TXN_LOG_{p}": "n1" for p in (0, 1, 3, 4)}
+    moves = plan_moves(leaders, dict.fromkeys(leaders, NODES), NODES, owners)
+    assert sorted((m.stream, m.target) for m in moves) == [("TXN_LOG_2", "n3"), ("TXN_LOG_5", "n3")]
 
 
 def placement(partition: int, leader: str | None, behind: str | None = None) -> LogPlacement:

@@ -49,6 +49,7 @@ from txactors.coordinator.cluster.leases import Leases, lease_bucket
 from txactors.coordinator.cluster.placement import (
     connected_server,
     log_leaders,
+    owner_servers,
     spread_leaders,
 )
 from txactors.coordinator.options import Clock, CoordinatorOptions, OnDiscard
@@ -213,8 +214,12 @@ class _PartitionKeeper:
             if first is None or not first.subscriptions:
                 continue
             try:
+                view = await self._leases.view(self._options.lease_ttl * RENEW_FRACTION)
                 report = await spread_leaders(
-                    self._nc, range(self._options.partitions), limit=LEADER_MOVES_PER_ROUND
+                    self._nc,
+                    range(self._options.partitions),
+                    limit=LEADER_MOVES_PER_ROUND,
+                    owners=owner_servers(view),
                 )
             except (TimeoutError, *LINK_TROUBLE) as error:
                 log.warning("log_leaders_not_read", error=repr(error))

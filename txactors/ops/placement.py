@@ -27,12 +27,13 @@ from rich.text import Text
 from txactors.actors import RemoteActorRef
 from txactors.coordinator.cluster.balance import MemberInfo
 from txactors.coordinator.cluster.leaders import Move
-from txactors.coordinator.cluster.leases import Leases
+from txactors.coordinator.cluster.leases import Leases, LeaseView
 from txactors.coordinator.cluster.placement import (
     LogPlacement,
     Replica,
     SpreadReport,
     leader_counts,
+    owner_servers,
     read_placement,
     spread_leaders,
 )
@@ -100,14 +101,7 @@ async def list_partitions(
     """One row per partition of the published count (`partitions`, if given, must agree)."""
     count = await _count(nc, partitions, timeout)
     js = nc.jetstream()
-    try:
-        kv = await js.key_value(layout.LEASE_BUCKET)
-    except nats.js.errors.BucketNotFoundError:
-        raise NoLeases(
-            f"no {layout.LEASE_BUCKET} bucket on this server: no coordinator (`txactors "
-            "coordinator`) has run here"
-        ) from None
-    view = await Leases(js, kv, _ADMIN_NAME).view(timeout)
+    view = await _lease_view(nc, timeout)
     placements = await read_placement(js, range(count))
     counts = await asyncio.gather(
         *(_counts(nc, p, timeout) if p in view.holders else _unowned() for p in range(count))
@@ -117,6 +111,19 @@ async def list_partitions(
         for placement, answer in zip(placements, counts, strict=True)
     ]
     return PartitionTable(partitions=count, rows=rows, leaders=leader_counts(placements))
+
+
+async def _lease_view(nc: Client, timeout: float) -> LeaseView:
+    """Who holds which partition, and the live coordinators' member keys (read only)."""
+    js = nc.jetstream()
+    try:
+        kv = await js.key_value(layout.LEASE_BUCKET)
+    except nats.js.errors.BucketNotFoundError:
+        raise NoLeases(
+            f"no {layout.LEASE_BUCKET} bucket on this server: no coordinator (`txactors "
+            "coordinator`) has run here"
+        ) from None
+    return await Leases(js, kv, _ADMIN_NAME).view(timeout)
 
 
 async def _count(nc: Client, partitions: int | None, timeout: float) -> int:
@@ -188,7 +195,8 @@ async def balance_partitions(
     """Move the partitions' log leaders so no server leads more than its share (see
     coordinator/cluster/placement.py); with `dry_run`, only say which moves."""
     count = await _count(nc, partitions, timeout)
-    return await spread_leaders(nc, range(count), dry_run=dry_run)
+    view = await _lease_view(nc, timeout)
+    return await spread_leaders(nc, range(count), dry_run=dry_run, owners=owner_servers(view))
 
 
 def _table(title: str) -> Table:

@@ -8,11 +8,13 @@ what to move, the caller (`placement.py`) moves it with a stepdown naming the ne
 
 The plan: each node leads at most ceil(streams / nodes) (raised only where the replicas allow
 no better), with the fewest leaders moved, and a leader moves only to a replica that is
-current. It is a min-cost flow on the nodes: a move of stream s from node u to v costs 1 if
-u led s when planning began (one stepdown more), -1 if v did (a planned move undone), else 0;
-each unit of a node's excess is pushed along the cheapest path of such moves to a node below
-the cap. Starting from the current leaders (cost 0, no negative cycle), augmenting along
-shortest paths keeps the plan cheapest.
+current; among plans of as few moves, the one that leaves the most logs led by the server
+their partition's owner is connected to (its writes then take no hop between servers). It is
+a min-cost flow on the nodes: a stream led by a node costs W (more than all streams together)
+unless that node led it when planning began, plus 1 unless it is its owner's; a move of s from
+u to v costs the difference. Each unit of a node's excess is pushed along the cheapest path of
+such moves to a node below the cap. Starting from the current leaders (every move costs at
+least W - 1 > 0: no negative cycle), augmenting along shortest paths keeps the plan cheapest.
 """
 
 from __future__ import annotations
@@ -41,9 +43,12 @@ def plan_moves(
     leaders: Mapping[str, str],
     eligible: Mapping[str, Collection[str]],
     nodes: Collection[str],
+    owners: Mapping[str, str] | None = None,
 ) -> list[Move]:
     """The fewest moves that leave every node of `nodes` leading at most `leader_cap` of the
-    streams (more only where `eligible` allows no better).
+    streams (more only where `eligible` allows no better); among plans of as few moves, one
+    that leaves the most streams led by their `owners` node (stream -> the server its
+    partition's coordinator is connected to).
 
     `leaders`: stream -> the node leading it now (streams without a leader are left out by the
     caller); `eligible`: stream -> the nodes that may lead it (its current replicas; the
@@ -56,16 +61,21 @@ def plan_moves(
     allowed = {s: (set(eligible.get(s, ())) | {lead}) & set(live) for s, lead in leaders.items()}
     cap = leader_cap(sum(1 for lead in leaders.values() if lead in live), len(live))
     while True:  # the lowest cap the replicas allow, then the fewest moves under it
-        moves = _plan_under(leaders, allowed, live, cap)
+        moves = _plan_under(leaders, allowed, live, cap, owners or {})
         if moves is not None:
             return moves
         cap += 1
 
 
 def _plan_under(
-    leaders: Mapping[str, str], allowed: Mapping[str, set[str]], live: list[str], cap: int
+    leaders: Mapping[str, str],
+    allowed: Mapping[str, set[str]],
+    live: list[str],
+    cap: int,
+    owners: Mapping[str, str],
 ) -> list[Move] | None:
-    """The fewest moves that leave no node of `live` above `cap`; None if none do."""
+    """The fewest moves that leave no node of `live` above `cap`, then the most streams on
+    their owners' node; None if no moves do."""
     where = dict(leaders)
     load = dict.fromkeys(live, 0)
     for leader in where.values():
@@ -74,8 +84,11 @@ def _plan_under(
     # by_edge[(u, v)]: streams led by u now that could move to v, by what the move costs
     by_edge: dict[tuple[str, str], dict[int, set[str]]] = {}
 
+    weight = len(leaders) + 1  # one move more outweighs every stream away from its owner
+
     def cost(stream: str, node: str) -> int:
-        return 0 if leaders[stream] == node else 1
+        moved = 0 if leaders[stream] == node else weight
+        return moved + (0 if owners.get(stream, node) == node else 1)
 
     def index(stream: str, add: bool) -> None:
         here = where[stream]

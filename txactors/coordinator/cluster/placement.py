@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Final
 
 import anyio
@@ -29,6 +29,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from txactors.coordinator.cluster.leaders import Move, plan_moves
+from txactors.coordinator.cluster.leases import LeaseView
 from txactors.errors import TxActorsError
 from txactors.nats.retry import LINK_TROUBLE
 from txactors.observe.logs import get_logger
@@ -168,8 +169,22 @@ async def log_leaders(
     return found
 
 
-def plan_spread(placements: Iterable[LogPlacement]) -> tuple[list[Move], str | None]:
-    """The moves that spread these logs' leaders, or why none may be planned now."""
+def owner_servers(view: LeaseView) -> dict[int, str]:
+    """Partition -> the server its owner is connected to (where its member key says)."""
+    servers: dict[int, str] = {}
+    for partition, holder in view.holders.items():
+        member = view.members.get(holder)
+        if member is not None and member.server:
+            servers[partition] = member.server
+    return servers
+
+
+def plan_spread(
+    placements: Iterable[LogPlacement], owners: Mapping[int, str] | None = None
+) -> tuple[list[Move], str | None]:
+    """The moves that spread these logs' leaders, or why none may be planned now; as few as
+    that takes, and of those, the ones that leave the most logs led where their partition's
+    owner is connected (`owners`: partition -> server)."""
     found = [p for p in placements if not p.missing]
     waiting = [p.stream for p in found if not p.current]
     if waiting:
@@ -178,7 +193,10 @@ def plan_spread(placements: Iterable[LogPlacement]) -> tuple[list[Move], str | N
     leaders = {p.stream: p.leader for p in replicated if p.leader is not None}
     eligible = {p.stream: [r.name for r in p.replicas if r.current] for p in replicated}
     nodes = set(leaders.values()) | {name for names in eligible.values() for name in names}
-    return plan_moves(leaders, eligible, nodes), None
+    near = {
+        p.stream: (owners or {})[p.partition] for p in replicated if p.partition in (owners or {})
+    }
+    return plan_moves(leaders, eligible, nodes, near), None
 
 
 def leader_counts(placements: Iterable[LogPlacement]) -> dict[str, int]:
@@ -233,13 +251,16 @@ async def spread_leaders(
     *,
     dry_run: bool = False,
     limit: int | None = None,
+    owners: Mapping[int, str] | None = None,
 ) -> SpreadReport:
     """Plan the moves that spread the partitions' log leaders; unless `dry_run`, carry out
     at most `limit` of them (all when None), one at a time. A move that fails is reported
-    and the others are still made; the next round plans from what happened."""
+    and the others are still made; the next round plans from what happened. `owners`
+    (partition -> its owner's server, `owner_servers`) picks, among as few moves, those that
+    bring logs to their owners."""
     placements = await read_placement(nc.jetstream(), partitions)
     report = SpreadReport(leaders=leader_counts(placements))
-    planned, report.waiting = plan_spread(placements)
+    planned, report.waiting = plan_spread(placements, owners)
     report.planned = planned
     version = nc.connected_server_version
     if planned and not takes_preferred(version.major, version.minor):
