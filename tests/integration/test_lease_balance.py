@@ -65,6 +65,31 @@ def test_a_member_that_joins_gets_its_share_handed_over_a_few_at_a_time() -> Non
     assert (newcomer.share, newcomer.take) == (4, (6, 7))
 
 
+def test_partitions_whose_log_our_server_leads_are_given_last_and_taken_first() -> None:
+    members = {"a": member(), "b": member()}
+    near = frozenset({6, 7})  # a's server leads the logs of 6 and 7
+    step = plan(
+        me="a",
+        partitions=8,
+        members=members,
+        holders=dict.fromkeys(range(8), "a"),
+        owned=frozenset(range(8)),
+        batch=2,
+        near=near,
+    )
+    assert (step.share, step.give) == (4, (5, 4))
+    newcomer = plan(
+        me="b",
+        partitions=8,
+        members=members,
+        holders={p: "a" for p in range(8) if p not in (2, 5)},
+        owned=frozenset(),
+        batch=2,
+        near=frozenset({5}),
+    )
+    assert newcomer.take == (5, 2)
+
+
 def test_partitions_of_a_member_that_is_gone_are_worth_trying() -> None:
     step = plan(
         me="a",

@@ -52,3 +52,57 @@ def partitions_set(
     before = admin_call(url, lambda nc: ops.change_partition_count(nc, partitions))
     was = "none" if before is None else str(before)
     typer.echo(f"partition count {partitions} (was {was}): start the coordinators with it")
+
+
+PartitionsOption = Annotated[
+    int | None,
+    typer.Option(
+        help="Expect this partition count (an error if the coordinators publish another). "
+        "Default: the count they publish.",
+        min=1,
+    ),
+]
+
+
+@app.command("list")
+def partitions_list(
+    partitions: PartitionsOption = None, as_json: JsonOption = False, url: NatsUrlOption = None
+) -> None:
+    """List each partition: its owner and the server it is connected to, its log stream's
+    leader and replicas current, and its open and discarded transactions."""
+    from txactors.cli.operator import print_rich
+    from txactors.ops import placement
+    from txactors.ops.views import to_json
+
+    table = admin_call(url, lambda nc: placement.list_partitions(nc, partitions=partitions))
+    if as_json:
+        typer.echo(to_json(table))
+    else:
+        print_rich(placement.render_partitions(table))
+
+
+@app.command("balance")
+def partitions_balance(
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Only say which leaders would move.")
+    ] = False,
+    partitions: PartitionsOption = None,
+    as_json: JsonOption = False,
+    url: NatsUrlOption = None,
+) -> None:
+    """Move the partitions' log stream leaders so that no server leads more than its share
+    (as `nats stream cluster balance` does; the coordinators also do it every
+    --leader-balance-interval). Nothing moves while a log has a replica not current.
+    Exit 1 when a move failed or nothing could be planned for that reason."""
+    from txactors.ops import placement
+    from txactors.ops.views import to_json
+
+    report = admin_call(
+        url, lambda nc: placement.balance_partitions(nc, partitions=partitions, dry_run=dry_run)
+    )
+    if as_json:
+        typer.echo(to_json(report))
+    else:
+        typer.echo(placement.render_balance(report, dry_run=dry_run))
+    if report.failed or report.waiting:
+        raise typer.Exit(1)

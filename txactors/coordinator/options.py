@@ -48,6 +48,11 @@ class CoordinatorOptions(msgspec.Struct, frozen=True, kw_only=True):
     """A dead coordinator's partitions are taken over within this many seconds."""
     max_partitions: int = 1 << 16
     """Most partitions this process takes: set it to split partitions across processes."""
+    leader_balance_interval: float = 60.0
+    """Seconds between two looks at where the partitions' log streams are led (replicas > 1):
+    the coordinator owning partition 0 moves a few leaders from servers leading more than
+    their share to the others (as Kafka's controller does), never while a log has a replica
+    not current. 0: never (`txactors partitions balance` still does it on demand)."""
     write_linger: float = 0.0
     """Seconds a half or topic append queued behind a write in flight may wait for others to
     share its write (Kafka's `linger.ms`, only while busy): fewer writes and fsyncs per
@@ -78,6 +83,8 @@ class CoordinatorOptions(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError("max_partitions must be >= 1")
         if self.lease_ttl <= 0:
             raise ConfigError("lease_ttl must be > 0 seconds")
+        if not self.leader_balance_interval >= 0:
+            raise ConfigError("leader_balance_interval must be >= 0 seconds (0: never)")
         if self.write_linger < 0:
             raise ConfigError("write_linger must be >= 0 seconds")
         if self.tick_interval <= 0 or self.checkpoint_interval <= 0:

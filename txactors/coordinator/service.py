@@ -33,6 +33,7 @@ from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 
 import anyio
+import msgspec
 import nats.errors
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
@@ -45,6 +46,12 @@ from txactors.coordinator.cluster.agreement import (
 )
 from txactors.coordinator.cluster.balance import MemberInfo, plan
 from txactors.coordinator.cluster.leases import Leases, lease_bucket
+from txactors.coordinator.cluster.placement import (
+    connected_server,
+    log_leaders,
+    owner_servers,
+    spread_leaders,
+)
 from txactors.coordinator.options import Clock, CoordinatorOptions, OnDiscard
 from txactors.coordinator.partition.actor import PartitionCoordinator
 from txactors.coordinator.partition.oplog import READ_BACK_TIMEOUT, FencedOut
@@ -86,6 +93,15 @@ SELF_FENCE_FRACTION = 0.8
 HANDOVER_BATCH = 2
 """Partitions a coordinator above its share hands over in one step; the next step waits until
 they are taken, so all but a few partitions keep serving while the load moves."""
+NEAR_READ_TIMEOUT = 0.25
+"""Seconds a step that takes partitions spends at most finding which of them have their log
+led by our server (to take those first): a takeover after a failure waits no longer."""
+HANDOVER_NEAR_TIMEOUT = 2.0
+"""The same for a step that hands partitions over (to give last those whose log our server
+leads): nothing waits for a handover, so it may look longer, and not guess on a busy server."""
+LEADER_MOVES_PER_ROUND = 2
+"""Log leaders moved at most per `leader_balance_interval`: each move pauses one partition's
+writes for a leader handover, so a spread after a node's return is done over a few rounds."""
 SETTLE_TIMEOUT = ACK_TIMEOUT + READ_BACK_TIMEOUT
 """Seconds a partition given back waits at most for its op writes in flight to settle: their
 ack's own timeout, then a read-back of whether they landed."""
@@ -185,13 +201,61 @@ class _PartitionKeeper:
                 log.warning("lease_watch_failed", error=repr(error))
             await anyio.sleep(self._options.lease_ttl * RETRY_FRACTION)
 
+    async def spread(self) -> None:
+        """Every `leader_balance_interval`, while this member serves partition 0 (one member
+        at a time, bar a handover's moment), move a few log leaders where they pile up."""
+        interval = self._options.leader_balance_interval
+        if interval <= 0 or self._options.replicas < 2:
+            return
+        waiting: str | None = None
+        while True:
+            await anyio.sleep(interval)
+            first = self.owned.get(0)
+            if first is None or not first.subscriptions:
+                continue
+            try:
+                view = await self._leases.view(self._options.lease_ttl * RENEW_FRACTION)
+                report = await spread_leaders(
+                    self._nc,
+                    range(self._options.partitions),
+                    limit=LEADER_MOVES_PER_ROUND,
+                    owners=owner_servers(view),
+                )
+            except (TimeoutError, *LINK_TROUBLE) as error:
+                log.warning("log_leaders_not_read", error=repr(error))
+                continue
+            if report.waiting != waiting:  # said once, not every round
+                waiting = report.waiting
+                if waiting is not None:
+                    log.info("log_leaders_not_spread", reason=waiting)
+            if report.moved or report.failed:
+                log.info(
+                    "log_leaders_spread",
+                    leaders=report.leaders,
+                    moved=len(report.moved),
+                    left=len(report.planned) - len(report.moved),
+                )
+
+    async def _near(self, partitions: set[int], timeout: float) -> frozenset[int]:
+        """Those of `partitions` whose log is led by the server we are connected to (of
+        those that answer within `timeout`)."""
+        server = connected_server(self._nc)
+        if server is None or self._options.replicas < 2:
+            return frozenset()
+        leaders = await log_leaders(self._nc.jetstream(), sorted(partitions), timeout)
+        return frozenset(p for p, leader in leaders.items() if leader == server)
+
+    def _member_info(self) -> MemberInfo:
+        """What the member key says: our caps, and the server we are connected to now."""
+        return msgspec.structs.replace(self._info, server=connected_server(self._nc))
+
     def _wake(self) -> None:
         self._changed.set()  # the event of the step to come (each step has a new one)
 
     async def join(self) -> None:
         """Announce this member, then take its share of what is free."""
         try:
-            await self._leases.announce(self._info)
+            await self._leases.announce(self._member_info())
         except LINK_TROUBLE as error:  # announced by the next renewal
             log.warning("member_announce_failed", error=repr(error))
         await self.balance()
@@ -212,6 +276,22 @@ class _PartitionKeeper:
             owned=frozenset(self.owned),
             batch=HANDOVER_BATCH,
         )
+        if step.give or (step.take and len(self.owned) < step.share):
+            near = await (
+                self._near(set(self.owned), HANDOVER_NEAR_TIMEOUT)
+                if step.give
+                else self._near(set(step.take), NEAR_READ_TIMEOUT)
+            )
+            if near:  # the same shares; which partitions go or come
+                step = plan(
+                    me=self._leases.owner,
+                    partitions=self._options.partitions,
+                    members={**view.members, self._leases.owner: self._info},
+                    holders=view.holders,
+                    owned=frozenset(self.owned),
+                    batch=HANDOVER_BATCH,
+                    near=near,
+                )
         for partition in step.give:
             log.info("partition_handed_over", partition=partition, share=step.share)
             await self._stop(partition, give_back=True)
@@ -260,7 +340,7 @@ class _PartitionKeeper:
         async def announce() -> None:
             try:
                 with anyio.fail_after(timeout):
-                    await self._leases.announce(self._info)
+                    await self._leases.announce(self._member_info())
             except Exception as error:
                 announced.append(error)
 
@@ -450,6 +530,7 @@ async def run_coordinator(
             tasks.start_soon(keeper.watch)
             await keeper.join()
             tasks.start_soon(keeper.rebalance)
+            tasks.start_soon(keeper.spread)
             tasks.start_soon(watch_connection, nc)
             tasks.start_soon(
                 functools.partial(

@@ -6,6 +6,11 @@ member computes the same shares: the partitions are dealt out evenly, each membe
 by its `max_partitions`; when they do not divide evenly, the extra ones go to the members that
 hold the most already (then by owner id), so a balanced split is left as it is. A member above
 its share hands its surplus over, a few at a time; one below takes free partitions.
+
+Which partitions, among those it may take or must give, is where a member's server counts:
+a partition whose log stream is led by the server the member is connected to (`near`) is
+taken first and given last, so that its writes take no hop between servers (and one server's
+loss pauses both together, not either).
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ class MemberInfo(msgspec.Struct, frozen=True, kw_only=True):
     partitions: int
     """Its `--partitions` (members should agree; `txactors lease list` shows it)."""
     max_partitions: int
+    server: str | None = None
+    """The NATS server it is connected to, as of its last renewal (`txactors partitions
+    list` compares it with its logs' leaders); None from a coordinator older than the field."""
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,6 +74,7 @@ def plan(
     holders: Mapping[int, str],
     owned: frozenset[int],
     batch: int,
+    near: frozenset[int] = frozenset(),
 ) -> Plan:
     """What `me` should do now, from a view of the bucket (`holders`: partition → owner).
 
@@ -73,6 +82,7 @@ def plan(
     handed over only to the extent other members are under their share by more than what is
     free already (someone will take it), highest partitions first, and while fewer than
     `batch` are free: at most `batch` partitions are in transit (served by nobody) at a time.
+    Partitions in `near` (their log led by `me`'s server) are given last and taken first.
     """
     caps = {member: info.max_partitions for member, info in members.items()}
     if me not in caps:
@@ -85,14 +95,20 @@ def plan(
     dealt = shares(partitions, caps, held)
     share = dealt[me]
     free = tuple(
-        p
-        for p in range(partitions)
-        if p not in owned and (holders.get(p) is None or holders[p] not in caps)
+        sorted(
+            (
+                p
+                for p in range(partitions)
+                if p not in owned and (holders.get(p) is None or holders[p] not in caps)
+            ),
+            key=lambda p: (p not in near, p),
+        )
     )
     if len(owned) > share:
         wanted = sum(max(0, dealt[m] - held.get(m, 0)) for m in caps if m != me)
         count = max(0, min(len(owned) - share, batch - len(free), wanted - len(free)))
-        return Plan(share=share, give=tuple(sorted(owned, reverse=True)[:count]))
+        surplus = sorted(owned, key=lambda p: (p in near, -p))
+        return Plan(share=share, give=tuple(surplus[:count]))
     if len(owned) < share:
         return Plan(share=share, take=free)
     return Plan(share=share)
