@@ -25,6 +25,7 @@
     ├── NoLeases*                 no coordinator has run on this server (txactors.ops.leases)
     ├── CoordinatorsRunning*      the partition count cannot change now (txactors.ops.partitions)
     ├── ScrapeFailed*             a metrics endpoint could not be read (txactors.ops.top)
+    ├── StepdownRefused*          a log's leader could not be moved (coordinator.cluster.placement)
     ├── CoordinatorStateError*    the coordinator's table was fed an impossible event (a bug)
     ├── FencedOut*                another coordinator wrote this partition's op log: stop
     ├── LinkLost*                 the connection dropped while a JetStream call waited

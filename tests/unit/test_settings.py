@@ -187,6 +187,7 @@ def test_every_number_but_the_factors_is_a_time() -> None:
         "checkpoint_interval",
         "topic_duplicate_window",
         "lease_ttl",
+        "leader_balance_interval",
         "write_linger",
         "fsync_interval",
     }

@@ -54,6 +54,15 @@ def partitions_read_subject() -> str:
     return f"$JS.API.DIRECT.GET.{bucket_stream(META_BUCKET)}.{key}"
 
 
+JS_API: Final = "$JS.API"
+"""JetStream's API subject prefix (a JetStream domain has another: nats-py's `js._prefix`)."""
+
+
+def leader_stepdown_subject(stream: str, api: str = JS_API) -> str:
+    """Where an operator (or the coordinator's balancer) asks `stream`'s leader to step down."""
+    return f"{api}.STREAM.LEADER.STEPDOWN.{stream}"
+
+
 def pull_subject(stream: str, consumer: str) -> str:
     """Where a pull consumer asks JetStream for its next messages."""
     return f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"

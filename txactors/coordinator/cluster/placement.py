@@ -45,7 +45,6 @@ POLL_TIMEOUT: Final = 0.5
 """Seconds one look at the stream waits after a stepdown: a request that reached the old
 leader as it handed over is never answered, and must not hold up the next look (measured:
 the new leader leads within 0.4 s; an info request lost in the handover waited its full 5 s)."""
-_API_PREFIX: Final = "$JS.API"
 
 log = get_logger(__name__)
 
@@ -213,11 +212,10 @@ def leader_counts(placements: Iterable[LogPlacement]) -> dict[str, int]:
 async def step_down(nc: Client, stream: str, preferred: str) -> None:
     """Ask `stream`'s leader to hand over to `preferred`, and wait until it leads."""
     js = nc.jetstream()
-    prefix = getattr(js, "_prefix", _API_PREFIX)  # a JetStream domain changes it
+    prefix = getattr(js, "_prefix", layout.JS_API)  # a JetStream domain changes it
     body = json.dumps({"placement": {"preferred": preferred}}).encode()
-    reply = await nc.request(
-        f"{prefix}.STREAM.LEADER.STEPDOWN.{stream}", body, timeout=STEPDOWN_TIMEOUT
-    )
+    subject = layout.leader_stepdown_subject(stream, prefix)
+    reply = await nc.request(subject, body, timeout=STEPDOWN_TIMEOUT)
     try:
         answer = json.loads(reply.data or b"{}")
     except ValueError:
