@@ -71,14 +71,14 @@ def partitions_list(
     """List each partition: its owner and the server it is connected to, its log stream's
     leader and replicas current, and its open and discarded transactions."""
     from txactors.cli.operator import print_rich
-    from txactors.ops import placement
-    from txactors.ops.views import to_json
+    from txactors.ops import list_partitions, to_json
+    from txactors.ops.placement import render_partitions
 
-    table = admin_call(url, lambda nc: placement.list_partitions(nc, partitions=partitions))
+    table = admin_call(url, lambda nc: list_partitions(nc, partitions=partitions))
     if as_json:
         typer.echo(to_json(table))
     else:
-        print_rich(placement.render_partitions(table))
+        print_rich(render_partitions(table))
 
 
 @app.command("balance")
@@ -94,15 +94,15 @@ def partitions_balance(
     (as `nats stream cluster balance` does; the coordinators also do it every
     --leader-balance-interval). Nothing moves while a log has a replica not current.
     Exit 1 when a move failed or nothing could be planned for that reason."""
-    from txactors.ops import placement
-    from txactors.ops.views import to_json
+    from txactors.ops import balance_partitions, to_json
+    from txactors.ops.placement import render_balance
 
     report = admin_call(
-        url, lambda nc: placement.balance_partitions(nc, partitions=partitions, dry_run=dry_run)
+        url, lambda nc: balance_partitions(nc, partitions=partitions, dry_run=dry_run)
     )
     if as_json:
         typer.echo(to_json(report))
     else:
-        typer.echo(placement.render_balance(report, dry_run=dry_run))
+        typer.echo(render_balance(report, dry_run=dry_run))
     if report.failed or report.waiting:
         raise typer.Exit(1)

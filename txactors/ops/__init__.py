@@ -39,6 +39,12 @@ from txactors.ops.partitions import (
     live_coordinators,
     partition_count,
 )
+from txactors.ops.placement import (
+    PartitionRow,
+    PartitionTable,
+    balance_partitions,
+    list_partitions,
+)
 from txactors.ops.txn import (
     ADMIN_TIMEOUT,
     CoordinatorUnavailable,
@@ -75,6 +81,8 @@ __all__ = [
     "ListTransactions",
     "Member",
     "NoLeases",
+    "PartitionRow",
+    "PartitionTable",
     "Replayed",
     "Resolution",
     "Resolved",
@@ -84,6 +92,7 @@ __all__ = [
     "admin_config",
     "admin_session",
     "all_sequences",
+    "balance_partitions",
     "change_partition_count",
     "commit",
     "decide",
@@ -92,6 +101,7 @@ __all__ = [
     "lease_table",
     "list_dead_letters",
     "list_leases",
+    "list_partitions",
     "list_transactions",
     "live_coordinators",
     "new_batch_id",
