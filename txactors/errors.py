@@ -3,6 +3,7 @@
     TxActorsError
     ├── ActorError
     │   ├── ActorDeadError        the actor is stopped (or stopped while your ask waited)
+    │   │   └── NotHandled        it stopped with your message still queued: nothing was done
     │   ├── MailboxFull           tell_nowait found the bounded mailbox full
     │   ├── AskTimeout            no reply in time (also a builtin TimeoutError)
     │   └── Escalated*            an actor's failure escalated to its ActorSystem (cause chained)
@@ -68,6 +69,11 @@ class ActorError(TxActorsError):
 
 class ActorDeadError(ActorError):
     """The actor is not running: it was stopped, or stopped before answering."""
+
+
+class NotHandled(ActorDeadError):
+    """The actor stopped while the message still waited in its mailbox: nothing of it was
+    done, so it may be sent again (over NATS: an `internal` answer with a `retry_after`)."""
 
 
 class MailboxFull(ActorError):

@@ -17,6 +17,7 @@ from tests.support.wait import eventually
 from txactors.coordinator.options import CoordinatorOptions
 from txactors.coordinator.partition.packs import read_raw_halves
 from txactors.coordinator.service import run_coordinator
+from txactors.errors import CommandError
 from txactors.nats.topics import ensure_topic_stream
 from txactors.nats.writer import (
     Append,
@@ -25,7 +26,7 @@ from txactors.nats.writer import (
     _Batch,
 )
 from txactors.wire import layout
-from txactors.wire.protocol import Decision, Prepared
+from txactors.wire.protocol import Decision, ErrorCode, Prepared
 
 TWO = CoordinatorOptions(partitions=2)
 
@@ -116,14 +117,18 @@ async def test_stopping_a_partition_leaves_its_pending_half_to_be_written(
         held.writes.clear()
         held.shut()
         prepared: dict[str, Prepared] = {}
+        refused: dict[str, str] = {}
 
         async def prepare(client: CoordinatorClient, name: str) -> None:
-            prepared[name] = await client.prepare(txid(client.partition, name), message())
+            try:
+                prepared[name] = await client.prepare(txid(client.partition, name), message())
+            except CommandError as error:
+                refused[name] = error.code
 
         async with anyio.create_task_group() as abandoned:
             abandoned.start_soon(prepare, clients[1], "p1")
             await eventually(lambda: len(held.writes) == 1, what="p1's write held")
-            # never answered: its partition stops while the half is queued
+            # answered `timeout` once its partition stops while the half is queued
             abandoned.start_soon(prepare, clients[1], "p1-queued")
             await held.queued(1)
             ref = coordinator.owned[1].ref
@@ -143,6 +148,7 @@ async def test_stopping_a_partition_leaves_its_pending_half_to_be_written(
             await eventually(stored, what="the stopped partition's queued half stored")
             abandoned.cancel_scope.cancel()
     assert "p1-queued" not in prepared
+    assert refused == {"p1": ErrorCode.TIMEOUT, "p1-queued": ErrorCode.TIMEOUT}
 
 
 async def test_a_report_that_raises_fails_its_own_partition_and_the_writer_goes_on(
@@ -174,3 +180,37 @@ async def test_a_report_that_raises_fails_its_own_partition_and_the_writer_goes_
         tasks.cancel_scope.cancel()
     assert [str(f) for f in failures] == ["a bug in one partition's completion"]
     assert all(acks[0] is not None for acks in reported)
+
+
+async def test_a_partition_that_stops_answers_the_prepares_it_took_on(
+    private_nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Handed over (or its lease lost) while a prepare's halves are being written, the
+    instance answers `timeout` (its halves may still land) instead of leaving its caller to
+    its own timeout."""
+    held = HalfWrites(monkeypatch, 0)
+    async with run_coordinator(private_nc, options=TWO) as coordinator:
+        client = CoordinatorClient(private_nc, partition=0)
+        await client.prepare(txid(0, "warm-up"), message())
+        held.writes.clear()
+        held.shut()
+        answers: list[BaseException] = []
+
+        async def prepare() -> None:
+            try:
+                await client.prepare(txid(0, "held"), message())
+            except CommandError as error:
+                answers.append(error)
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(prepare)
+            await eventually(lambda: len(held.writes) == 1, what="the prepare's write held")
+            ref = coordinator.owned[0].ref
+            assert ref is not None
+            with anyio.fail_after(3):  # well before the client's own timeout
+                await ref.stop()
+                await eventually(lambda: answers, what="the prepare answered")
+            held.gate.set()
+    [error] = answers
+    assert isinstance(error, CommandError) and error.code == ErrorCode.TIMEOUT
+    assert error.retry_after is None, "its halves may land: not 'send it again'"

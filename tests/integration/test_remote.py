@@ -174,3 +174,47 @@ async def test_a_full_mailbox_holds_requests_back_in_order_and_drops_none(nc: Cl
             assert await remote.ask(Add(20, 0)) == Sum(20)
         assert seen == list(range(21))
         await subscription.unsubscribe()
+
+
+async def test_requests_still_queued_when_the_actor_stops_are_told_to_come_back(
+    nc: Client,
+) -> None:
+    """The actor stops after the message it is handling: those still queued were not
+    handled at all, and their callers are told so (`internal` with a `retry_after`)."""
+    started, release = anyio.Event(), anyio.Event()
+
+    class Slow(Calculator):
+        async def receive(self, message: Any) -> Any:
+            if isinstance(message, Add) and message.a == 0:
+                started.set()
+                await release.wait()
+            return await super().receive(message)
+
+    answers: dict[int, Any] = {}
+    async with ActorSystem() as system:
+        ref = await system.spawn(Slow, mailbox_size=8)
+        subscription = await serve(nc, ref, SUBJECT, Request)
+        remote = RemoteActorRef(nc, SUBJECT, Reply)
+
+        async def ask(a: int) -> None:
+            try:
+                answers[a] = await remote.ask(Add(a, 0), timeout=5)
+            except CommandError as error:
+                answers[a] = error
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(ask, 0)
+            await started.wait()
+            for a in (1, 2):
+                tasks.start_soon(ask, a)
+            await nc.flush()
+            await anyio.sleep(0.2)  # both queued behind the one being handled
+            tasks.start_soon(ref.stop)
+            await anyio.sleep(0.1)
+            release.set()
+        await subscription.unsubscribe()
+    assert answers[0] == Sum(0), "the one being handled is finished"
+    for a in (1, 2):
+        error = answers[a]
+        assert isinstance(error, CommandError) and error.code == "internal"
+        assert error.retry_after is not None and error.retry_after > 0, "nothing done: come back"

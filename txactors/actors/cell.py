@@ -22,7 +22,14 @@ from txactors.actors.actor import Actor
 from txactors.actors.envelope import Request
 from txactors.actors.ref import LocalActorRef
 from txactors.actors.supervision import Directive, RestartBudget, Supervisor
-from txactors.errors import ActorDeadError, ActorError, ConfigError, MailboxFull, ungrouped
+from txactors.errors import (
+    ActorDeadError,
+    ActorError,
+    ConfigError,
+    MailboxFull,
+    NotHandled,
+    ungrouped,
+)
 from txactors.observe.logs import get_logger
 
 if TYPE_CHECKING:
@@ -308,7 +315,7 @@ class ActorCell:
                 request = self._receive.receive_nowait()
             except (anyio.WouldBlock, anyio.EndOfStream):
                 break
-            await request.fail(dead)
+            await request.fail(NotHandled(f"actor {self.name!r} stopped before handling it"))
         self._receive.close()  # senders still waiting for room get ActorDeadError
         self._send.close()
         self.stopped.set()

@@ -24,7 +24,7 @@ from nats.aio.subscription import Subscription
 from txactors.actors.envelope import NO_REPLY, Request, unwrap
 from txactors.actors.ref import DEFAULT_ASK_TIMEOUT, LocalActorRef, Mailbox
 from txactors.actors.replies import ReplyGuard
-from txactors.errors import ActorDeadError, AskTimeout, CommandError
+from txactors.errors import ActorDeadError, AskTimeout, CommandError, NotHandled
 from txactors.nats.client import TolerantClient, malformed_headers
 from txactors.observe.logs import get_logger
 from txactors.wire.protocol import (
@@ -41,6 +41,9 @@ log = get_logger(__name__)
 
 REPLY_HEADROOM = 512
 """Bytes of `max_payload` kept for the reply's headers and subject."""
+NOT_HANDLED_RETRY_AFTER = 0.5
+"""Seconds a caller whose request was still queued when its actor stopped waits before it
+sends it again (`NotHandled`): a partition handed over is served again within about that."""
 
 
 class NatsReply:
@@ -90,6 +93,8 @@ def error_reply(error: BaseException) -> Error:
     """The wire form of a failure; internals are named, not dumped."""
     if isinstance(error, CommandError):
         return Error(error.code, error.message, error.retry_after)
+    if isinstance(error, NotHandled):  # nothing was done: come back (to its successor)
+        return Error(ErrorCode.INTERNAL, f"{error}; send it again", NOT_HANDLED_RETRY_AFTER)
     if isinstance(error, ActorDeadError):
         return Error(ErrorCode.INTERNAL, str(error))
     return Error(ErrorCode.INTERNAL, f"{type(error).__name__}: {error}")

@@ -283,6 +283,11 @@ class CoordinatorClient:
                 )
                 self._resend.observe(time.monotonic() - sent, resend_after)
             except CommandError as error:
+                if error.retry_after is not None and resends > 0:  # not handled: nothing done
+                    resends -= 1
+                    self.outcomes.remember(txid, decision)  # should the wait be cut short
+                    await self._pause(error.retry_after, "end_retry", code=error.code)
+                    continue
                 if error.code not in _RETRYABLE_CODES:
                     log.error(
                         "end_refused", decision=decision, code=error.code, reason=error.message

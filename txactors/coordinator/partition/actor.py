@@ -172,7 +172,7 @@ class PartitionCoordinator(Actor):
         )
         self._prepares = PreparesInFlight()
         self._waiting: set[_Preparing] = set()
-        """First prepares whose halves were submitted and are not written yet."""
+        """Prepares whose halves were submitted and are not written yet."""
         self._halves = PartitionWriter(self._own.halves, self._quarantine, self._failed)
         self._discards = PartitionWriter(writers.discards, self._quarantine, self._failed)
         self._publisher = Publisher(
@@ -265,6 +265,28 @@ class PartitionCoordinator(Actor):
         checker, self._checker = self._checker, None  # writers finishing meanwhile tell nobody
         if checker is not None:
             await checker.stop()
+        await self._answer_unfinished()
+
+    async def _answer_unfinished(self) -> None:
+        """This instance ends (its partition handed over, its lease lost, a restart) with
+        requests it took on and did not finish: answer them `timeout` now (what they asked
+        for may or may not be done: a prepare's halves may land, an end's record may be
+        written) rather than leave their callers to their own timeouts. A producer goes on
+        elsewhere; the check-back settles the rest. (Requests still in the mailbox were not
+        taken on: the actor's cell tells their callers to come back, `NotHandled`.)"""
+        problem = (
+            f"partition {self.partition} stopped serving here (handed over, or its lease "
+            "lost) before this was done; it may be done or not"
+        )
+        error = Error(ErrorCode.TIMEOUT, problem)
+        for p in self._waiting:
+            if not p.answered:
+                p.answered = True
+                self._answers.send(p.request, error)
+        self._waiting.clear()
+        self._answers.give_up(error)
+        with anyio.CancelScope(shield=True):
+            await self._answers.flush()
 
     async def _save_checkpoints(self) -> None:
         """Best effort: a checkpoint that cannot be saved now is saved at the next interval.
@@ -549,7 +571,7 @@ class PartitionCoordinator(Actor):
             counts = [count for _, count in packs]
             stored = functools.partial(self._halves_appended, self._epoch, admitted, counts)
             self._halves.submit([append for append, _ in packs], stored)
-            self._waiting.update(p for p in admitted if p.prepare.token is None)
+            self._waiting.update(admitted)
 
     def _admissible(self, preparing: _Preparing, *, born: float | None = None) -> bool:
         """Whether the table (and the prepares in flight) admit it; if not, its refusal is
@@ -575,8 +597,7 @@ class PartitionCoordinator(Actor):
         back, as after a prepare that timed out at the producer."""
         while True:
             await self._halves.troubled()
-            waiting = [p for p in self._waiting if not p.answered]
-            self._waiting.clear()
+            waiting = [p for p in self._waiting if not p.answered and p.prepare.token is None]
             if waiting:
                 problem = (
                     f"{self._streams.half} stopped answering ({self._halves.trouble}) before "

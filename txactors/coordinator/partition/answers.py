@@ -61,6 +61,14 @@ class Answers:
         if waiting.request is not None:
             self.send(waiting.request, answer)
 
+    def give_up(self, answer: Error) -> None:
+        """Answer every request still waiting for the table with `answer` (its partition's
+        instance ends before the table could)."""
+        waiting, self._waiting = self._waiting, {}
+        for entry in waiting.values():
+            if entry.request is not None:
+                self.send(entry.request, answer)
+
     def send(self, request: Request, answer: Any) -> None:
         """Queue an answer; the next `flush` sends it after every answer queued before it."""
         self._queue.append((request, answer))
