@@ -120,6 +120,10 @@ log = get_logger(__name__)
 _epochs = itertools.count(1)
 
 CHECKER_MAILBOX = 4096
+STALL_GRACE = 0.5
+"""Seconds the log's writes may be in trouble before the first prepares waiting for them are
+answered `timeout`: a transient answer (409/10158, a lost ack) is retried within this by the
+writer (its backoff starts at 50 ms), a leader lost is not."""
 MIN_RETRY_AFTER = 0.5
 """Seconds a producer is told to wait at least before retrying a prepare refused for now."""
 
@@ -597,6 +601,9 @@ class PartitionCoordinator(Actor):
         back, as after a prepare that timed out at the producer."""
         while True:
             await self._halves.troubled()
+            with anyio.move_on_after(STALL_GRACE):
+                await self._halves.cleared()
+                continue  # a blip the writer's own retries got past
             waiting = [p for p in self._waiting if not p.answered and p.prepare.token is None]
             if waiting:
                 problem = (
