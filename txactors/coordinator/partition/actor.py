@@ -91,6 +91,7 @@ from txactors.coordinator.partition.upgrade import LegacyLog
 from txactors.coordinator.writers import SharedWriters
 from txactors.errors import ActorError, MailboxFull
 from txactors.faults import FaultPoint, crash_if_armed
+from txactors.nats.link import link_generation, wait_connected
 from txactors.nats.retry import RETRY_MAX, describe, retry_transient
 from txactors.nats.writer import Append, PartitionWriter
 from txactors.observe import tracing
@@ -601,8 +602,7 @@ class PartitionCoordinator(Actor):
         back, as after a prepare that timed out at the producer."""
         while True:
             await self._halves.troubled()
-            with anyio.move_on_after(STALL_GRACE):
-                await self._halves.cleared()
+            if not await self._stall_outlasts_grace():
                 continue  # a blip the writer's own retries got past
             waiting = [p for p in self._waiting if not p.answered and p.prepare.token is None]
             if waiting:
@@ -617,6 +617,20 @@ class PartitionCoordinator(Actor):
                 await self._answers.flush()
                 log.info("prepares_told_to_come_back", partition=self.partition, count=len(waiting))
             await self._halves.cleared()
+
+    async def _stall_outlasts_grace(self) -> bool:
+        """True once the log's writes stay in trouble `STALL_GRACE` seconds on an unbroken
+        connection; False if they go through again first. The time without a connection
+        does not count: nothing could be answered meanwhile anyway, and once it is back the
+        writer's own reissue usually gets through (a broker restarted, not a log stalled)."""
+        while True:
+            await wait_connected(self.nc)
+            generation = link_generation(self.nc)
+            with anyio.move_on_after(STALL_GRACE):
+                await self._halves.cleared()
+                return False
+            if self.nc.is_connected and link_generation(self.nc) == generation:
+                return True
 
     def _halves_trouble(self, prepares: list[_Preparing]) -> bool:
         """While TXN_HALF cannot be written, answer the prepares at once with a retry-after:
