@@ -121,6 +121,8 @@ log = get_logger(__name__)
 _epochs = itertools.count(1)
 
 CHECKER_MAILBOX = 4096
+ANSWER_ON_STOP = 1.0
+"""Seconds an instance that stops may spend answering what it took on."""
 STALL_GRACE = 0.5
 """Seconds the log's writes may be in trouble before the first prepares waiting for them are
 answered `timeout`: a transient answer (409/10158, a lost ack) is retried within this by the
@@ -290,8 +292,8 @@ class PartitionCoordinator(Actor):
                 self._answers.send(p.request, error)
         self._waiting.clear()
         self._answers.give_up(error)
-        with anyio.CancelScope(shield=True):
-            await self._answers.flush()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(ANSWER_ON_STOP):
+            await self._answers.flush()  # a connection gone meanwhile must not hold the stop
 
     async def _save_checkpoints(self) -> None:
         """Best effort: a checkpoint that cannot be saved now is saved at the next interval.
