@@ -121,8 +121,9 @@ log = get_logger(__name__)
 _epochs = itertools.count(1)
 
 CHECKER_MAILBOX = 4096
-ANSWER_ON_STOP = 1.0
-"""Seconds an instance that stops may spend answering what it took on."""
+ANSWER_ON_STOP = 0.25
+"""Seconds an instance that stops may spend answering what it took on: a stop by signal has a
+second in all (`cli/coordinator.py` STOP_GRACE)."""
 STALL_GRACE = 0.5
 """Seconds the log's writes may be in trouble before the first prepares waiting for them are
 answered `timeout`: a transient answer (409/10158, a lost ack) is retried within this by the
