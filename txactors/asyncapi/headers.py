@@ -155,7 +155,8 @@ def header_schemas() -> dict[str, Any]:
         "DiscardedHeaders": {
             "type": "object",
             "description": "A discarded half, one message per half: its headers as stored in "
-            "TXN_HALF (for a half stored in a pack, those it would have had stored alone) but "
+            "its partition's log, TXN_LOG_<p> (for a half stored in a pack, those it would "
+            "have had stored alone) but "
             "the server's `Nats-*` (an atomic batch's included), its txid and index (which the "
             "half names only in its `Nats-Msg-Id`, `<txid>:<index>:half`), and why.",
             "properties": {
@@ -189,7 +190,7 @@ def header_schemas() -> dict[str, Any]:
                     "Present when the body was too large to keep: its size in bytes."
                 ),
                 layout.PACK_HEADER: _header(
-                    "Present on a pack of halves (TXN_HALF, docs/protocol.md): the pack "
+                    "Present on a pack of halves (TXN_LOG_<p>, docs/protocol.md): the pack "
                     "format's version; the body is the pack.",
                     enum=[PACK_VERSION],
                 ),

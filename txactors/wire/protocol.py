@@ -297,7 +297,8 @@ class Prepare(Command, kw_only=True):
 
 
 class Prepared(Message, kw_only=True):
-    """Receipt for a prepare: the halves are durable in TXN_HALF at `seqs`."""
+    """Receipt for a prepare: the halves are durable in the partition's log (`TXN_LOG_<p>`)
+    at `seqs`."""
 
     txid: str
     token: str
