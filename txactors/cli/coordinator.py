@@ -137,6 +137,15 @@ async def _run_coordinator(
     await _until_stopped(serve)
 
 
+def _quiet_cancelled_leftovers(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """A stop cut short cancels what was still under way, nats-py's drain among them, whose
+    gathered futures then end cancelled with nobody to read them: asyncio would print each as
+    a traceback. Those are the cut, said once by `stop_cut_short`; anything else is printed."""
+    if isinstance(context.get("exception"), asyncio.CancelledError):
+        return
+    loop.default_exception_handler(context)
+
+
 async def _until_stopped(work: Callable[[asyncio.Event], Coroutine[Any, Any, None]]) -> None:
     """Run `work` until it returns, or until SIGINT/SIGTERM, which ends it in ~STOP_GRACE s.
 
@@ -157,6 +166,7 @@ async def _until_stopped(work: Callable[[asyncio.Event], Coroutine[Any, Any, Non
         await asyncio.wait({task}, timeout=STOP_GRACE)
     if not task.done():
         log.warning("stop_cut_short", after=STOP_GRACE)
+        loop.set_exception_handler(_quiet_cancelled_leftovers)
         task.cancel()
         await asyncio.wait({task}, timeout=STOP_CUT)
     if not task.done():
